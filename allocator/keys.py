@@ -1,0 +1,135 @@
+"""Content keys for prefix caching: one chained key per FULL block, as vLLM hashes blocks.
+
+A block's key depends on every token before it (the hash chains), so equal keys mean equal
+prefixes and the KV of that block can be reused. Two ways to get keys:
+
+* ``hash_token_blocks(token_ids, block_size)``: from real token ids (tests, small examples).
+* ``SegmentKeys(segments, block_size)``: from a description of the sequence as runs of content,
+  ``((segment_id, num_tokens), ...)``. A segment id names a run of tokens that is identical
+  wherever that id appears (a shared system prompt, a Mooncake 512-token hash id, an earlier
+  turn's answer, a request's own unique text). Keys are computed lazily, so memory stays
+  proportional to the number of segments, never to the number of tokens.
+
+Block ``i`` covers tokens ``[i*B, (i+1)*B)``; its key is determined by the segments before the
+one holding its last token ``t = (i+1)*B - 1`` and by ``t``'s offset in that segment. This maps
+keys given at one granularity (Mooncake: one id per 512 tokens) to any block size (DESIGN.md).
+"""
+from __future__ import annotations
+
+from bisect import bisect_right
+from collections.abc import Sequence
+
+_MASK64 = (1 << 64) - 1
+_TOKEN_SALT = 0x746F6B656E73  # keeps token-id keys apart from segment keys
+_SEGMENT_SALT = 0x7365676D656E
+
+
+def mix64(x: int) -> int:
+    """splitmix64 finaliser: a cheap, deterministic 64-bit mixer (no per-process salt)."""
+    x = (x + 0x9E3779B97F4A7C15) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+def hash_token_blocks(token_ids: Sequence[int], block_size: int) -> list[int]:
+    """One chained key per full block of ``token_ids`` (a trailing partial block gets none).
+
+    Args:
+        token_ids: the token ids of the sequence.
+        block_size: tokens per block (> 0).
+    Returns:
+        ``len(token_ids) // block_size`` keys; key ``i`` depends on tokens ``[0, (i+1)*block_size)``.
+    """
+    if block_size <= 0:
+        raise ValueError(f"block_size must be positive, got {block_size}")
+    keys: list[int] = []
+    parent = _TOKEN_SALT
+    for start in range(0, len(token_ids) - block_size + 1, block_size):
+        h = parent
+        for tok in token_ids[start:start + block_size]:
+            h = mix64(h ^ (int(tok) & _MASK64))
+        parent = mix64(h ^ block_size)
+        keys.append(parent)
+    return keys
+
+
+class SegmentKeys(Sequence):
+    """Lazy chained keys of the full blocks of a sequence made of content segments.
+
+    Args:
+        segments: ``((segment_id, num_tokens), ...)`` in order; ids are ints, lengths > 0.
+        block_size: tokens per block.
+        num_shareable_tokens: tokens at the start that other sequences may also hold (a shared
+            prompt, earlier turns). Blocks that end past it can only ever be reused by this same
+            sequence (after a preemption); a simulator may register those lazily. Defaults to
+            all tokens.
+
+    ``len(keys)`` is the number of full blocks; ``keys[i]`` the key of block ``i``.
+    """
+
+    __slots__ = ("block_size", "num_tokens", "num_shareable_tokens", "_starts", "_chains")
+
+    def __init__(self, segments: Sequence[tuple[int, int]], block_size: int,
+                 num_shareable_tokens: int | None = None):
+        if block_size <= 0:
+            raise ValueError(f"block_size must be positive, got {block_size}")
+        starts: list[int] = []
+        chains: list[int] = []
+        pos = 0
+        chain = _SEGMENT_SALT
+        for seg_id, length in segments:
+            if length <= 0:
+                raise ValueError(f"segment {seg_id} has length {length}; lengths must be > 0")
+            starts.append(pos)
+            # the chain names this segment and everything before it (ids and lengths)
+            chain = mix64(chain ^ (int(seg_id) & _MASK64))
+            chains.append(chain)
+            chain = mix64(chain ^ length)
+            pos += length
+        self.block_size = block_size
+        self.num_tokens = pos
+        self.num_shareable_tokens = pos if num_shareable_tokens is None else min(
+            pos, num_shareable_tokens)
+        self._starts = starts
+        self._chains = chains
+
+    def __len__(self) -> int:
+        return self.num_tokens // self.block_size
+
+    @property
+    def num_shareable_blocks(self) -> int:
+        return self.num_shareable_tokens // self.block_size
+
+    def __getitem__(self, i):  # type: ignore[override]
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        n = len(self)
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError(f"block {i} out of range for {n} full blocks")
+        t = (i + 1) * self.block_size - 1
+        s = bisect_right(self._starts, t) - 1
+        return mix64(self._chains[s] ^ ((t - self._starts[s]) << 1 | 1))
+
+
+def rekey_blocks(block_ids: Sequence[int], key_block_tokens: int, num_tokens: int,
+                 block_size: int) -> SegmentKeys:
+    """Keys at ``block_size`` for a sequence whose content is given at another granularity.
+
+    ``block_ids[j]`` identifies tokens ``[j*key_block_tokens, (j+1)*key_block_tokens)`` together
+    with everything before them (Mooncake's chained 512-token ``hash_ids``); the last id may cover
+    a partial block. Allocator block ``i`` (last token ``t``) is identified by
+    ``(block_ids[t // key_block_tokens], t % key_block_tokens)``.
+    """
+    if num_tokens > len(block_ids) * key_block_tokens:
+        raise ValueError(f"{len(block_ids)} ids of {key_block_tokens} tokens cannot cover "
+                         f"{num_tokens} tokens")
+    segments = []
+    for j, bid in enumerate(block_ids):
+        length = min(key_block_tokens, num_tokens - j * key_block_tokens)
+        if length <= 0:
+            break
+        segments.append((bid, length))
+    return SegmentKeys(segments, block_size)

@@ -1,0 +1,37 @@
+from hypothesis import given, strategies as st
+
+from allocator.keys import SegmentKeys, hash_token_blocks, rekey_blocks
+
+
+def test_token_keys_chain_over_the_whole_prefix():
+    a = hash_token_blocks(list(range(48)), 16)
+    b = hash_token_blocks([999] + list(range(1, 48)), 16)
+    assert len(a) == 3
+    assert all(x != y for x, y in zip(a, b))  # a change in token 0 changes every later key
+    assert hash_token_blocks(list(range(40)), 16) == a[:2]  # partial tail block gets no key
+
+
+def test_segment_keys_match_where_content_matches():
+    shared = [(7, 100)]
+    a = SegmentKeys(shared + [(1, 50)], 16)
+    b = SegmentKeys(shared + [(2, 80)], 16)
+    assert len(a) == 150 // 16 and len(b) == 180 // 16
+    assert list(a)[:6] == list(b)[:6]  # blocks 0..5 end at token 95 < 100: inside the shared part
+    assert a[6] != b[6]  # block 6 ends at token 111, past the shared part
+
+
+def test_mooncake_ids_map_to_any_block_size():
+    a = rekey_blocks([0, 5, 9], 512, 1300, 64)
+    b = rekey_blocks([0, 5, 7], 512, 1400, 64)
+    assert list(a)[:16] == list(b)[:16]  # the first 1024 tokens are the same
+    assert a[16] != b[16]
+
+
+@given(st.lists(st.integers(0, 2**63), min_size=1, max_size=64), st.sampled_from([1, 2, 8, 16]))
+def test_rekey_at_key_granularity_is_injective_on_ids(ids, bs):
+    # equal keys at the same position iff equal id prefixes
+    k1 = rekey_blocks(ids, 16, 16 * len(ids), bs)
+    k2 = rekey_blocks(ids[:-1] + [ids[-1] + 1], 16, 16 * len(ids), bs)
+    n = 16 * (len(ids) - 1) // bs
+    assert list(k1)[:n] == list(k2)[:n]
+    assert k1[-1] != k2[-1]
