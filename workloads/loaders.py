@@ -187,6 +187,10 @@ def _json_rows(path: str) -> Iterator[tuple[int, dict]]:
 def load_mooncake(path: str, *, rate: float | None = None, seed: int = 0) -> Iterator[Request]:
     """Mooncake JSONL (format in the module docstring)."""
     _no_rate(rate, path, "mooncake")
+    return _iter_mooncake(path)
+
+
+def _iter_mooncake(path: str) -> Iterator[Request]:
     clock = _Clock(path, "timestamp", 1e-3)
     request_id = 0
     for line, obj in _json_rows(path):
@@ -228,6 +232,10 @@ def load_mooncake(path: str, *, rate: float | None = None, seed: int = 0) -> Ite
 def load_azure(path: str, *, rate: float | None = None, seed: int = 0) -> Iterator[Request]:
     """Azure LLM inference CSV (format in the module docstring)."""
     _no_rate(rate, path, "azure")
+    return _iter_azure(path)
+
+
+def _iter_azure(path: str) -> Iterator[Request]:
     clock = _Clock(path, "TIMESTAMP", 1e-7)
     for request_id, (line, row) in enumerate(
             _csv_rows(path, _AZURE_COLUMNS, _AZURE_COLUMNS, "azure")):
@@ -244,7 +252,10 @@ def load_azure(path: str, *, rate: float | None = None, seed: int = 0) -> Iterat
 
 def load_sharegpt(path: str, *, rate: float | None = None, seed: int = 0) -> Iterator[Request]:
     """ShareGPT length CSV with Poisson arrivals at ``rate`` (format in the module docstring)."""
-    arrivals = _poisson_arrivals(rate, seed, path, "sharegpt")
+    return _iter_sharegpt(path, _poisson_arrivals(rate, seed, path, "sharegpt"))
+
+
+def _iter_sharegpt(path: str, arrivals: Iterator[float]) -> Iterator[Request]:
     request_id = -1
     for request_id, (line, row) in enumerate(
             _csv_rows(path, _SHAREGPT_COLUMNS[:2], _SHAREGPT_COLUMNS, "sharegpt")):
@@ -269,6 +280,10 @@ def load_vllm_oracle(path: str, *, rate: float | None = None,
                      seed: int = 0) -> Iterator[Request]:
     """vllm-oracle trace CSV (format in the module docstring)."""
     _no_rate(rate, path, "vllm-oracle")
+    return _iter_vllm_oracle(path)
+
+
+def _iter_vllm_oracle(path: str) -> Iterator[Request]:
     clock = _Clock(path, "arrival_step", 1.0)
     seen_ids: set[int] = set()  # the oracle rejects duplicate ids; so do we
     for row_index, (line, row) in enumerate(
@@ -335,6 +350,10 @@ def load_generic(path: str, mapping: str = "generic", *, rate: float | None = No
     else:
         clock = None
         arrivals = _poisson_arrivals(rate, seed, path, "generic")
+    return _iter_generic(path, rows, cols, unit, is_json, clock, arrivals)
+
+
+def _iter_generic(path, rows, cols, unit, is_json, clock, arrivals) -> Iterator[Request]:
     request_id = -1
     seen_ids: set[int] = set()
     for request_id, (line, row) in enumerate(rows):
