@@ -210,3 +210,9 @@ def test_mooncake_keys_are_segment_keys_with_output():
     assert isinstance(keys, SegmentKeys)
     assert len(keys) == (1100 + 20) // 16 and keys.num_shareable_blocks == 1100 // 16
     assert math.isclose(keys.num_tokens, 1120)
+
+
+def test_generic_datetime_column():
+    reqs = list(load(FIX / "generic_datetime.csv",
+                     format="generic:arrival=when,prompt=p,output=o,time_unit=datetime"))
+    assert [r.arrival_s for r in reqs] == [0.0, pytest.approx(0.75)]

@@ -473,8 +473,8 @@ def _parse_arrival(spec: Spec, rate: float | None) -> Poisson | Gamma | Replay:
     if isinstance(value, Call) and value.name == "replay":
         if not value.inner.strip():
             raise spec.error("arrival", "replay() needs a trace path")
-        if "rate" in spec.params:
-            raise spec.error("rate", "a replayed trace has its own arrival times; drop rate=")
+        if rate is not None:
+            raise spec.error("rate", "a replayed trace has its own arrival times; drop the rate")
         return Replay(value.inner.strip())
     if rate is None:
         raise spec.error("rate", "needs rate= (arrivals per second)")
@@ -508,6 +508,9 @@ def workload_from_spec(text: str, *, rate: float | None = None, seed: int = 0,
                          f"or one of {', '.join(SOURCES)}")
     spec.check_keys(_KEYS)
     p = spec.params
+    for key, needs in (("system_frac", "system"), ("think_s", "turns")):
+        if key in p and needs not in p:
+            raise spec.error(key, f"{key}= has no effect without {needs}=")
     if spec.name == "synthetic":
         for key in ("prompt", "output"):
             if key not in p:
