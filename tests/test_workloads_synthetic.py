@@ -1,4 +1,4 @@
-"""Synthetic generators: determinism, the vLLM paper's means, arrivals, sharing, the spec grammar."""
+"""Synthetic generators: determinism, the paper's means, arrivals, sharing, the spec grammar."""
 import dataclasses
 
 import numpy as np

@@ -1,4 +1,4 @@
-"""Integration over the real traces in ../shared/traces (skipped when absent): SOURCES.md figures."""
+"""Integration over the real traces in ../shared/traces (skipped when absent), per SOURCES.md."""
 from functools import cache
 
 import pytest

@@ -58,7 +58,8 @@ _SHAREGPT_COLUMNS = ("num_prefill_tokens", "num_decode_tokens", "num_total_token
 _ORACLE_COLUMNS = ("arrival_step", "prompt_tokens", "output_tokens")
 _GENERIC_DEFAULT = {"arrival": "arrival_s", "prompt": "prompt_tokens", "output": "output_tokens"}
 _TIME_UNITS_S = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
-_DATETIME = re.compile(r"\s*(\d{4})-(\d{2})-(\d{2})[ T](\d{2}):(\d{2}):(\d{2})(?:\.(\d{1,9}))?\s*\Z")
+_DATETIME = re.compile(
+    r"\s*(\d{4})-(\d{2})-(\d{2})[ T](\d{2}):(\d{2}):(\d{2})(?:\.(\d{1,9}))?\s*\Z")
 
 
 # ----------------------------------------------------------------------------- helpers

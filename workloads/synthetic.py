@@ -63,13 +63,13 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cache
 
 import numpy as np
 
 from workloads.errors import InputError
-from workloads.request import NS_SYSTEM, NS_TURN_OUTPUT, NS_USER, NS_PROMPT, Request, derived_id
+from workloads.request import NS_PROMPT, NS_SYSTEM, NS_TURN_OUTPUT, NS_USER, Request, derived_id
 from workloads.spec import Call, Spec, call_args, parse_spec, plain, to_float, to_int
 
 _CHUNK = 4096
@@ -159,7 +159,7 @@ Dist = Fixed | Uniform | LogNormal
 
 @dataclass(frozen=True)
 class LengthModel:
-    """Joint (prompt, output) lengths: independent draws, pairs above ``max_total_tokens`` redrawn."""
+    """Joint (prompt, output) lengths: independent draws; pairs above max_total_tokens redrawn."""
 
     prompt: Dist
     output: Dist
@@ -377,7 +377,8 @@ class SyntheticWorkload:
                           if self.system_prompt_tokens and with_system.next() else 0)
                 user, out = lengths.next()
                 conv = _Conversation(
-                    conversation_id=num_conversations, num_turns=num_turns.next() if num_turns else 1,
+                    conversation_id=num_conversations,
+                    num_turns=num_turns.next() if num_turns is not None else 1,
                     history=((system_id, system),) if system else (), history_tokens=system,
                     system_tokens=system, user_tokens=user, output_tokens=out)
                 num_conversations += 1
@@ -483,8 +484,9 @@ def _parse_arrival(spec: Spec, rate: float | None) -> Poisson | Gamma | Replay:
     if isinstance(value, Call) and value.name == "gamma":
         a = call_args(spec, "arrival", value, ("cv",), 1)
         return Gamma(rate, to_float(spec, "arrival", a["cv"], 0, strict=True))
-    raise spec.error("arrival", f"unknown arrival process {value if isinstance(value, str) else value.name + '()'}; "
-                                "expected poisson, gamma(cv=C) or replay(PATH)")
+    shown = value if isinstance(value, str) else value.name + "()"
+    raise spec.error("arrival", f"unknown arrival process {shown}; expected poisson, "
+                                "gamma(cv=C) or replay(PATH)")
 
 
 def workload_from_spec(text: str, *, rate: float | None = None, seed: int = 0,
