@@ -63,6 +63,9 @@ def test_sharegpt_poisson_arrivals_need_rate_and_follow_seed():
     assert a == b and a != c
     assert a[0].arrival_s == 0.0 and a[1].arrival_s < a[2].arrival_s
     assert [(r.prompt_tokens, r.output_tokens) for r in a] == [(74, 918), (290, 905), (1, 2)]
+    # the same arrival stream as a synthetic workload of that rate and seed
+    synthetic = load("synthetic:prompt=5,output=5,rate=2,n=3", seed=1)
+    assert [r.arrival_s for r in a] == [r.arrival_s for r in synthetic]
 
 
 def test_vllm_oracle_groups_steps_and_ids():
@@ -87,6 +90,11 @@ def test_generic_mapping_csv_and_jsonl():
                      format="generic:arrival=ts_ms,prompt=in,output=out,time_unit=ms"))
     assert [r.arrival_s for r in reqs] == [0.0, 0.25, 0.25]
     assert [r.prompt_tokens for r in reqs] == [12, 7, 99]
+    mapping = "generic:arrival=arrival_step,prompt=prompt_tokens,output=output_tokens,id=request_id"
+    ids = load(FIX / "vllm_oracle_ids.csv", format=mapping)
+    with pytest.raises(InputError) as err:  # a blank id is not an integer
+        list(ids)
+    assert (err.value.line, err.value.field) == (3, "request_id")
     js = list(load(FIX / "generic.jsonl"))  # default mapping, sniffed; extra keys ignored
     assert [(r.arrival_s, r.prompt_tokens, r.output_tokens) for r in js] == [
         (0.0, 10, 2), (0.5, 20, 4)]

@@ -41,14 +41,12 @@ import json
 import re
 from collections.abc import Iterator
 
-import numpy as np
-
 from workloads.errors import InputError
 from workloads.reading import (check_text_file, first_data_line, iter_lines, parse_count,
                                parse_number)
 from workloads.request import NS_GROUP, NS_PROMPT, Request, derived_id, label_id
 from workloads.spec import parse_spec, plain
-from workloads.synthetic import Poisson, arrival_times
+from workloads.synthetic import Poisson, arrival_times, seed_streams
 
 FORMATS = ("mooncake", "azure", "sharegpt", "vllm-oracle", "generic")
 MOONCAKE_BLOCK_TOKENS = 512
@@ -112,7 +110,7 @@ def _poisson_arrivals(rate: float | None, seed: int, file: str, fmt: str) -> Ite
                          "generate Poisson arrivals", file=file, field="rate")
     if not rate > 0:
         raise InputError(f"rate must be > 0, got {rate}", file=file, field="rate")
-    return arrival_times(Poisson(rate), np.random.Generator(np.random.PCG64(seed)))
+    return arrival_times(Poisson(rate), seed_streams(seed)[0])
 
 
 def _no_rate(rate: float | None, file: str, fmt: str) -> None:

@@ -285,6 +285,13 @@ class Gamma:
         return _Buffered(lambda k: rng.gamma(shape, 1 / (self.rate * shape), k))
 
 
+def seed_streams(seed: int) -> list[np.random.Generator]:
+    """The independent random streams of a workload: arrivals, lengths, turns, system
+    prompt choice, think time (in that order)."""
+    return [np.random.Generator(np.random.PCG64(s))
+            for s in np.random.SeedSequence(seed).spawn(5)]
+
+
 def arrival_times(process: Poisson | Gamma, rng: np.random.Generator) -> Iterator[float]:
     """Arrival times of a renewal process; the first request arrives at 0."""
     gaps = process.gaps(rng)
@@ -345,9 +352,7 @@ class SyntheticWorkload:
                              f"{self.samples} and {self.beam_width}")
 
     def __iter__(self) -> Iterator[Request]:
-        streams = [np.random.Generator(np.random.PCG64(s))
-                   for s in np.random.SeedSequence(self.seed).spawn(5)]
-        rng_arrival, rng_length, rng_turns, rng_system, rng_think = streams
+        rng_arrival, rng_length, rng_turns, rng_system, rng_think = seed_streams(self.seed)
         if isinstance(self.arrival, Replay):
             starts = self.arrival.times()
         else:
