@@ -194,9 +194,10 @@ def test_cuts_stop_reading_early():
 
 
 def _streaming_peak_bytes(path: Path, num_rows: int) -> int:
+    # long lines (an ignored 200-character column) so that both files exceed the read buffer
     with open(path, "w") as f:
-        f.write("TIMESTAMP,ContextTokens,GeneratedTokens\n")
-        f.write("2023-11-16 18:15:46.6805900,374,44\n" * num_rows)
+        f.write("arrival_s,prompt_tokens,output_tokens,note\n")
+        f.write(f"1.5,374,44,{'x' * 200}\n" * num_rows)
     tracemalloc.start()
     count = sum(1 for _ in load(path))
     _, peak = tracemalloc.get_traced_memory()
@@ -207,9 +208,10 @@ def _streaming_peak_bytes(path: Path, num_rows: int) -> int:
 
 def test_big_file_is_streamed(tmp_path):
     # memory while iterating does not grow with the file: 6x the rows, about the same peak
-    small = _streaming_peak_bytes(tmp_path / "small.csv", 2_000)
-    big = _streaming_peak_bytes(tmp_path / "big.csv", 12_000)
+    small = _streaming_peak_bytes(tmp_path / "small.csv", 1_000)
+    big = _streaming_peak_bytes(tmp_path / "big.csv", 6_000)
     assert big < small + 16_384, (small, big)
+    assert big < 6_000 * 200 / 4
 
 
 def test_mooncake_keys_are_segment_keys_with_output():
@@ -224,3 +226,26 @@ def test_generic_datetime_column():
     reqs = list(load(FIX / "generic_datetime.csv",
                      format="generic:arrival=when,prompt=p,output=o,time_unit=datetime"))
     assert [r.arrival_s for r in reqs] == [0.0, pytest.approx(0.75)]
+
+
+def test_malformed_text_past_the_sniffed_head(tmp_path):
+    quote = tmp_path / "quote.csv"  # an unterminated quote runs to the end of the file
+    quote.write_text('TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.1,"5,6\n')
+    with pytest.raises(InputError, match="bad CSV: unexpected end of data") as err:
+        list(load(quote))
+    assert err.value.line == 2
+    nul = tmp_path / "nul.csv"  # a NUL after the first 64 KiB is caught by the parser
+    nul.write_bytes(b"arrival_s,prompt_tokens,output_tokens\n" + b"1,2,3\n" * 12_000 + b"4,\x005,6\n")
+    with pytest.raises(InputError) as err:
+        list(load(nul))
+    assert err.value.line == 12_002
+    arr = tmp_path / "array.jsonl"
+    arr.write_text('\n\n{"arrival_s": 0, "prompt_tokens": 1, "output_tokens": 1}\n[1, 2]\n')
+    with pytest.raises(InputError, match="expected a JSON object") as err:
+        list(load(arr))
+    assert err.value.line == 4
+    bad_first = tmp_path / "bad_first.jsonl"
+    bad_first.write_text('\n{"input_length": 1,\n')
+    with pytest.raises(InputError, match="does not parse") as err:
+        load(bad_first)
+    assert err.value.line == 2

@@ -127,7 +127,7 @@ def _csv_rows(path: str, required: tuple[str, ...], fixed: tuple[str, ...] | Non
         required: columns that must be in the header.
         fixed: if given, the only columns allowed (others are an error naming them).
     """
-    reader = csv.reader(line for _, line in iter_lines(path))
+    reader = csv.reader((line for _, line in iter_lines(path)), strict=True)
     header = None
     try:
         for row in reader:
@@ -333,11 +333,12 @@ def load_generic(path: str, mapping: str = "generic", *, rate: float | None = No
     if unit != "datetime" and unit not in _TIME_UNITS_S:
         raise spec.error("time_unit", f"unknown unit {unit!r}; expected "
                                       f"{', '.join(_TIME_UNITS_S)} or datetime")
-    is_json = first_data_line(path).lstrip().startswith("{")
+    _, first = first_data_line(path)
+    is_json = first.lstrip().startswith("{")
     if is_json:
         rows = _json_rows(path)
     else:
-        header = next(csv.reader([first_data_line(path)]))
+        header = next(csv.reader([first]))
         if not explicit and "arrival_s" not in [c.strip() for c in header]:
             cols.pop("arrival")  # plain 'generic' without arrival_s: Poisson arrivals
         required = tuple(cols[k] for k in ("arrival", "prompt", "output", "id") if k in cols)
@@ -395,13 +396,13 @@ def sniff_format(path: str) -> str:
     Raises:
         InputError: the content matches no known format (the message lists the formats).
     """
-    first = first_data_line(path)
+    line, first = first_data_line(path)
     if first.lstrip().startswith("{"):
         try:
             keys = set(json.loads(first))
         except (json.JSONDecodeError, TypeError):
             raise InputError("first line looks like JSON but does not parse", file=path,
-                             line=1) from None
+                             line=line) from None
         if "hash_ids" in keys or "input_length" in keys:
             return "mooncake"
         if {"prompt_tokens", "output_tokens"} <= keys:
@@ -411,7 +412,7 @@ def sniff_format(path: str) -> str:
         try:
             cols = {c.strip() for c in next(csv.reader([first]))}
         except csv.Error as err:
-            raise InputError(f"bad CSV header: {err}", file=path, line=1) from None
+            raise InputError(f"bad CSV header: {err}", file=path, line=line) from None
         if {"TIMESTAMP", "ContextTokens", "GeneratedTokens"} & cols:
             return "azure"
         if {"num_prefill_tokens", "num_decode_tokens"} & cols:
@@ -423,7 +424,7 @@ def sniff_format(path: str) -> str:
         found = first.strip()[:120]
     raise InputError(f"unrecognised trace format (first line: {found}); pass a format: "
                      f"{', '.join(FORMATS)} or generic:arrival=COL,prompt=COL,output=COL",
-                     file=path, line=1)
+                     file=path, line=line)
 
 
 def load_file(path, format: str | None = None, *, rate: float | None = None,

@@ -80,11 +80,11 @@ def iter_lines(path: str) -> Iterator[tuple[int, str]]:
             raise InputError(f"cannot read: {err}", file=path) from None
 
 
-def first_data_line(path: str) -> str:
-    """The first non-blank line of the file (for format sniffing)."""
-    for _, line in iter_lines(path):
+def first_data_line(path: str) -> tuple[int, str]:
+    """``(line_number, text)`` of the first non-blank line (for format sniffing)."""
+    for lineno, line in iter_lines(path):
         if line.strip():
-            return line
+            return lineno, line
     raise InputError("empty file: no requests", file=path)
 
 
