@@ -235,7 +235,8 @@ def test_malformed_text_past_the_sniffed_head(tmp_path):
         list(load(quote))
     assert err.value.line == 2
     nul = tmp_path / "nul.csv"  # a NUL after the first 64 KiB is caught by the parser
-    nul.write_bytes(b"arrival_s,prompt_tokens,output_tokens\n" + b"1,2,3\n" * 12_000 + b"4,\x005,6\n")
+    head = b"arrival_s,prompt_tokens,output_tokens\n" + b"1,2,3\n" * 12_000
+    nul.write_bytes(head + b"4,\x005,6\n")
     with pytest.raises(InputError) as err:
         list(load(nul))
     assert err.value.line == 12_002
