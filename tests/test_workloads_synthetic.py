@@ -136,6 +136,9 @@ def test_replayed_arrivals(tmp_path):
     reqs = list(load(f"synthetic:prompt=fixed(9),output=3,arrival=replay({trace})"))
     assert [r.arrival_s for r in reqs] == [0.0, 1.5, 1.5, 4.0]
     assert all(r.prompt_tokens == 9 for r in reqs)
+    assert len(list(load(f"sharegpt:n=2,arrival=replay({trace})"))) == 2
+    with pytest.raises(InputError, match="own arrival times"):
+        load(f"sharegpt:arrival=replay({trace})", rate=3.0)
 
 
 def test_default_workload_shows_sharing():

@@ -13,7 +13,8 @@ and ``output=``. Keys (every other key is an error naming it):
 ==============  ===============================================================================
 key             meaning
 ==============  ===============================================================================
-n               requests to generate (default 1000 when neither n nor duration_s is given)
+n               requests to generate (default 1000 when neither n nor duration_s is given,
+                except with replay(), which ends with the trace)
 duration_s      generate arrivals in [0, duration_s)
 rate            arrivals per second (conversations per second with ``turns``); required
                 unless ``arrival=replay(...)``
@@ -336,7 +337,8 @@ class SyntheticWorkload:
     beam_width: int = 1
 
     def __post_init__(self):
-        if self.num_requests is None and self.duration_s is None:
+        if (self.num_requests is None and self.duration_s is None
+                and not isinstance(self.arrival, Replay)):
             raise ValueError("give num_requests or duration_s (or both)")
         if self.num_requests is not None and self.num_requests < 1:
             raise ValueError(f"num_requests must be >= 1, got {self.num_requests}")
@@ -540,7 +542,8 @@ def workload_from_spec(text: str, *, rate: float | None = None, seed: int = 0,
     n = to_int(spec, "n", plain(spec, "n"), 1) if "n" in p else None
     duration_s = (to_float(spec, "duration_s", plain(spec, "duration_s"), 0, strict=True)
                   if "duration_s" in p else None)
-    if n is None and duration_s is None:
+    replay = isinstance(p.get("arrival"), Call) and p["arrival"].name == "replay"
+    if n is None and duration_s is None and not replay:  # a replay ends with its trace
         n = num_requests or 1000
     try:
         lengths = LengthModel(base.prompt, base.output, max_len)
