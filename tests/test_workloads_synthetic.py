@@ -208,3 +208,17 @@ def test_request_validates_its_fields():
 def test_uniform_bounds_inclusive():
     x = Uniform(3, 5).sample(_rng(), 10_000)
     assert set(x.tolist()) == {3, 4, 5}
+
+
+def test_request_memory_does_not_grow_with_tokens():
+    import tracemalloc
+    from workloads import Request
+    tracemalloc.start()
+    r = Request(0, 0.0, 10**9, 10**6, segments=((1, 10**9 - 5), (2, 5)),
+                num_shareable_tokens=10**9)
+    keys = r.block_keys(16)
+    last = keys[len(keys) - 1]  # any key is computed on demand
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert len(keys) == (10**9 + 10**6) // 16 and isinstance(last, int)
+    assert peak < 10_000, peak
