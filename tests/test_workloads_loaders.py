@@ -245,6 +245,12 @@ def test_malformed_text_past_the_sniffed_head(tmp_path):
     with pytest.raises(InputError, match="expected a JSON object") as err:
         list(load(arr))
     assert err.value.line == 4
+    huge = tmp_path / "huge.jsonl"  # an integer beyond float range
+    huge.write_text('{"timestamp": 1%s, "input_length": 1, "output_length": 1, "hash_ids": [0]}\n'
+                    % ("0" * 400))
+    with pytest.raises(InputError, match="not a number") as err:
+        list(load(huge))
+    assert (err.value.line, err.value.field) == (1, "timestamp")
     bad_first = tmp_path / "bad_first.jsonl"
     bad_first.write_text('\n{"input_length": 1,\n')
     with pytest.raises(InputError, match="does not parse") as err:

@@ -160,6 +160,8 @@ def test_default_workload_shows_sharing():
     ("synthetic:rate=1,prompt=zipf(2),output=5", "prompt", "unknown distribution zipf()"),
     ("synthetic:rate=1,prompt=uniform(5),output=5", "prompt", "needs high"),
     ("synthetic:rate=1,prompt=uniform(9,5),output=5", "prompt", "low <= high"),
+    ("synthetic:rate=1,prompt=uniform(1,1e30),output=5", "prompt", "expected an integer"),
+    ("synthetic:rate=1,prompt=uniform(1,10000000000000),output=5", "prompt", "high <= "),
     ("synthetic:rate=1,prompt=lognormal(5,1,2),output=5", "prompt", "at most 2 arguments"),
     ("synthetic:rate=1,prompt=lognormal(mean=5,sd=1),output=5", "prompt", "no argument 'sd'"),
     ("synthetic:rate=1,prompt=2000,output=100,max_len=1024", "max_len", "exceed max_len 1024"),

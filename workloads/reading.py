@@ -132,7 +132,7 @@ def parse_number(value: object, *, file: str, line: int, field: str) -> float:
         raise InputError(f"expected a number, got {value!r}", file=file, line=line, field=field)
     try:
         num = float(value)
-    except ValueError:
+    except (ValueError, OverflowError):  # OverflowError: a JSON integer beyond float range
         raise InputError(f"not a number: {value!r}", file=file, line=line, field=field) from None
     if not math.isfinite(num):
         raise InputError(f"not a finite number: {value!r}", file=file, line=line, field=field)

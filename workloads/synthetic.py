@@ -85,8 +85,8 @@ class Fixed:
     tokens: int
 
     def __post_init__(self):
-        if self.tokens < 1:
-            raise ValueError(f"fixed length must be >= 1, got {self.tokens}")
+        if not 1 <= self.tokens <= _MAX_TOKENS:
+            raise ValueError(f"fixed length must be in [1, {_MAX_TOKENS}], got {self.tokens}")
 
     @property
     def min_tokens(self) -> int:
@@ -104,9 +104,9 @@ class Uniform:
     high: int
 
     def __post_init__(self):
-        if not 1 <= self.low <= self.high:
-            raise ValueError(f"uniform needs 1 <= low <= high, got low={self.low}, "
-                             f"high={self.high}")
+        if not 1 <= self.low <= self.high <= _MAX_TOKENS:
+            raise ValueError(f"uniform needs 1 <= low <= high <= {_MAX_TOKENS}, got "
+                             f"low={self.low}, high={self.high}")
 
     @property
     def min_tokens(self) -> int:
