@@ -104,7 +104,8 @@ def run(args) -> int:
         from simulator import simulate  # noqa: F401
     except ImportError:
         raise ValueError("kvsim plan needs the simulator (simulator.simulate), which this install lacks") from None
-    load_requests(base.workload, max_requests=1)  # a bad trace or spec fails here, once, not per point
+    # a bad trace or spec fails here, once, rather than in every point
+    load_requests(base.workload, rate=axes.get("rate", [base.rate])[0], max_requests=1, seed=base.seed)
 
     points = expand_grid(axes)
     rows = run_sweep(points, base, jobs=args.jobs, backend=args.backend, address=args.address,
