@@ -87,3 +87,13 @@ def test_ray_backend_matches_local():
         ray.shutdown()
     drop = lambda rows: [{k: v for k, v in r.items() if "wall" not in k} for r in rows]  # noqa: E731
     assert drop(via_ray) == drop(run_sweep(points, base))
+
+
+def test_contiguous_allocators_get_the_paged_pools_usable_memory():
+    rows = run_sweep(expand_grid({"allocator": ["paged", "max"]}),
+                     PlanBase(workload=WORKLOAD, gpu_memory_utilization=0.25, max_model_len=4096))
+    paged, contiguous = rows
+    assert paged["config.engine.num_blocks"] == paged["num_gpu_blocks"]
+    # vLLM's null block is not usable, so the contiguous pool gets (N - 1) blocks' worth of tokens
+    assert contiguous["config.engine.capacity_tokens"] == (contiguous["num_gpu_blocks"] - 1) * 16
+    assert resolve_metric(contiguous, "mean_running") < resolve_metric(paged, "mean_running")
