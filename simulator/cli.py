@@ -14,6 +14,8 @@ import sys
 # dependency of one subcommand does not break the others
 SUBCOMMAND_MODULES: list[str] = [
     "workloads.cli",
+    "planner.capacity_cmd",
+    "planner.plan_cmd",
 ]
 
 
