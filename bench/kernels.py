@@ -289,6 +289,7 @@ def main() -> int:
     ap.add_argument("--budget-s", type=float, default=540.0, help="stop measuring after this")
     ap.add_argument("--no-flex", action="store_true")
     ap.add_argument("--no-correctness", action="store_true")
+    ap.add_argument("--tune2", action="store_true", help="grid order, stages and short-context splits")
     args = ap.parse_args()
     t_start = time.time()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -309,6 +310,8 @@ def main() -> int:
     print(f"copy: {copy_peak:.3f} TB/s", flush=True)
     same_copy_cache: dict[int, float] = {}
     dense_done: dict[tuple, dict] = {}
+    if args.tune2:
+        return tune2(w, args, t_start)
     grid = TUNE_POINTS if args.tune else list(full_grid())
     for batch, ctx, block_size, gqa in grid:
         if time.time() - t_start > args.budget_s:
@@ -403,6 +406,50 @@ def main() -> int:
 
     summarize(w.rows, copy_peak)
     print(f"total {time.time() - t_start:.0f}s", flush=True)
+    return 0
+
+
+def tune2(w, args, t_start) -> int:
+    import kernels.attention as attn
+    _, copy_peak = copy_bw(4 << 30)
+    points = [(64, 8192, 128, 4), (256, 2048, 128, 4), (64, 32768, 128, 4), (64, 8192, 16, 4),
+              (64, 2048, 16, 8), (8, 2048, 16, 1), (64, 512, 16, 8), (8, 512, 16, 1), (8, 2048, 16, 8),
+              (1, 8192, 16, 4), (8, 512, 16, 4)]
+    for batch, ctx, block_size, gqa in points:
+        if time.time() - t_start > args.budget_s:
+            break
+        hkv = NUM_HEADS // gqa
+        kv_bytes = batch * ctx * hkv * HEAD_SIZE * 4
+        meta = dict(batch=batch, context_tokens=ctx, block_size=block_size, gqa=gqa, num_kv_heads=hkv,
+                    kv_bytes=kv_bytes)
+        sets = num_sets(kv_bytes)
+        same = copy_bw(kv_bytes)[1]
+        q, kc, vc, tables, lens = make_shape(batch, ctx, block_size, hkv, sets=sets)
+        line = []
+        for head_fastest in (True, False):
+            attn.HEAD_FASTEST_GRID = head_fastest
+            tag = "hf" if head_fastest else "sf"
+            for ps_name, ps in (("auto", None), ("v1", 1 << 30), ("p2", ctx // 2), ("p4", ctx // 4)):
+                for stages in (2, 3):
+                    if ps_name != "auto" and stages == 3 and head_fastest is False:
+                        continue
+                    t = ours(w, q, kc, vc, tables, lens, "flat", meta, copy_peak, same, partition_size=ps,
+                             config=KernelConfig(64, 4, stages), impl=f"t2-{tag}-{ps_name}-s{stages}")
+                    line.append(f"{tag}/{ps_name}/s{stages}={t:.1f}")
+        attn.HEAD_FASTEST_GRID = True
+        for tile, warps, stages in ((32, 2, 2), (32, 4, 3), (128, 4, 2), (64, 4, 4)):
+            t = ours(w, q, kc, vc, tables, lens, "flat", meta, copy_peak, same,
+                     config=KernelConfig(tile, warps, stages), impl=f"t2-tile{tile}w{warps}s{stages}")
+            line.append(f"t{tile}w{warps}s{stages}={t:.1f}")
+        del kc, vc
+        q, kc, vc, tables, lens = make_shape(batch, ctx, block_size, hkv, layout="vllm", sets=sets)
+        for tile, warps, stages in ((64, 4, 2), (32, 4, 2), (128, 4, 2), (64, 8, 2)):
+            t = ours(w, q, kc, vc, tables, lens, "vllm", meta, copy_peak, same,
+                     config=KernelConfig(tile, warps, stages), impl=f"t2-vllm-tile{tile}w{warps}s{stages}")
+            line.append(f"vllm-t{tile}w{warps}={t:.1f}")
+        print(f"B={batch} L={ctx} bs={block_size} gqa={gqa}: " + " ".join(line), flush=True)
+        del kc, vc
+        torch.cuda.empty_cache()
     return 0
 
 

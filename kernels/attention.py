@@ -45,6 +45,9 @@ LOG2E = 1.4426950408889634
 
 # dispatch constants (see module docstring); tuned on an H200, 132 SMs
 TARGET_WAVES = 4
+# launch order: programs of one sequence's KV heads side by side, so that concurrently running
+# programs read neighbouring bytes of the same blocks (flat layout: heads are interleaved per token)
+HEAD_FASTEST_GRID = True
 SPLIT_MIN_CONTEXT_TOKENS = 4096
 
 
@@ -123,10 +126,15 @@ def _paged_attention_kernel(
     v_stride_block, v_stride_token, v_stride_head, v_stride_dx, v_stride_x,
     GROUP: tl.constexpr, HEAD_SIZE: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr, K_X: tl.constexpr, V_X: tl.constexpr,
-    V_TOKENS_CONTIGUOUS: tl.constexpr, RUN: tl.constexpr, SPLIT: tl.constexpr, UPCAST_DOT: tl.constexpr, IEEE: tl.constexpr,
+    V_TOKENS_CONTIGUOUS: tl.constexpr, RUN: tl.constexpr, SPLIT: tl.constexpr, UPCAST_DOT: tl.constexpr,
+    IEEE: tl.constexpr, HEAD_FASTEST: tl.constexpr,
 ):
-    seq = tl.program_id(0)
-    kv_head = tl.program_id(1)
+    if HEAD_FASTEST:
+        kv_head = tl.program_id(0)
+        seq = tl.program_id(1)
+    else:
+        seq = tl.program_id(0)
+        kv_head = tl.program_id(1)
     part = tl.program_id(2)
     seq_len = tl.load(seq_lens_ptr + seq).to(tl.int32)
     if SPLIT:
@@ -170,9 +178,18 @@ def _paged_attention_kernel(
         v_tok = block * v_stride_block + slot * v_stride_token
         if V_TOKENS_CONTIGUOUS:
             # vLLM V layout [.., head_size, block_size]: tokens of one block are adjacent and a tile
-            # starts at a multiple of min(TILE, BLOCK_SIZE) (t0 is a multiple of TILE)
+            # starts at a multiple of min(TILE, BLOCK_SIZE) (t0 is a multiple of TILE). A mask that
+            # varies along tokens would stop 16-byte loads, so load unmasked (every address is inside
+            # the pool: a masked-off token reads block 0, or its run's block) and zero the tail after.
             v_tok = tl.max_contiguous(tl.multiple_of(v_tok, RUN), RUN)
-        v = tl.load(v_base + v_tok[:, None] + v_d[None, :], mask=kv_mask, other=0.0)
+            v_ptrs = v_base + v_tok[:, None] + v_d[None, :]
+            if HEAD_SIZE == BLOCK_D:
+                v = tl.load(v_ptrs)
+            else:
+                v = tl.load(v_ptrs, mask=d_ok[None, :], other=0.0)
+            v = tl.where(t_ok[:, None], v, 0.0)
+        else:
+            v = tl.load(v_base + v_tok[:, None] + v_d[None, :], mask=kv_mask, other=0.0)
         if UPCAST_DOT:
             k = k.to(tl.float32)
             v = v.to(tl.float32)
@@ -351,13 +368,14 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
         GROUP=group, HEAD_SIZE=head_size, BLOCK_H=max(16, triton.next_power_of_2(group)),
         BLOCK_D=max(16, triton.next_power_of_2(head_size)), BLOCK_SIZE=geom.block_size, TILE=tile,
         K_X=ks.X, V_X=vs.X, V_TOKENS_CONTIGUOUS=layout == "vllm" and vs.token == 1 and vs.block % 16 == 0,
-        RUN=min(tile, geom.block_size), UPCAST_DOT=interpreting() and query.dtype == torch.bfloat16, IEEE=fp32,
+        RUN=min(tile, geom.block_size), HEAD_FASTEST=HEAD_FASTEST_GRID, UPCAST_DOT=interpreting() and query.dtype == torch.bfloat16, IEEE=fp32,
         num_warps=config.num_warps, num_stages=config.num_stages)
     args_tail = (query, key_cache, value_cache, block_tables, seq_lens, scale * LOG2E,
                  partition_size or 0, query.stride(0), query.stride(1))
     kv_strides = (ks.block, ks.token, ks.head, ks.dx, ks.x, vs.block, vs.token, vs.head, vs.dx, vs.x)
     if partition_size is None:
-        _paged_attention_kernel[(num_seqs, geom.num_kv_heads, 1)](
+        grid = (geom.num_kv_heads, num_seqs, 1) if HEAD_FASTEST_GRID else (num_seqs, geom.num_kv_heads, 1)
+        _paged_attention_kernel[grid](
             out, out, out, *args_tail, out.stride(0), out.stride(1), 0, 0, 0,
             block_tables.stride(0), *kv_strides, SPLIT=False, **common)
         return out
@@ -366,7 +384,9 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
     tmp = torch.empty((num_seqs, num_heads, num_parts, head_size), dtype=torch.float32, device=query.device)
     m = torch.empty((num_seqs, num_heads, num_parts), dtype=torch.float32, device=query.device)
     l = torch.empty_like(m)
-    _paged_attention_kernel[(num_seqs, geom.num_kv_heads, num_parts)](
+    grid = ((geom.num_kv_heads, num_seqs, num_parts) if HEAD_FASTEST_GRID
+            else (num_seqs, geom.num_kv_heads, num_parts))
+    _paged_attention_kernel[grid](
         tmp, m, l, *args_tail, tmp.stride(0), tmp.stride(1), tmp.stride(2), m.stride(0), m.stride(1),
         block_tables.stride(0), *kv_strides, SPLIT=True, **common)
     _reduce_partitions_kernel[(num_seqs, num_heads)](
