@@ -18,16 +18,22 @@ Work decomposition (both versions)::
       v2: store (acc, m, l) per partition; the reduce merges partitions:
           M = max_p m_p;  out = sum_p acc_p 2^(m_p - M) / sum_p l_p 2^(m_p - M)
 
-Dispatch (``plan_launch``, ``plan_partitions``): v1 gives num_seqs * num_kv_heads programs. When that is under
-``TARGET_WAVES`` waves of the GPU's multiprocessors, the sequence is split into a power of two of
-partitions so that the launch fills about ``TARGET_WAVES`` waves. Small batch x long context
-(batch 1, 128k tokens: 4-32 programs unsplit) is thereby carried by split-KV. Constants were tuned on an H200 (bench/kernels.py,
-docs/BENCHMARKS-kern.md).
+Dispatch (``plan_launch``, ``plan_partitions``): v1 gives num_seqs * num_kv_heads programs. When
+that is under ``TARGET_WAVES`` waves of the GPU's multiprocessors, the sequence is split into a
+power of two of partitions so that the launch fills about ``TARGET_WAVES`` waves. Small batch x
+long context (batch 1, 128k tokens: 4-32 programs unsplit) is thereby carried by split-KV.
+Constants were tuned on an H200 (bench/kernels.py, docs/BENCHMARKS-kern.md).
+
+Tiles: full tiles run without token masks and one masked tile takes the tail (large flat v1
+launches mask every tile: measured faster there). Tokens past seq_len are never loaded into the
+result: masked loads, or for the vLLM V layout whole 16-byte runs zeroed after loading (free slots
+may hold NaN).
 
 Triton portability (same source on triton 3.6 and 3.9, compiled and under TRITON_INTERPRET=1):
 plain pointer arithmetic (no block pointers), no autotune decorator (configs chosen in Python),
-block ids widened to int64 before multiplying by strides, every load past seq_len masked, and in
-the interpreter bf16 operands are upcast before tl.dot (its bf16 dot reads raw bits).
+block ids widened to int64 before multiplying by strides, GQA rows padded to 16 for tl.dot on GPU,
+input_precision="ieee" for fp32, and in the interpreter bf16 operands are upcast before tl.dot (its
+bf16 dot reads raw bits).
 """
 from __future__ import annotations
 
@@ -45,10 +51,10 @@ LOG2E = 1.4426950408889634
 
 # dispatch constants (see module docstring); tuned on an H200, 132 SMs
 TARGET_WAVES = 4
-# launch order: programs of one sequence's KV heads side by side, so that concurrently running
-# programs read neighbouring bytes of the same blocks (flat layout: heads are interleaved per token)
-HEAD_FASTEST_GRID = True
 SPLIT_MIN_CONTEXT_TOKENS = 4096
+# launch order: the programs of one sequence's KV heads side by side (they read neighbouring bytes
+# of the same blocks in the flat layout); measured no different from sequence-fastest on the H200
+HEAD_FASTEST_GRID = True
 
 
 @dataclass(frozen=True)
