@@ -274,6 +274,14 @@ FLEX_POINTS = [(64, 4096, 128, 4), (1, 131072, 128, 8), (8, 8192, 128, 4), (256,
                (1, 32768, 128, 1), (64, 4096, 128, 1)]
 
 
+def point_meta(batch, ctx, block_size, gqa):
+    """(num_kv_heads, KV bytes read, CSV fields) of one grid point."""
+    hkv = NUM_HEADS // gqa
+    kv_bytes = batch * ctx * hkv * HEAD_SIZE * 2 * DTYPE.itemsize
+    return hkv, kv_bytes, dict(batch=batch, context_tokens=ctx, block_size=block_size, gqa=gqa,
+                               num_kv_heads=hkv, kv_bytes=kv_bytes)
+
+
 def full_grid():
     for batch in (1, 8, 64, 256):
         for ctx in (512, 2048, 8192, 32768) + ((131072,) if batch == 1 else ()):
@@ -317,10 +325,7 @@ def main() -> int:
         if time.time() - t_start > args.budget_s:
             print("budget reached; stopping", flush=True)
             break
-        hkv = NUM_HEADS // gqa
-        kv_bytes = batch * ctx * hkv * HEAD_SIZE * 2 * DTYPE.itemsize
-        meta = dict(batch=batch, context_tokens=ctx, block_size=block_size, gqa=gqa, num_kv_heads=hkv,
-                    kv_bytes=kv_bytes)
+        hkv, kv_bytes, meta = point_meta(batch, ctx, block_size, gqa)
         if kv_bytes > MAX_KV_BYTES:
             w.add(kind="skip", impl="all", note=f"KV {kv_bytes / 1e9:.0f} GB > {MAX_KV_BYTES / 1e9:.0f} GB", **meta)
             continue
@@ -387,10 +392,7 @@ def main() -> int:
         for batch, ctx, block_size, gqa in (FLEX_POINTS[:1] if args.tune else FLEX_POINTS):
             if time.time() - t_start > args.budget_s:
                 break
-            hkv = NUM_HEADS // gqa
-            kv_bytes = batch * ctx * hkv * HEAD_SIZE * 4
-            meta = dict(batch=batch, context_tokens=ctx, block_size=block_size, gqa=gqa, num_kv_heads=hkv,
-                        kv_bytes=kv_bytes)
+            hkv, kv_bytes, meta = point_meta(batch, ctx, block_size, gqa)
             same = same_copy_cache.get(kv_bytes) or copy_bw(kv_bytes)[1]
             q, kc, vc, tables, lens = make_shape(batch, ctx, block_size, hkv)  # >= 256 MB: one set is cold
             t0 = time.time()
@@ -418,10 +420,7 @@ def tune2(w, args, t_start) -> int:
     for batch, ctx, block_size, gqa in points:
         if time.time() - t_start > args.budget_s:
             break
-        hkv = NUM_HEADS // gqa
-        kv_bytes = batch * ctx * hkv * HEAD_SIZE * 4
-        meta = dict(batch=batch, context_tokens=ctx, block_size=block_size, gqa=gqa, num_kv_heads=hkv,
-                    kv_bytes=kv_bytes)
+        hkv, kv_bytes, meta = point_meta(batch, ctx, block_size, gqa)
         sets = num_sets(kv_bytes)
         same = copy_bw(kv_bytes)[1]
         q, kc, vc, tables, lens = make_shape(batch, ctx, block_size, hkv, sets=sets)

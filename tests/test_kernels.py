@@ -197,6 +197,8 @@ BAD_CALLS = [
     (dict(layout="paged"), "layout must be one of"),
     (dict(value_cache=torch.zeros(10, 16, 2, 16)), "value_cache shape"),
     (dict(partition_size=24), "partition_size must be a positive multiple of 16"),
+    (dict(block_tables=torch.zeros(2, 4, dtype=torch.int32, device="meta")), "block_tables is on meta"),
+    (dict(value_cache=torch.zeros(10, 16, 2, 32, dtype=torch.float16)), "value_cache is torch.float16"),
 ]
 
 
