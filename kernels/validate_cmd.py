@@ -67,7 +67,9 @@ def _simulated_snapshot(args):
     result = run_one(parser.parse_args(argv), "paged")
     if not result.snapshots:
         raise ValueError(f"--at {args.at}: the simulation ended before that time (no snapshot taken)")
-    return result.snapshots[0][1]
+    # TEAM.md's contract says (time_s, PoolSnapshot); the simulator adds the replica in between:
+    # the snapshot is the last element either way (replica 0 first)
+    return result.snapshots[0][-1]
 
 
 def format_report(report) -> str:
