@@ -16,6 +16,7 @@ SUBCOMMAND_MODULES: list[str] = [
     "workloads.cli",
     "planner.capacity_cmd",
     "planner.plan_cmd",
+    "kernels.validate_cmd",
 ]
 
 
