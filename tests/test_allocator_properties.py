@@ -24,7 +24,8 @@ class VllmReference:
         self.key = [None] * num_blocks
         self.cache = {}                                # key -> blocks, insertion order
         self.tables, self.keys, self.ntok, self.ncached, self.hit_tokens = {}, {}, {}, {}, {}
-        self.queries = self.hits = 0
+        self.queries = self.hits = self.preempted_queries = self.preempted_hits = 0
+        self.preempted = set()
 
     def hit_blocks(self, keys, num_tokens):
         out = []
@@ -75,7 +76,11 @@ class VllmReference:
         self.tables[seq] = hits + [self._pop() for _ in range(-(-num_tokens // B) - len(hits))]
         self.keys[seq], self.ntok[seq], self.ncached[seq] = keys, num_tokens, len(hits)
         self.hit_tokens[seq] = len(hits) * B
-        if self.caching:
+        if self.caching and seq in self.preempted:       # vLLM: request.num_preemptions > 0
+            self.preempted.discard(seq)
+            self.preempted_queries += num_tokens
+            self.preempted_hits += len(hits) * B
+        elif self.caching:
             self.queries += num_tokens
             self.hits += len(hits) * B
         self._cache_full_blocks(seq)
@@ -91,7 +96,9 @@ class VllmReference:
         self._cache_full_blocks(seq)
         return True
 
-    def free(self, seq):
+    def free(self, seq, preempted=False):
+        if preempted:
+            self.preempted.add(seq)
         front, back = [], []
         for b in reversed(self.tables.pop(seq)):
             self.ref[b] -= 1
@@ -186,11 +193,13 @@ def test_paged_allocator_matches_vllm_reference(data, num_blocks, caching, null_
             if preempted_now:
                 preempted[seq_id] = (live[seq_id], alloc.num_tokens(seq_id))
             alloc.free(seq_id, preempted=preempted_now)
-            ref.free(seq_id)
+            ref.free(seq_id, preempted_now)
             del live[seq_id]
         assert {s: alloc.block_table(s) for s in live} == ref.tables
         assert alloc.pool.free_queue() == ref.queue
         assert (alloc.num_queried_tokens, alloc.num_hit_tokens) == (ref.queries, ref.hits)
+        assert (alloc.num_preempted_queried_tokens, alloc.num_preempted_hit_tokens) == \
+            (ref.preempted_queries, ref.preempted_hits)
         alloc.check_invariants()
         assert_breakdown_matches_snapshot(alloc)
 
