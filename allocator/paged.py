@@ -234,7 +234,7 @@ class PagedAllocator:
                 table += pool.pop(num_new_blocks)
         self._num_filled_slots += num_tokens
         seq.num_tokens = new_num_tokens
-        if new_num_tokens // size > seq.num_keyed_blocks:
+        if seq.num_keyed_blocks < seq.num_shareable_blocks:   # private blocks wait (doc)
             self._register_full_blocks(seq)
         return True
 
