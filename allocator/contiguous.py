@@ -68,7 +68,7 @@ class ContiguousAllocator:
     # ---- queries ---------------------------------------------------------------------------
     def reservation_tokens(self, final_num_tokens: int) -> int:
         """Tokens the policy reserves for a request of ``final_num_tokens`` (prompt + output)."""
-        require_int("final_num_tokens", final_num_tokens, 1)
+        final_num_tokens = require_int("final_num_tokens", final_num_tokens, 1)
         if final_num_tokens > self.max_model_len:
             raise ValueError(f"final_num_tokens {final_num_tokens} exceeds max_model_len "
                              f"{self.max_model_len}")
@@ -84,7 +84,7 @@ class ContiguousAllocator:
 
     def can_allocate(self, num_tokens: int, final_num_tokens: int) -> bool:
         """Whether allocate() would succeed now (raises on the same bad arguments)."""
-        return self.arena.can_allocate(self._check_request(num_tokens, final_num_tokens))
+        return self.arena.can_allocate(self._check_request(num_tokens, final_num_tokens)[2])
 
     @property
     def num_free_tokens(self) -> int:
@@ -123,7 +123,7 @@ class ContiguousAllocator:
             False, with nothing changed, if no hole is large enough.
         """
         require_new_seq_id(seq_id, self._seqs)
-        reserved = self._check_request(num_tokens, final_num_tokens)
+        num_tokens, final_num_tokens, reserved = self._check_request(num_tokens, final_num_tokens)
         offset = self.arena.allocate(reserved)
         if offset is None:
             return False
@@ -139,7 +139,7 @@ class ContiguousAllocator:
     def append(self, seq_id: int, num_tokens: int = 1) -> bool:
         """Grow a sequence inside its extent; False (nothing changed) past the reservation."""
         ext = self._seq(seq_id)
-        require_int("num_tokens", num_tokens)
+        num_tokens = require_int("num_tokens", num_tokens)
         new_num_tokens = ext.num_tokens + num_tokens
         if new_num_tokens > ext.reserved_tokens:
             return False
@@ -231,10 +231,11 @@ class ContiguousAllocator:
     def _seq(self, seq_id: int) -> _Extent:
         return require_live(seq_id, self._seqs)
 
-    def _check_request(self, num_tokens: int, final_num_tokens: int) -> int:
-        """Validate a request; return the tokens the policy reserves for it."""
+    def _check_request(self, num_tokens: int, final_num_tokens: int) -> tuple[int, int, int]:
+        """Validate a request; return (num_tokens, final_num_tokens, reserved tokens) as ints."""
         reserved = self.reservation_tokens(final_num_tokens)
-        require_int("num_tokens", num_tokens)
+        num_tokens = require_int("num_tokens", num_tokens)
+        final_num_tokens = int(final_num_tokens)
         if num_tokens > final_num_tokens:
             raise ValueError(f"num_tokens {num_tokens} exceeds final_num_tokens "
                              f"{final_num_tokens}")
@@ -242,4 +243,4 @@ class ContiguousAllocator:
             raise ValueError(f"a request of {final_num_tokens} tokens reserves "
                              f"{self.arena.extent_slots(reserved)} slots ({self.policy}, "
                              f"{self.placement}), the pool has {self.capacity_tokens}")
-        return reserved
+        return num_tokens, final_num_tokens, reserved

@@ -128,7 +128,7 @@ class PagedAllocator:
 
     def lookup(self, block_hashes: Sequence[int] | None, num_tokens: int) -> int:
         """Tokens a new sequence of ``num_tokens`` would get from the cache (no side effect)."""
-        require_int("num_tokens", num_tokens)
+        num_tokens = require_int("num_tokens", num_tokens)
         return len(self._find_hits(block_hashes, num_tokens)) * self.block_size
 
     def blocks_needed(self, num_tokens: int, block_hashes: Sequence[int] | None = None) -> int:
@@ -137,7 +137,7 @@ class PagedAllocator:
         A hit on a cached block nobody uses (ref_cnt 0) takes it out of the free queue, so it
         costs a free block too (vLLM's get_num_blocks_to_allocate).
         """
-        require_int("num_tokens", num_tokens)
+        num_tokens = require_int("num_tokens", num_tokens)
         hits = self._find_hits(block_hashes, num_tokens)
         ref = self.pool.ref_cnt
         return -(-num_tokens // self.block_size) - len(hits) + sum(ref[b] == 0 for b in hits)
@@ -158,11 +158,11 @@ class PagedAllocator:
             False, with nothing changed, if the free blocks do not suffice.
         """
         require_new_seq_id(seq_id, self._seqs)
-        require_int("num_tokens", num_tokens)
+        num_tokens = require_int("num_tokens", num_tokens)
         size = self.block_size
         num_check_tokens = num_tokens
         if num_reserve_tokens is not None:
-            require_int("num_reserve_tokens", num_reserve_tokens)
+            num_reserve_tokens = require_int("num_reserve_tokens", num_reserve_tokens)
             num_check_tokens = max(num_tokens, num_reserve_tokens)
         num_check_blocks = -(-num_check_tokens // size)
         if num_check_blocks > self.num_usable_blocks:
@@ -206,7 +206,7 @@ class PagedAllocator:
         seq = self._seqs.get(seq_id)
         if seq is None or type(num_tokens) is not int or num_tokens < 0:
             seq = self._seq(seq_id)               # raises on a bad id or count
-            require_int("num_tokens", num_tokens)
+            num_tokens = require_int("num_tokens", num_tokens)
         pool, size, table = self.pool, self.block_size, seq.block_table
         old_fill = seq.num_tokens % size
         new_num_tokens = seq.num_tokens + num_tokens
