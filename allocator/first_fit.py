@@ -7,9 +7,9 @@ request is external fragmentation::
 """
 from __future__ import annotations
 
-from allocator.checks import require_int
-
 from bisect import bisect_left, insort
+
+from allocator.checks import require_int
 
 
 class FirstFitArena:
