@@ -153,7 +153,9 @@ class PagedAllocator:
             block_hashes: chained keys of the sequence's full blocks (lazy Sequence, e.g.
                 SegmentKeys); None: unique content, nothing to share.
             num_reserve_tokens: succeed only if blocks for this many tokens would fit (vLLM's
-                full-prompt admission); only ``num_tokens`` are allocated.
+                full-prompt admission); only ``num_tokens`` are allocated. The prefix-cache
+                query counters count max(num_tokens, num_reserve_tokens), the request's length
+                as vLLM counts it.
         Returns:
             False, with nothing changed, if the free blocks do not suffice.
         """
@@ -183,10 +185,10 @@ class PagedAllocator:
         if self.enable_prefix_caching:
             if seq_id in self._preempted_seq_ids:
                 self._preempted_seq_ids.discard(seq_id)
-                self.num_preempted_queried_tokens += num_tokens
+                self.num_preempted_queried_tokens += num_check_tokens
                 self.num_preempted_hit_tokens += num_hit_tokens
             else:
-                self.num_queried_tokens += num_tokens
+                self.num_queried_tokens += num_check_tokens
                 self.num_hit_tokens += num_hit_tokens
         seq = _Seq(table, num_tokens, num_hit_tokens, block_hashes,
                    *self._count_keys(block_hashes), len(hits), len(hits))

@@ -79,10 +79,10 @@ class VllmReference:
         self.hit_tokens[seq] = len(hits) * B
         if self.caching and seq in self.preempted:       # vLLM: request.num_preemptions > 0
             self.preempted.discard(seq)
-            self.preempted_queries += num_tokens
+            self.preempted_queries += max(num_tokens, reserve or 0)
             self.preempted_hits += len(hits) * B
         elif self.caching:
-            self.queries += num_tokens
+            self.queries += max(num_tokens, reserve or 0)
             self.hits += len(hits) * B
         self._cache_full_blocks(seq)
         return True
