@@ -234,6 +234,10 @@ class PagedAllocator:
              block_hashes: Sequence[int] | None = None) -> None:
         """New sequence ``child_id`` sharing every block of ``parent_id`` (ref counts + 1).
 
+        The child starts with the parent's tokens and num_cached_tokens. vLLM v1 has no fork
+        (it runs n > 1 samples as separate requests sharing the prompt through the prefix cache);
+        this is the vLLM paper's block sharing for parallel sampling and beam search.
+
         Args:
             block_hashes: keys of the child's full blocks (equal to the parent's over the shared
                 prefix); None: the child's own continuation is unique content.
