@@ -212,8 +212,7 @@ class Scheduler:
         if preempted and self.prefix_caching:
             self._sync(seq)  # its last full block must be registered for its own re-admission
         self.num_pending_tokens -= seq.num_computed_tokens - seq.num_alloc_tokens
-        self.allocator.free(seq.seq_id, preempted=preempted) if self.paged else \
-            self.allocator.free(seq.seq_id)
+        self.allocator.free(seq.seq_id, preempted=preempted)
         seq.num_alloc_tokens = 0
 
     # ------------------------------------------------------------------ one step
@@ -287,6 +286,7 @@ class Scheduler:
             else:
                 out.num_prefill_tokens += n
         out.num_scheduled_tokens = num_tokens_total
+        self.num_prompt_tokens_computed += out.num_prefill_tokens
         return out
 
     def _admit(self, seq: SeqState, token_budget: int, lpt: int, out: StepOutput,
@@ -519,6 +519,18 @@ class Scheduler:
             n_new = lpt
         n_new = min(n_new, cfg.max_num_batched_tokens - n)
         return alloc.blocks_needed(min(hit + n_new, cfg.max_model_len), keys) + wm > free
+
+    def finish_decode_run(self, end_ns: int, step_index: int) -> list[SeqState]:
+        """Completions at the end of a decode run (only its last step can finish requests)."""
+        finished = [s for s in self.running if s.num_output_tokens >= s.max_output_tokens]
+        if finished:
+            for seq in finished:
+                seq.status = FINISHED
+                seq.finish_ns = end_ns
+                seq.finish_step = step_index
+                self._free(seq, preempted=False)
+            self.running = [s for s in self.running if s.status != FINISHED]
+        return finished
 
     def decode_run_batch(self) -> tuple[int, int]:
         """(kv_read_tokens, attn_token_pairs) of the first step of a decode run."""
