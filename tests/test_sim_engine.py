@@ -62,14 +62,14 @@ def test_determinism_byte_identical():
 
 
 CASES = {
-    "paged-pc-preempting": (dict(num_blocks=400), {}),
-    "paged-no-pc": (dict(num_blocks=400, enable_prefix_caching=False), {}),
-    "paged-threshold-watermark": (dict(num_blocks=500, long_prefill_token_threshold=128,
+    "paged-pc-preempting": (dict(num_blocks=250), {}),
+    "paged-no-pc": (dict(num_blocks=250, enable_prefix_caching=False), {}),
+    "paged-threshold-watermark": (dict(num_blocks=300, long_prefill_token_threshold=128,
                                        watermark=0.02, full_prompt_admission=False), {}),
     "pow2-first-fit": (dict(allocator="pow2", placement="first-fit", num_blocks=None,
-                            capacity_tokens=12000, null_block=False), {}),
-    "two-replicas-least-loaded": (dict(num_blocks=300), dict(replicas=2, router="least-loaded")),
-    "three-replicas-affinity": (dict(num_blocks=300), dict(replicas=3, router="prefix-affinity")),
+                            capacity_tokens=6000, null_block=False), {}),
+    "two-replicas-least-loaded": (dict(num_blocks=200), dict(replicas=2, router="least-loaded")),
+    "three-replicas-affinity": (dict(num_blocks=150), dict(replicas=3, router="prefix-affinity")),
 }
 
 
@@ -77,7 +77,8 @@ CASES = {
 def test_batched_decode_runs_identical_to_single_steps(case):
     cfg_kw, sim_kw = CASES[case]
     cfg = _cfg(**cfg_kw)
-    results = [simulate(iter(_reqs()), cfg, FixedStepCost(0.025), sample_interval_s=0.5,
+    reqs = _reqs(CONV.replace("n=120", "n=50"))
+    results = [simulate(iter(reqs), cfg, FixedStepCost(0.025), sample_interval_s=0.5,
                         snapshot_times_s=(3.0,), batch_decode_steps=b, **sim_kw)
                for b in (True, False)]
     fast, slow = results
@@ -85,6 +86,8 @@ def test_batched_decode_runs_identical_to_single_steps(case):
     pd.testing.assert_frame_equal(fast.timeseries, slow.timeseries)
     pd.testing.assert_frame_equal(fast.requests, slow.requests)
     assert fast.summary["num_steps"] > 200
+    if "paged" in case:
+        assert fast.summary["num_preemptions"] > 0
 
 
 def test_batched_step_rows_identical_on_step_clock():
