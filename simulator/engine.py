@@ -409,6 +409,12 @@ class Simulation:
             return 1
         if self.fixed_step_ns is not None:
             return max(1, min(k_max, -(-(bound - now) // self.fixed_step_ns)))
+        # steps only get longer in a decode run, so k = ceil(gap / first step) is enough; it is
+        # usually exact
+        first = max(1, self._step_ns(b0))
+        guess = min(k_max, max(1, -(-(bound - now) // first)))
+        if guess == 1 or now + self._run_ns(b0, guess - 1) < bound:
+            return guess
         hi = 1
         while hi < k_max and now + self._run_ns(b0, hi) < bound:
             hi = min(k_max, hi * 2)

@@ -56,6 +56,7 @@ class SeqState:
     keys: object = None              # block keys (SegmentKeys) of prompt + output, or None
     status: int = WAITING
     num_output_tokens: int = 0       # sampled so far
+    num_tokens: int = 0              # prompt + outputs so far (kept in step with num_output_tokens)
     num_computed_tokens: int = 0     # tokens whose KV is computed or scheduled this step
     num_alloc_tokens: int = 0        # tokens the allocator has been told about (<= computed)
     num_preemptions: int = 0
@@ -71,10 +72,6 @@ class SeqState:
     finish_step: int = -1
     cached_tokens_first: int = -1
     num_cached_tokens_total: int = 0  # prefix-hit tokens over all admissions
-
-    @property
-    def num_tokens(self) -> int:
-        return self.num_prompt_tokens + self.num_output_tokens
 
 
 @dataclass(slots=True)
@@ -149,7 +146,8 @@ class Scheduler:
         """Queue a request (vLLM add_request): it joins the back of the waiting queue."""
         max_out = min(req.output_tokens, self.config.max_model_len - req.prompt_tokens)
         seq = SeqState(seq_id=self._new_seq_id(), req=req, num_prompt_tokens=req.prompt_tokens,
-                       max_output_tokens=max_out, arrival_ns=arrival_ns)
+                       max_output_tokens=max_out, arrival_ns=arrival_ns,
+                       num_tokens=req.prompt_tokens)
         if self.paged and req.num_shareable_tokens > req.prompt_tokens:
             seq.eager = True
         width = max(getattr(req, "n", 1) or 1, getattr(req, "beam_width", 1) or 1)
@@ -238,6 +236,8 @@ class Scheduler:
         lpt = cfg.long_prefill_token_threshold if len(running) + len(self.waiting) > 1 else 0
         max_model_len = cfg.max_model_len
         preempted_any = False
+        paged_fast = self.paged
+        block_size = self.block_size
 
         # 1) RUNNING requests, in admission order
         req_index = 0
@@ -252,6 +252,14 @@ class Scheduler:
             if n > cap:
                 n = cap
             if n <= 0:
+                req_index += 1
+                continue
+            if n == 1 and paged_fast and seq.num_computed_tokens % block_size and not seq.eager \
+                    and seq.group is None and seq.num_computed_tokens >= seq.num_prompt_tokens:
+                # a decode inside a held block: no allocator call (told lazily)
+                self.num_pending_tokens += 1
+                scheduled.append((seq, 1))
+                token_budget -= 1
                 req_index += 1
                 continue
             ok = True
@@ -322,7 +330,9 @@ class Scheduler:
                 if alloc.blocks_needed(full, keys) + wm > free:
                     return False
             first = min(hit + n, cfg.max_model_len)
-            if alloc.blocks_needed(first, keys) + wm > free:
+            # with full-prompt admission the first chunk's need is implied (same hits, fewer
+            # blocks); vLLM checks both
+            if not cfg.full_prompt_admission and alloc.blocks_needed(first, keys) + wm > free:
                 return False
             ok = alloc.allocate(seq.seq_id, first, block_hashes=keys)
             assert ok, "allocate failed after blocks_needed said it fits"
@@ -387,6 +397,7 @@ class Scheduler:
             if seq.num_computed_tokens < seq.num_tokens:
                 continue  # a partial prefill chunk samples nothing
             seq.num_output_tokens += 1
+            seq.num_tokens += 1
             self.num_generated_tokens += 1
             if seq.first_token_ns < 0:
                 seq.first_token_ns = end_ns
@@ -428,6 +439,7 @@ class Scheduler:
                              max_output_tokens=parent.max_output_tokens,
                              arrival_ns=parent.arrival_ns, status=RUNNING,
                              num_output_tokens=parent.num_output_tokens,
+                             num_tokens=parent.num_tokens,
                              num_computed_tokens=parent.num_computed_tokens,
                              num_alloc_tokens=parent.num_alloc_tokens, eager=parent.eager,
                              group=group, sample=s, first_sched_ns=parent.first_sched_ns,
@@ -464,6 +476,7 @@ class Scheduler:
             victim.num_computed_tokens = parent.num_computed_tokens
             victim.num_alloc_tokens = parent.num_alloc_tokens
             victim.num_output_tokens = parent.num_output_tokens
+            victim.num_tokens = parent.num_tokens
 
     # ------------------------------------------------------------------ batched decode runs
     def plan_decode_run(self, max_steps: int) -> int:
@@ -483,17 +496,23 @@ class Scheduler:
         k = max_steps
         B = self.block_size
         hist = [0] * (B + 1)   # hist[j]: requests that need a new block at step j (1..B)
+        paged = self.paged
         for seq in running:
+            c = seq.num_computed_tokens
             # decoding = one token behind with an output already (a prompt's last token is a
             # prefill step that samples the first token)
-            if seq.num_computed_tokens != seq.num_tokens - 1 or not seq.num_output_tokens \
-                    or seq.group is not None:
+            if c != seq.num_tokens - 1 or not seq.num_output_tokens or seq.group is not None:
                 return 0
             r = seq.max_output_tokens - seq.num_output_tokens
             if r < k:
                 k = r
-            if self.paged:
-                hist[(-seq.num_computed_tokens) % B + 1] += 1
+            if paged:
+                hist[(-c) % B + 1] += 1
+                if seq.eager:
+                    # end the run when a shareable block fills: later admissions may hit it
+                    full_end = (c // B + 1) * B
+                    if full_end <= seq.req.num_shareable_tokens and full_end - c < k:
+                        k = full_end - c
         if self.paged:
             free = self.allocator.num_free_blocks
             cycles, rem = divmod(free, n)
@@ -560,7 +579,7 @@ class Scheduler:
         Allocator calls: one append per request that crossed a block boundary (or has shareable
         output blocks); everyone else stays pending until it needs a block."""
         B = self.block_size
-        alloc = self.allocator
+        append = self.allocator.append
         paged = self.paged
         pending_delta = 0
         for seq in self.running:
@@ -568,9 +587,11 @@ class Scheduler:
             c2 = c + k
             seq.num_computed_tokens = c2
             seq.num_output_tokens += k
-            if paged and (seq.eager or (c2 - 1) // B >= _cdiv(c, B)):
+            seq.num_tokens += k
+            # a new block is needed iff cdiv(c2, B) > cdiv(c, B)
+            if paged and (seq.eager or (c2 - 1) // B >= -(-c // B)):
                 pending = c2 - seq.num_alloc_tokens
-                ok = alloc.append(seq.seq_id, pending)
+                ok = append(seq.seq_id, pending)
                 assert ok, "decode run append failed: plan_decode_run miscounted blocks"
                 pending_delta -= pending - k
                 seq.num_alloc_tokens = c2
