@@ -61,6 +61,7 @@ class SeqState:
     num_alloc_tokens: int = 0        # tokens the allocator has been told about (<= computed)
     num_preemptions: int = 0
     eager: bool = False              # output blocks are shareable: register them as they fill
+    plain: bool = True               # not eager, not forked: decodes may be told lazily
     group: object = None             # ForkGroup for n > 1 / beams, else None
     sample: int = 0                  # sample / beam index within the group
     # recorded times (ns) and steps; -1 = not yet
@@ -140,6 +141,8 @@ class Scheduler:
         self.num_steps = 0
         # tokens scheduled but not yet told to the allocator (sum of computed - alloc)
         self.num_pending_tokens = 0
+        self._run_ctx = 0               # context tokens of the planned run's first step
+        self._run_min_remaining = 0     # fewest outputs left among running, at plan time
 
     # ------------------------------------------------------------------ admission of arrivals
     def add_request(self, req, arrival_ns: int) -> SeqState:
@@ -150,11 +153,13 @@ class Scheduler:
                        num_tokens=req.prompt_tokens)
         if self.paged and req.num_shareable_tokens > req.prompt_tokens:
             seq.eager = True
+            seq.plain = False
         width = max(getattr(req, "n", 1) or 1, getattr(req, "beam_width", 1) or 1)
         if width > 1:
             kind = "beam" if (getattr(req, "beam_width", 1) or 1) > 1 else "sample"
             seq.group = ForkGroup(req.request_id, kind, width, [seq],
                                   random.Random(self.seed * 1_000_003 + req.request_id))
+            seq.plain = False
         self.waiting.append(seq)
         return seq
 
@@ -236,30 +241,35 @@ class Scheduler:
         lpt = cfg.long_prefill_token_threshold if len(running) + len(self.waiting) > 1 else 0
         max_model_len = cfg.max_model_len
         preempted_any = False
-        paged_fast = self.paged
         block_size = self.block_size
 
         # 1) RUNNING requests, in admission order
         req_index = 0
+        slow = []                  # scheduled outside the decode fast path, updated below
+        num_fast = fast_ctx = 0    # decodes inside a held block: updated inline
+        lazy = self.paged          # paged decodes are told to the allocator lazily
         while req_index < len(running) and token_budget > 0:
             seq = running[req_index]
-            n = seq.num_tokens - seq.num_computed_tokens
+            c = seq.num_computed_tokens
+            n = seq.num_tokens - c
+            if n == 1 and c % block_size and lazy and seq.plain and c >= seq.num_prompt_tokens:
+                # the common case: one decode token into a block it holds, no allocator call
+                # (the threshold and the max_model_len cap cannot bind for one token)
+                seq.num_computed_tokens = c + 1
+                fast_ctx += c + 1
+                num_fast += 1
+                scheduled.append((seq, 1))
+                token_budget -= 1
+                req_index += 1
+                continue
             if 0 < lpt < n:
                 n = lpt
             if n > token_budget:
                 n = token_budget
-            cap = max_model_len - seq.num_computed_tokens - 1
+            cap = max_model_len - c - 1
             if n > cap:
                 n = cap
             if n <= 0:
-                req_index += 1
-                continue
-            if n == 1 and paged_fast and seq.num_computed_tokens % block_size and not seq.eager \
-                    and seq.group is None and seq.num_computed_tokens >= seq.num_prompt_tokens:
-                # a decode inside a held block: no allocator call (told lazily)
-                self.num_pending_tokens += 1
-                scheduled.append((seq, 1))
-                token_budget -= 1
                 req_index += 1
                 continue
             ok = True
@@ -274,8 +284,10 @@ class Scheduler:
             if not ok:
                 break
             scheduled.append((seq, n))
+            slow.append((seq, n))
             token_budget -= n
             req_index += 1
+        self.num_pending_tokens += num_fast
 
         # 2) WAITING requests, FCFS, only if nobody was preempted in this step
         if not preempted_any:
@@ -289,11 +301,14 @@ class Scheduler:
                 waiting.popleft()
                 running.append(seq)
                 n = scheduled[-1][1]
+                slow.append(scheduled[-1])
                 token_budget -= n
 
         # vLLM _update_after_schedule: computed tokens advance at schedule time
-        num_tokens_total = 0
-        for seq, n in scheduled:
+        num_tokens_total = num_fast
+        out.kv_read_tokens = out.attn_token_pairs = fast_ctx
+        out.num_decode_seqs = num_fast
+        for seq, n in slow:
             before = seq.num_computed_tokens
             seq.num_computed_tokens = before + n
             num_tokens_total += n
@@ -442,6 +457,7 @@ class Scheduler:
                              num_tokens=parent.num_tokens,
                              num_computed_tokens=parent.num_computed_tokens,
                              num_alloc_tokens=parent.num_alloc_tokens, eager=parent.eager,
+                             plain=False,
                              group=group, sample=s, first_sched_ns=parent.first_sched_ns,
                              first_token_ns=parent.first_token_ns,
                              first_sched_step=parent.first_sched_step,
@@ -497,15 +513,18 @@ class Scheduler:
         B = self.block_size
         hist = [0] * (B + 1)   # hist[j]: requests that need a new block at step j (1..B)
         paged = self.paged
+        ctx = 0
+        min_remaining = max_steps
         for seq in running:
             c = seq.num_computed_tokens
+            ctx += c
             # decoding = one token behind with an output already (a prompt's last token is a
             # prefill step that samples the first token)
             if c != seq.num_tokens - 1 or not seq.num_output_tokens or seq.group is not None:
                 return 0
             r = seq.max_output_tokens - seq.num_output_tokens
-            if r < k:
-                k = r
+            if r < min_remaining:
+                min_remaining = r
             if paged:
                 hist[(-c) % B + 1] += 1
                 if seq.eager:
@@ -513,6 +532,11 @@ class Scheduler:
                     full_end = (c // B + 1) * B
                     if full_end <= seq.req.num_shareable_tokens and full_end - c < k:
                         k = full_end - c
+        if min_remaining < k:
+            k = min_remaining
+        # for decode_run_batch / finish_decode_run
+        self._run_ctx = ctx + n
+        self._run_min_remaining = min_remaining
         if self.paged:
             free = self.allocator.num_free_blocks
             cycles, rem = divmod(free, n)
@@ -559,6 +583,8 @@ class Scheduler:
 
     def finish_decode_run(self, end_ns: int, step_index: int) -> list[SeqState]:
         """Completions at the end of a decode run (only its last step can finish requests)."""
+        if self._run_min_remaining > 0:
+            return []   # the run stopped before anyone's last token
         finished = [s for s in self.running if s.num_output_tokens >= s.max_output_tokens]
         if finished:
             for seq in finished:
@@ -571,8 +597,7 @@ class Scheduler:
 
     def decode_run_batch(self) -> tuple[int, int]:
         """(kv_read_tokens, attn_token_pairs) of the first step of a decode run."""
-        ctx = sum(s.num_computed_tokens for s in self.running) + len(self.running)
-        return ctx, ctx
+        return self._run_ctx, self._run_ctx
 
     def advance_decode_run(self, k: int) -> None:
         """Apply ``k`` planned decode steps at once (``plan_decode_run`` said they are identical).
@@ -599,3 +624,4 @@ class Scheduler:
                 pending_delta += k
         self.num_pending_tokens += pending_delta
         self.num_generated_tokens += k * len(self.running)
+        self._run_min_remaining -= k
