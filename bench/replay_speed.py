@@ -6,7 +6,9 @@ Cases (each in its own subprocess, so peak RSS is the case's own):
   sharegpt-10k / -100k / -1m   synthetic ShareGPT-like requests (workloads spec)
 Setup: paged allocator, prefix caching on, vLLM's num_gpu_blocks for Llama-3.1-8B on one
 A100-80GB (planner.capacity), roofline step times (planner.roofline), max_num_seqs 256,
-max_num_batched_tokens 8192, one replica, time series sampled every 10 s.
+max_num_batched_tokens 8192, one replica, time series sampled every 10 s, per-request table
+off (only the latencies for the summary's percentiles are kept, as `kvsim replay` without
+--requests).
 
     python bench/replay_speed.py [--cases azure-conv,sharegpt-10k] [--profile CASE]
 
@@ -60,10 +62,11 @@ def run_case(name: str, profile: bool = False) -> dict:
         import cProfile
         import pstats
         prof = cProfile.Profile()
-        result = prof.runcall(simulate, requests, config, cost, sample_interval_s=10.0)
+        result = prof.runcall(simulate, requests, config, cost, sample_interval_s=10.0,
+                                 record_requests=False)
         pstats.Stats(prof, stream=sys.stderr).sort_stats("tottime").print_stats(25)
     else:
-        result = simulate(requests, config, cost, sample_interval_s=10.0)
+        result = simulate(requests, config, cost, sample_interval_s=10.0, record_requests=False)
     wall = time.perf_counter() - t0
     cpu = time.process_time() - cpu0
     s = result.summary

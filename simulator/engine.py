@@ -23,7 +23,6 @@ import time
 from collections.abc import Iterable
 
 import numpy as np
-import pandas as pd
 import simpy
 from simpy.core import URGENT
 
@@ -106,13 +105,15 @@ class Simulation:
             (instead of time samples). Meant for small traces.
         batch_decode_steps: apply runs of identical decode steps at once (False: one by one;
             identical results, much slower).
+        record_requests: keep the per-request table (False: only the latencies the summary's
+            percentiles need, 24 bytes per request; ``Result.requests`` is then empty).
     """
 
     def __init__(self, requests: Iterable, config: EngineConfig, cost_model: CostModel, *,
                  replicas: int = 1, router: str = "round-robin",
                  sample_interval_s: float | None = None, snapshot_times_s: Iterable[float] = (),
                  seed: int = 0, progress: bool = False, record_steps: bool = False,
-                 batch_decode_steps: bool = True):
+                 batch_decode_steps: bool = True, record_requests: bool = True):
         if not isinstance(config, EngineConfig):
             raise TypeError("config must be an EngineConfig")
         if not hasattr(cost_model, "step_time_s") or not hasattr(cost_model, "run_time_s"):
@@ -140,7 +141,7 @@ class Simulation:
         self.batching = batch_decode_steps
         self.env = simpy.Environment()
         self.replicas = [_Replica(i, config, seed) for i in range(replicas)]
-        self.requests = RequestLog()
+        self.requests = RequestLog(keep_rows=record_requests)
         self.samples = TableLog(SAMPLE_COLUMNS)
         self.steps = StepLog()
         self.snapshots: list = []
@@ -201,7 +202,7 @@ class Simulation:
                 bd[i] += v
         return {"time_s": self.now_s, "running": sum(len(r.sched.running) for r in self.replicas),
                 "waiting": sum(len(r.sched.waiting) for r in self.replicas),
-                "finished": len(self.requests) - self.num_rejected,
+                "finished": self.requests.num_finished,
                 "rejected": self.num_rejected, "arrived": self.num_arrived,
                 "kv_usage": float(np.mean([r.allocator.usage for r in self.replicas])),
                 "breakdown": dict(zip(MEMORY_CLASSES, bd)), "done": self.done}
@@ -613,7 +614,7 @@ class Simulation:
             timeseries = self.steps.frame()
         else:
             timeseries = self.samples.frame()
-        return Result(self._summary(requests), timeseries, requests, list(self.snapshots))
+        return Result(self._summary(), timeseries, requests, list(self.snapshots))
 
     def env_now_boundary(self, rep: _Replica) -> None:
         """Close a replica's integrals and samples at the end of the simulation."""
@@ -627,10 +628,10 @@ class Simulation:
         if not self.record_steps and rep.next_sample_ns <= now:
             self._sample(rep, now, bd, usage)
 
-    def _summary(self, requests: pd.DataFrame) -> dict:
+    def _summary(self) -> dict:
         cfg = self.config
         reps = self.replicas
-        done = requests[~requests["rejected"]]
+        log = self.requests
         duration_ns = max(self.end_ns, 1)
         duration_s = self.end_ns / NS_PER_S
         area = [sum(r.bd_area[i] for r in reps) for i in range(_NUM_CLASSES)]
@@ -644,12 +645,13 @@ class Simulation:
         hits = sum(r.sched.num_prefix_hits for r in reps)
         saved = [s for r in reps for s in r.saved_samples]
         generated = sum(r.sched.num_generated_tokens for r in reps)
-        prompt = int(done["prompt_tokens"].sum())
+        prompt = log.num_prompt_tokens
+        num_done = log.num_finished
         summary = {
             "requests_arrived": self.num_arrived,
-            "requests_finished": int(len(done)),
+            "requests_finished": num_done,
             "requests_rejected": self.num_rejected,
-            "requests_unfinished": self.num_arrived - self.num_rejected - int(len(done)),
+            "requests_unfinished": self.num_arrived - self.num_rejected - num_done,
             "simulated_duration_s": round(duration_s, 9),
             "num_steps": sum(r.num_steps for r in reps),
             "mean_running": round(sum(r.running_area for r in reps) / duration_ns, 6),
@@ -665,17 +667,17 @@ class Simulation:
             "blocks_saved_by_sharing_mean": round(float(np.mean(saved)), 6) if saved else 0.0,
             "blocks_saved_by_sharing_max": int(max(saved)) if saved else 0,
             "num_preemptions": sum(r.sched.num_preemptions for r in reps),
-            "preempted_requests": int((done["num_preemptions"] > 0).sum()),
+            "preempted_requests": log.num_preempted_requests,
             "generated_tokens": generated,
             "prompt_tokens": prompt,
             "computed_prompt_tokens": sum(r.sched.num_prompt_tokens_computed for r in reps),
             "output_throughput_tokens_per_s": round(generated / duration_s, 6) if duration_s else 0.0,
             "total_throughput_tokens_per_s":
                 round((generated + prompt) / duration_s, 6) if duration_s else 0.0,
-            "request_throughput_per_s": round(len(done) / duration_s, 6) if duration_s else 0.0,
-            "ttft_s": percentiles(done["ttft_s"].to_numpy()),
-            "tpot_s": percentiles(done["tpot_s"].to_numpy()),
-            "e2e_s": percentiles(done["e2e_s"].to_numpy()),
+            "request_throughput_per_s": round(num_done / duration_s, 6) if duration_s else 0.0,
+            "ttft_s": percentiles(log.latencies("ttft_s")),
+            "tpot_s": percentiles(log.latencies("tpot_s")),
+            "e2e_s": percentiles(log.latencies("e2e_s")),
             "wall_clock_s": round(self.wall_s, 3),
             "config": {"engine": {k: getattr(cfg, k) for k in cfg.__dataclass_fields__},
                        "replicas": len(reps), "router": self.router, "seed": self.seed,
@@ -689,7 +691,7 @@ def simulate(requests: Iterable, config: EngineConfig, cost_model: CostModel, *,
              replicas: int = 1, router: str = "round-robin",
              sample_interval_s: float | None = None, snapshot_times_s: Iterable[float] = (),
              seed: int = 0, progress: bool = False, record_steps: bool = False,
-             batch_decode_steps: bool = True) -> Result:
+             batch_decode_steps: bool = True, record_requests: bool = True) -> Result:
     """Replay ``requests`` through ``replicas`` replicas of ``config``; see ``Simulation``.
 
     Returns:
@@ -698,5 +700,5 @@ def simulate(requests: Iterable, config: EngineConfig, cost_model: CostModel, *,
     sim = Simulation(requests, config, cost_model, replicas=replicas, router=router,
                      sample_interval_s=sample_interval_s, snapshot_times_s=snapshot_times_s,
                      seed=seed, progress=progress, record_steps=record_steps,
-                     batch_decode_steps=batch_decode_steps)
+                     batch_decode_steps=batch_decode_steps, record_requests=record_requests)
     return sim.run()

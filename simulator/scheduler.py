@@ -509,6 +509,13 @@ class Scheduler:
         cfg = self.config
         if n > cfg.max_num_batched_tokens:
             return 0
+        # cheap exits first: the newest request is the likeliest to be prefilling, and a head
+        # that fits even if every running request takes a block in step 1 will be admitted
+        last = running[-1]
+        if last.num_computed_tokens != last.num_tokens - 1 or not last.num_output_tokens:
+            return 0
+        if self.waiting and not self._head_blocked(n):
+            return 0
         k = max_steps
         B = self.block_size
         hist = [0] * (B + 1)   # hist[j]: requests that need a new block at step j (1..B)

@@ -59,6 +59,11 @@ def test_determinism_byte_identical():
     assert a.timeseries.to_csv() == b.timeseries.to_csv()
     assert a.requests.to_csv() == b.requests.to_csv()
     assert a.summary["num_preemptions"] > 0   # the case exercises preemption
+    # without the per-request table (replay without --requests): the same summary
+    c = simulate(iter(_reqs()), _cfg(num_blocks=400), FixedStepCost(0.02), seed=7,
+                 record_requests=False)
+    assert c.summary_json(include_wall_clock=False) == a.summary_json(include_wall_clock=False)
+    assert c.requests.empty and list(c.requests.columns) == list(a.requests.columns)
 
 
 CASES = {
