@@ -29,7 +29,7 @@ from simpy.core import URGENT
 from allocator import MEMORY_CLASSES, ContiguousAllocator, PagedAllocator, mix64
 from simulator.config import EngineConfig
 from simulator.cost import CostModel, FixedStepCost, StepBatch
-from simulator.recorder import (NS_PER_S, SAMPLE_COLUMNS, STEP_COLUMNS, RequestLog, StepLog,
+from simulator.recorder import (NS_PER_S, SAMPLE_COLUMNS, RequestLog, StepLog,
                                 TableLog, percentiles)
 from simulator.result import SUMMARY_KEYS, Result
 from simulator.scheduler import FINISHED, Scheduler
