@@ -62,6 +62,22 @@ def make_allocator(config: EngineConfig):
                                max_model_len=config.max_model_len, placement=config.placement)
 
 
+def _affinity_key(req) -> int | None:
+    """What prefix-affinity routing hashes: the conversation, else the second shared prompt
+    segment (the first is often a prompt every request shares, e.g. Mooncake's block 0), else
+    the first; None (round-robin) for a request that shares nothing."""
+    if req.conversation_id is not None:
+        return req.conversation_id
+    key = None
+    end = 0
+    for seg_id, length in req.segments[:2]:
+        end += length
+        if end > req.num_shareable_tokens:
+            break
+        key = seg_id
+    return key
+
+
 class _Replica:
     """One serving replica: its scheduler, allocator and recording state."""
 
@@ -256,10 +272,7 @@ class Simulation:
         else:
             key = None
             if self.router == "prefix-affinity":
-                if req.conversation_id is not None:
-                    key = req.conversation_id
-                elif req.segments and req.num_shareable_tokens > 0:
-                    key = req.segments[0][0]
+                key = _affinity_key(req)
             if key is None:
                 rep = reps[self.rr_next % len(reps)]
                 self.rr_next += 1
