@@ -582,9 +582,10 @@ class Simulation:
     def _on_finished(self, rep: _Replica, seq) -> None:
         group = seq.group
         if group is not None:
-            if len(group.members) < group.width or any(m.status != FINISHED
-                                                        for m in group.members):
+            if group.recorded or len(group.members) < group.width or any(
+                    m.status != FINISHED for m in group.members):
                 return
+            group.recorded = True
             members = group.members
         else:
             members = (seq,)

@@ -84,6 +84,7 @@ class ForkGroup:
     width: int
     members: list = field(default_factory=list)   # SeqState, index = sample/beam
     rng: random.Random | None = None
+    recorded: bool = False            # the request's row was written (once, when all finish)
 
 
 @dataclass(slots=True)

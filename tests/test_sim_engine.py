@@ -152,6 +152,7 @@ def test_parallel_sampling_forks_share_prompt_blocks():
             rep.allocator.check_invariants()
     res = sim.result()
     assert res.summary["generated_tokens"] == 6 * 3 * 40
+    assert len(res.requests) == 6 and res.summary["requests_finished"] == 6   # once each
     assert (res.requests["num_samples"] == 3).all()
     assert (res.requests["num_output"] == 40).all()
     assert res.summary["blocks_saved_by_sharing_max"] >= 2 * (300 // 16)
@@ -175,6 +176,7 @@ def test_beam_search_reselects_at_block_boundaries():
         sim.replicas[0].allocator.check_invariants()
     res = sim.result()
     assert res.summary["generated_tokens"] == 2 * 4 * 100
+    assert sorted(res.requests["request_id"]) == [0, 1]
     # beams dropped at reselections free their sequences before the requests finish
     assert len(freed) > 2 * 4
     # same seed, same beams; another seed, other reselections
