@@ -54,6 +54,20 @@ def find_oracle_python(venv: str | None = None) -> str | None:
     return None
 
 
+def oracle_cli_args(args: dict) -> list[str]:
+    """Oracle command-line flags for a case's argument dict (keys are oracle.py's dests)."""
+    out: list[str] = []
+    for key, value in args.items():
+        flag = "--" + key.replace("_", "-")
+        if value is True:
+            out.append(flag)
+        elif value is False or value is None:
+            continue
+        else:
+            out += [flag, str(value)]
+    return out
+
+
 def kvsim_argv(trace: str | Path, oracle_args: dict, out_dir: str | Path) -> list[str]:
     """`kvsim` arguments (without the program name) equivalent to an oracle run.
 

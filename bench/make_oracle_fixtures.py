@@ -33,6 +33,7 @@ from bench.fidelity_diff import (  # noqa: E402
     REQUEST_FIELDS,
     STEP_FIELDS,
     find_oracle_python,
+    oracle_cli_args,
 )
 
 TRACE_FIELDS = ["arrival_step", "prompt_tokens", "output_tokens", "prefix_group", "prefix_len"]
@@ -197,20 +198,6 @@ CASES = [
     Case("max_num_seqs", "bursts into max_num_seqs 4 (budget 256)",
          "burst", {"num_gpu_blocks": 1000, "max_num_seqs": 4, "max_num_batched_tokens": 256}),
 ]
-
-
-def oracle_cli_args(args: dict) -> list[str]:
-    """Oracle command-line flags for a case's argument dict (keys are oracle.py's dests)."""
-    out: list[str] = []
-    for key, value in args.items():
-        flag = "--" + key.replace("_", "-")
-        if value is True:
-            out.append(flag)
-        elif value is False or value is None:
-            continue
-        else:
-            out += [flag, str(value)]
-    return out
 
 
 def write_trace(path: Path, rows: list[list]) -> None:

@@ -1,0 +1,210 @@
+"""Decision-level fidelity of kvsim against vLLM 0.33's own scheduler, on the oracle's traces.
+
+For each case (trace x num_gpu_blocks x prefix caching x max_num_batched_tokens) it runs the
+vLLM oracle (../shared/tools/vllm_oracle/oracle.py: vLLM's unmodified v1 Scheduler and
+KVCacheManager, CPU only) and `kvsim replay --format vllm-oracle --step-clock` with the same
+settings, and prints per case: total steps, preemptions, prefix-hit tokens (first admissions),
+max running, for both sides, and the share of requests whose finish step is identical, plus the
+first diverging step. A CSV gets every figure. The golden fixtures of tests/fixtures/oracle/
+are included too (their oracle outputs are committed, so they need no oracle venv).
+
+Oracle outputs are cached under runs/fidelity/oracle/ (git-ignored), keyed by the trace, the
+arguments and oracle.py itself, so a rerun costs only kvsim's time. Without the oracle's venv
+(default ../oracle-venv; build it with `bash ../shared/tools/vllm_oracle/setup.sh
+../oracle-venv`, about 1.5 minutes and 3.2 GB), uncached oracle cases are skipped with a message.
+
+Usage:
+    python bench/fidelity_vllm.py [--cases SUBSTR ...] [--jobs 2] [--csv FILE] [--no-golden]
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import hashlib
+import json
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from bench.fidelity_diff import (  # noqa: E402
+    FIXTURE_DIR,
+    ORACLE_DIR,
+    compare_dirs,
+    find_oracle_python,
+    kvsim_argv,
+    load_steps,
+    oracle_cli_args,
+    step_totals,
+)
+
+RUNS = ROOT / "runs" / "fidelity"
+
+# the oracle's example traces (run_examples.sh): 2000 requests, about 1 arrival per 3 steps,
+# prompt mean 500, output mean 200; b: half of the requests get a shared 512-token prefix
+EXAMPLE_TRACES = {
+    "a": ["--num-requests", "2000", "--seed", "1"],
+    "b": ["--num-requests", "2000", "--seed", "1", "--shared-prefix-frac", "0.5",
+          "--shared-prefix-len", "512"],
+}
+NUM_BLOCKS = (1500, 2500)
+PREFIX_CACHING = ("on", "off")
+BUDGETS_TOKENS = (2048, 8192)
+
+
+def example_cases() -> list[tuple[str, str, dict]]:
+    """(case name, trace key, oracle args) for traces a, b x blocks x PC x budget."""
+    cases = []
+    for trace in EXAMPLE_TRACES:
+        for nb in NUM_BLOCKS:
+            for pc in PREFIX_CACHING:
+                for budget in BUDGETS_TOKENS:
+                    cases.append((f"{trace}_nb{nb}_pc{pc}_T{budget}", trace,
+                                  {"num_gpu_blocks": nb, "prefix_caching": pc,
+                                   "max_num_batched_tokens": budget}))
+    return cases
+
+
+def make_trace(key: str) -> Path:
+    path = RUNS / "traces" / f"{key}.csv"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        subprocess.run([sys.executable, str(ORACLE_DIR / "gen_trace.py"), "--out", str(path),
+                        *EXAMPLE_TRACES[key]], check=True)
+    return path
+
+
+def _cache_key(trace: Path, args: dict) -> str:
+    h = hashlib.sha256()
+    h.update(trace.read_bytes())
+    h.update(json.dumps(args, sort_keys=True).encode())
+    h.update((ORACLE_DIR / "oracle.py").read_bytes())
+    return h.hexdigest()[:16]
+
+
+def run_oracle(name: str, trace: Path, args: dict, oracle_python: str | None) -> tuple[Path | None, str]:
+    """The oracle's output folder for a case (cached), or None with the reason."""
+    out = RUNS / "oracle" / name
+    key = _cache_key(trace, args)
+    stamp = out / "cache_key"
+    if stamp.exists() and stamp.read_text() == key and (out / "requests.csv").exists():
+        return out, "cached"
+    if oracle_python is None:
+        return None, ("oracle venv absent: build it with "
+                      f"`bash {ORACLE_DIR}/setup.sh {ROOT.parent / 'oracle-venv'}`")
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    run = subprocess.run([oracle_python, str(ORACLE_DIR / "oracle.py"), "--trace", str(trace),
+                          "--out-dir", str(out), *oracle_cli_args(args)],
+                         capture_output=True, text=True)
+    if run.returncode != 0:
+        return None, f"oracle failed: {run.stderr.strip()[-500:]}"
+    stamp.write_text(key)
+    return out, f"ran in {time.perf_counter() - t0:.1f} s"
+
+
+def run_kvsim(name: str, trace: Path, args: dict) -> tuple[Path | None, str, float]:
+    """kvsim's output folder for a case, or None with the reason; and its wall seconds."""
+    try:
+        from simulator import cli
+    except ImportError as err:
+        return None, f"kvsim not importable: {err}", 0.0
+    parser = cli.build_parser()
+    if not any(isinstance(a, argparse._SubParsersAction) and "replay" in a.choices
+               for a in parser._actions):
+        return None, "simulator.cli has no `replay` subcommand yet", 0.0
+    out = RUNS / "kvsim" / name
+    out.mkdir(parents=True, exist_ok=True)
+    argv = kvsim_argv(trace, args, out)
+    t0 = time.perf_counter()
+    rc = cli.main(argv)
+    wall_s = time.perf_counter() - t0
+    if rc != 0:
+        return None, f"kvsim exited {rc}: kvsim {' '.join(argv)}", wall_s
+    return out, "ok", wall_s
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cases", nargs="*", help="only cases whose name contains one of these")
+    ap.add_argument("--jobs", type=int, default=2, help="oracle runs in parallel")
+    ap.add_argument("--csv", default=str(RUNS / "fidelity_vllm.csv"))
+    ap.add_argument("--no-golden", action="store_true", help="skip the golden fixture cases")
+    ap.add_argument("--venv", help="the oracle's venv (default: autodetect)")
+    ap.add_argument("-v", "--verbose", action="store_true", help="print each first divergence")
+    a = ap.parse_args(argv)
+
+    oracle_python = find_oracle_python(a.venv)
+    if oracle_python is None:
+        print(f"note: vLLM oracle venv not found; uncached oracle cases are skipped. Build it "
+              f"with: bash {ORACLE_DIR}/setup.sh {ROOT.parent / 'oracle-venv'}", file=sys.stderr)
+    cases: list[tuple[str, Path, dict, Path | None]] = []  # name, trace, args, oracle dir
+    for name, tkey, args in example_cases():
+        cases.append((name, make_trace(tkey), args, None))
+    if not a.no_golden:
+        manifest = json.loads((FIXTURE_DIR / "manifest.json").read_text())
+        for name, entry in manifest.items():
+            cases.append((f"golden/{name}", FIXTURE_DIR / entry["trace"], entry["oracle_args"],
+                          FIXTURE_DIR / name))
+    if a.cases:
+        cases = [c for c in cases if any(s in c[0] for s in a.cases)]
+
+    todo = [c for c in cases if c[3] is None]
+    with ThreadPoolExecutor(max_workers=max(1, a.jobs)) as pool:
+        results = dict(zip([c[0] for c in todo], pool.map(
+            lambda c: run_oracle(c[0], c[1], c[2], oracle_python), todo)))
+
+    header = ["case", "requests", "steps_vllm", "steps_kvsim", "preemptions_vllm",
+              "preemptions_kvsim", "prefix_hit_tokens_vllm", "prefix_hit_tokens_kvsim",
+              "max_running_vllm", "max_running_kvsim", "finish_step_match_share", "identical",
+              "first_diverging_step", "kvsim_wall_s"]
+    rows = []
+    print(f"{'case':34} {'steps vllm/kvsim':>17} {'preempt':>11} {'prefix hits':>17} "
+          f"{'max run':>8} {'finish=':>8}  first divergence")
+    for name, trace, args, oracle_dir in cases:
+        if oracle_dir is None:
+            oracle_dir, why = results[name]
+            if oracle_dir is None:
+                print(f"{name:34} skipped: {why}")
+                continue
+        o_steps, _ = load_steps(oracle_dir / "steps.csv")
+        o = step_totals(o_steps)
+        kv_dir, why, wall_s = run_kvsim(name.replace("/", "_"), trace, args)
+        if kv_dir is None:
+            print(f"{name:34} {o['total_steps']:>8}/{'-':<8} {o['preemptions']:>5}/{'-':<5} "
+                  f"{o['prefix_hit_tokens']:>8}/{'-':<8} {o['max_running']:>4}/{'-':<3} "
+                  f"{'-':>8}  kvsim skipped: {why}")
+            rows.append([name, "", o["total_steps"], "", o["preemptions"], "",
+                         o["prefix_hit_tokens"], "", o["max_running"], "", "", "", "", ""])
+            continue
+        d = compare_dirs(name, oracle_dir, kv_dir)
+        k_steps, _ = load_steps(kv_dir / "steps.csv")
+        k = step_totals(k_steps)
+        first = d.first_step.split(":")[0] if d.first_step else ""
+        print(f"{name:34} {o['total_steps']:>8}/{k['total_steps']:<8} "
+              f"{o['preemptions']:>5}/{k['preemptions']:<5} "
+              f"{o['prefix_hit_tokens']:>8}/{k['prefix_hit_tokens']:<8} "
+              f"{o['max_running']:>4}/{k['max_running']:<3} "
+              f"{100 * d.finish_match_share:>7.1f}%  {'identical' if d.identical else first}")
+        if a.verbose and not d.identical:
+            print(d.format())
+        rows.append([name, d.num_requests, o["total_steps"], k["total_steps"], o["preemptions"],
+                     k["preemptions"], o["prefix_hit_tokens"], k["prefix_hit_tokens"],
+                     o["max_running"], k["max_running"], round(d.finish_match_share, 6),
+                     d.identical, first, round(wall_s, 3)])
+    Path(a.csv).parent.mkdir(parents=True, exist_ok=True)
+    with open(a.csv, "w", newline="") as f:
+        w = csv.writer(f, lineterminator="\n")
+        w.writerow(header)
+        w.writerows(rows)
+    print(f"wrote {a.csv}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
