@@ -195,6 +195,12 @@ CASES = [
                           "long_prefill_token_threshold": 128, "prefix_caching": "off"}),
     Case("max_model_len_cap", "max_model_len 400: outputs cut at the cap",
          "max_model_len", {"num_gpu_blocks": 300, "max_model_len": 400}),
+    Case("prefix_groups_storm", "prefix groups in a small pool: shared blocks under preemption",
+         "prefix_groups", {"num_gpu_blocks": 160, "max_num_seqs": 64}),
+    Case("mixed_knobs", "threshold 64 + watermark 0.02 + first-chunk admission, small pool",
+         "long_prompts_small_pool", {"num_gpu_blocks": 150, "max_num_batched_tokens": 256,
+                                     "long_prefill_token_threshold": 64, "watermark": 0.02,
+                                     "no_reserve_full_isl": True}),
     Case("max_num_seqs", "bursts into max_num_seqs 4 (budget 256)",
          "burst", {"num_gpu_blocks": 1000, "max_num_seqs": 4, "max_num_batched_tokens": 256}),
 ]
