@@ -18,7 +18,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURE_DIR = ROOT / "tests" / "fixtures" / "oracle"
-ORACLE_DIR = ROOT.parent / "shared" / "tools" / "vllm_oracle"
+ORACLE_DIR = Path(os.environ.get("KVSIM_ORACLE_DIR",
+                                  ROOT.parent / "shared" / "tools" / "vllm_oracle"))
 
 # columns kept from the oracle's files in the golden fixtures
 STEP_FIELDS = ["step", "sched_reqs", "sched_tokens", "running", "waiting", "kv_usage",

@@ -19,8 +19,10 @@ Usage:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import hashlib
+import io
 import json
 import subprocess
 import sys
@@ -67,33 +69,52 @@ def example_cases() -> list[tuple[str, str, dict]]:
                     cases.append((f"{trace}_nb{nb}_pc{pc}_T{budget}", trace,
                                   {"num_gpu_blocks": nb, "prefix_caching": pc,
                                    "max_num_batched_tokens": budget}))
+    # reference only: vLLM's GPU default, AsyncScheduler (2 batches in flight), which kvsim
+    # does not model (kvsim replays the synchronous Scheduler); shows how far apart they are
+    cases.append(("a_nb1500_pcon_T2048_ASYNC", "a",
+                  {"num_gpu_blocks": 1500, "prefix_caching": "on",
+                   "max_num_batched_tokens": 2048, "async_scheduling": True}))
     return cases
 
 
-def make_trace(key: str) -> Path:
+def make_trace(key: str) -> Path | None:
+    """The example trace (generated once with the oracle's gen_trace.py), or None without it."""
     path = RUNS / "traces" / f"{key}.csv"
     if not path.exists():
+        if not (ORACLE_DIR / "gen_trace.py").exists():
+            return None
         path.parent.mkdir(parents=True, exist_ok=True)
         subprocess.run([sys.executable, str(ORACLE_DIR / "gen_trace.py"), "--out", str(path),
                         *EXAMPLE_TRACES[key]], check=True)
     return path
 
 
-def _cache_key(trace: Path, args: dict) -> str:
+def _cache_key(trace: Path, args: dict) -> str | None:
+    oracle_src = ORACLE_DIR / "oracle.py"
+    if not oracle_src.exists():
+        return None
     h = hashlib.sha256()
     h.update(trace.read_bytes())
     h.update(json.dumps(args, sort_keys=True).encode())
-    h.update((ORACLE_DIR / "oracle.py").read_bytes())
+    h.update(oracle_src.read_bytes())
     return h.hexdigest()[:16]
 
 
-def run_oracle(name: str, trace: Path, args: dict, oracle_python: str | None) -> tuple[Path | None, str]:
+def run_oracle(name: str, trace: Path | None, args: dict,
+               oracle_python: str | None) -> tuple[Path | None, str]:
     """The oracle's output folder for a case (cached), or None with the reason."""
     out = RUNS / "oracle" / name
+    if trace is None:
+        return None, f"trace generator {ORACLE_DIR / 'gen_trace.py'} absent (KVSIM_ORACLE_DIR)"
     key = _cache_key(trace, args)
     stamp = out / "cache_key"
-    if stamp.exists() and stamp.read_text() == key and (out / "requests.csv").exists():
-        return out, "cached"
+    if stamp.exists() and (out / "requests.csv").exists():
+        if key is None:
+            return out, f"cached (oracle source absent, {ORACLE_DIR}; not re-validated)"
+        if stamp.read_text() == key:
+            return out, "cached"
+    if key is None:
+        return None, f"oracle absent: {ORACLE_DIR / 'oracle.py'} (set KVSIM_ORACLE_DIR)"
     if oracle_python is None:
         return None, ("oracle venv absent: build it with "
                       f"`bash {ORACLE_DIR}/setup.sh {ROOT.parent / 'oracle-venv'}`")
@@ -120,9 +141,11 @@ def run_kvsim(name: str, trace: Path, args: dict) -> tuple[Path | None, str, flo
         return None, "simulator.cli has no `replay` subcommand yet", 0.0
     out = RUNS / "kvsim" / name
     out.mkdir(parents=True, exist_ok=True)
-    argv = kvsim_argv(trace, args, out)
+    sync_args = {k: v for k, v in args.items() if k != "async_scheduling"}
+    argv = kvsim_argv(trace, sync_args, out) + ["--quiet"]
     t0 = time.perf_counter()
-    rc = cli.main(argv)
+    with contextlib.redirect_stdout(io.StringIO()):  # kvsim's one-line summary per case
+        rc = cli.main(argv)
     wall_s = time.perf_counter() - t0
     if rc != 0:
         return None, f"kvsim exited {rc}: kvsim {' '.join(argv)}", wall_s
@@ -162,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     header = ["case", "requests", "steps_vllm", "steps_kvsim", "preemptions_vllm",
               "preemptions_kvsim", "prefix_hit_tokens_vllm", "prefix_hit_tokens_kvsim",
               "max_running_vllm", "max_running_kvsim", "finish_step_match_share", "identical",
-              "first_diverging_step", "kvsim_wall_s"]
+              "first_diverging_step", "kvsim_wall_s", "oracle_loop_s"]
     rows = []
     print(f"{'case':34} {'steps vllm/kvsim':>17} {'preempt':>11} {'prefix hits':>17} "
           f"{'max run':>8} {'finish=':>8}  first divergence")
@@ -174,13 +197,17 @@ def main(argv: list[str] | None = None) -> int:
                 continue
         o_steps, _ = load_steps(oracle_dir / "steps.csv")
         o = step_totals(o_steps)
-        kv_dir, why, wall_s = run_kvsim(name.replace("/", "_"), trace, args)
+        summary_path = oracle_dir / "summary.json"
+        loop_s = (json.loads(summary_path.read_text())["summary"].get("loop_s", "")
+                  if summary_path.exists() else "")
+        kv_dir, why, wall_s = run_kvsim(name.replace("/", "_"), trace, args)  # trace exists here
         if kv_dir is None:
             print(f"{name:34} {o['total_steps']:>8}/{'-':<8} {o['preemptions']:>5}/{'-':<5} "
                   f"{o['prefix_hit_tokens']:>8}/{'-':<8} {o['max_running']:>4}/{'-':<3} "
                   f"{'-':>8}  kvsim skipped: {why}")
             rows.append([name, "", o["total_steps"], "", o["preemptions"], "",
-                         o["prefix_hit_tokens"], "", o["max_running"], "", "", "", "", ""])
+                         o["prefix_hit_tokens"], "", o["max_running"], "", "", "", "", "",
+                         loop_s])
             continue
         d = compare_dirs(name, oracle_dir, kv_dir)
         k_steps, _ = load_steps(kv_dir / "steps.csv")
@@ -196,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
         rows.append([name, d.num_requests, o["total_steps"], k["total_steps"], o["preemptions"],
                      k["preemptions"], o["prefix_hit_tokens"], k["prefix_hit_tokens"],
                      o["max_running"], k["max_running"], round(d.finish_match_share, 6),
-                     d.identical, first, round(wall_s, 3)])
+                     d.identical, first, round(wall_s, 3), loop_s])
     Path(a.csv).parent.mkdir(parents=True, exist_ok=True)
     with open(a.csv, "w", newline="") as f:
         w = csv.writer(f, lineterminator="\n")
