@@ -154,6 +154,20 @@ def trace_burst() -> list[list]:
     return rows
 
 
+def trace_custom_ids() -> list[list]:
+    """Sparse, non-sequential request ids (the optional request_id column), equal arrival
+    steps (file order decides FCFS) and a prefix group, in a pool that preempts."""
+    rng = random.Random(19)
+    rows = []
+    for i in range(40):
+        rid = 1000 + 7 * ((i * 13) % 40)
+        grp = "x" if i % 3 == 0 else ""
+        rows.append([rng.randint(0, 60), rng.randint(10, 300), rng.randint(1, 80), grp,
+                     40 if grp else "", rid])
+    rows.sort(key=lambda r: r[0])  # stable: equal steps keep file order
+    return rows
+
+
 TRACES = {
     "basic": trace_basic,
     "chunked": trace_chunked,
@@ -163,6 +177,7 @@ TRACES = {
     "long_prefill": trace_long_prefill,
     "max_model_len": trace_max_model_len,
     "burst": trace_burst,
+    "custom_ids": trace_custom_ids,
 }
 
 # oracle defaults (oracle.py): block 16, max_num_seqs 128, max_num_batched_tokens 2048,
@@ -201,15 +216,18 @@ CASES = [
          "long_prompts_small_pool", {"num_gpu_blocks": 150, "max_num_batched_tokens": 256,
                                      "long_prefill_token_threshold": 64, "watermark": 0.02,
                                      "no_reserve_full_isl": True}),
+    Case("custom_ids", "request_id column with sparse ids, same-step arrivals, small pool",
+         "custom_ids", {"num_gpu_blocks": 60, "max_num_seqs": 8}),
     Case("max_num_seqs", "bursts into max_num_seqs 4 (budget 256)",
          "burst", {"num_gpu_blocks": 1000, "max_num_seqs": 4, "max_num_batched_tokens": 256}),
 ]
 
 
 def write_trace(path: Path, rows: list[list]) -> None:
+    """Write a trace in the oracle's format; rows with a sixth value carry a request_id."""
     with open(path, "w", newline="") as f:
         w = csv.writer(f, lineterminator="\n")
-        w.writerow(TRACE_FIELDS)
+        w.writerow(TRACE_FIELDS + (["request_id"] if rows and len(rows[0]) > 5 else []))
         w.writerows(rows)
 
 
