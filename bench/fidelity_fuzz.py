@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import math
 import random
 import subprocess
 import sys
@@ -31,14 +30,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench.fidelity_diff import ORACLE_DIR, compare_dirs, find_oracle_python, oracle_cli_args  # noqa: E402
-from bench.fidelity_vllm import RUNS, run_kvsim  # noqa: E402
-from bench.make_oracle_fixtures import write_trace  # noqa: E402
-
-
-def _lognormal_int(rng: random.Random, mean: float, lo: int, hi: int) -> int:
-    sigma = 0.8
-    mu = math.log(mean) - sigma * sigma / 2.0
-    return max(lo, min(hi, int(round(rng.lognormvariate(mu, sigma)))))
+from bench.fidelity_vllm import RUNS, _cache_key, run_kvsim  # noqa: E402
+from bench.make_oracle_fixtures import _lognormal_int, write_trace  # noqa: E402
 
 
 def random_case(rng: random.Random) -> tuple[list[list], dict]:
@@ -59,8 +52,8 @@ def random_case(rng: random.Random) -> tuple[list[list], dict]:
     t = 0.0
     for _ in range(num_requests):
         t += rng.expovariate(rate)
-        p = _lognormal_int(rng, prompt_mean, 1, 3000)
-        o = _lognormal_int(rng, output_mean, 1, 1000)
+        p = _lognormal_int(rng, prompt_mean, 1, 3000, sigma=0.8)
+        o = _lognormal_int(rng, output_mean, 1, 1000, sigma=0.8)
         if groups and rng.random() < group_frac:
             name, plen = rng.choice(groups)
             own = 0 if rng.random() < 0.1 else p
@@ -111,8 +104,14 @@ def main(argv: list[str] | None = None) -> int:
         (cdir / "args.json").write_text(json.dumps(args, sort_keys=True) + "\n")
         cases.append((f"s{a.seed}/c{i:04d}", cdir, args))
 
-    todo = [c for c in cases if not (c[1] / "oracle" / "requests.csv").exists()
-            and not (c[1] / "oracle" / "error").exists()]
+    def cached(cdir: Path, args: dict) -> bool:
+        # outputs count only for the same trace, arguments and oracle source
+        stamp = cdir / "oracle" / "cache_key"
+        key = _cache_key(cdir / "trace.csv", args)
+        done = (cdir / "oracle" / "requests.csv").exists() or (cdir / "oracle" / "error").exists()
+        return done and stamp.exists() and (key is None or stamp.read_text() == key)
+
+    todo = [c for c in cases if not cached(c[1], c[2])]
     if todo:
         py = find_oracle_python(a.venv)
         if py is None or not (ORACLE_DIR / "oracle.py").exists():
@@ -138,6 +137,8 @@ def main(argv: list[str] | None = None) -> int:
                 _, err = proc.communicate()
                 if proc.returncode:
                     raise SystemExit(f"oracle batch failed: {err.strip()[-1000:]}")
+            for _, cdir, args in todo:
+                (cdir / "oracle" / "cache_key").write_text(_cache_key(cdir / "trace.csv", args))
             print(f"oracle: {len(todo)} cases in {time.perf_counter() - t0:.0f} s")
 
     rows_out = []

@@ -19,6 +19,7 @@ def main() -> int:
         argv = job["argv"]
         out_dir = Path(argv[argv.index("--out-dir") + 1])
         out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / "error").unlink(missing_ok=True)  # from an earlier run of this job
         try:
             oracle.main(argv)
         except SystemExit as stop:  # the oracle reports unfit input with sys.exit(message)
