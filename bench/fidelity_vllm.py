@@ -27,6 +27,7 @@ import json
 import subprocess
 import sys
 import time
+from datetime import datetime
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -54,6 +55,13 @@ EXAMPLE_TRACES = {
     "b": ["--num-requests", "2000", "--seed", "1", "--shared-prefix-frac", "0.5",
           "--shared-prefix-len", "512"],
 }
+# the oracle README's scale run: 6000 requests, 2500 blocks (one configuration)
+SCALE_TRACE = ("c", ["--num-requests", "6000", "--seed", "2"])
+# a real workload: the first 2000 requests of the Azure LLM inference conversation trace
+# (../shared/traces), arrivals mapped to engine steps of AZURE_STEP_S seconds
+AZURE_TRACE = ROOT.parent / "shared" / "traces" / "azure_llm_2023" / "AzureLLMInferenceTrace_conv.csv"
+AZURE_NUM_REQUESTS = 2000
+AZURE_STEP_S = 0.03
 NUM_BLOCKS = (1500, 2500)
 PREFIX_CACHING = ("on", "off")
 BUDGETS_TOKENS = (2048, 8192)
@@ -69,6 +77,12 @@ def example_cases() -> list[tuple[str, str, dict]]:
                     cases.append((f"{trace}_nb{nb}_pc{pc}_T{budget}", trace,
                                   {"num_gpu_blocks": nb, "prefix_caching": pc,
                                    "max_num_batched_tokens": budget}))
+    cases.append(("c6000_nb2500_pcon_T2048", "c",
+                  {"num_gpu_blocks": 2500, "prefix_caching": "on",
+                   "max_num_batched_tokens": 2048}))
+    for nb in NUM_BLOCKS:
+        cases.append((f"azure_conv_nb{nb}_T2048", "azure",
+                      {"num_gpu_blocks": nb, "max_num_batched_tokens": 2048}))
     # reference only: vLLM's GPU default, AsyncScheduler (2 batches in flight), which kvsim
     # does not model (kvsim replays the synchronous Scheduler); shows how far apart they are
     cases.append(("a_nb1500_pcon_T2048_ASYNC", "a",
@@ -77,15 +91,41 @@ def example_cases() -> list[tuple[str, str, dict]]:
     return cases
 
 
+def _azure_trace(path: Path) -> bool:
+    """The Azure conversation trace's first requests in the oracle's format (prompts clipped
+    to max_model_len - 1 = 8191 tokens); False when ../shared/traces is absent."""
+    if not AZURE_TRACE.exists():
+        return False
+    rows = []
+    with open(AZURE_TRACE, newline="") as f:
+        for row in csv.DictReader(f):
+            if len(rows) == AZURE_NUM_REQUESTS:
+                break
+            t = datetime.fromisoformat(row["TIMESTAMP"][:26])
+            rows.append((t, min(int(row["ContextTokens"]), 8191),
+                         max(1, int(row["GeneratedTokens"]))))
+    t0 = rows[0][0]
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f, lineterminator="\n")
+        w.writerow(["arrival_step", "prompt_tokens", "output_tokens"])
+        for t, p, o in rows:
+            w.writerow([int((t - t0).total_seconds() / AZURE_STEP_S), max(1, p), o])
+    return True
+
+
 def make_trace(key: str) -> Path | None:
-    """The example trace (generated once with the oracle's gen_trace.py), or None without it."""
+    """The trace of a case (generated once: gen_trace.py of the oracle, or the Azure
+    conversion), or None when its source is absent."""
     path = RUNS / "traces" / f"{key}.csv"
     if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if key == "azure":
+            return path if _azure_trace(path) else None
         if not (ORACLE_DIR / "gen_trace.py").exists():
             return None
-        path.parent.mkdir(parents=True, exist_ok=True)
+        gen_args = SCALE_TRACE[1] if key == SCALE_TRACE[0] else EXAMPLE_TRACES[key]
         subprocess.run([sys.executable, str(ORACLE_DIR / "gen_trace.py"), "--out", str(path),
-                        *EXAMPLE_TRACES[key]], check=True)
+                        *gen_args], check=True)
     return path
 
 
@@ -105,7 +145,7 @@ def run_oracle(name: str, trace: Path | None, args: dict,
     """The oracle's output folder for a case (cached), or None with the reason."""
     out = RUNS / "oracle" / name
     if trace is None:
-        return None, f"trace generator {ORACLE_DIR / 'gen_trace.py'} absent (KVSIM_ORACLE_DIR)"
+        return None, "trace source absent (../shared/traces, or gen_trace.py in KVSIM_ORACLE_DIR)"
     key = _cache_key(trace, args)
     stamp = out / "cache_key"
     if stamp.exists() and (out / "requests.csv").exists():
@@ -192,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, trace, args, oracle_dir in cases:
         if oracle_dir is None:
             oracle_dir, why = results[name]
-            if oracle_dir is None:
+            if oracle_dir is None or trace is None:
                 print(f"{name:34} skipped: {why}")
                 continue
         o_steps, _ = load_steps(oracle_dir / "steps.csv")
