@@ -61,7 +61,14 @@ SCALE_TRACE = ("c", ["--num-requests", "6000", "--seed", "2"])
 # (../shared/traces), arrivals mapped to engine steps of AZURE_STEP_S seconds
 AZURE_TRACE = ROOT.parent / "shared" / "traces" / "azure_llm_2023" / "AzureLLMInferenceTrace_conv.csv"
 AZURE_NUM_REQUESTS = 2000
-AZURE_STEP_S = 0.03
+AZURE_STEP_S = 0.03  # also used for Mooncake's millisecond timestamps
+# a real prefix-sharing workload: the first MOONCAKE_NUM_REQUESTS of the Mooncake conversation
+# trace; each request's prefix group is the block chain it shares (longest, 512-token hash ids)
+# with any other request, prompts clipped to MOONCAKE_MAX_PROMPT tokens
+MOONCAKE_TRACE = ROOT.parent / "shared" / "traces" / "mooncake" / "conversation_trace.jsonl"
+MOONCAKE_NUM_REQUESTS = 1000
+MOONCAKE_MAX_PROMPT = 16000
+MOONCAKE_ARGS = {"max_model_len": 16384, "max_num_batched_tokens": 8192}
 NUM_BLOCKS = (1500, 2500)
 PREFIX_CACHING = ("on", "off")
 BUDGETS_TOKENS = (2048, 8192)
@@ -83,6 +90,9 @@ def example_cases() -> list[tuple[str, str, dict]]:
     for nb in NUM_BLOCKS:
         cases.append((f"azure_conv_nb{nb}_T2048", "azure",
                       {"num_gpu_blocks": nb, "max_num_batched_tokens": 2048}))
+    for pc in PREFIX_CACHING:
+        cases.append((f"mooncake_nb4000_pc{pc}_T8192", "mooncake",
+                      {"num_gpu_blocks": 4000, "prefix_caching": pc, **MOONCAKE_ARGS}))
     # reference only: vLLM's GPU default, AsyncScheduler (2 batches in flight), which kvsim
     # does not model (kvsim replays the synchronous Scheduler); shows how far apart they are
     cases.append(("a_nb1500_pcon_T2048_ASYNC", "a",
@@ -113,14 +123,48 @@ def _azure_trace(path: Path) -> bool:
     return True
 
 
+def _mooncake_trace(path: Path) -> bool:
+    """The Mooncake trace's first requests in the oracle's format (one prefix group per request:
+    the longest chain of 512-token blocks it shares with another request, labelled by that
+    chain's last block id); False when ../shared/traces is absent."""
+    if not MOONCAKE_TRACE.exists():
+        return False
+    reqs = []
+    with open(MOONCAKE_TRACE) as f:
+        for line in f:
+            if len(reqs) == MOONCAKE_NUM_REQUESTS:
+                break
+            reqs.append(json.loads(line))
+    chain_count: dict[tuple, int] = {}
+    for r in reqs:
+        for k in range(1, len(r["hash_ids"]) + 1):
+            key = tuple(r["hash_ids"][:k])
+            chain_count[key] = chain_count.get(key, 0) + 1
+    t0 = reqs[0]["timestamp"]
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f, lineterminator="\n")
+        w.writerow(["arrival_step", "prompt_tokens", "output_tokens", "prefix_group", "prefix_len"])
+        for r in reqs:
+            prompt = max(1, min(r["input_length"], MOONCAKE_MAX_PROMPT))
+            ids = r["hash_ids"]
+            shared = max((k for k in range(1, len(ids) + 1)
+                          if chain_count[tuple(ids[:k])] > 1), default=0)
+            plen = min(shared * 512, prompt)
+            group = f"m{ids[shared - 1]}" if plen else ""
+            w.writerow([int((r["timestamp"] - t0) / 1000 / AZURE_STEP_S), prompt,
+                        max(1, r["output_length"]), group, plen if plen else ""])
+    return True
+
+
 def make_trace(key: str) -> Path | None:
     """The trace of a case (generated once: gen_trace.py of the oracle, or the Azure
     conversion), or None when its source is absent."""
     path = RUNS / "traces" / f"{key}.csv"
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
-        if key == "azure":
-            return path if _azure_trace(path) else None
+        if key in ("azure", "mooncake"):
+            made = _azure_trace(path) if key == "azure" else _mooncake_trace(path)
+            return path if made else None
         if not (ORACLE_DIR / "gen_trace.py").exists():
             return None
         gen_args = SCALE_TRACE[1] if key == SCALE_TRACE[0] else EXAMPLE_TRACES[key]
