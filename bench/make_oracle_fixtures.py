@@ -168,6 +168,20 @@ def trace_custom_ids() -> list[list]:
     return rows
 
 
+def trace_big_prompts() -> list[list]:
+    """Prompts of 57-62 blocks arriving into an empty 63-block pool, each followed in the same
+    step by small requests: vLLM admits the big one without the watermark (nothing running)
+    and the small ones with it."""
+    rng = random.Random(20)
+    rows = []
+    for i in range(12):
+        step = 100 * i
+        rows.append([step, rng.randint(900, 990), rng.randint(1, 10), "", ""])
+        for _ in range(rng.randint(0, 2)):
+            rows.append([step, rng.randint(20, 120), rng.randint(1, 30), "", ""])
+    return rows
+
+
 TRACES = {
     "basic": trace_basic,
     "chunked": trace_chunked,
@@ -178,6 +192,7 @@ TRACES = {
     "max_model_len": trace_max_model_len,
     "burst": trace_burst,
     "custom_ids": trace_custom_ids,
+    "big_prompts": trace_big_prompts,
 }
 
 # oracle defaults (oracle.py): block 16, max_num_seqs 128, max_num_batched_tokens 2048,
@@ -212,6 +227,8 @@ CASES = [
          "max_model_len", {"num_gpu_blocks": 300, "max_model_len": 400}),
     Case("prefix_groups_storm", "prefix groups in a small pool: shared blocks under preemption",
          "prefix_groups", {"num_gpu_blocks": 160, "max_num_seqs": 64}),
+    Case("watermark_empty_engine", "watermark 0.1 (6 blocks) skipped for the first admission",
+         "big_prompts", {"num_gpu_blocks": 64, "watermark": 0.1}),
     Case("mixed_knobs", "threshold 64 + watermark 0.02 + first-chunk admission, small pool",
          "long_prompts_small_pool", {"num_gpu_blocks": 150, "max_num_batched_tokens": 256,
                                      "long_prefill_token_threshold": 64, "watermark": 0.02,
