@@ -12,6 +12,7 @@ from the first one.
 from __future__ import annotations
 
 import csv
+import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -329,6 +330,35 @@ def compare_dirs(case: str, oracle_dir: str | Path, kvsim_dir: str | Path) -> Di
     k_req = load_requests(Path(kvsim_dir) / "requests.csv")
     k_steps, k_cols = load_steps(Path(kvsim_dir) / "steps.csv")
     return compare(case, o_req, o_steps, k_req, k_steps, k_cols)
+
+
+# kvsim's result.json summary key -> the oracle's summary.json key for the same quantity
+SUMMARY_PAIRS = [
+    ("requests_finished", "requests"),            # every oracle case finishes every request
+    ("num_steps", "busy_steps"),                  # steps that scheduled tokens
+    ("simulated_duration_s", "total_steps"),      # step clock: end of the last step
+    ("num_preemptions", "total_preemptions"),
+    ("preempted_requests", "preempted_requests"),
+    ("prefix_query_tokens", "prefix_queries"),    # first admissions (vLLM's metric)
+    ("prefix_hit_tokens", "prefix_hits"),
+    ("preempted_prefix_query_tokens", "preempted_prefix_queries"),  # re-admissions
+    ("preempted_prefix_hit_tokens", "preempted_prefix_hits"),
+    ("max_running", "max_running"),
+]
+
+
+def compare_summary(kvsim_result: str | Path, oracle_summary: str | Path) -> list[str]:
+    """Differences between kvsim's result.json summary and the oracle's summary.json, one line
+    each (`kvsim_key=... vs vllm oracle_key=...`); empty when they agree."""
+    k = json.loads(Path(kvsim_result).read_text())
+    k = k.get("summary", k)
+    o = json.loads(Path(oracle_summary).read_text())["summary"]
+    out = []
+    for k_key, o_key in SUMMARY_PAIRS:
+        kv = k.get(k_key)
+        if kv is None or _num(kv) != _num(o[o_key]):
+            out.append(f"{k_key}={kv} vs vllm {o_key}={o[o_key]}")
+    return out
 
 
 def step_totals(steps: dict[int, dict]) -> dict[str, float]:

@@ -39,6 +39,7 @@ from bench.fidelity_diff import (  # noqa: E402
     FIXTURE_DIR,
     ORACLE_DIR,
     compare_dirs,
+    compare_summary,
     find_oracle_python,
     kvsim_argv,
     load_steps,
@@ -269,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
     header = ["case", "requests", "steps_vllm", "steps_kvsim", "preemptions_vllm",
               "preemptions_kvsim", "prefix_hit_tokens_vllm", "prefix_hit_tokens_kvsim",
               "max_running_vllm", "max_running_kvsim", "finish_step_match_share", "identical",
-              "first_diverging_step", "kvsim_wall_s", "oracle_loop_s"]
+              "first_diverging_step", "summary_identical", "kvsim_wall_s", "oracle_loop_s"]
     rows = []
     print(f"{'case':34} {'steps vllm/kvsim':>17} {'preempt':>11} {'prefix hits':>17} "
           f"{'max run':>8} {'finish=':>8}  first divergence")
@@ -290,10 +291,14 @@ def main(argv: list[str] | None = None) -> int:
                   f"{o['prefix_hit_tokens']:>8}/{'-':<8} {o['max_running']:>4}/{'-':<3} "
                   f"{'-':>8}  kvsim skipped: {why}")
             rows.append([name, "", o["total_steps"], "", o["preemptions"], "",
-                         o["prefix_hit_tokens"], "", o["max_running"], "", "", "", "", "",
+                         o["prefix_hit_tokens"], "", o["max_running"], "", "", "", "", "", "",
                          loop_s])
             continue
         d = compare_dirs(name, oracle_dir, kv_dir)
+        summary_diffs = (compare_summary(kv_dir / "result.json", oracle_dir / "summary.json")
+                         if (oracle_dir / "summary.json").exists() else [])
+        if summary_diffs and "async_scheduling" not in args:
+            print(f"  summary differs: {'; '.join(summary_diffs)}")
         k_steps, _ = load_steps(kv_dir / "steps.csv")
         k = step_totals(k_steps)
         first = d.first_step.split(":")[0] if d.first_step else ""
@@ -307,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
         rows.append([name, d.num_requests, o["total_steps"], k["total_steps"], o["preemptions"],
                      k["preemptions"], o["prefix_hit_tokens"], k["prefix_hit_tokens"],
                      o["max_running"], k["max_running"], round(d.finish_match_share, 6),
-                     d.identical, first, round(wall_s, 3), loop_s])
+                     d.identical, first, not summary_diffs, round(wall_s, 3), loop_s])
     Path(a.csv).parent.mkdir(parents=True, exist_ok=True)
     with open(a.csv, "w", newline="") as f:
         w = csv.writer(f, lineterminator="\n")

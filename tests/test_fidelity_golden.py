@@ -23,6 +23,7 @@ from bench.fidelity_diff import (
     STEP_REQUIRED,
     compare,
     compare_dirs,
+    compare_summary,
     kvsim_argv,
     load_requests,
     load_steps,
@@ -115,6 +116,27 @@ def test_diff_reports_first_divergence(tmp_path):
     assert "FIRST diverging step" in d.format()
 
 
+def test_compare_summary_names_the_differing_counter(tmp_path):
+    oracle = FIXTURE_DIR / "preemption_storm" / "summary.json"
+    o = json.loads(oracle.read_text())["summary"]
+    kv = {"requests_finished": o["requests"], "num_steps": o["busy_steps"],
+          "simulated_duration_s": float(o["total_steps"]),
+          "num_preemptions": o["total_preemptions"], "preempted_requests": o["preempted_requests"],
+          "prefix_query_tokens": o["prefix_queries"], "prefix_hit_tokens": o["prefix_hits"],
+          "preempted_prefix_query_tokens": o["preempted_prefix_queries"],
+          "preempted_prefix_hit_tokens": o["preempted_prefix_hits"],
+          "max_running": o["max_running"]}
+    path = tmp_path / "result.json"
+    path.write_text(json.dumps(kv))
+    assert compare_summary(path, oracle) == []
+    kv["num_preemptions"] += 1
+    del kv["max_running"]
+    path.write_text(json.dumps(kv))
+    assert compare_summary(path, oracle) == [
+        f"num_preemptions={o['total_preemptions'] + 1} vs vllm total_preemptions="
+        f"{o['total_preemptions']}", f"max_running=None vs vllm max_running={o['max_running']}"]
+
+
 def test_load_steps_rejects_missing_columns(tmp_path):
     bad = tmp_path / "steps.csv"
     bad.write_text("step,running\n0,1\n")
@@ -138,3 +160,6 @@ def test_kvsim_reproduces_vllm_decisions(case, tmp_path):
     assert rc == 0, f"kvsim {' '.join(argv)} exited with {rc}"
     d = compare_dirs(case, FIXTURE_DIR / case, out)
     assert d.identical, f"{entry['description']}\n{d.format()}\ncommand: kvsim {' '.join(argv)}"
+    # the user-facing summary must carry vLLM's own counters too
+    diffs = compare_summary(out / "result.json", FIXTURE_DIR / case / "summary.json")
+    assert not diffs, f"{case}: result.json differs from vLLM's summary: {'; '.join(diffs)}"
