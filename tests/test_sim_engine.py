@@ -95,6 +95,23 @@ def test_batched_decode_runs_identical_to_single_steps(case):
         assert fast.summary["num_preemptions"] > 0
 
 
+def test_batched_identical_with_a_growing_step_time(tmp_path):
+    """A cost model whose decode steps grow with the context (run lengths found by search)."""
+    table = tmp_path / "cost.csv"
+    table.write_text("num_scheduled_tokens,kv_read_tokens,step_s\n"
+                     "1,0,0.010\n1,20000,0.016\n1024,0,0.050\n1024,20000,0.056\n")
+    from simulator import TableCost
+    cfg = _cfg(num_blocks=250)
+    reqs = _reqs(CONV.replace("n=120", "n=40"))
+    fast, slow = (simulate(iter(reqs), cfg, TableCost(str(table)), sample_interval_s=0.7,
+                           batch_decode_steps=b) for b in (True, False))
+    assert fast.summary_json(include_wall_clock=False) == slow.summary_json(include_wall_clock=False)
+    pd.testing.assert_frame_equal(fast.requests, slow.requests)
+    pd.testing.assert_frame_equal(fast.timeseries, slow.timeseries)
+    tpot = fast.requests["tpot_s"].dropna()
+    assert tpot.min() > 0.010 and tpot.max() < 0.1
+
+
 def test_batched_step_rows_identical_on_step_clock():
     reqs = _reqs("sharegpt:rate=0.3,n=60,seed=1")
     for r in reqs:
@@ -152,6 +169,7 @@ def test_parallel_sampling_forks_share_prompt_blocks():
             rep.allocator.check_invariants()
     res = sim.result()
     assert res.summary["generated_tokens"] == 6 * 3 * 40
+    assert len(res.requests) == 6 and res.summary["requests_finished"] == 6   # once each
     assert (res.requests["num_samples"] == 3).all()
     assert (res.requests["num_output"] == 40).all()
     assert res.summary["blocks_saved_by_sharing_max"] >= 2 * (300 // 16)
@@ -175,6 +193,7 @@ def test_beam_search_reselects_at_block_boundaries():
         sim.replicas[0].allocator.check_invariants()
     res = sim.result()
     assert res.summary["generated_tokens"] == 2 * 4 * 100
+    assert sorted(res.requests["request_id"]) == [0, 1]
     # beams dropped at reselections free their sequences before the requests finish
     assert len(freed) > 2 * 4
     # same seed, same beams; another seed, other reselections
