@@ -1,0 +1,309 @@
+"""Regenerate the golden fixtures of tests/fixtures/oracle/ from vLLM's own scheduler.
+
+Each case is a small trace (written here, deterministic by seed) plus the oracle arguments that
+exercise one scheduling or allocation rule of vLLM 0.33 (see docs/FIDELITY.md). The oracle
+(../shared/tools/vllm_oracle/oracle.py, run in its own venv) replays the trace through vLLM's
+unmodified v1 Scheduler + KVCacheManager; its steps.csv / requests.csv / summary.json are trimmed
+to the columns the golden test compares and committed next to the trace, with a manifest.json
+that maps each case to its oracle arguments.
+
+Usage (about 10 s per case, mostly vLLM's imports):
+    python bench/make_oracle_fixtures.py [--only CASE ...] [--venv /work/oracle-venv]
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import random
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from bench.fidelity_diff import (  # noqa: E402
+    FIXTURE_DIR,
+    ORACLE_DIR,
+    REQUEST_FIELDS,
+    STEP_FIELDS,
+    find_oracle_python,
+    oracle_cli_args,
+)
+
+TRACE_FIELDS = ["arrival_step", "prompt_tokens", "output_tokens", "prefix_group", "prefix_len"]
+
+
+@dataclass(frozen=True)
+class Case:
+    """One golden case: a trace recipe and the oracle's arguments."""
+
+    name: str
+    description: str
+    trace: str  # key of TRACES
+    oracle_args: dict = field(default_factory=dict)
+
+
+def _lognormal_int(rng: random.Random, mean: float, lo: int, hi: int, sigma: float = 0.6) -> int:
+    mu = math.log(mean) - sigma * sigma / 2.0
+    return max(lo, min(hi, int(round(rng.lognormvariate(mu, sigma)))))
+
+
+def _poisson_rows(seed: int, num_requests: int, rate_per_step: float, prompt_mean: float,
+                  output_mean: float, prompt_max: int = 4096, output_max: int = 2048,
+                  prompt_min: int = 1) -> list[list]:
+    rng = random.Random(seed)
+    t = 0.0
+    rows = []
+    for _ in range(num_requests):
+        t += rng.expovariate(rate_per_step)
+        p = _lognormal_int(rng, prompt_mean, prompt_min, prompt_max)
+        o = _lognormal_int(rng, output_mean, 1, output_max)
+        rows.append([int(t), p, o, "", ""])
+    return rows
+
+
+def trace_basic() -> list[list]:
+    # light load, no sharing: timing of first token / finish without any pressure
+    return _poisson_rows(seed=11, num_requests=80, rate_per_step=0.5, prompt_mean=200,
+                         output_mean=40)
+
+
+def trace_chunked() -> list[list]:
+    # long prompts against a small token budget: every prompt is split into several chunks,
+    # and decodes of earlier requests share each step with the chunks
+    return _poisson_rows(seed=12, num_requests=40, rate_per_step=0.08, prompt_mean=1500,
+                         output_mean=25, prompt_max=4000)
+
+
+def trace_prefix_groups() -> list[list]:
+    """Several prefix groups whose shared part is shorter than, equal to, and longer than a
+    block, requests whose whole prompt is the shared prefix (the last-token cap), same-step
+    bursts (hits on blocks cached earlier in the same step) and unique requests."""
+    rng = random.Random(13)
+    groups = [("short", 10), ("one", 16), ("mid", 100), ("long", 600), ("b2", 47)]
+    rows = []
+    t = 0
+    for i in range(150):
+        if i % 10 == 0:
+            t += rng.randint(0, 1)  # bursts: several arrivals in the same step
+        else:
+            t += int(rng.expovariate(0.7))
+        own = _lognormal_int(rng, 150, 1, 1500)
+        out = _lognormal_int(rng, 30, 1, 300)
+        pick = rng.random()
+        if pick < 0.15:
+            rows.append([t, own, out, "", ""])
+            continue
+        name, plen = groups[rng.randrange(len(groups))]
+        if rng.random() < 0.08:
+            own = 0  # prompt == shared prefix: the hit is capped at prompt_tokens - 1
+        rows.append([t, plen + own, out, name, plen])
+    return rows
+
+
+def trace_storm() -> list[list]:
+    # long outputs into a tiny pool: preemption storms, re-admissions hitting their own blocks
+    return _poisson_rows(seed=14, num_requests=100, rate_per_step=0.5, prompt_mean=150,
+                         output_mean=120, output_max=600)
+
+
+def trace_long_prompts_small_pool() -> list[list]:
+    # prompts that need a large part of the pool: with --no-reserve-full-isl a request is
+    # admitted for its first chunk only and may be preempted mid-prefill
+    return _poisson_rows(seed=15, num_requests=40, rate_per_step=0.1, prompt_mean=700,
+                         output_mean=60, prompt_max=1800)
+
+
+def trace_long_prefill() -> list[list]:
+    rows = _poisson_rows(seed=16, num_requests=50, rate_per_step=0.05, prompt_mean=1000,
+                         output_mean=30, prompt_max=4000)
+    # a lone request long after the others: the threshold is not applied when the request is
+    # the only one running or waiting
+    last = rows[-1][0]
+    rows.append([last + 400, 1500, 5, "", ""])
+    return rows
+
+
+def trace_max_model_len() -> list[list]:
+    # prompt + output often exceeds max_model_len 400: the output is cut at the cap
+    rng = random.Random(17)
+    rows = []
+    t = 0
+    for _ in range(60):
+        t += int(rng.expovariate(0.3))
+        p = rng.randint(20, 380)
+        o = rng.randint(1, 300)
+        rows.append([t, p, o, "", ""])
+    return rows
+
+
+def trace_burst() -> list[list]:
+    # everything arrives in a few bursts: FCFS order among same-step arrivals, max_num_seqs
+    rng = random.Random(18)
+    rows = []
+    for burst_step in (0, 5, 60, 61, 200):
+        for _ in range(12):
+            rows.append([burst_step, _lognormal_int(rng, 120, 1, 800),
+                         _lognormal_int(rng, 25, 1, 200), "", ""])
+    return rows
+
+
+def trace_custom_ids() -> list[list]:
+    """Sparse, non-sequential request ids (the optional request_id column), equal arrival
+    steps (file order decides FCFS) and a prefix group, in a pool that preempts."""
+    rng = random.Random(19)
+    rows = []
+    for i in range(40):
+        rid = 1000 + 7 * ((i * 13) % 40)
+        grp = "x" if i % 3 == 0 else ""
+        rows.append([rng.randint(0, 60), rng.randint(10, 300), rng.randint(1, 80), grp,
+                     40 if grp else "", rid])
+    rows.sort(key=lambda r: r[0])  # stable: equal steps keep file order
+    return rows
+
+
+def trace_big_prompts() -> list[list]:
+    """Prompts of 57-62 blocks arriving into an empty 63-block pool, each followed in the same
+    step by small requests: vLLM admits the big one without the watermark (nothing running)
+    and the small ones with it."""
+    rng = random.Random(20)
+    rows = []
+    for i in range(12):
+        step = 100 * i
+        rows.append([step, rng.randint(900, 990), rng.randint(1, 10), "", ""])
+        for _ in range(rng.randint(0, 2)):
+            rows.append([step, rng.randint(20, 120), rng.randint(1, 30), "", ""])
+    return rows
+
+
+TRACES = {
+    "basic": trace_basic,
+    "chunked": trace_chunked,
+    "prefix_groups": trace_prefix_groups,
+    "storm": trace_storm,
+    "long_prompts_small_pool": trace_long_prompts_small_pool,
+    "long_prefill": trace_long_prefill,
+    "max_model_len": trace_max_model_len,
+    "burst": trace_burst,
+    "custom_ids": trace_custom_ids,
+    "big_prompts": trace_big_prompts,
+}
+
+# oracle defaults (oracle.py): block 16, max_num_seqs 128, max_num_batched_tokens 2048,
+# max_model_len 8192, prefix caching on, threshold 0, reserve_full_isl on, watermark 0
+CASES = [
+    Case("basic", "light load, no sharing, prefix caching on: plain timing",
+         "basic", {"num_gpu_blocks": 2000}),
+    Case("chunked_prefill", "long prompts chunked by a 512-token budget, decodes mixed in",
+         "chunked", {"num_gpu_blocks": 4000, "max_num_batched_tokens": 512,
+                     "max_num_seqs": 32, "prefix_caching": "off"}),
+    Case("prefix_groups", "prefix groups of 10/16/47/100/600 tokens, bursts, full-prompt hits",
+         "prefix_groups", {"num_gpu_blocks": 600}),
+    Case("prefix_groups_pc_off", "the prefix_groups trace with prefix caching off",
+         "prefix_groups", {"num_gpu_blocks": 600, "prefix_caching": "off"}),
+    Case("prefix_groups_block32", "the prefix_groups trace with 32-token blocks",
+         "prefix_groups", {"num_gpu_blocks": 300, "block_size": 32}),
+    Case("preemption_storm", "tiny pool, long outputs: preemptions, resumed own-block hits",
+         "storm", {"num_gpu_blocks": 120, "max_num_seqs": 64}),
+    Case("preemption_storm_pc_off", "the storm with prefix caching off (full recompute)",
+         "storm", {"num_gpu_blocks": 120, "max_num_seqs": 64, "prefix_caching": "off"}),
+    Case("watermark", "the storm with watermark 0.05 (int(0.05*120)=6 blocks kept free)",
+         "storm", {"num_gpu_blocks": 120, "max_num_seqs": 64, "watermark": 0.05}),
+    Case("no_reserve_full_isl", "first-chunk admission: mid-prefill preemptions",
+         "long_prompts_small_pool", {"num_gpu_blocks": 150, "max_num_batched_tokens": 256,
+                                     "no_reserve_full_isl": True}),
+    Case("reserve_full_isl", "the same trace with vLLM's default full-prompt admission",
+         "long_prompts_small_pool", {"num_gpu_blocks": 150, "max_num_batched_tokens": 256}),
+    Case("long_prefill_threshold", "long_prefill_token_threshold 128, budget 1024",
+         "long_prefill", {"num_gpu_blocks": 3000, "max_num_batched_tokens": 1024,
+                          "long_prefill_token_threshold": 128, "prefix_caching": "off"}),
+    Case("max_model_len_cap", "max_model_len 400: outputs cut at the cap",
+         "max_model_len", {"num_gpu_blocks": 300, "max_model_len": 400}),
+    Case("prefix_groups_storm", "prefix groups in a small pool: shared blocks under preemption",
+         "prefix_groups", {"num_gpu_blocks": 160, "max_num_seqs": 64}),
+    Case("watermark_empty_engine", "watermark 0.1 (6 blocks) skipped for the first admission",
+         "big_prompts", {"num_gpu_blocks": 64, "watermark": 0.1}),
+    Case("mixed_knobs", "threshold 64 + watermark 0.02 + first-chunk admission, small pool",
+         "long_prompts_small_pool", {"num_gpu_blocks": 150, "max_num_batched_tokens": 256,
+                                     "long_prefill_token_threshold": 64, "watermark": 0.02,
+                                     "no_reserve_full_isl": True}),
+    Case("custom_ids", "request_id column with sparse ids, same-step arrivals, small pool",
+         "custom_ids", {"num_gpu_blocks": 60, "max_num_seqs": 8}),
+    Case("max_num_seqs", "bursts into max_num_seqs 4 (budget 256)",
+         "burst", {"num_gpu_blocks": 1000, "max_num_seqs": 4, "max_num_batched_tokens": 256}),
+]
+
+
+def write_trace(path: Path, rows: list[list]) -> None:
+    """Write a trace in the oracle's format; rows with a sixth value carry a request_id."""
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f, lineterminator="\n")
+        w.writerow(TRACE_FIELDS + (["request_id"] if rows and len(rows[0]) > 5 else []))
+        w.writerows(rows)
+
+
+def _trim_csv(src: Path, dst: Path, columns: list[str]) -> None:
+    with open(src, newline="") as f:
+        rows = list(csv.DictReader(f))
+    with open(dst, "w", newline="") as f:
+        w = csv.writer(f, lineterminator="\n")
+        w.writerow(columns)
+        for row in rows:
+            w.writerow([row[c] for c in columns])
+
+
+def make_case(case: Case, oracle_python: str) -> dict:
+    """Run the oracle on one case and write its trimmed outputs; returns the manifest entry."""
+    case_dir = FIXTURE_DIR / case.name
+    case_dir.mkdir(parents=True, exist_ok=True)
+    trace_path = case_dir / "trace.csv"
+    write_trace(trace_path, TRACES[case.trace]())
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = [oracle_python, str(ORACLE_DIR / "oracle.py"), "--trace", str(trace_path),
+               "--out-dir", tmp, *oracle_cli_args(case.oracle_args)]
+        run = subprocess.run(cmd, capture_output=True, text=True)
+        if run.returncode != 0:
+            raise SystemExit(f"oracle failed on {case.name}: {run.stderr.strip()[-2000:]}")
+        print(f"{case.name}: {run.stdout.strip()}")
+        _trim_csv(Path(tmp) / "steps.csv", case_dir / "steps.csv", STEP_FIELDS)
+        _trim_csv(Path(tmp) / "requests.csv", case_dir / "requests.csv", REQUEST_FIELDS)
+        full = json.loads((Path(tmp) / "summary.json").read_text())
+    summary = {k: v for k, v in full["summary"].items() if k not in ("setup_s", "loop_s")}
+    (case_dir / "summary.json").write_text(json.dumps(
+        {"summary": summary, "effective_config": full["effective_config"]}, indent=1) + "\n")
+    return {"description": case.description, "trace": f"{case.name}/trace.csv",
+            "oracle_args": case.oracle_args}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--only", nargs="*", help="regenerate only these cases")
+    ap.add_argument("--venv", help="the oracle's virtual environment (default: autodetect)")
+    a = ap.parse_args(argv)
+    py = find_oracle_python(a.venv)
+    if py is None:
+        raise SystemExit("vLLM oracle venv not found: build it with "
+                         f"`bash {ORACLE_DIR}/setup.sh /work/oracle-venv`")
+    manifest_path = FIXTURE_DIR / "manifest.json"
+    manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
+    names = {c.name for c in CASES}
+    unknown = set(a.only or ()) - names
+    if unknown:
+        raise SystemExit(f"unknown case(s) {sorted(unknown)}; known: {sorted(names)}")
+    for case in CASES:
+        if a.only and case.name not in a.only:
+            continue
+        manifest[case.name] = make_case(case, py)
+    manifest = {c.name: manifest[c.name] for c in CASES if c.name in manifest}
+    manifest_path.write_text(json.dumps(manifest, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,31 @@
+"""Run many vLLM-oracle jobs in ONE process (vLLM's imports, about 6 s, are paid once).
+
+Runs under the oracle's venv, not kvsim's: `ORACLE_PY bench/oracle_batch.py ORACLE_DIR JOBS.json`.
+JOBS.json is a list of {"argv": [oracle.py arguments]}; a job whose run fails (the oracle exits,
+e.g. a request that can never fit) gets an `error` file in its --out-dir instead of outputs.
+Each job builds a fresh Scheduler, so the results equal separate oracle runs.
+"""
+import json
+import sys
+from pathlib import Path
+
+
+def main() -> int:
+    oracle_dir, jobs_path = sys.argv[1], sys.argv[2]
+    sys.path.insert(0, oracle_dir)
+    import oracle  # noqa: E402  (the vLLM oracle driver)
+
+    for job in json.loads(Path(jobs_path).read_text()):
+        argv = job["argv"]
+        out_dir = Path(argv[argv.index("--out-dir") + 1])
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / "error").unlink(missing_ok=True)  # from an earlier run of this job
+        try:
+            oracle.main(argv)
+        except SystemExit as stop:  # the oracle reports unfit input with sys.exit(message)
+            (out_dir / "error").write_text(f"{stop.code}\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
