@@ -29,7 +29,8 @@ def _require(frame: pd.DataFrame, columns: Sequence[str], what: str) -> None:
 
 def breakdown_area(ts: pd.DataFrame, time_col: str = "time_s", title: str | None = None,
                    now_s: float | None = None, height: int = 300,
-                   class_columns: Mapping[str, str] | None = None) -> go.Figure:
+                   class_columns: Mapping[str, str] | None = None,
+                   x_range: tuple[float, float] | None = None) -> go.Figure:
     """Stacked area of the six memory classes as a share of the pool over time.
 
     Args:
@@ -39,6 +40,7 @@ def breakdown_area(ts: pd.DataFrame, time_col: str = "time_s", title: str | None
         now_s: draw a vertical "now" line here (live view).
         height: pixels.
         class_columns: class -> column name when they differ from the class names.
+        x_range: fixed time axis (live view: the axis does not jump as samples arrive).
     Returns:
         the figure (y in percent of capacity; hover shows slots and percent).
     """
@@ -61,14 +63,14 @@ def breakdown_area(ts: pd.DataFrame, time_col: str = "time_s", title: str | None
     fig.update_layout(**base_layout(title, height), hovermode="x unified",
                       legend=dict(orientation="h", y=-0.25, x=0, font=dict(size=10)))
     fig.update_yaxes(range=[0, 100], title="% of KV pool", ticksuffix="%", gridcolor="#EEE")
-    fig.update_xaxes(title="simulated time (s)", gridcolor="#EEE")
+    fig.update_xaxes(title="simulated time (s)", gridcolor="#EEE", range=x_range)
     return fig
 
 
 def concurrency_chart(ts: pd.DataFrame, time_col: str = "time_s", running: str = "num_running",
                       waiting: str = "num_waiting", preemptions: str = "num_preemptions",
                       title: str | None = None, now_s: float | None = None,
-                      height: int = 260) -> go.Figure:
+                      height: int = 260, x_range: tuple[float, float] | None = None) -> go.Figure:
     """Running and waiting requests over time, with cumulative preemptions on a second axis.
 
     Args:
@@ -77,6 +79,7 @@ def concurrency_chart(ts: pd.DataFrame, time_col: str = "time_s", running: str =
         title: figure title.
         now_s: vertical "now" line.
         height: pixels.
+        x_range: fixed time axis.
     Returns:
         the figure.
     """
@@ -96,7 +99,7 @@ def concurrency_chart(ts: pd.DataFrame, time_col: str = "time_s", running: str =
                       legend=dict(orientation="h", y=-0.3, x=0, font=dict(size=10)))
     fig.update_yaxes(title="requests", gridcolor="#EEE", rangemode="tozero", secondary_y=False)
     fig.update_yaxes(title="preemptions", showgrid=False, rangemode="tozero", secondary_y=True)
-    fig.update_xaxes(title="simulated time (s)", gridcolor="#EEE")
+    fig.update_xaxes(title="simulated time (s)", gridcolor="#EEE", range=x_range)
     return fig
 
 

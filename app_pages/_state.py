@@ -1,0 +1,247 @@
+"""Everything the dashboard pages compute, cached; pages only lay out widgets and figures.
+
+A *scenario* (workload + two allocator configurations + pool size) is simulated once per
+configuration with ``simulator.simulate``; the result is kept as a :class:`Run` of plain data
+(summary dict, DataFrames, pool snapshots at evenly spaced frame times) so Streamlit can cache it.
+Backends are imported lazily: a page whose backend branch has not landed shows what is missing
+instead of failing.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib
+import math
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import streamlit as st
+
+ROOT = Path(__file__).resolve().parent.parent
+SHARED_TRACES = ROOT.parent / "shared" / "traces"
+TRACE_SUFFIXES = (".csv", ".jsonl", ".json", ".txt")
+MAX_UPLOAD_MB = 20  # uploads are parsed by the trace loaders only: never executed or unpickled
+ALLOCATORS = ("paged", "max", "pow2", "oracle")
+ALLOCATOR_LABELS = {"paged": "paged (vLLM blocks)", "max": "contiguous, reserve max_model_len",
+                    "pow2": "contiguous, reserve next power of two",
+                    "oracle": "contiguous, reserve true length (oracle)"}
+# widget keys whose values must survive page switches (Streamlit drops the state of widgets that a
+# run does not draw; re-assigning a key makes it plain session state, see keep_widget_state)
+PERSISTENT_PREFIX = "k_"
+TICK_S = 0.5  # playback timer period (seconds of wall time per tick)
+
+
+def keep_widget_state() -> None:
+    """Keep every ``k_*`` widget's value across page switches."""
+    for key in list(st.session_state.keys()):
+        if str(key).startswith(PERSISTENT_PREFIX):
+            st.session_state[key] = st.session_state[key]
+
+
+def backend(module: str, *names: str):
+    """``module`` if it imports and has every attribute in ``names``; None while its branch has
+    not landed (pages then show st.info instead of failing)."""
+    try:
+        mod = importlib.import_module(module)
+    except ImportError:
+        return None
+    return mod if all(hasattr(mod, n) for n in names) else None
+
+
+def defaults(**values) -> None:
+    """Seed widget values once; widgets are then drawn without a default (Streamlit warns when a
+    widget gets both a default and a value through session state)."""
+    for key, value in values.items():
+        st.session_state.setdefault(key, value)
+
+
+# ---------------------------------------------------------------- workloads
+def shared_trace_files() -> list[str]:
+    """Trace files under ../shared/traces (relative names), empty when the folder is absent."""
+    if not SHARED_TRACES.is_dir():
+        return []
+    return sorted(str(p.relative_to(SHARED_TRACES)) for p in SHARED_TRACES.rglob("*")
+                  if p.is_file() and p.suffix in TRACE_SUFFIXES)
+
+
+@dataclass(frozen=True)
+class Workload:
+    """Where requests come from: ``kind`` "builtin" (spec string), "shared" (file under
+    ../shared/traces) or "upload" (content digest of a file in the upload store)."""
+    kind: str
+    ref: str
+    max_requests: int = 200
+
+
+_UPLOADS = Path(tempfile.gettempdir()) / "kvsim-uploads"
+
+
+def store_upload(name: str, data: bytes) -> Workload | str:
+    """Keep an uploaded trace on disk under its digest so cached loaders can reopen it.
+
+    Returns:
+        the Workload, or a one-line error (too large, empty, wrong suffix).
+    """
+    suffix = Path(name).suffix.lower()
+    if suffix not in TRACE_SUFFIXES:
+        return f"{name}: unsupported file type {suffix or '(none)'}; use {', '.join(TRACE_SUFFIXES)}"
+    if len(data) > MAX_UPLOAD_MB * 2**20:
+        return f"{name}: {len(data) / 2**20:.1f} MB is over the {MAX_UPLOAD_MB} MB upload limit"
+    if not data.strip():
+        return f"{name}: the file is empty"
+    digest = hashlib.sha256(data).hexdigest()[:16]
+    _UPLOADS.mkdir(parents=True, exist_ok=True)
+    # keep the user's file name (loaders name it in their errors) inside a per-digest folder
+    path = _UPLOADS / digest / Path(name).name
+    path.parent.mkdir(exist_ok=True)
+    if not path.exists():
+        path.write_bytes(data)
+    return Workload("upload", str(path))
+
+
+@st.cache_data(max_entries=8, show_spinner="Loading requests…")
+def load_requests(workload: Workload) -> list:
+    """The workload's requests (at most ``max_requests``); raises the loader's InputError."""
+    workloads = importlib.import_module("workloads")
+    if workload.kind == "builtin":
+        source = workload.ref
+    elif workload.kind == "shared":
+        source = str(SHARED_TRACES / workload.ref)
+    else:
+        source = workload.ref
+    return list(workloads.load(source, max_requests=workload.max_requests))
+
+
+def requests_frame(requests: list) -> pd.DataFrame:
+    """Arrival, prompt and output lengths of the requests, for the workload preview."""
+    return pd.DataFrame({"request_id": [r.request_id for r in requests],
+                         "arrival_s": [r.arrival_s for r in requests],
+                         "prompt_tokens": [r.prompt_tokens for r in requests],
+                         "output_tokens": [r.output_tokens for r in requests]})
+
+
+# ---------------------------------------------------------------- simulation
+@dataclass(frozen=True)
+class Scenario:
+    """One comparison: a workload run on two allocator configurations of the same pool size."""
+    workload: Workload
+    allocators: tuple[str, str] = ("paged", "max")
+    placement: str = "buddy"
+    block_size: int = 16
+    capacity_tokens: int = 8192
+    max_model_len: int = 2048
+    enable_prefix_caching: bool = True
+    step_s: float = 0.025
+    num_frames: int = 60
+
+
+@dataclass
+class Run:
+    """One configuration's simulation, as plain data."""
+    label: str
+    allocator: str
+    summary: dict
+    timeseries: pd.DataFrame
+    requests: pd.DataFrame
+    frame_times_s: np.ndarray
+    snapshots: list = field(default_factory=list)
+
+    @property
+    def kind(self) -> str:
+        return "paged" if self.allocator == "paged" else "contiguous"
+
+
+def engine_config(scenario: Scenario, allocator: str):
+    """The simulator's EngineConfig for one side of the scenario."""
+    simulator = importlib.import_module("simulator")
+    size = ({"num_blocks": scenario.capacity_tokens // scenario.block_size}
+            if allocator == "paged" else {"capacity_tokens": scenario.capacity_tokens})
+    return simulator.EngineConfig(
+        allocator=allocator, placement=scenario.placement, block_size=scenario.block_size,
+        max_model_len=scenario.max_model_len, enable_prefix_caching=scenario.enable_prefix_caching,
+        **size)
+
+
+def frame_times(end_s: float, num_frames: int) -> np.ndarray:
+    """Evenly spaced snapshot times from 0 to ``end_s`` inclusive."""
+    if num_frames < 2:
+        raise ValueError(f"num_frames must be >= 2, got {num_frames}")
+    return np.linspace(0.0, max(end_s, 1e-9), num_frames)
+
+
+@st.cache_data(max_entries=6, show_spinner="Simulating…")
+def run_scenario(scenario: Scenario) -> tuple[Run, Run]:
+    """Simulate both configurations; returns one Run per side (cached per scenario).
+
+    Both sides are snapshotted at the same times (from 0 to the later of the two ends), so the
+    time scrubber moves both pools through the same moment.
+    """
+    simulator = importlib.import_module("simulator")
+    cost = importlib.import_module("simulator.cost").FixedStepCost(scenario.step_s)
+    requests = load_requests(scenario.workload)
+    configs = [engine_config(scenario, a) for a in scenario.allocators]
+    # a first pass finds when each run ends; the second takes the snapshots
+    end_s = 0.0
+    for config in configs:
+        probe = simulator.simulate(list(requests), config, cost)
+        if len(probe.timeseries):
+            end_s = max(end_s, float(probe.timeseries["time_s"].max()))
+    times = frame_times(end_s, scenario.num_frames)
+    runs = []
+    for allocator, config in zip(scenario.allocators, configs):
+        result = simulator.simulate(list(requests), config, cost, snapshot_times_s=tuple(times))
+        runs.append(Run(label=allocator, allocator=allocator, summary=dict(result.summary),
+                        timeseries=result.timeseries, requests=result.requests,
+                        frame_times_s=np.array([t for t, _ in result.snapshots]),
+                        snapshots=[s for _, s in result.snapshots]))
+    return runs[0], runs[1]
+
+
+# ---------------------------------------------------------------- playback
+def next_frame(frame: int, num_frames: int, frames_per_tick: int) -> tuple[int, bool]:
+    """Advance playback; returns the new frame and whether playback should keep going."""
+    nxt = min(frame + max(frames_per_tick, 1), num_frames - 1)
+    return nxt, nxt < num_frames - 1
+
+
+def sample_at(ts: pd.DataFrame, t_s: float, time_col: str = "time_s") -> pd.Series:
+    """The last timeseries sample at or before ``t_s`` (the first one before any sample)."""
+    if ts.empty:
+        raise ValueError("the timeseries is empty")
+    i = int(np.searchsorted(ts[time_col].to_numpy(), t_s, side="right")) - 1
+    return ts.iloc[max(i, 0)]
+
+
+def upto(ts: pd.DataFrame, t_s: float, time_col: str = "time_s") -> pd.DataFrame:
+    """Samples up to ``t_s`` (the live strip grows as playback advances)."""
+    return ts[ts[time_col] <= t_s]
+
+
+def fmt_duration(t_s: float) -> str:
+    """Simulated time for labels: 0.0 s, 12.3 s, 4 min 05 s."""
+    if t_s < 60:
+        return f"{t_s:.1f} s"
+    m = math.floor(t_s / 60)
+    return f"{m} min {t_s - 60 * m:04.1f} s"
+
+
+@st.cache_data(max_entries=64, show_spinner=False)
+def pool_figure(scenario: Scenario, side: int, frame: int):
+    """The pool heatmap of one side at one frame (cached: scrubbing back costs nothing)."""
+    from viz.pool import pool_heatmap
+    run = run_scenario(scenario)[side]
+    frame = min(frame, len(run.snapshots) - 1)
+    title = f"{ALLOCATOR_LABELS[run.allocator]} · t = {fmt_duration(run.frame_times_s[frame])}"
+    return pool_heatmap(run.snapshots[frame], title=title, height=430)
+
+
+# per-request latency columns of Result.requests shown as CDFs (column -> title)
+LATENCY_COLUMNS = {"ttft_s": "Time to first token", "e2e_s": "End-to-end latency"}
+
+
+def summary_table(runs) -> pd.DataFrame:
+    """The runs' summary dicts side by side (one column per run, one row per metric)."""
+    return pd.DataFrame({f"{i}: {r.allocator}": pd.Series(r.summary, dtype=object)
+                         for i, r in enumerate(runs)})

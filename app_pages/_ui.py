@@ -1,0 +1,80 @@
+"""Widgets shared by several pages (scenario picker in the sidebar). Layout only."""
+from __future__ import annotations
+
+import streamlit as st
+
+from app_pages import _state as S
+
+
+def scenario_sidebar() -> S.Scenario | None:
+    """Draw the workload and allocator pickers; returns the scenario, or None after st.error."""
+    workloads = S.backend("workloads", "load", "DEFAULT_WORKLOAD")
+    S.defaults(k_max_requests=120, k_alloc_a="paged", k_alloc_b="max", k_capacity=8192,
+               k_block_size=16, k_prefix=True)
+    if workloads is not None:
+        S.defaults(k_spec=workloads.DEFAULT_WORKLOAD)
+    sb = st.sidebar
+    sb.header("Scenario")
+    sources = ["built-in synthetic"]
+    shared = S.shared_trace_files()
+    if shared:
+        sources.append("shared trace")
+    sources.append("upload a trace")
+    source = sb.radio("Workload", sources, key="k_source",
+                      help="A synthetic workload, a public trace from ../shared/traces, or your own "
+                           "CSV/JSONL trace (parsed only, never executed).")
+    max_requests = sb.slider("Requests", 20, 1000, step=20, key="k_max_requests")
+    workload: S.Workload | None = None
+    if source == "built-in synthetic":
+        if workloads is None:
+            st.info("The workloads package is not available yet (branch work).")
+            return None
+        spec = sb.text_input("Synthetic spec", key="k_spec")
+        workload = S.Workload("builtin", spec, max_requests)
+    elif source == "shared trace":
+        name = sb.selectbox("Trace file", shared, key="k_shared_trace")
+        workload = S.Workload("shared", name, max_requests)
+    else:
+        up = sb.file_uploader("Trace file (CSV / JSONL)", type=[s[1:] for s in S.TRACE_SUFFIXES],
+                              key="k_upload", max_upload_size=S.MAX_UPLOAD_MB)
+        if up is None:
+            st.info("Upload a trace in the sidebar (mooncake / azure / sharegpt / generic CSV or "
+                    "JSONL / vllm-oracle).")
+            return None
+        stored = S.store_upload(up.name, up.getvalue())
+        if isinstance(stored, str):
+            st.error(stored)
+            return None
+        workload = S.Workload("upload", stored.ref, max_requests)
+
+    sb.header("Allocators")
+    a = sb.selectbox("Left", S.ALLOCATORS, key="k_alloc_a",
+                     format_func=S.ALLOCATOR_LABELS.get)
+    b = sb.selectbox("Right", S.ALLOCATORS, key="k_alloc_b",
+                     format_func=S.ALLOCATOR_LABELS.get)
+    placement = sb.radio("Contiguous placement", ["buddy", "first-fit"], horizontal=True,
+                         key="k_placement")
+    capacity = sb.select_slider("KV pool (tokens)", [2048, 4096, 8192, 16384, 32768, 65536],
+                                key="k_capacity")
+    block_size = sb.select_slider("Block size (tokens)", [8, 16, 32, 64],
+                                  key="k_block_size")
+    prefix = sb.toggle("Prefix caching (paged)", key="k_prefix")
+    return S.Scenario(workload=workload, allocators=(a, b), placement=placement,
+                      block_size=block_size, capacity_tokens=capacity,
+                      enable_prefix_caching=prefix)
+
+
+def load_runs(scenario: S.Scenario | None):
+    """The scenario's two runs, or None after showing why not (missing backend, bad trace)."""
+    if scenario is None:
+        return None
+    if S.backend("simulator", "simulate", "EngineConfig") is None or \
+            S.backend("allocator", "PoolSnapshot") is None:
+        st.info("The simulator (branch sim) or the allocators (branch alloc) are not available "
+                "yet; this page fills in when they land.")
+        return None
+    try:
+        return S.run_scenario(scenario)
+    except ValueError as err:  # workloads.errors.InputError and impossible configs
+        st.error(str(err))
+        return None
