@@ -1,0 +1,364 @@
+"""Paged decode attention in Triton: v1 (one pass per sequence) and v2 (split-KV plus a reduce).
+
+One query token per sequence attends to the ``seq_len`` tokens of its KV, which live in blocks of
+``block_size`` slots scattered over a pool; ``block_tables[seq, i]`` names the physical block that
+holds tokens ``[i*block_size, (i+1)*block_size)``. Changing where KV lives must never change what
+attention computes: paged attention on a shuffled block table is bitwise equal to the same kernel on
+an identity table (the tile order and arithmetic are the same, only addresses differ).
+
+Work decomposition (both versions)::
+
+    program (seq, kv_head[, partition])
+      Q rows  = the GROUP = num_heads // num_kv_heads query heads of kv_head, padded to BLOCK_H >= 16
+                rows so tl.dot runs on tensor cores; each K/V tile is read once per group (GQA)
+      loop over TILE tokens:  block = block_tables[seq, t // BLOCK_SIZE]   (per token: a tile may span
+                              several small blocks or part of a large one)
+                              S = Q K^T * scale; online softmax in fp32 (running max m, sum l, acc)
+      v1: out = acc / l
+      v2: store (acc, m, l) per partition; the reduce merges partitions:
+          M = max_p m_p;  out = sum_p acc_p 2^(m_p - M) / sum_p l_p 2^(m_p - M)
+
+Dispatch (``plan_partitions``): v1 gives num_seqs * num_kv_heads programs. When that is under
+``TARGET_WAVES`` waves of the GPU's multiprocessors and the sequences are long enough for at least
+two partitions of ``MIN_PARTITION_TOKENS``, the sequence is split so that the launch fills about
+``TARGET_WAVES`` waves. Small batch x long context (batch 1, 128k tokens: 4-32 programs unsplit)
+is thereby carried by split-KV. Constants were tuned on an H200 (bench/kernels.py,
+docs/BENCHMARKS-kern.md).
+
+Triton portability (same source on triton 3.6 and 3.9, compiled and under TRITON_INTERPRET=1):
+plain pointer arithmetic (no block pointers), no autotune decorator (configs chosen in Python),
+block ids widened to int64 before multiplying by strides, every load past seq_len masked, and in
+the interpreter bf16 operands are upcast before tl.dot (its bf16 dot reads raw bits).
+"""
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.layout import cache_geometry, cache_strides
+
+LOG2E = 1.4426950408889634
+
+# dispatch constants (see module docstring); tuned on an H200, 132 SMs
+TARGET_WAVES = 4
+MIN_PARTITION_TOKENS = 256
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    """Launch configuration of the attention kernel (chosen in Python; no autotuner)."""
+    tile_tokens: int
+    num_warps: int = 4
+    num_stages: int = 2
+
+    def __post_init__(self):
+        if self.tile_tokens < 16 or self.tile_tokens & (self.tile_tokens - 1):
+            raise ValueError(f"tile_tokens must be a power of two >= 16, got {self.tile_tokens}")
+
+
+def interpreting() -> bool:
+    """True when Triton runs kernels in its CPU interpreter (TRITON_INTERPRET=1)."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def default_config(head_size: int, device: torch.device) -> KernelConfig:
+    """Tile of 64 tokens, 4 warps, 2 stages on GPU (the H200 sweet spot at head size 128; 32 tokens at
+    head size 256 to bound registers). The interpreter pays per program-iteration, not per element,
+    so it takes 256-token tiles."""
+    if device.type != "cuda":
+        return KernelConfig(tile_tokens=256, num_warps=1, num_stages=1)
+    return KernelConfig(tile_tokens=64 if head_size <= 128 else 32)
+
+
+def num_sms(device: torch.device) -> int:
+    """Multiprocessors of a CUDA device (1 elsewhere: the interpreter runs programs one by one)."""
+    if device.type != "cuda":
+        return 1
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def plan_partitions(num_seqs: int, num_kv_heads: int, max_seq_len: int, tile_tokens: int,
+                    num_sms_: int) -> int | None:
+    """The dispatch rule between v1 and v2.
+
+    Args:
+        num_seqs, num_kv_heads: v1 launches one program per (sequence, KV head).
+        max_seq_len: longest context in the batch (tokens).
+        tile_tokens: the kernel's tile; partitions are a multiple of it.
+        num_sms_: multiprocessors of the device.
+    Returns:
+        None for v1, else the partition size in tokens for v2.
+    """
+    num_programs = num_seqs * num_kv_heads
+    target_programs = TARGET_WAVES * num_sms_
+    if num_programs >= target_programs:
+        return None
+    num_parts = min(max_seq_len // MIN_PARTITION_TOKENS, math.ceil(target_programs / num_programs))
+    if num_parts < 2:
+        return None
+    per_part = math.ceil(max_seq_len / num_parts)
+    return tile_tokens * math.ceil(per_part / tile_tokens)
+
+
+@triton.jit
+def _paged_attention_kernel(
+    out_ptr, m_ptr, l_ptr,
+    q_ptr, k_ptr, v_ptr, block_tables_ptr, seq_lens_ptr,
+    qk_scale,
+    stride_q_seq, stride_q_head,
+    stride_o_seq, stride_o_head, stride_o_part,
+    stride_ml_seq, stride_ml_head,
+    stride_bt_seq,
+    k_stride_block, k_stride_token, k_stride_head, k_stride_dx, k_stride_x,
+    v_stride_block, v_stride_token, v_stride_head, v_stride_dx, v_stride_x,
+    GROUP: tl.constexpr, HEAD_SIZE: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr, K_X: tl.constexpr, V_X: tl.constexpr,
+    PARTITION_SIZE: tl.constexpr, UPCAST_DOT: tl.constexpr, IEEE: tl.constexpr,
+):
+    seq = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    part = tl.program_id(2)
+    seq_len = tl.load(seq_lens_ptr + seq).to(tl.int32)
+    if PARTITION_SIZE > 0:
+        start = part * PARTITION_SIZE
+        end = tl.minimum(start + PARTITION_SIZE, seq_len)
+    else:
+        start = 0
+        end = seq_len
+
+    rows = tl.arange(0, BLOCK_H)
+    row_ok = rows < GROUP
+    heads = kv_head * GROUP + rows
+    d = tl.arange(0, BLOCK_D)
+    d_ok = d < HEAD_SIZE
+    q = tl.load(q_ptr + seq.to(tl.int64) * stride_q_seq + heads[:, None] * stride_q_head + d[None, :],
+                mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+    if UPCAST_DOT:
+        q = q.to(tl.float32)
+    # address pieces that do not depend on the token
+    k_d = (d // K_X) * k_stride_dx + (d % K_X) * k_stride_x
+    v_d = (d // V_X) * v_stride_dx + (d % V_X) * v_stride_x
+    k_base = k_ptr + kv_head.to(tl.int64) * k_stride_head
+    v_base = v_ptr + kv_head.to(tl.int64) * v_stride_head
+    bt_row = block_tables_ptr + seq.to(tl.int64) * stride_bt_seq
+
+    m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
+    for t0 in range(start, end, TILE):
+        t = t0 + tl.arange(0, TILE)
+        t_ok = t < end
+        block = tl.load(bt_row + t // BLOCK_SIZE, mask=t_ok, other=0).to(tl.int64)
+        slot = t % BLOCK_SIZE
+        kv_mask = t_ok[:, None] & d_ok[None, :]
+        k = tl.load(k_base + (block * k_stride_block + slot * k_stride_token)[:, None] + k_d[None, :],
+                    mask=kv_mask, other=0.0)
+        v = tl.load(v_base + (block * v_stride_block + slot * v_stride_token)[:, None] + v_d[None, :],
+                    mask=kv_mask, other=0.0)
+        if UPCAST_DOT:
+            k = k.to(tl.float32)
+            v = v.to(tl.float32)
+        if IEEE:
+            s = tl.dot(q, tl.trans(k), input_precision="ieee")
+        else:
+            s = tl.dot(q, tl.trans(k))
+        s = tl.where(t_ok[None, :], s * qk_scale, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.math.exp2(m_i - m_new)
+        p = tl.math.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        if IEEE:
+            pv = tl.dot(p, v, input_precision="ieee")
+        else:
+            pv = tl.dot(p.to(v.dtype), v)
+        acc = acc * alpha[:, None] + pv
+        m_i = m_new
+
+    out_mask = row_ok[:, None] & d_ok[None, :]
+    out_offs = seq.to(tl.int64) * stride_o_seq + heads[:, None] * stride_o_head + d[None, :]
+    if PARTITION_SIZE > 0:
+        # unnormalised partial result; the reduce kernel merges partitions
+        tl.store(out_ptr + out_offs + part * stride_o_part, acc, mask=out_mask)
+        ml_offs = seq.to(tl.int64) * stride_ml_seq + heads * stride_ml_head + part
+        tl.store(m_ptr + ml_offs, m_i, mask=row_ok)
+        tl.store(l_ptr + ml_offs, l_i, mask=row_ok)
+    else:
+        out = acc / l_i[:, None]
+        tl.store(out_ptr + out_offs, out.to(out_ptr.dtype.element_ty), mask=out_mask)
+
+
+@triton.jit
+def _reduce_partitions_kernel(
+    out_ptr, tmp_ptr, m_ptr, l_ptr, seq_lens_ptr,
+    stride_o_seq, stride_o_head,
+    stride_t_seq, stride_t_head, stride_t_part,
+    stride_ml_seq, stride_ml_head,
+    HEAD_SIZE: tl.constexpr, BLOCK_D: tl.constexpr, PARTITION_SIZE: tl.constexpr,
+    PARTS_PER_STEP: tl.constexpr,
+):
+    seq = tl.program_id(0)
+    head = tl.program_id(1)
+    seq_len = tl.load(seq_lens_ptr + seq).to(tl.int32)
+    num_parts = tl.cdiv(seq_len, PARTITION_SIZE)
+    d = tl.arange(0, BLOCK_D)
+    d_ok = d < HEAD_SIZE
+    ml_base = seq.to(tl.int64) * stride_ml_seq + head * stride_ml_head
+    t_base = tmp_ptr + seq.to(tl.int64) * stride_t_seq + head * stride_t_head
+
+    big_m = tl.full([1], float("-inf"), dtype=tl.float32)
+    big_l = tl.zeros([1], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_D], dtype=tl.float32)
+    for p0 in range(0, num_parts, PARTS_PER_STEP):
+        p = p0 + tl.arange(0, PARTS_PER_STEP)
+        p_ok = p < num_parts
+        m_p = tl.load(m_ptr + ml_base + p, mask=p_ok, other=float("-inf"))
+        l_p = tl.load(l_ptr + ml_base + p, mask=p_ok, other=0.0)
+        a_p = tl.load(t_base + p[:, None] * stride_t_part + d[None, :],
+                      mask=p_ok[:, None] & d_ok[None, :], other=0.0)
+        m_new = tl.maximum(big_m, tl.max(m_p, 0))  # finite: partition 0 always holds a token
+        rescale_old = tl.math.exp2(big_m - m_new)
+        w_p = tl.math.exp2(m_p - m_new)
+        big_l = big_l * rescale_old + tl.sum(l_p * w_p, 0)
+        acc = acc * rescale_old + tl.sum(a_p * w_p[:, None], 0)
+        big_m = m_new
+    out = acc / big_l
+    tl.store(out_ptr + seq.to(tl.int64) * stride_o_seq + head * stride_o_head + d,
+             out.to(out_ptr.dtype.element_ty), mask=d_ok)
+
+
+def _check_inputs(query, key_cache, value_cache, block_tables, seq_lens, layout, validate):
+    geom = cache_geometry(key_cache, value_cache, layout)
+    if not isinstance(query, torch.Tensor) or query.dim() != 3:
+        raise ValueError("query must be a tensor [num_seqs, num_heads, head_size], got "
+                         f"{getattr(query, 'shape', type(query).__name__)}")
+    num_seqs, num_heads, head_size = query.shape
+    if query.dtype != key_cache.dtype:
+        raise ValueError(f"query is {query.dtype} but the KV cache is {key_cache.dtype}")
+    if head_size != geom.head_size:
+        raise ValueError(f"query head_size {head_size} != cache head_size {geom.head_size}")
+    if num_heads % geom.num_kv_heads:
+        raise ValueError(f"num_heads {num_heads} is not a multiple of num_kv_heads {geom.num_kv_heads}")
+    for name, t in (("block_tables", block_tables), ("seq_lens", seq_lens)):
+        if not isinstance(t, torch.Tensor) or t.dtype not in (torch.int32, torch.int64):
+            raise ValueError(f"{name} must be an int32/int64 tensor, got "
+                             f"{getattr(t, 'dtype', type(t).__name__)}")
+    for name, t in (("key_cache", key_cache), ("block_tables", block_tables), ("seq_lens", seq_lens)):
+        if t.device != query.device:
+            raise ValueError(f"{name} is on {t.device} but query is on {query.device}")
+    if block_tables.dim() != 2 or block_tables.shape[0] != num_seqs:
+        raise ValueError(f"block_tables must be [num_seqs={num_seqs}, max_num_blocks_per_seq], "
+                         f"got {tuple(block_tables.shape)}")
+    if seq_lens.shape != (num_seqs,):
+        raise ValueError(f"seq_lens must be [num_seqs={num_seqs}], got {tuple(seq_lens.shape)}")
+    if query.device.type == "cpu" and not interpreting():
+        raise ValueError("CPU tensors need the Triton interpreter: set TRITON_INTERPRET=1 before "
+                         "importing kernels")
+    if num_seqs == 0:
+        return geom, 0
+    if not validate:
+        return geom, None
+    lens = seq_lens.to("cpu", torch.int64)
+    if int(lens.min()) < 1:
+        seq = int(torch.argmin(lens))
+        raise ValueError(f"seq_lens[{seq}] = {int(lens[seq])}: every sequence needs at least 1 token")
+    max_seq_len = int(lens.max())
+    if max_seq_len > block_tables.shape[1] * geom.block_size:
+        seq = int(torch.argmax(lens))
+        raise ValueError(f"seq_lens[{seq}] = {max_seq_len} tokens needs more than the "
+                         f"{block_tables.shape[1]} blocks of {geom.block_size} a block_tables row holds")
+    tables = block_tables.to("cpu", torch.int64)
+    used = torch.arange(tables.shape[1])[None, :] < (lens[:, None] + geom.block_size - 1) // geom.block_size
+    bad = used & ((tables < 0) | (tables >= geom.num_blocks))
+    if bool(bad.any()):
+        seq, col = (int(i) for i in torch.nonzero(bad)[0])
+        raise ValueError(f"block_tables[{seq}, {col}] = {int(tables[seq, col])} is outside the pool of "
+                         f"{geom.num_blocks} blocks")
+    return geom, max_seq_len
+
+
+def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+                    block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float,
+                    layout: str = "flat", partition_size: int | None = None, *,
+                    max_seq_len: int | None = None, validate: bool = True,
+                    config: KernelConfig | None = None) -> torch.Tensor:
+    """Decode attention of one query token per sequence over its paged KV.
+
+    Args:
+        query: [num_seqs, num_heads, head_size], same dtype as the caches (fp32/fp16/bf16).
+        key_cache, value_cache: the pool in ``layout`` (see kernels.layout).
+        block_tables: int32/int64 [num_seqs, max_num_blocks_per_seq]; entries past a sequence's
+            last block are never read.
+        seq_lens: int32/int64 [num_seqs], each >= 1.
+        scale: softmax scale (usually head_size ** -0.5).
+        layout: "flat" or "vllm".
+        partition_size: None = dispatch rule (``plan_partitions``; v1 on CPU); an int forces v2
+            with partitions of that many tokens (a multiple of 16), v1 when one partition covers
+            every sequence.
+        max_seq_len: longest seq_len, if the caller knows it (saves a device sync).
+        validate: check seq_lens and the block table range on the host (a device sync; benchmarks
+            validate once, then pass False).
+        config: kernel launch configuration; None = ``default_config``.
+    Returns:
+        [num_seqs, num_heads, head_size] in query's dtype.
+    Raises:
+        ValueError: on shapes, dtypes, devices, layouts or block ids that do not fit.
+    """
+    geom, checked_max = _check_inputs(query, key_cache, value_cache, block_tables, seq_lens, layout,
+                                      validate)
+    num_seqs, num_heads, head_size = query.shape
+    out = torch.empty_like(query)
+    if num_seqs == 0:
+        return out
+    if max_seq_len is None:
+        max_seq_len = checked_max if checked_max is not None else int(seq_lens.max())
+    if config is None:
+        config = default_config(head_size, query.device)
+    if partition_size is not None:
+        if partition_size < 16 or partition_size % 16:
+            raise ValueError(f"partition_size must be a positive multiple of 16, got {partition_size}")
+    elif query.device.type == "cuda":
+        partition_size = plan_partitions(num_seqs, geom.num_kv_heads, max_seq_len, config.tile_tokens,
+                                         num_sms(query.device))
+    if partition_size is not None and partition_size >= max_seq_len:
+        partition_size = None  # one partition: v1 computes the same thing without the reduce
+    tile = config.tile_tokens
+    if partition_size is not None:
+        # the tile must divide the partition so that no tile straddles two partitions
+        tile = min(tile, partition_size & -partition_size)
+
+    query = query if query.stride(-1) == 1 else query.contiguous()
+    group = num_heads // geom.num_kv_heads
+    ks, vs = cache_strides(key_cache, value_cache, layout)
+    fp32 = query.dtype == torch.float32
+    common = dict(
+        GROUP=group, HEAD_SIZE=head_size, BLOCK_H=max(16, triton.next_power_of_2(group)),
+        BLOCK_D=max(16, triton.next_power_of_2(head_size)), BLOCK_SIZE=geom.block_size, TILE=tile,
+        K_X=ks.X, V_X=vs.X, UPCAST_DOT=interpreting() and query.dtype == torch.bfloat16, IEEE=fp32,
+        num_warps=config.num_warps, num_stages=config.num_stages)
+    args_tail = (query, key_cache, value_cache, block_tables, seq_lens, scale * LOG2E,
+                 query.stride(0), query.stride(1))
+    kv_strides = (ks.block, ks.token, ks.head, ks.dx, ks.x, vs.block, vs.token, vs.head, vs.dx, vs.x)
+    if partition_size is None:
+        _paged_attention_kernel[(num_seqs, geom.num_kv_heads, 1)](
+            out, out, out, *args_tail, out.stride(0), out.stride(1), 0, 0, 0,
+            block_tables.stride(0), *kv_strides, PARTITION_SIZE=0, **common)
+        return out
+
+    num_parts = triton.cdiv(max_seq_len, partition_size)
+    tmp = torch.empty((num_seqs, num_heads, num_parts, head_size), dtype=torch.float32, device=query.device)
+    m = torch.empty((num_seqs, num_heads, num_parts), dtype=torch.float32, device=query.device)
+    l = torch.empty_like(m)
+    _paged_attention_kernel[(num_seqs, geom.num_kv_heads, num_parts)](
+        tmp, m, l, *args_tail, tmp.stride(0), tmp.stride(1), tmp.stride(2), m.stride(0), m.stride(1),
+        block_tables.stride(0), *kv_strides, PARTITION_SIZE=partition_size, **common)
+    _reduce_partitions_kernel[(num_seqs, num_heads)](
+        out, tmp, m, l, seq_lens, out.stride(0), out.stride(1), tmp.stride(0), tmp.stride(1),
+        tmp.stride(2), m.stride(0), m.stride(1), HEAD_SIZE=head_size, BLOCK_D=common["BLOCK_D"],
+        PARTITION_SIZE=partition_size, PARTS_PER_STEP=min(32, max(2, triton.next_power_of_2(num_parts))),
+        num_warps=4 if query.device.type == "cuda" else 1)
+    return out
