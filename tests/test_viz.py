@@ -6,6 +6,7 @@ import pandas as pd
 import plotly.io as pio
 import pytest
 
+from allocator import ContiguousAllocator, PoolSnapshot
 from viz.block_table import (block_holders, block_table_figure, block_table_frame,
                              contiguous_extent, requests_frame, slot_mapping, slot_mapping_runs)
 from viz.classes import MEMORY_CLASSES
@@ -20,10 +21,9 @@ C = {n: i for i, n in enumerate(MEMORY_CLASSES)}
 
 def tiny_paged():
     """6 blocks of 4 tokens: seq 3 holds [0, 2], seq 5 holds [0, 4] (block 0 shared), 1 cached."""
-    from types import SimpleNamespace
     cls = np.array([C["token_states"], C["cached"], C["token_states"], C["free"],
                     C["token_states"], C["free"]], dtype=np.int8)
-    return SimpleNamespace(
+    return PoolSnapshot(
         kind="paged", block_size=4, num_cells=6, cell_class=cls,
         owner=np.array([3, -1, 3, -1, 5, -1]), ref_cnt=np.array([2, 0, 1, 0, 1, 0], np.int32),
         fill=np.array([4, 4, 2, 0, 3, 0], np.int32),
@@ -53,7 +53,7 @@ def test_exact_grid_keeps_every_cell_and_hover_fields():
     s = tiny_paged()
     g = pool_grid(s, max_cells=100)
     assert g.cells_per_tile == 1 and g.num_rows * g.num_cols >= 6
-    flat = g.customdata.reshape(-1, 5)
+    flat = g.customdata.reshape(-1, 6)
     assert flat[:6, 0].tolist() == list(range(6))  # block ids
     assert flat[0, 1] == 3 and np.isnan(flat[1, 1])  # owner, none -> NaN
     assert flat[:6, 2].tolist() == [2, 0, 1, 0, 1, 0]  # ref_cnt
@@ -65,7 +65,7 @@ def test_large_pools_aggregate_into_bounded_tiles(n):
     s = synthetic_snapshot(n, seed=2)
     g = pool_grid(s, max_cells=4096)
     assert g.num_rows * g.num_cols <= 4096 + g.num_cols
-    flat = g.customdata.reshape(-1, 5)
+    flat = g.customdata.reshape(-1, 6)
     tiles = int(np.ceil(n / g.cells_per_tile))
     assert flat[:tiles, 1].sum() == n  # every cell lies in exactly one tile
     held = np.isin(s.cell_class, [C["token_states"], C["reservation"], C["internal_fragmentation"]])
@@ -74,6 +74,22 @@ def test_large_pools_aggregate_into_bounded_tiles(n):
     codes = cell_codes(s.cell_class, s.owner, s.ref_cnt)
     k = g.cells_per_tile
     assert g.z.reshape(-1)[0] == np.bincount(codes[:k], minlength=NUM_CODES).argmax()
+
+
+def test_contiguous_pool_drawn_at_block_granularity_from_a_real_allocator():
+    c = ContiguousAllocator(capacity_tokens=256, policy="oracle", max_model_len=128,
+                            placement="first-fit")
+    assert c.allocate(0, 20, 40) and c.allocate(7, 10, 30)
+    snap = c.snapshot()
+    g = pool_grid(snap, min_cells_per_tile=16)
+    flat = g.customdata.reshape(-1, 6)
+    assert g.cells_per_tile == 16 and flat[:16, 1].sum() == 256
+    owners = [int(o) if not np.isnan(o) else -1 for o in flat[:16, 5]]
+    ext0, ext7 = snap.block_tables[0], snap.block_tables[7]
+    assert owners[ext0[0] // 16] == 0 and owners[ext7[-1] // 16] == 7
+    assert owners[-1] == -1  # the pool's end is free
+    fig = pool_heatmap(snap, tile_tokens=16)
+    assert "mostly request" in fig.data[0].hovertemplate
 
 
 def test_heatmap_is_one_trace_with_binary_arrays_and_small_json():
@@ -113,11 +129,10 @@ def test_slot_mapping_follows_the_block_table():
 
 
 def test_contiguous_extent_and_holes():
-    from types import SimpleNamespace
     cls = np.array([C["free"], C["token_states"], C["token_states"], C["reservation"],
                     C["internal_fragmentation"], C["external_fragmentation"],
                     C["external_fragmentation"], C["token_states"]], dtype=np.int8)
-    s = SimpleNamespace(kind="contiguous", block_size=1, num_cells=8, cell_class=cls,
+    s = PoolSnapshot(kind="contiguous", block_size=1, num_cells=8, cell_class=cls,
                         owner=np.array([-1, 1, 1, 1, 1, -1, -1, 2]), ref_cnt=np.ones(8, np.int32),
                         fill=np.zeros(8, np.int32), block_key=np.zeros(8, np.uint64),
                         block_tables={1: np.arange(1, 5), 2: np.array([7])}, seq_lens={1: 2, 2: 1})

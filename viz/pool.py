@@ -70,10 +70,10 @@ def cell_codes(cell_class: np.ndarray, owner: np.ndarray, ref_cnt: np.ndarray) -
 class PoolGrid:
     """The heatmap's arrays: a ``num_rows x num_cols`` grid of tiles of ``cells_per_tile`` cells.
 
-    z: float32 colour codes, NaN past the last cell. customdata: float32 ``[rows, cols, 5]``; exact
+    z: float32 colour codes, NaN past the last cell. customdata: float32 ``[rows, cols, 6]``; exact
     grids (cells_per_tile == 1) hold (block, owner or NaN, ref_cnt, fill, top 24 bits of the
-    key) per cell, aggregated grids hold (first block, cells in tile, cells held, cells shared,
-    distinct owners). float32 with NaN rather than int32 with -1: the 0xFF bytes of -1 become
+    key, 0) per cell, aggregated grids hold (first cell, cells in tile, cells held, cells
+    shared, distinct owners, the owner holding most cells or NaN). float32 with NaN rather than int32 with -1: the 0xFF bytes of -1 become
     '/' in base64, which plotly's JSON escapes to six characters each.
     row_start: the first cell index of each row (the y axis).
     """
@@ -93,13 +93,16 @@ class PoolGrid:
         return self.z.shape[1]
 
 
-def pool_grid(snapshot, max_cells: int = DEFAULT_MAX_CELLS, aspect: float = 1.0) -> PoolGrid:
+def pool_grid(snapshot, max_cells: int = DEFAULT_MAX_CELLS, aspect: float = 1.0,
+              min_cells_per_tile: int = 1) -> PoolGrid:
     """Lay a snapshot's cells out on a grid, aggregating into tiles beyond ``max_cells``.
 
     Args:
         snapshot: a PoolSnapshot (or any object with its per-cell arrays).
         max_cells: most grid cells drawn; more cells are grouped ``k`` per tile.
         aspect: columns / rows of the grid.
+        min_cells_per_tile: group at least this many cells per tile (a contiguous pool, one cell
+            per token, drawn at a paged pool's block granularity).
     Returns:
         the PoolGrid.
     """
@@ -107,13 +110,13 @@ def pool_grid(snapshot, max_cells: int = DEFAULT_MAX_CELLS, aspect: float = 1.0)
     if max_cells < 1:
         raise ValueError(f"max_cells must be >= 1, got {max_cells}")
     codes = cell_codes(snapshot.cell_class, snapshot.owner, snapshot.ref_cnt)
-    k = max(1, math.ceil(n / max_cells))
+    k = max(1, min_cells_per_tile, math.ceil(n / max_cells))
     num_tiles = math.ceil(n / k) if n else 0
     num_cols = max(1, math.ceil(math.sqrt(max(num_tiles, 1) * aspect)))
     num_rows = max(1, math.ceil(num_tiles / num_cols))
     size = num_rows * num_cols
     z = np.full(size, np.nan, dtype=np.float32)
-    custom = np.zeros((size, 5), dtype=np.float32)
+    custom = np.zeros((size, 6), dtype=np.float32)
     if k == 1:
         z[:n] = codes
         custom[:n, 0] = np.arange(n, dtype=np.int32)
@@ -137,10 +140,16 @@ def pool_grid(snapshot, max_cells: int = DEFAULT_MAX_CELLS, aspect: float = 1.0)
         custom[:num_tiles, 3] = np.add.reduceat((np.asarray(snapshot.ref_cnt) > 1).astype(np.int32),
                                                 starts)
         has = owner >= 0
-        pairs = np.unique(tile[has] * (int(owner.max(initial=0)) + 1) + owner[has])
-        custom[:num_tiles, 4] = np.bincount(pairs // (int(owner.max(initial=0)) + 1),
-                                            minlength=num_tiles)
-    return PoolGrid(z=z.reshape(num_rows, num_cols), customdata=custom.reshape(num_rows, num_cols, 5),
+        span = int(owner.max(initial=0)) + 1
+        pairs, pair_cells = np.unique(tile[has] * span + owner[has], return_counts=True)
+        pair_tile = pairs // span
+        custom[:num_tiles, 4] = np.bincount(pair_tile, minlength=num_tiles)
+        # the owner with most cells per tile: sort pairs by (tile, cells), keep each tile's last
+        order = np.lexsort((pair_cells, pair_tile))
+        last = np.flatnonzero(np.diff(np.append(pair_tile[order], -1)) != 0)
+        custom[:num_tiles, 5] = np.nan
+        custom[pair_tile[order][last], 5] = (pairs[order][last] % span)
+    return PoolGrid(z=z.reshape(num_rows, num_cols), customdata=custom.reshape(num_rows, num_cols, 6),
                     row_start=np.arange(num_rows, dtype=np.int64) * num_cols * k,
                     cells_per_tile=k, num_cells=n)
 
@@ -155,7 +164,8 @@ def _discrete_colorscale(colors: list[str]) -> list[list]:
 
 
 def pool_heatmap(snapshot, title: str | None = None, max_cells: int = DEFAULT_MAX_CELLS,
-                 height: int = 420, show_legend: bool = True) -> go.Figure:
+                 height: int = 420, show_legend: bool = True,
+                 tile_tokens: int | None = None) -> go.Figure:
     """The block pool as one heatmap, coloured by owning request and memory class.
 
     Args:
@@ -164,19 +174,23 @@ def pool_heatmap(snapshot, title: str | None = None, max_cells: int = DEFAULT_MA
         max_cells: most grid cells drawn (larger pools are aggregated into tiles).
         height: figure height in pixels.
         show_legend: draw the class legend (off for small multiples).
+        tile_tokens: draw at least this many tokens per tile (side by side with a paged pool:
+            its block size), so both pools show the same granularity.
     Returns:
         the figure.
     """
-    grid = pool_grid(snapshot, max_cells=max_cells)
-    cell = "block" if snapshot.kind == "paged" else "cell"
     b = int(snapshot.block_size)
+    grid = pool_grid(snapshot, max_cells=max_cells,
+                     min_cells_per_tile=max(1, (tile_tokens or b) // b))
+    cell = "block" if snapshot.kind == "paged" else "slot"
     if grid.cells_per_tile == 1:
         hover = (f"{cell} %{{customdata[0]}}<br>request %{{customdata[1]}}"
                  f"<br>ref_cnt %{{customdata[2]}}<br>fill %{{customdata[3]}}/{b} tokens"
                  "<br>content key %{customdata[4]:06x}…<extra></extra>")
     else:
-        hover = (f"{cell}s %{{customdata[0]}} + %{{customdata[1]}}<br>held %{{customdata[2]}}"
-                 "<br>shared %{customdata[3]}<br>requests %{customdata[4]}<extra></extra>")
+        hover = (f"{cell}s %{{customdata[0]}} + %{{customdata[1]}}<br>mostly request "
+                 "%{customdata[5]}<br>held %{customdata[2]} · shared %{customdata[3]}"
+                 "<br>requests here %{customdata[4]}<extra></extra>")
     small = grid.num_cols <= 48
     fig = go.Figure(go.Heatmap(
         z=grid.z, customdata=grid.customdata, y=grid.row_start,
@@ -197,8 +211,8 @@ def pool_heatmap(snapshot, title: str | None = None, max_cells: int = DEFAULT_MA
     layout["margin"]["b"] = 10
     fig.update_layout(**layout, showlegend=show_legend,
                       legend=dict(orientation="h", yanchor="top", y=-0.02, x=0, font=dict(size=11)))
-    tile = "" if grid.cells_per_tile == 1 else f" ({grid.cells_per_tile} per tile)"
+    tile = "" if grid.cells_per_tile == 1 else f", {grid.cells_per_tile} per tile"
     fig.update_xaxes(showgrid=False, zeroline=False, title=None, showticklabels=False)
     fig.update_yaxes(showgrid=False, zeroline=False, autorange="reversed",
-                     title=dict(text=f"first {cell} of row{tile}", font=dict(size=11)))
+                     title=dict(text=f"first {cell} of the row{tile}", font=dict(size=11)))
     return fig

@@ -6,18 +6,16 @@ allocator, so figures can be tested and timed at any size without running a simu
 """
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import numpy as np
 
-from viz.classes import MEMORY_CLASSES
+from allocator import MEMORY_CLASSES, PoolSnapshot
 
 _C = {name: i for i, name in enumerate(MEMORY_CLASSES)}
 
 
 def synthetic_snapshot(num_cells: int, block_size: int = 16, kind: str = "paged",
                        seed: int = 0, num_seqs: int | None = None):
-    """A snapshot-shaped namespace of ``num_cells`` cells.
+    """A PoolSnapshot of ``num_cells`` cells.
 
     Args:
         num_cells: blocks (paged) or cells (contiguous) in the pool.
@@ -26,8 +24,7 @@ def synthetic_snapshot(num_cells: int, block_size: int = 16, kind: str = "paged"
         seed: generator seed (same seed, same arrays).
         num_seqs: live sequences (default: about one per 40 cells).
     Returns:
-        an object with kind, block_size, num_cells, cell_class, owner, ref_cnt, fill, block_key,
-        block_tables, seq_lens.
+        the PoolSnapshot.
     """
     if kind not in ("paged", "contiguous"):
         raise ValueError(f"kind must be 'paged' or 'contiguous', got {kind!r}")
@@ -98,6 +95,6 @@ def synthetic_snapshot(num_cells: int, block_size: int = 16, kind: str = "paged"
             pos += ext
         holes = (cell_class == _C["free"]) & (np.arange(n) < pos)
         cell_class[holes] = _C["external_fragmentation"]
-    return SimpleNamespace(kind=kind, block_size=block_size, num_cells=n, cell_class=cell_class,
-                           owner=owner, ref_cnt=ref_cnt, fill=fill, block_key=block_key,
-                           block_tables=tables, seq_lens=seq_lens)
+    return PoolSnapshot(kind=kind, block_size=block_size, num_cells=n, cell_class=cell_class,
+                        owner=owner, ref_cnt=ref_cnt, fill=fill, block_key=block_key,
+                        block_tables=tables, seq_lens=seq_lens)
