@@ -245,3 +245,42 @@ def summary_table(runs) -> pd.DataFrame:
     """The runs' summary dicts side by side (one column per run, one row per metric)."""
     return pd.DataFrame({f"{i}: {r.allocator}": pd.Series(r.summary, dtype=object)
                          for i, r in enumerate(runs)})
+
+
+# ---------------------------------------------------------------- capacity planner
+SWEEPS = {  # parameter -> (label, values)
+    "tp": ("tensor parallel size", (1, 2, 4, 8)),
+    "gpu_memory_utilization": ("gpu_memory_utilization", (0.5, 0.6, 0.7, 0.8, 0.9, 0.95)),
+    "block_size": ("block size (tokens)", (8, 16, 32, 64, 128)),
+    "kv_dtype": ("KV dtype", ("auto", "fp8")),
+    "max_model_len": ("max_model_len (tokens)", (2048, 4096, 8192, 16384, 32768, 65536, 131072)),
+}
+SWEEP_COLUMNS = {"num_gpu_blocks": "KV blocks per GPU", "kv_cache_tokens": "KV tokens per GPU",
+                 "max_concurrency": "max_model_len requests at once"}
+
+
+def capacity(model_name: str, gpu_name: str, **kwargs) -> dict:
+    """planner's CapacityReport as a dict; raises ValueError for impossible configurations."""
+    from planner.capacity import compute_capacity
+    from planner.presets import get_gpu, get_model
+    return compute_capacity(get_model(model_name), get_gpu(gpu_name), **kwargs).to_dict()
+
+
+@st.cache_data(max_entries=32, show_spinner=False)
+def capacity_sweep(model_name: str, gpu_name: str, param: str, base: tuple) -> pd.DataFrame:
+    """Capacity over the values of one parameter, others fixed (``base``: sorted kwargs items).
+
+    Returns:
+        one row per value: the value, num_gpu_blocks, kv_cache_tokens, max_concurrency (NaN
+        where the configuration is impossible) and the error message there.
+    """
+    rows = []
+    for value in SWEEPS[param][1]:
+        kwargs = dict(base)
+        kwargs[param] = value
+        try:
+            rep = capacity(model_name, gpu_name, **kwargs)
+            rows.append({param: value, **{c: rep[c] for c in SWEEP_COLUMNS}, "error": ""})
+        except ValueError as err:
+            rows.append({param: value, **{c: np.nan for c in SWEEP_COLUMNS}, "error": str(err)})
+    return pd.DataFrame(rows)

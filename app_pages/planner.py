@@ -2,12 +2,56 @@
 import streamlit as st
 
 from app_pages import _state as S
+from viz.capacity import gpu_memory_figure, sweep_figure
 
 st.title("Capacity planner")
-st.caption("How many KV blocks and concurrent tokens a model gets on a GPU, following vLLM's "
-           "formula: (GPU memory × utilisation − weights − activations) / bytes per KV token.")
-planner = S.backend("planner.capacity")
-if planner is None:
+st.caption("How many KV blocks a model gets on a GPU, by vLLM's formula: (GPU memory × "
+           "gpu_memory_utilization − weights − activation peak − non-PyTorch memory) / bytes per "
+           "block. Blocks / blocks per max_model_len request = how many such requests fit at once.")
+presets = S.backend("planner.presets", "MODEL_PRESETS", "GPU_PRESETS")
+if presets is None or S.backend("planner.capacity", "compute_capacity") is None:
     st.info("The capacity planner is not available yet (branch plan); this page fills in when "
             "it lands.")
     st.stop()
+
+models, gpus = list(presets.MODEL_PRESETS), list(presets.GPU_PRESETS)
+S.defaults(k_plan_model=models[0], k_plan_gpu=gpus[0], k_plan_tp=1, k_plan_util=0.9,
+           k_plan_block=16, k_plan_dtype="auto", k_plan_len=8192, k_plan_sweep="tp")
+c = st.columns(4)
+model = c[0].selectbox("Model", models, key="k_plan_model")
+gpu = c[1].selectbox("GPU", gpus, key="k_plan_gpu")
+tp = c[2].select_slider("Tensor parallel", [1, 2, 4, 8], key="k_plan_tp")
+kv_dtype = c[3].selectbox("KV dtype", ["auto", "bf16", "fp8"], key="k_plan_dtype",
+                          help="auto = the model's dtype; fp8 halves the KV bytes per token.")
+c = st.columns(3)
+util = c[0].slider("gpu_memory_utilization", 0.3, 0.98, step=0.01, key="k_plan_util")
+block_size = c[1].select_slider("Block size (tokens)", [8, 16, 32, 64, 128], key="k_plan_block")
+max_model_len = c[2].number_input("max_model_len (tokens)", 1, 1_048_576, step=1024,
+                                  key="k_plan_len")
+kwargs = dict(tp=tp, kv_dtype=kv_dtype, gpu_memory_utilization=util, block_size=block_size,
+              max_model_len=int(max_model_len))
+try:
+    report = S.capacity(model, gpu, **kwargs)
+except ValueError as err:
+    st.error(str(err))
+    report = None
+if report is not None:
+    m = st.columns(4)
+    m[0].metric("KV blocks per GPU", f"{report['num_gpu_blocks']:,}")
+    m[1].metric("KV cache tokens", f"{report['kv_cache_tokens']:,}")
+    m[2].metric(f"{report['max_model_len']:,}-token requests at once",
+                f"{report['max_concurrency']:.1f}")
+    m[3].metric("KV per token", f"{report['kv_bytes_per_token'] / 1024:.0f} KiB")
+    st.plotly_chart(gpu_memory_figure(report), key="plan_mem")
+
+st.subheader("Sweep")
+param = st.radio("Vary", list(S.SWEEPS), key="k_plan_sweep", horizontal=True,
+                 format_func=lambda p: S.SWEEPS[p][0])
+base = tuple(sorted((k, v) for k, v in kwargs.items() if k != param))
+sweep = S.capacity_sweep(model, gpu, param, base)
+st.plotly_chart(sweep_figure(sweep, param, S.SWEEPS[param][0], list(S.SWEEP_COLUMNS),
+                             S.SWEEP_COLUMNS), key="plan_sweep")
+bad = sweep[sweep["error"] != ""]
+if len(bad):
+    st.caption("Impossible points (gaps): " + " · ".join(
+        f"{row[param]}: {row['error']}" for _, row in bad.iterrows()))
