@@ -73,12 +73,14 @@ class Workload:
     kind: str
     ref: str
     max_requests: int = 200
+    rate: float = 2.0  # arrivals/s for traces without timestamps (ShareGPT lengths, plain CSV)
 
 
 _UPLOADS = Path(tempfile.gettempdir()) / "kvsim-uploads"
 
 
-def store_upload(name: str, data: bytes) -> Workload | str:
+def store_upload(name: str, data: bytes, max_requests: int = 200,
+                 rate: float = 2.0) -> Workload | str:
     """Keep an uploaded trace on disk under its digest so cached loaders can reopen it.
 
     Returns:
@@ -98,7 +100,7 @@ def store_upload(name: str, data: bytes) -> Workload | str:
     path.parent.mkdir(exist_ok=True)
     if not path.exists():
         path.write_bytes(data)
-    return Workload("upload", str(path))
+    return Workload("upload", str(path), max_requests, rate)
 
 
 @st.cache_data(max_entries=8, show_spinner="Loading requests…")
@@ -111,7 +113,13 @@ def load_requests(workload: Workload) -> list:
         source = str(SHARED_TRACES / workload.ref)
     else:
         source = workload.ref
-    return list(workloads.load(source, max_requests=workload.max_requests))
+    try:
+        return list(workloads.load(source, max_requests=workload.max_requests))
+    except workloads.InputError as err:
+        if err.field != "rate":
+            raise
+    # the trace has no timestamps: generate Poisson arrivals at the chosen rate
+    return list(workloads.load(source, max_requests=workload.max_requests, rate=workload.rate))
 
 
 def requests_frame(requests: list) -> pd.DataFrame:

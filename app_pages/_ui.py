@@ -9,7 +9,8 @@ from app_pages import _state as S
 def scenario_sidebar() -> S.Scenario | None:
     """Draw the workload and allocator pickers; returns the scenario, or None after st.error."""
     workloads = S.backend("workloads", "load", "DEFAULT_WORKLOAD")
-    S.defaults(k_max_requests=120, k_alloc_a="paged", k_alloc_b="max", k_capacity=8192,
+    S.defaults(k_max_requests=120, k_rate=2.0, k_max_model_len=4096, k_alloc_a="paged",
+               k_alloc_b="max", k_capacity=8192,
                k_block_size=16, k_prefix=True)
     if workloads is not None:
         S.defaults(k_spec=workloads.DEFAULT_WORKLOAD)
@@ -24,16 +25,18 @@ def scenario_sidebar() -> S.Scenario | None:
                       help="A synthetic workload, a public trace from ../shared/traces, or your own "
                            "CSV/JSONL trace (parsed only, never executed).")
     max_requests = sb.slider("Requests", 20, 1000, step=20, key="k_max_requests")
+    rate = sb.number_input("Arrival rate (req/s) for traces without timestamps", 0.1, 100.0,
+                           step=0.5, key="k_rate")
     workload: S.Workload | None = None
     if source == "built-in synthetic":
         if workloads is None:
             st.info("The workloads package is not available yet (branch work).")
             return None
         spec = sb.text_input("Synthetic spec", key="k_spec")
-        workload = S.Workload("builtin", spec, max_requests)
+        workload = S.Workload("builtin", spec, max_requests, rate)
     elif source == "shared trace":
         name = sb.selectbox("Trace file", shared, key="k_shared_trace")
-        workload = S.Workload("shared", name, max_requests)
+        workload = S.Workload("shared", name, max_requests, rate)
     else:
         up = sb.file_uploader("Trace file (CSV / JSONL)", type=[s[1:] for s in S.TRACE_SUFFIXES],
                               key="k_upload", max_upload_size=S.MAX_UPLOAD_MB)
@@ -41,11 +44,10 @@ def scenario_sidebar() -> S.Scenario | None:
             st.info("Upload a trace in the sidebar (mooncake / azure / sharegpt / generic CSV or "
                     "JSONL / vllm-oracle).")
             return None
-        stored = S.store_upload(up.name, up.getvalue())
-        if isinstance(stored, str):
-            st.error(stored)
+        workload = S.store_upload(up.name, up.getvalue(), max_requests, rate)
+        if isinstance(workload, str):
+            st.error(workload)
             return None
-        workload = S.Workload("upload", stored.ref, max_requests)
 
     sb.header("Allocators")
     a = sb.selectbox("Left", S.ALLOCATORS, key="k_alloc_a",
@@ -54,13 +56,18 @@ def scenario_sidebar() -> S.Scenario | None:
                      format_func=S.ALLOCATOR_LABELS.get)
     placement = sb.radio("Contiguous placement", ["buddy", "first-fit"], horizontal=True,
                          key="k_placement")
-    capacity = sb.select_slider("KV pool (tokens)", [2048, 4096, 8192, 16384, 32768, 65536],
+    capacity = sb.select_slider("KV pool (tokens)", [2048, 4096, 8192, 16384, 32768, 65536, 131072, 262144],
                                 key="k_capacity")
     block_size = sb.select_slider("Block size (tokens)", [8, 16, 32, 64],
                                   key="k_block_size")
+    max_model_len = sb.select_slider("max_model_len (tokens)", [1024, 2048, 4096, 8192, 16384,
+                                                                 32768, 131072],
+                                     key="k_max_model_len",
+                                     help="Longest request; the 'max' policy reserves this much.")
     prefix = sb.toggle("Prefix caching (paged)", key="k_prefix")
     return S.Scenario(workload=workload, allocators=(a, b), placement=placement,
                       block_size=block_size, capacity_tokens=capacity,
+                      max_model_len=max_model_len,
                       enable_prefix_caching=prefix)
 
 
