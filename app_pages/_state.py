@@ -103,6 +103,14 @@ def store_upload(name: str, data: bytes, max_requests: int = 200,
     return Workload("upload", str(path), max_requests, rate)
 
 
+def user_message(err: Exception, workload: Workload) -> str:
+    """The error for the user: an upload is named by its file name, not its storage path."""
+    text = str(err)
+    if workload.kind == "upload":
+        text = text.replace(str(Path(workload.ref).parent) + "/", "")
+    return text
+
+
 @st.cache_data(max_entries=8, show_spinner="Loading requests…")
 def load_requests(workload: Workload) -> list:
     """The workload's requests (at most ``max_requests``); raises the loader's InputError."""

@@ -38,16 +38,24 @@ def scenario_sidebar() -> S.Scenario | None:
         name = sb.selectbox("Trace file", shared, key="k_shared_trace")
         workload = S.Workload("shared", name, max_requests, rate)
     else:
-        up = sb.file_uploader("Trace file (CSV / JSONL)", type=[s[1:] for s in S.TRACE_SUFFIXES],
-                              key="k_upload", max_upload_size=S.MAX_UPLOAD_MB)
-        if up is None:
+        # not a k_* key: an uploader's value cannot be re-assigned, so the stored upload is
+        # kept in session state instead (it survives page switches that way)
+        up = sb.file_uploader("Trace file (CSV / JSONL)",
+                              key="upload_trace", max_upload_size=S.MAX_UPLOAD_MB)
+        if up is not None:
+            stored = S.store_upload(up.name, up.getvalue(), max_requests, rate)
+            if isinstance(stored, str):
+                st.session_state.pop("upload_workload", None)
+                st.error(stored)
+                return None
+            st.session_state["upload_workload"] = stored
+        workload = st.session_state.get("upload_workload")
+        if workload is None:
             st.info("Upload a trace in the sidebar (mooncake / azure / sharegpt / generic CSV or "
                     "JSONL / vllm-oracle).")
             return None
-        workload = S.store_upload(up.name, up.getvalue(), max_requests, rate)
-        if isinstance(workload, str):
-            st.error(workload)
-            return None
+        workload = S.Workload("upload", workload.ref, max_requests, rate)
+        sb.caption(f"Using {S.Path(workload.ref).name}")
 
     sb.header("Allocators")
     a = sb.selectbox("Left", S.ALLOCATORS, key="k_alloc_a",
@@ -72,16 +80,16 @@ def scenario_sidebar() -> S.Scenario | None:
 
 
 def load_runs(scenario: S.Scenario | None):
-    """The scenario's two runs, or None after showing why not (missing backend, bad trace)."""
+    """The scenario's two runs, or None after showing why not (bad trace, missing backend)."""
     if scenario is None:
         return None
-    if S.backend("simulator", "simulate", "EngineConfig") is None or \
-            S.backend("allocator", "PoolSnapshot") is None:
-        st.info("The simulator (branch sim) or the allocators (branch alloc) are not available "
-                "yet; this page fills in when they land.")
-        return None
     try:
+        S.load_requests(scenario.workload)  # a bad trace is reported before anything else
+        if S.backend("simulator", "simulate", "EngineConfig") is None:
+            st.info("The simulator (branch sim) is not available yet; this page fills in when "
+                    "it lands.")
+            return None
         return S.run_scenario(scenario)
-    except ValueError as err:  # workloads.errors.InputError and impossible configs
-        st.error(str(err))
+    except ValueError as err:  # workloads.errors.InputError and impossible configurations
+        st.error(S.user_message(err, scenario.workload))
         return None

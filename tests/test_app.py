@@ -1,0 +1,151 @@
+"""Every dashboard page through streamlit.testing.v1.AppTest: default run, bad input, page switch."""
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from app_pages import _state as S
+
+ROOT = Path(__file__).resolve().parent.parent
+
+PAGES = ["app_pages/live_pool.py", "app_pages/block_table.py", "app_pages/metrics.py",
+         "app_pages/planner.py", "app_pages/kernels.py"]
+TIMEOUT_S = 60
+
+
+def _app() -> AppTest:
+    return AppTest.from_file(str(ROOT / "app.py"), default_timeout=TIMEOUT_S)
+
+
+def _clean(at: AppTest) -> None:
+    assert not at.exception, [e.message for e in at.exception]
+    assert not at.error, [e.value for e in at.error]
+
+
+@pytest.fixture(scope="module")
+def small():
+    """One app session on a small built-in workload (shared by the tests of this module)."""
+    at = _app()
+    at.session_state["k_max_requests"] = 40
+    return at.run()
+
+
+def test_live_pool_default_run(small):
+    _clean(small)
+    assert small.title[0].value == "Live KV-cache pool"
+    charts = small.get("plotly_chart")
+    assert len(charts) >= 6  # two pools, two breakdown strips, two concurrency strips
+    # the metrics above each pool read the simulation at the scrubbed time
+    assert [m.label for m in small.metric][:4] == ["KV usage", "running", "waiting", "preemptions"]
+
+
+def test_live_pool_step_and_scrub(small):
+    small.slider(key="k_frame").set_value(0).run()
+    small.button(key="k_step").click().run()
+    _clean(small)
+    assert small.slider(key="k_frame").value == 1
+    small.slider(key="k_frame").set_value(30).run()
+    _clean(small)
+    assert small.session_state["k_frame"] == 30
+
+
+def test_play_starts_and_pause_stops(small):
+    small.button(key="k_play").click().run()
+    assert small.session_state["live_playing"] is True
+    small.button(key="k_play").click().run()
+    assert small.session_state["live_playing"] is False
+
+
+@pytest.mark.parametrize("page", PAGES[1:])
+def test_every_page_default_run(small, page):
+    small.switch_page(page).run()
+    _clean(small)
+    assert small.title
+
+
+def test_state_survives_page_switches(small):
+    small.switch_page("app_pages/live_pool.py").run()
+    small.selectbox(key="k_alloc_b").set_value("oracle").run()
+    small.slider(key="k_frame").set_value(12).run()
+    small.switch_page("app_pages/planner.py").run()
+    small.selectbox(key="k_plan_gpu").set_value("H100-80GB-SXM").run()
+    small.switch_page("app_pages/block_table.py").run()
+    _clean(small)
+    assert small.selectbox(key="k_alloc_b").value == "oracle"
+    assert small.slider(key="k_frame").value == 12  # the inspector opens on the paused moment
+    small.switch_page("app_pages/planner.py").run()
+    assert small.selectbox(key="k_plan_gpu").value == "H100-80GB-SXM"
+
+
+def test_block_table_inspector_shows_the_picked_request(small):
+    small.switch_page("app_pages/block_table.py").run()
+    small.slider(key="k_frame").set_value(10).run()
+    _clean(small)
+    heads = [h.value for h in small.subheader]
+    assert any(h.startswith("Block table of request") for h in heads)
+    assert "slot_mapping" in heads
+
+
+BAD_AZURE = (b"TIMESTAMP,ContextTokens,GeneratedTokens\n"
+             b"2023-11-16 18:15:46.6805900,374,44\n"
+             b"2023-11-16 18:15:50.9951690,abc,12\n")
+
+
+@pytest.mark.parametrize("page", ["app_pages/live_pool.py", "app_pages/metrics.py",
+                                  "app_pages/block_table.py"])
+def test_bad_upload_shows_the_loader_error_and_the_app_keeps_running(page):
+    at = _app().run()
+    at.switch_page(page).run()
+    at.radio(key="k_source").set_value("upload a trace").run()
+    at.file_uploader(key="upload_trace").set_value(("bad.csv", BAD_AZURE, "text/csv")).run()
+    assert not at.exception
+    assert [e.value for e in at.error] == ["bad.csv:3: field 'ContextTokens': not a number: 'abc'"]
+    # never parsed as anything but a trace: a pickle is refused by its suffix
+    at.file_uploader(key="upload_trace").set_value(
+        ("evil.pkl", b"\x80\x04K\x01.", "application/octet-stream")).run()
+    assert "unsupported file type .pkl" in at.error[0].value
+    # the app still works: back to the built-in workload
+    at.radio(key="k_source").set_value("built-in synthetic").run()
+    assert not at.exception
+
+
+def test_upload_limits():
+    assert "upload limit" in S.store_upload("big.csv", b"x" * (S.MAX_UPLOAD_MB * 2**20 + 1))
+    assert S.store_upload("empty.csv", b"  \n") == "empty.csv: the file is empty"
+    w = S.store_upload("ok.csv", b"a,b\n1,2\n", 30, 1.5)
+    assert w.kind == "upload" and w.ref.endswith("ok.csv") and (w.max_requests, w.rate) == (30, 1.5)
+
+
+def test_planner_impossible_configuration_is_an_error_not_a_crash():
+    at = _app().run()
+    at.switch_page("app_pages/planner.py").run()
+    _clean(at)
+    blocks = int(at.metric[0].value.replace(",", ""))
+    at.slider(key="k_plan_util").set_value(0.5).run()
+    assert int(at.metric[0].value.replace(",", "")) < blocks  # less memory, fewer blocks
+    at.number_input(key="k_plan_len").set_value(1_000_000).run()
+    assert not at.exception
+    assert "max_model_len" in at.error[0].value
+
+
+def test_playback_helpers():
+    assert S.next_frame(3, 10, 2) == (5, True)
+    assert S.next_frame(8, 10, 4) == (9, False)
+    assert list(S.frame_times(10.0, 3)) == [0.0, 5.0, 10.0]
+    with pytest.raises(ValueError, match="num_frames must be >= 2, got 1"):
+        S.frame_times(1.0, 1)
+    import pandas as pd
+    ts = pd.DataFrame({"time_s": [0.0, 1.0, 2.0], "v": [1, 2, 3]})
+    assert S.sample_at(ts, 1.5)["v"] == 2 and S.sample_at(ts, -1)["v"] == 1
+    assert list(S.upto(ts, 1.0)["v"]) == [1, 2]
+    assert S.fmt_duration(125.0) == "2 min 05.0 s"
+
+
+def test_capacity_sweep_marks_impossible_points():
+    sweep = S.capacity_sweep("Llama-3.1-8B", "L4", "max_model_len",
+                             tuple(sorted(dict(tp=1, kv_dtype="auto", gpu_memory_utilization=0.9,
+                                               block_size=16).items())))
+    assert list(sweep["max_model_len"]) == list(S.SWEEPS["max_model_len"][1])
+    ok = sweep[sweep["error"] == ""]
+    assert ok["max_concurrency"].is_monotonic_decreasing and len(ok) >= 3
+    assert (sweep["error"] != "").any()  # 131072 tokens of Llama KV do not fit on an L4
