@@ -288,7 +288,8 @@ def capacity_sweep(model_name: str, gpu_name: str, param: str, base: tuple) -> p
 
     Returns:
         one row per value: the value, num_gpu_blocks, kv_cache_tokens, max_concurrency (NaN
-        where the configuration is impossible) and the error message there.
+        where the configuration is impossible) and the error message there (None elsewhere),
+        the table viz.plan_figures.sweep_metric_figure draws.
     """
     rows = []
     for value in SWEEPS[param][1]:
@@ -296,7 +297,7 @@ def capacity_sweep(model_name: str, gpu_name: str, param: str, base: tuple) -> p
         kwargs[param] = value
         try:
             rep = capacity(model_name, gpu_name, **kwargs)
-            rows.append({param: value, **{c: rep[c] for c in SWEEP_COLUMNS}, "error": ""})
+            rows.append({param: value, **{c: rep[c] for c in SWEEP_COLUMNS}, "error": None})
         except ValueError as err:
             rows.append({param: value, **{c: np.nan for c in SWEEP_COLUMNS}, "error": str(err)})
     return pd.DataFrame(rows)

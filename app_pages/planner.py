@@ -2,7 +2,8 @@
 import streamlit as st
 
 from app_pages import _state as S
-from viz.capacity import gpu_memory_figure, sweep_figure
+from viz.capacity import gpu_memory_figure
+from viz.plan_figures import sweep_metric_figure
 
 st.title("Capacity planner")
 st.caption("How many KV blocks a model gets on a GPU, by vLLM's formula: (GPU memory × "
@@ -49,9 +50,11 @@ param = st.radio("Vary", list(S.SWEEPS), key="k_plan_sweep", horizontal=True,
                  format_func=lambda p: S.SWEEPS[p][0])
 base = tuple(sorted((k, v) for k, v in kwargs.items() if k != param))
 sweep = S.capacity_sweep(model, gpu, param, base)
-st.plotly_chart(sweep_figure(sweep, param, S.SWEEPS[param][0], list(S.SWEEP_COLUMNS),
-                             S.SWEEP_COLUMNS), key="plan_sweep")
-bad = sweep[sweep["error"] != ""]
+for col, (metric, title) in zip(st.columns(len(S.SWEEP_COLUMNS)), S.SWEEP_COLUMNS.items()):
+    fig = sweep_metric_figure(sweep, param, metric, title=title)
+    fig.update_layout(height=300, showlegend=False, xaxis_title=S.SWEEPS[param][0])
+    col.plotly_chart(fig, key=f"plan_sweep_{metric}")
+bad = sweep[sweep["error"].notna()]
 if len(bad):
     st.caption("Impossible points (gaps): " + " · ".join(
         f"{row[param]}: {row['error']}" for _, row in bad.iterrows()))

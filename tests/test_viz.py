@@ -186,3 +186,16 @@ def test_concurrency_and_cdf_and_bars():
     assert [b.y[0] for b in bars.data] == [1.0, 2.0]
     with pytest.raises(ValueError, match="has no 'y'"):
         compare_bars({"paged": {"x": 1.0}}, {"y": "Y"})
+
+
+def test_gpu_memory_segments_sum_to_the_gpu():
+    from viz.capacity import gpu_memory_figure, gpu_memory_segments
+    from planner.capacity import compute_capacity
+    from planner.presets import get_gpu, get_model
+    rep = compute_capacity(get_model("Llama-3.1-8B"), get_gpu("A100-80GB"),
+                           max_model_len=8192).to_dict()
+    seg = gpu_memory_segments(rep)
+    assert sum(seg.values()) == rep["total_memory_bytes"]
+    assert seg["available_kv_bytes"] == rep["available_kv_bytes"] > 0
+    fig = gpu_memory_figure(rep)
+    assert [t.name for t in fig.data][0] == "weights" and len(fig.data) == 5  # no "given" segment

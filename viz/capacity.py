@@ -1,12 +1,11 @@
-"""Capacity-planner figures: where a GPU's memory goes, and how capacity moves in a sweep."""
+"""Capacity-planner figure: where one GPU's memory goes (sweeps: viz.plan_figures)."""
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 
-import pandas as pd
 import plotly.graph_objects as go
 
-from viz.style import CLASS_COLORS, OWNER_PALETTE, base_layout
+from viz.style import CLASS_COLORS, base_layout
 
 GIB = 2**30
 
@@ -58,26 +57,4 @@ def gpu_memory_figure(report: Mapping, height: int = 170) -> go.Figure:
                       legend=dict(orientation="h", y=-0.35, x=0, font=dict(size=10)))
     fig.update_xaxes(title="GiB", gridcolor="#EEE")
     fig.update_yaxes(visible=False)
-    return fig
-
-
-def sweep_figure(frame: pd.DataFrame, x: str, x_title: str, columns: Sequence[str],
-                 titles: Mapping[str, str], height: int = 300) -> go.Figure:
-    """Small multiples of a capacity sweep: one panel per column against the swept parameter.
-
-    Points where the configuration is impossible (NaN) are gaps.
-    """
-    from plotly.subplots import make_subplots
-    fig = make_subplots(rows=1, cols=len(columns), subplot_titles=[titles[c] for c in columns])
-    is_cat = frame[x].dtype == object
-    for j, col in enumerate(columns, start=1):
-        fig.add_trace(go.Scatter(x=frame[x].astype(str) if is_cat else frame[x], y=frame[col],
-                                 mode="lines+markers", name=titles[col], showlegend=False,
-                                 line=dict(color=OWNER_PALETTE[j - 1], width=2),
-                                 hovertemplate=f"{x_title} %{{x}}: %{{y:,.4g}}<extra></extra>"),
-                      row=1, col=j)
-        fig.update_xaxes(title=x_title, row=1, col=j, gridcolor="#EEE",
-                         type="category" if is_cat else None)
-    fig.update_yaxes(gridcolor="#EEE", rangemode="tozero")
-    fig.update_layout(**base_layout(None, height))
     return fig
