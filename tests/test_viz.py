@@ -53,7 +53,7 @@ def test_exact_grid_keeps_every_cell_and_hover_fields():
     s = tiny_paged()
     g = pool_grid(s, max_cells=100)
     assert g.cells_per_tile == 1 and g.num_rows * g.num_cols >= 6
-    flat = g.customdata.reshape(-1, 6)
+    flat = g.customdata.reshape(-1, 5)
     assert flat[:6, 0].tolist() == list(range(6))  # block ids
     assert flat[0, 1] == 3 and np.isnan(flat[1, 1])  # owner, none -> NaN
     assert flat[:6, 2].tolist() == [2, 0, 1, 0, 1, 0]  # ref_cnt

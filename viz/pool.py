@@ -70,9 +70,9 @@ def cell_codes(cell_class: np.ndarray, owner: np.ndarray, ref_cnt: np.ndarray) -
 class PoolGrid:
     """The heatmap's arrays: a ``num_rows x num_cols`` grid of tiles of ``cells_per_tile`` cells.
 
-    z: float32 colour codes, NaN past the last cell. customdata: float32 ``[rows, cols, 6]``; exact
-    grids (cells_per_tile == 1) hold (block, owner or NaN, ref_cnt, fill, top 24 bits of the
-    key, 0) per cell, aggregated grids hold (first cell, cells in tile, cells held, cells
+    z: float32 colour codes, NaN past the last cell. customdata: float32; exact grids
+    (cells_per_tile == 1, ``[rows, cols, 5]``) hold (block, owner or NaN, ref_cnt, fill, top 24
+    bits of the key) per cell, aggregated grids (``[rows, cols, 6]``) hold (first cell, cells in tile, cells held, cells
     shared, distinct owners, the owner holding most cells or NaN). float32 with NaN rather than int32 with -1: the 0xFF bytes of -1 become
     '/' in base64, which plotly's JSON escapes to six characters each.
     row_start: the first cell index of each row (the y axis).
@@ -116,7 +116,7 @@ def pool_grid(snapshot, max_cells: int = DEFAULT_MAX_CELLS, aspect: float = 1.0,
     num_rows = max(1, math.ceil(num_tiles / num_cols))
     size = num_rows * num_cols
     z = np.full(size, np.nan, dtype=np.float32)
-    custom = np.zeros((size, 6), dtype=np.float32)
+    custom = np.zeros((size, 5 if k == 1 else 6), dtype=np.float32)
     if k == 1:
         z[:n] = codes
         custom[:n, 0] = np.arange(n, dtype=np.int32)
@@ -149,7 +149,7 @@ def pool_grid(snapshot, max_cells: int = DEFAULT_MAX_CELLS, aspect: float = 1.0,
         last = np.flatnonzero(np.diff(np.append(pair_tile[order], -1)) != 0)
         custom[:num_tiles, 5] = np.nan
         custom[pair_tile[order][last], 5] = (pairs[order][last] % span)
-    return PoolGrid(z=z.reshape(num_rows, num_cols), customdata=custom.reshape(num_rows, num_cols, 6),
+    return PoolGrid(z=z.reshape(num_rows, num_cols), customdata=custom.reshape(num_rows, num_cols, -1),
                     row_start=np.arange(num_rows, dtype=np.int64) * num_cols * k,
                     cells_per_tile=k, num_cells=n)
 
