@@ -52,7 +52,9 @@ base = tuple(sorted((k, v) for k, v in kwargs.items() if k != param))
 sweep = S.capacity_sweep(model, gpu, param, base)
 for col, (metric, title) in zip(st.columns(len(S.SWEEP_COLUMNS)), S.SWEEP_COLUMNS.items()):
     fig = sweep_metric_figure(sweep, param, metric, title=title)
-    fig.update_layout(height=300, showlegend=False, xaxis_title=S.SWEEPS[param][0])
+    fig.update_layout(height=300, showlegend=False, xaxis_title=S.SWEEPS[param][0],
+                      yaxis_title=None)
+    fig.update_xaxes(type="category")  # discrete settings: one tick per swept value
     col.plotly_chart(fig, key=f"plan_sweep_{metric}")
 bad = sweep[sweep["error"].notna()]
 if len(bad):

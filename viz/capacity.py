@@ -41,7 +41,7 @@ def gpu_memory_segments(report: Mapping) -> dict[str, int]:
     return seg
 
 
-def gpu_memory_figure(report: Mapping, height: int = 170) -> go.Figure:
+def gpu_memory_figure(report: Mapping, height: int = 200) -> go.Figure:
     """A horizontal stacked bar of one GPU's memory (GiB), KV cache highlighted."""
     fig = go.Figure()
     for key, num_bytes in gpu_memory_segments(report).items():
@@ -54,7 +54,8 @@ def gpu_memory_figure(report: Mapping, height: int = 170) -> go.Figure:
                              hovertemplate=f"{label}: %{{x:.2f}} GiB<extra></extra>"))
     fig.update_layout(**base_layout(f"{report['gpu']} · {report['model']} · tp={report['tp']} "
                                     "(per GPU)", height), barmode="stack",
-                      legend=dict(orientation="h", y=-0.35, x=0, font=dict(size=10)))
-    fig.update_xaxes(title="GiB", gridcolor="#EEE")
+                      legend=dict(orientation="h", y=1.0, yanchor="bottom", x=0,
+                                  font=dict(size=10)))
+    fig.update_xaxes(ticksuffix=" GiB", gridcolor="#EEE")
     fig.update_yaxes(visible=False)
     return fig
