@@ -147,10 +147,10 @@ class Scenario:
     placement: str = "buddy"
     block_size: int = 16
     capacity_tokens: int = 8192
-    max_model_len: int = 2048
+    max_model_len: int = 4096
     enable_prefix_caching: bool = True
     step_s: float = 0.025
-    num_frames: int = 60
+    num_frames: int = 100
 
 
 @dataclass
@@ -162,7 +162,8 @@ class Run:
     timeseries: pd.DataFrame
     requests: pd.DataFrame
     frame_times_s: np.ndarray
-    snapshots: list = field(default_factory=list)
+    snapshots: list = field(default_factory=list)  # one per frame time
+    end_s: float = 0.0  # when its last request finished
 
     @property
     def kind(self) -> str:
@@ -199,19 +200,20 @@ def run_scenario(scenario: Scenario) -> tuple[Run, Run]:
     requests = load_requests(scenario.workload)
     configs = [engine_config(scenario, a) for a in scenario.allocators]
     # a first pass finds when each run ends; the second takes the snapshots
-    end_s = 0.0
-    for config in configs:
-        probe = simulator.simulate(list(requests), config, cost)
-        if len(probe.timeseries):
-            end_s = max(end_s, float(probe.timeseries["time_s"].max()))
-    times = frame_times(end_s, scenario.num_frames)
+    ends_s = [float(simulator.simulate(requests, config, cost).summary["simulated_duration_s"])
+              for config in configs]
+    times = frame_times(max(ends_s), scenario.num_frames)
     runs = []
-    for allocator, config in zip(scenario.allocators, configs):
-        result = simulator.simulate(list(requests), config, cost, snapshot_times_s=tuple(times))
+    for allocator, config, end_s in zip(scenario.allocators, configs, ends_s):
+        # one more snapshot at the run's end: the faster side shows its final pool from then on
+        result = simulator.simulate(requests, config, cost,
+                                    snapshot_times_s=tuple(sorted({*times.tolist(), end_s})))
+        taken_s = np.array([t for t, _, _ in result.snapshots])
+        pick = np.clip(np.searchsorted(taken_s, times, side="right") - 1, 0, len(taken_s) - 1)
+        snaps = [result.snapshots[i][2] for i in pick]
         runs.append(Run(label=allocator, allocator=allocator, summary=dict(result.summary),
                         timeseries=result.timeseries, requests=result.requests,
-                        frame_times_s=np.array([t for t, _ in result.snapshots]),
-                        snapshots=[s for _, s in result.snapshots]))
+                        frame_times_s=times, snapshots=snaps, end_s=end_s))
     return runs[0], runs[1]
 
 
@@ -249,12 +251,15 @@ def pool_figure(scenario: Scenario, side: int, frame: int):
     from viz.pool import pool_heatmap
     run = run_scenario(scenario)[side]
     frame = min(frame, len(run.snapshots) - 1)
-    title = f"{ALLOCATOR_LABELS[run.allocator]} · t = {fmt_duration(run.frame_times_s[frame])}"
+    t_s = float(run.frame_times_s[frame])
+    done = " (all requests done)" if t_s > run.end_s else ""
+    title = f"{ALLOCATOR_LABELS[run.allocator]} · t = {fmt_duration(t_s)}{done}"
     return pool_heatmap(run.snapshots[frame], title=title, height=430)
 
 
 # per-request latency columns of Result.requests shown as CDFs (column -> title)
-LATENCY_COLUMNS = {"ttft_s": "Time to first token", "e2e_s": "End-to-end latency"}
+LATENCY_COLUMNS = {"ttft_s": "Time to first token", "tpot_s": "Time per output token",
+                   "e2e_s": "End-to-end latency"}
 
 
 def summary_table(runs) -> pd.DataFrame:

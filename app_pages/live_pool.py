@@ -39,9 +39,9 @@ def _step():
 
 playing = st.session_state["live_playing"]
 c1, c2, c3, _ = st.columns([1, 1, 3, 5], vertical_alignment="bottom")
-c1.button(":material/pause: Pause" if playing else ":material/play_arrow: Play", key="k_play",
+c1.button(":material/pause: Pause" if playing else ":material/play_arrow: Play", key="play",
           on_click=_toggle_play, type="primary", use_container_width=True)
-c2.button(":material/skip_next: Step", key="k_step", on_click=_step, use_container_width=True)
+c2.button(":material/skip_next: Step", key="step", on_click=_step, use_container_width=True)
 c3.select_slider("Speed (frames per tick)", [1, 2, 4, 8], key="k_speed")
 
 
@@ -61,9 +61,9 @@ def live_view():
         with col:
             now = S.sample_at(run.timeseries, t_s)
             m = st.columns(4)
-            m[0].metric("KV usage", f"{100 * float(now['usage']):.0f}%")
-            m[1].metric("running", int(now["num_running"]))
-            m[2].metric("waiting", int(now["num_waiting"]))
+            m[0].metric("KV usage", f"{100 * float(now['kv_usage']):.0f}%")
+            m[1].metric("running", int(now["running"]))
+            m[2].metric("waiting", int(now["waiting"]))
             m[3].metric("preemptions", int(now["num_preemptions"]))
             st.plotly_chart(S.pool_figure(scenario, side, frame), key=f"live_pool_{side}",
                             config={"displayModeBar": False})

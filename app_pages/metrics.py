@@ -42,9 +42,9 @@ for col, (i, run) in zip(st.columns(2), enumerate(runs)):
         st.markdown(f"**{labels[i]}**")
         st.download_button("Time series (CSV)", run.timeseries.to_csv(index=False),
                            f"kvsim_{run.allocator}_timeseries.csv", "text/csv",
-                           key=f"k_dl_ts_{i}")
+                           key=f"dl_ts_{i}")
         st.download_button("Requests (CSV)", run.requests.to_csv(index=False),
-                           f"kvsim_{run.allocator}_requests.csv", "text/csv", key=f"k_dl_req_{i}")
+                           f"kvsim_{run.allocator}_requests.csv", "text/csv", key=f"dl_req_{i}")
         st.download_button("Summary (JSON)", json.dumps(run.summary, indent=2, sort_keys=True),
                            f"kvsim_{run.allocator}_summary.json", "application/json",
-                           key=f"k_dl_sum_{i}")
+                           key=f"dl_sum_{i}")

@@ -41,7 +41,7 @@ def test_live_pool_default_run(small):
 
 def test_live_pool_step_and_scrub(small):
     small.slider(key="k_frame").set_value(0).run()
-    small.button(key="k_step").click().run()
+    small.button(key="step").click().run()
     _clean(small)
     assert small.slider(key="k_frame").value == 1
     small.slider(key="k_frame").set_value(30).run()
@@ -50,9 +50,9 @@ def test_live_pool_step_and_scrub(small):
 
 
 def test_play_starts_and_pause_stops(small):
-    small.button(key="k_play").click().run()
+    small.button(key="play").click().run()
     assert small.session_state["live_playing"] is True
-    small.button(key="k_play").click().run()
+    small.button(key="play").click().run()
     assert small.session_state["live_playing"] is False
 
 

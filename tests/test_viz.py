@@ -159,7 +159,7 @@ def _ts():
     df = pd.DataFrame({"time_s": t, "token_states": [0, 10, 40, 60, 20],
                        "reservation": [0, 20, 30, 20, 0], "internal_fragmentation": [0, 5, 5, 5, 0],
                        "external_fragmentation": [0, 0, 10, 10, 0], "cached": [0, 0, 0, 0, 30],
-                       "num_running": [0, 1, 3, 4, 1], "num_waiting": [0, 0, 2, 1, 0],
+                       "running": [0, 1, 3, 4, 1], "waiting": [0, 0, 2, 1, 0],
                        "num_preemptions": [0, 0, 0, 1, 1]})
     df["free"] = cap - df[list(MEMORY_CLASSES[:-1])].sum(axis=1)
     return df

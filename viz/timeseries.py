@@ -67,8 +67,8 @@ def breakdown_area(ts: pd.DataFrame, time_col: str = "time_s", title: str | None
     return fig
 
 
-def concurrency_chart(ts: pd.DataFrame, time_col: str = "time_s", running: str = "num_running",
-                      waiting: str = "num_waiting", preemptions: str = "num_preemptions",
+def concurrency_chart(ts: pd.DataFrame, time_col: str = "time_s", running: str = "running",
+                      waiting: str = "waiting", preemptions: str = "num_preemptions",
                       title: str | None = None, now_s: float | None = None,
                       height: int = 260, x_range: tuple[float, float] | None = None) -> go.Figure:
     """Running and waiting requests over time, with cumulative preemptions on a second axis.
