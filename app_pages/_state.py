@@ -218,6 +218,11 @@ def run_scenario(scenario: Scenario) -> tuple[Run, Run]:
 
 
 # ---------------------------------------------------------------- playback
+def default_frame(num_frames: int) -> int:
+    """The frame a page opens on: a little way in, while both pools are busy."""
+    return num_frames // 10
+
+
 def next_frame(frame: int, num_frames: int, frames_per_tick: int) -> tuple[int, bool]:
     """Advance playback; returns the new frame and whether playback should keep going."""
     nxt = min(frame + max(frames_per_tick, 1), num_frames - 1)
@@ -254,7 +259,9 @@ def pool_figure(scenario: Scenario, side: int, frame: int):
     t_s = float(run.frame_times_s[frame])
     done = " (all requests done)" if t_s > run.end_s else ""
     title = f"{ALLOCATOR_LABELS[run.allocator]} · t = {fmt_duration(t_s)}{done}"
-    return pool_heatmap(run.snapshots[frame], title=title, height=430)
+    # both pools at the paged block granularity (a contiguous snapshot has one cell per token)
+    return pool_heatmap(run.snapshots[frame], title=title, height=430,
+                        tile_tokens=scenario.block_size)
 
 
 # per-request latency columns of Result.requests shown as CDFs (column -> title)
@@ -262,10 +269,44 @@ LATENCY_COLUMNS = {"ttft_s": "Time to first token", "tpot_s": "Time per output t
                    "e2e_s": "End-to-end latency"}
 
 
+# headline summary metrics compared as bars (dotted summary key -> title)
+HEADLINE = {"request_throughput_per_s": "requests / s", "mean_running": "mean running",
+            "ttft_s.p90": "TTFT p90 (s)", "mean_kv_usage": "mean KV usage",
+            "num_preemptions": "preemptions"}
+
+
+def run_label(i: int, run: Run) -> str:
+    """How a run is named in tables and legends: its side and allocator."""
+    return f"{'left' if i == 0 else 'right'}: {ALLOCATOR_LABELS[run.allocator]}"
+
+
+def flat_summaries(runs) -> dict[str, dict]:
+    """run label -> summary flattened to dotted keys (``ttft_s.p90``)."""
+    from planner.sweep import flatten
+    return {run_label(i, r): flatten(r.summary) for i, r in enumerate(runs)}
+
+
 def summary_table(runs) -> pd.DataFrame:
-    """The runs' summary dicts side by side (one column per run, one row per metric)."""
-    return pd.DataFrame({f"{i}: {r.allocator}": pd.Series(r.summary, dtype=object)
-                         for i, r in enumerate(runs)})
+    """The runs' summaries side by side: one row per (dotted) metric, one text column per run."""
+    def text(v) -> str:
+        return f"{v:.4g}" if isinstance(v, float) else str(v)
+    return pd.DataFrame({label: {k: text(v) for k, v in flat.items()}
+                         for label, flat in flat_summaries(runs).items()})
+
+
+def prefix_frame(runs) -> pd.DataFrame:
+    """Cumulative prefix-cache hit rate of each run over time (one column per run label).
+
+    The timeseries counters are cumulative tokens, so hit rate so far = hits / queried.
+    """
+    frames = []
+    for i, run in enumerate(runs):
+        ts = run.timeseries
+        rate = ts["prefix_hit_tokens"] / ts["prefix_query_tokens"].where(
+            ts["prefix_query_tokens"] > 0)
+        frames.append(pd.DataFrame({"time_s": ts["time_s"], run_label(i, run): rate})
+                      .set_index("time_s"))
+    return pd.concat(frames, axis=1).sort_index().reset_index()
 
 
 # ---------------------------------------------------------------- capacity planner

@@ -21,7 +21,7 @@ num_frames = len(runs[0].snapshots)
 c1, c2 = st.columns([1, 3])
 side = c1.radio("Pool", [0, 1], key="k_insp_side",
                 format_func=lambda i: S.ALLOCATOR_LABELS[runs[i].allocator])
-S.defaults(k_frame=num_frames // 2)
+S.defaults(k_frame=S.default_frame(num_frames))
 if st.session_state["k_frame"] >= num_frames:
     st.session_state["k_frame"] = num_frames - 1
 # the same key as the live page's scrubber: the inspector opens on the moment paused there
@@ -38,7 +38,10 @@ st.caption("Click a request to inspect it.")
 picked = st.dataframe(live, key="k_insp_table", on_select="rerun", selection_mode="single-row",
                       hide_index=True, use_container_width=True, height=220)
 rows = picked.selection.rows if picked is not None else []
-seq_id = int(live.iloc[rows[0] if rows else 0]["seq_id"])
+# until a row is clicked: the request sharing most blocks (the most instructive one)
+seq_id = int(live.iloc[rows[0]]["seq_id"] if rows else
+             live.sort_values(["num_shared_blocks", "seq_id"], ascending=[False, True])
+             .iloc[0]["seq_id"])
 
 st.plotly_chart(block_table_figure(snap, seq_id), key="insp_fig")
 left, right = st.columns([3, 2])

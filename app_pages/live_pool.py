@@ -21,7 +21,7 @@ if runs is None:
     st.stop()
 num_frames = len(runs[0].snapshots)
 end_s = float(runs[0].frame_times_s[-1])
-S.defaults(live_playing=False, k_speed=1, k_frame=0)
+S.defaults(live_playing=False, k_speed=1, k_frame=S.default_frame(num_frames))
 if st.session_state.get("k_frame", 0) >= num_frames:
     st.session_state["k_frame"] = num_frames - 1
 
@@ -68,8 +68,9 @@ def live_view():
             st.plotly_chart(S.pool_figure(scenario, side, frame), key=f"live_pool_{side}",
                             config={"displayModeBar": False})
             past = S.upto(run.timeseries, t_s)
-            st.plotly_chart(breakdown_area(past, title="Memory breakdown", now_s=t_s, height=250,
-                                           x_range=(0, end_s)), key=f"live_mem_{side}")
+            st.plotly_chart(breakdown_area(past, title="Memory breakdown (colours as above)",
+                                           now_s=t_s, height=230, x_range=(0, end_s),
+                                           show_legend=False), key=f"live_mem_{side}")
             st.plotly_chart(concurrency_chart(past, title="Running / waiting / preemptions",
                                               now_s=t_s, height=230, x_range=(0, end_s)),
                             key=f"live_conc_{side}")

@@ -149,7 +149,7 @@ def block_table_figure(snapshot, seq_id: int, max_blocks: int = 64) -> go.Figure
     xs, ys = [], []
     for logical, physical in zip(shown["logical"], shown["physical"]):
         xs += [logical + 0.5, (physical + 0.5) * scale, None]
-        ys += [1.0, 0.0, None]
+        ys += [0.92, 0.05, None]
     fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", line=dict(color="#9AA5B1", width=1),
                              hoverinfo="skip", showlegend=False))
     fig.add_trace(go.Bar(x=np.arange(n) + 0.5, y=[0.16] * len(shown), base=0.92, width=0.9,

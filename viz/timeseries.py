@@ -5,6 +5,7 @@ to read, so the same builders draw one run, two runs side by side, or a sweep.
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -30,7 +31,8 @@ def _require(frame: pd.DataFrame, columns: Sequence[str], what: str) -> None:
 def breakdown_area(ts: pd.DataFrame, time_col: str = "time_s", title: str | None = None,
                    now_s: float | None = None, height: int = 300,
                    class_columns: Mapping[str, str] | None = None,
-                   x_range: tuple[float, float] | None = None) -> go.Figure:
+                   x_range: tuple[float, float] | None = None,
+                   show_legend: bool = True) -> go.Figure:
     """Stacked area of the six memory classes as a share of the pool over time.
 
     Args:
@@ -41,6 +43,7 @@ def breakdown_area(ts: pd.DataFrame, time_col: str = "time_s", title: str | None
         height: pixels.
         class_columns: class -> column name when they differ from the class names.
         x_range: fixed time axis (live view: the axis does not jump as samples arrive).
+        show_legend: off where a pool heatmap's legend already names the same colours.
     Returns:
         the figure (y in percent of capacity; hover shows slots and percent).
     """
@@ -61,9 +64,12 @@ def breakdown_area(ts: pd.DataFrame, time_col: str = "time_s", title: str | None
     if now_s is not None:
         fig.add_vline(x=now_s, line=dict(color="#333", width=1, dash="dot"))
     fig.update_layout(**base_layout(title, height), hovermode="x unified",
-                      legend=dict(orientation="h", y=-0.25, x=0, font=dict(size=10)))
+                      showlegend=show_legend, legend=dict(orientation="h", y=-0.18,
+                                                          yanchor="top", x=0, font=dict(size=10)))
+    if show_legend:
+        fig.update_layout(margin=dict(b=110))
     fig.update_yaxes(range=[0, 100], title="% of KV pool", ticksuffix="%", gridcolor="#EEE")
-    fig.update_xaxes(title="simulated time (s)", gridcolor="#EEE", range=x_range)
+    fig.update_xaxes(ticksuffix=" s", gridcolor="#EEE", range=x_range)
     return fig
 
 
@@ -95,11 +101,15 @@ def concurrency_chart(ts: pd.DataFrame, time_col: str = "time_s", running: str =
                   secondary_y=True)
     if now_s is not None:
         fig.add_vline(x=now_s, line=dict(color="#333", width=1, dash="dot"))
+    # legend on top, right of the title, so it never covers the time axis
     fig.update_layout(**base_layout(title, height), hovermode="x unified",
-                      legend=dict(orientation="h", y=-0.3, x=0, font=dict(size=10)))
+                      legend=dict(orientation="h", y=1.02, yanchor="bottom", x=1, xanchor="right",
+                                  font=dict(size=10)))
     fig.update_yaxes(title="requests", gridcolor="#EEE", rangemode="tozero", secondary_y=False)
-    fig.update_yaxes(title="preemptions", showgrid=False, rangemode="tozero", secondary_y=True)
-    fig.update_xaxes(title="simulated time (s)", gridcolor="#EEE", range=x_range)
+    top = max(1, int(ts[preemptions].max()) if len(ts) else 1)
+    fig.update_yaxes(title="preemptions", showgrid=False, range=[0, top * 1.05], tick0=0,
+                     dtick=max(1, math.ceil(top / 4)), secondary_y=True)
+    fig.update_xaxes(ticksuffix=" s", gridcolor="#EEE", range=x_range)
     return fig
 
 
@@ -169,7 +179,8 @@ def compare_bars(summaries: Mapping[str, Mapping[str, float]], metrics: Mapping[
                                  showlegend=j == 1, hovertemplate=f"{label}: %{{y:.4g}}"
                                                                    "<extra></extra>"),
                           row=1, col=j)
-    fig.update_layout(**base_layout(title, height), bargap=0.3)
+    fig.update_layout(**base_layout(title, height), bargap=0.3,
+                      legend=dict(orientation="h", y=-0.05, yanchor="top", x=0))
     fig.update_yaxes(gridcolor="#EEE", rangemode="tozero")
     fig.update_xaxes(showticklabels=False)
     return fig
@@ -177,7 +188,7 @@ def compare_bars(summaries: Mapping[str, Mapping[str, float]], metrics: Mapping[
 
 def line_chart(frame: pd.DataFrame, x: str, ys: Mapping[str, str], title: str | None = None,
                x_title: str | None = None, y_title: str | None = None, height: int = 300,
-               log_x: bool = False) -> go.Figure:
+               log_x: bool = False, y_tickformat: str | None = None) -> go.Figure:
     """Lines of several columns against one (sweeps, hit rate over time).
 
     Args:
@@ -187,16 +198,18 @@ def line_chart(frame: pd.DataFrame, x: str, ys: Mapping[str, str], title: str | 
         title, x_title, y_title: text.
         height: pixels.
         log_x: logarithmic x axis.
+        y_tickformat: d3 format of the y ticks (".0%" for rates).
     Returns:
         the figure.
     """
     _require(frame, [x, *ys], "line chart")
     fig = go.Figure()
     for i, (col, label) in enumerate(ys.items()):
-        fig.add_trace(go.Scatter(x=frame[x], y=frame[col], name=label, mode="lines+markers",
+        fig.add_trace(go.Scatter(x=frame[x], y=frame[col], name=label, mode="lines",
+                                 connectgaps=True,
                                  line=dict(color=OWNER_PALETTE[i % len(OWNER_PALETTE)], width=2)))
     fig.update_layout(**base_layout(title, height),
                       legend=dict(orientation="h", y=-0.3, x=0, font=dict(size=10)))
     fig.update_xaxes(title=x_title or x, gridcolor="#EEE", type="log" if log_x else "linear")
-    fig.update_yaxes(title=y_title, gridcolor="#EEE", rangemode="tozero")
+    fig.update_yaxes(title=y_title, gridcolor="#EEE", rangemode="tozero", tickformat=y_tickformat)
     return fig
