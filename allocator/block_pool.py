@@ -104,12 +104,13 @@ class BlockPool:
         blocks = stack[len(stack) - k:]
         del stack[len(stack) - k:]
         blocks.reverse()              # the end of the stack is the front of the queue
-        lru = self._lru
-        for _ in range(n - k):
-            block_id = lru.popitem(last=False)[0]
-            if self.block_key[block_id] is not None:
-                self.unregister(block_id)
-            blocks.append(block_id)
+        if n > k:
+            popitem, key = self._lru.popitem, self.block_key
+            for _ in range(n - k):
+                block_id = popitem(False)[0]
+                if key[block_id] is not None:
+                    self.unregister(block_id)
+                blocks.append(block_id)
         ref = self.ref_cnt
         for block_id in blocks:
             ref[block_id] = 1

@@ -86,8 +86,11 @@ class PagedAllocator:
         self.pool = BlockPool(num_blocks, reserve_null_block=null_block)
         self._seqs: dict[int, _Seq] = {}
         self._num_filled_slots = 0      # sum over in-use blocks of slots holding tokens
-        self.num_queried_tokens = 0     # vLLM's prefix_cache_queries (admitted sequences)
-        self.num_hit_tokens = 0         # vLLM's prefix_cache_hits
+        # vLLM's prefix_cache_queries / _hits: tokens of admitted sequences and their hits;
+        # re-admissions after a preemption are counted apart, as vLLM does
+        self.num_queried_tokens = self.num_hit_tokens = 0
+        self.num_preempted_queried_tokens = self.num_preempted_hit_tokens = 0
+        self._preempted_seq_ids: set[int] = set()
 
     # ---- queries ---------------------------------------------------------------------------
     @property
@@ -183,8 +186,13 @@ class PagedAllocator:
         num_hit_tokens = len(hits) * size
         self._num_filled_slots += num_evictable * size + num_tokens - num_hit_tokens
         if self.enable_prefix_caching:
-            self.num_queried_tokens += num_tokens
-            self.num_hit_tokens += num_hit_tokens
+            if seq_id in self._preempted_seq_ids:
+                self._preempted_seq_ids.discard(seq_id)
+                self.num_preempted_queried_tokens += num_tokens
+                self.num_preempted_hit_tokens += num_hit_tokens
+            else:
+                self.num_queried_tokens += num_tokens
+                self.num_hit_tokens += num_hit_tokens
         num_hashes = num_shareable = 0
         if block_hashes is not None and self.enable_prefix_caching:
             num_hashes = len(block_hashes)
@@ -205,27 +213,29 @@ class PagedAllocator:
         Returns:
             False, with nothing changed, if the free blocks do not suffice.
         """
-        seq = self._seq(seq_id)
-        _check_count("num_tokens", num_tokens)
-        if num_tokens == 0:
-            return True
+        seq = self._seqs.get(seq_id)
+        if seq is None or type(num_tokens) is not int or num_tokens < 0:
+            seq = self._seq(seq_id)               # raises on a bad id or count
+            _check_count("num_tokens", num_tokens)
         pool, size, table = self.pool, self.block_size, seq.block_table
         old_fill = seq.num_tokens % size
         new_num_tokens = seq.num_tokens + num_tokens
-        cow = bool(old_fill) and pool.ref_cnt[table[-1]] > 1
         num_new_blocks = -(-new_num_tokens // size) - len(table)
-        if num_new_blocks + cow > pool.num_free_blocks:
-            return False
-        if cow:
-            copy_block = pool.pop(1)[0]
-            pool.ref_cnt[table[-1]] -= 1          # still held by the other sequence(s)
-            table[-1] = copy_block
-            self._num_filled_slots += old_fill
-        if num_new_blocks:
-            table += pool.pop(num_new_blocks)
+        cow = bool(old_fill) and num_tokens > 0 and pool.ref_cnt[table[-1]] > 1
+        if num_new_blocks or cow:                 # most appends stay inside the last block
+            if num_new_blocks + cow > pool.num_free_blocks:
+                return False
+            if cow:
+                copy_block = pool.pop(1)[0]
+                pool.ref_cnt[table[-1]] -= 1      # still held by the other sequence(s)
+                table[-1] = copy_block
+                self._num_filled_slots += old_fill
+            if num_new_blocks:
+                table += pool.pop(num_new_blocks)
         self._num_filled_slots += num_tokens
         seq.num_tokens = new_num_tokens
-        self._register_full_blocks(seq)
+        if new_num_tokens // size > seq.num_keyed_blocks:
+            self._register_full_blocks(seq)
         return True
 
     def fork(self, parent_id: int, child_id: int,
@@ -265,6 +275,7 @@ class PagedAllocator:
         num_full = seq.num_tokens // size
         if self.enable_prefix_caching:
             if preempted:
+                self._preempted_seq_ids.add(seq_id)
                 hashes = seq.block_hashes
                 for i in range(seq.num_shareable_blocks, min(num_full, seq.num_hashes)):
                     pool.register(table[i], hashes[i])

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import torch
 import triton
+import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from kernels import KernelConfig, allocate_kv_cache, paged_attention, reshape_and_cache  # noqa: E402
@@ -110,13 +111,25 @@ class Writer:
         self.f.flush()
 
 
+@triton.jit
+def _copy_kernel(src_ptr, dst_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(dst_ptr + offs, tl.load(src_ptr + offs, mask=offs < n), mask=offs < n)
+
+
 def copy_bw(num_bytes: int) -> tuple[float, float]:
-    """(time_us, TB/s) of a device-to-device copy moving num_bytes (half read, half written)."""
+    """(time_us, TB/s) of the faster of two device-to-device copies moving num_bytes (half read, half
+    written): a Triton copy kernel timed like the kernels (CUDA graph, L2-cold rotation), and
+    torch's copy_ (cudaMemcpy) under do_bench (in a graph cudaMemcpy runs on the slower copy engines)."""
     n = max(1, num_bytes // 4)  # bf16 elements: n*2 bytes read + n*2 written
     sets = num_sets(num_bytes)
     src = torch.randn(sets, n, device="cuda", dtype=DTYPE)
     dst = torch.empty_like(src)
-    t, _ = bench_us([lambda r=r: dst[r].copy_(src[r]) for r in range(sets)])
+    block = 4096
+    t_kernel, _ = bench_us([lambda r=r: _copy_kernel[(triton.cdiv(n, block),)](src[r], dst[r], n, BLOCK=block)
+                            for r in range(sets)])
+    t_memcpy = 1e3 * triton.testing.do_bench(lambda: dst[0].copy_(src[0]), warmup=10, rep=40, return_mode="median")
+    t = min(t_kernel, t_memcpy)
     return t, 4 * n / t / 1e6
 
 
@@ -276,6 +289,7 @@ def main() -> int:
     ap.add_argument("--budget-s", type=float, default=540.0, help="stop measuring after this")
     ap.add_argument("--no-flex", action="store_true")
     ap.add_argument("--no-correctness", action="store_true")
+    ap.add_argument("--tune2", action="store_true", help="grid order, stages and short-context splits")
     args = ap.parse_args()
     t_start = time.time()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -296,6 +310,8 @@ def main() -> int:
     print(f"copy: {copy_peak:.3f} TB/s", flush=True)
     same_copy_cache: dict[int, float] = {}
     dense_done: dict[tuple, dict] = {}
+    if args.tune2:
+        return tune2(w, args, t_start)
     grid = TUNE_POINTS if args.tune else list(full_grid())
     for batch, ctx, block_size, gqa in grid:
         if time.time() - t_start > args.budget_s:
@@ -390,6 +406,50 @@ def main() -> int:
 
     summarize(w.rows, copy_peak)
     print(f"total {time.time() - t_start:.0f}s", flush=True)
+    return 0
+
+
+def tune2(w, args, t_start) -> int:
+    import kernels.attention as attn
+    _, copy_peak = copy_bw(4 << 30)
+    points = [(64, 8192, 128, 4), (256, 2048, 128, 4), (64, 32768, 128, 4), (64, 8192, 16, 4),
+              (64, 2048, 16, 8), (8, 2048, 16, 1), (64, 512, 16, 8), (8, 512, 16, 1), (8, 2048, 16, 8),
+              (1, 8192, 16, 4), (8, 512, 16, 4)]
+    for batch, ctx, block_size, gqa in points:
+        if time.time() - t_start > args.budget_s:
+            break
+        hkv = NUM_HEADS // gqa
+        kv_bytes = batch * ctx * hkv * HEAD_SIZE * 4
+        meta = dict(batch=batch, context_tokens=ctx, block_size=block_size, gqa=gqa, num_kv_heads=hkv,
+                    kv_bytes=kv_bytes)
+        sets = num_sets(kv_bytes)
+        same = copy_bw(kv_bytes)[1]
+        q, kc, vc, tables, lens = make_shape(batch, ctx, block_size, hkv, sets=sets)
+        line = []
+        for head_fastest in (True, False):
+            attn.HEAD_FASTEST_GRID = head_fastest
+            tag = "hf" if head_fastest else "sf"
+            for ps_name, ps in (("auto", None), ("v1", 1 << 30), ("p2", ctx // 2), ("p4", ctx // 4)):
+                for stages in (2, 3):
+                    if ps_name != "auto" and stages == 3 and head_fastest is False:
+                        continue
+                    t = ours(w, q, kc, vc, tables, lens, "flat", meta, copy_peak, same, partition_size=ps,
+                             config=KernelConfig(64, 4, stages), impl=f"t2-{tag}-{ps_name}-s{stages}")
+                    line.append(f"{tag}/{ps_name}/s{stages}={t:.1f}")
+        attn.HEAD_FASTEST_GRID = True
+        for tile, warps, stages in ((32, 2, 2), (32, 4, 3), (128, 4, 2), (64, 4, 4)):
+            t = ours(w, q, kc, vc, tables, lens, "flat", meta, copy_peak, same,
+                     config=KernelConfig(tile, warps, stages), impl=f"t2-tile{tile}w{warps}s{stages}")
+            line.append(f"t{tile}w{warps}s{stages}={t:.1f}")
+        del kc, vc
+        q, kc, vc, tables, lens = make_shape(batch, ctx, block_size, hkv, layout="vllm", sets=sets)
+        for tile, warps, stages in ((64, 4, 2), (32, 4, 2), (128, 4, 2), (64, 8, 2)):
+            t = ours(w, q, kc, vc, tables, lens, "vllm", meta, copy_peak, same,
+                     config=KernelConfig(tile, warps, stages), impl=f"t2-vllm-tile{tile}w{warps}s{stages}")
+            line.append(f"vllm-t{tile}w{warps}={t:.1f}")
+        print(f"B={batch} L={ctx} bs={block_size} gqa={gqa}: " + " ".join(line), flush=True)
+        del kc, vc
+        torch.cuda.empty_cache()
     return 0
 
 

@@ -19,10 +19,9 @@ Work decomposition (both versions)::
           M = max_p m_p;  out = sum_p acc_p 2^(m_p - M) / sum_p l_p 2^(m_p - M)
 
 Dispatch (``plan_partitions``): v1 gives num_seqs * num_kv_heads programs. When that is under
-``TARGET_WAVES`` waves of the GPU's multiprocessors and the sequences are long enough for at least
-two partitions of ``MIN_PARTITION_TOKENS``, the sequence is split so that the launch fills about
-``TARGET_WAVES`` waves. Small batch x long context (batch 1, 128k tokens: 4-32 programs unsplit)
-is thereby carried by split-KV. Constants were tuned on an H200 (bench/kernels.py,
+``TARGET_WAVES`` waves of the GPU's multiprocessors, the sequence is split into a power of two of
+partitions so that the launch fills about ``TARGET_WAVES`` waves. Small batch x long context
+(batch 1, 128k tokens: 4-32 programs unsplit) is thereby carried by split-KV. Constants were tuned on an H200 (bench/kernels.py,
 docs/BENCHMARKS-kern.md).
 
 Triton portability (same source on triton 3.6 and 3.9, compiled and under TRITON_INTERPRET=1):
@@ -46,7 +45,10 @@ LOG2E = 1.4426950408889634
 
 # dispatch constants (see module docstring); tuned on an H200, 132 SMs
 TARGET_WAVES = 4
-MIN_PARTITION_TOKENS = 256
+# launch order: programs of one sequence's KV heads side by side, so that concurrently running
+# programs read neighbouring bytes of the same blocks (flat layout: heads are interleaved per token)
+HEAD_FASTEST_GRID = True
+SPLIT_MIN_CONTEXT_TOKENS = 4096
 
 
 @dataclass(frozen=True)
@@ -84,7 +86,14 @@ def num_sms(device: torch.device) -> int:
 
 def plan_partitions(num_seqs: int, num_kv_heads: int, max_seq_len: int, tile_tokens: int,
                     num_sms_: int) -> int | None:
-    """The dispatch rule between v1 and v2.
+    """The dispatch rule between v1 and v2 (measured on an H200, docs/BENCHMARKS-kern.md).
+
+    v1 launches num_seqs * num_kv_heads programs. Below TARGET_WAVES waves of the multiprocessors
+    the GPU cannot keep enough loads in flight, so the sequence is split into the largest power of
+    two of partitions that keeps the launch within TARGET_WAVES waves (powers of two measured
+    better than exact fills: 3 partitions of a 256-program launch ran 30% slower than 2), with at
+    least one tile per partition. A launch that already fills a wave is split only for contexts of
+    at least SPLIT_MIN_CONTEXT_TOKENS: for shorter ones the reduce's fixed cost outweighs the gain.
 
     Args:
         num_seqs, num_kv_heads: v1 launches one program per (sequence, KV head).
@@ -95,21 +104,20 @@ def plan_partitions(num_seqs: int, num_kv_heads: int, max_seq_len: int, tile_tok
         None for v1, else the partition size in tokens for v2.
     """
     num_programs = num_seqs * num_kv_heads
-    target_programs = TARGET_WAVES * num_sms_
-    if num_programs >= target_programs:
+    if num_programs >= num_sms_ and max_seq_len < SPLIT_MIN_CONTEXT_TOKENS:
         return None
-    num_parts = min(max_seq_len // MIN_PARTITION_TOKENS, math.ceil(target_programs / num_programs))
+    fill = TARGET_WAVES * num_sms_ // num_programs
+    num_parts = min(1 << (fill.bit_length() - 1) if fill else 0, max_seq_len // tile_tokens)
     if num_parts < 2:
         return None
-    per_part = math.ceil(max_seq_len / num_parts)
-    return tile_tokens * math.ceil(per_part / tile_tokens)
+    return tile_tokens * math.ceil(max_seq_len / num_parts / tile_tokens)
 
 
 @triton.jit
 def _paged_attention_kernel(
     out_ptr, m_ptr, l_ptr,
     q_ptr, k_ptr, v_ptr, block_tables_ptr, seq_lens_ptr,
-    qk_scale,
+    qk_scale, partition_size,
     stride_q_seq, stride_q_head,
     stride_o_seq, stride_o_head, stride_o_part,
     stride_ml_seq, stride_ml_head,
@@ -118,15 +126,20 @@ def _paged_attention_kernel(
     v_stride_block, v_stride_token, v_stride_head, v_stride_dx, v_stride_x,
     GROUP: tl.constexpr, HEAD_SIZE: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr, K_X: tl.constexpr, V_X: tl.constexpr,
-    PARTITION_SIZE: tl.constexpr, UPCAST_DOT: tl.constexpr, IEEE: tl.constexpr,
+    V_TOKENS_CONTIGUOUS: tl.constexpr, RUN: tl.constexpr, SPLIT: tl.constexpr, UPCAST_DOT: tl.constexpr,
+    IEEE: tl.constexpr, HEAD_FASTEST: tl.constexpr,
 ):
-    seq = tl.program_id(0)
-    kv_head = tl.program_id(1)
+    if HEAD_FASTEST:
+        kv_head = tl.program_id(0)
+        seq = tl.program_id(1)
+    else:
+        seq = tl.program_id(0)
+        kv_head = tl.program_id(1)
     part = tl.program_id(2)
     seq_len = tl.load(seq_lens_ptr + seq).to(tl.int32)
-    if PARTITION_SIZE > 0:
-        start = part * PARTITION_SIZE
-        end = tl.minimum(start + PARTITION_SIZE, seq_len)
+    if SPLIT:
+        start = part * partition_size
+        end = tl.minimum(start + partition_size, seq_len)
     else:
         start = 0
         end = seq_len
@@ -142,6 +155,10 @@ def _paged_attention_kernel(
         q = q.to(tl.float32)
     # address pieces that do not depend on the token
     k_d = (d // K_X) * k_stride_dx + (d % K_X) * k_stride_x
+    if K_X > 1:
+        # vLLM K layout: runs of x elements (16 bytes) are contiguous; tell the compiler so that
+        # it issues 16-byte loads
+        k_d = tl.max_contiguous(tl.multiple_of(k_d, K_X), K_X)
     v_d = (d // V_X) * v_stride_dx + (d % V_X) * v_stride_x
     k_base = k_ptr + kv_head.to(tl.int64) * k_stride_head
     v_base = v_ptr + kv_head.to(tl.int64) * v_stride_head
@@ -158,8 +175,21 @@ def _paged_attention_kernel(
         kv_mask = t_ok[:, None] & d_ok[None, :]
         k = tl.load(k_base + (block * k_stride_block + slot * k_stride_token)[:, None] + k_d[None, :],
                     mask=kv_mask, other=0.0)
-        v = tl.load(v_base + (block * v_stride_block + slot * v_stride_token)[:, None] + v_d[None, :],
-                    mask=kv_mask, other=0.0)
+        v_tok = block * v_stride_block + slot * v_stride_token
+        if V_TOKENS_CONTIGUOUS:
+            # vLLM V layout [.., head_size, block_size]: tokens of one block are adjacent and a tile
+            # starts at a multiple of min(TILE, BLOCK_SIZE) (t0 is a multiple of TILE). A mask that
+            # varies along tokens would stop 16-byte loads, so load unmasked (every address is inside
+            # the pool: a masked-off token reads block 0, or its run's block) and zero the tail after.
+            v_tok = tl.max_contiguous(tl.multiple_of(v_tok, RUN), RUN)
+            v_ptrs = v_base + v_tok[:, None] + v_d[None, :]
+            if HEAD_SIZE == BLOCK_D:
+                v = tl.load(v_ptrs)
+            else:
+                v = tl.load(v_ptrs, mask=d_ok[None, :], other=0.0)
+            v = tl.where(t_ok[:, None], v, 0.0)
+        else:
+            v = tl.load(v_base + v_tok[:, None] + v_d[None, :], mask=kv_mask, other=0.0)
         if UPCAST_DOT:
             k = k.to(tl.float32)
             v = v.to(tl.float32)
@@ -181,7 +211,7 @@ def _paged_attention_kernel(
 
     out_mask = row_ok[:, None] & d_ok[None, :]
     out_offs = seq.to(tl.int64) * stride_o_seq + heads[:, None] * stride_o_head + d[None, :]
-    if PARTITION_SIZE > 0:
+    if SPLIT:
         # unnormalised partial result; the reduce kernel merges partitions
         tl.store(out_ptr + out_offs + part * stride_o_part, acc, mask=out_mask)
         ml_offs = seq.to(tl.int64) * stride_ml_seq + heads * stride_ml_head + part
@@ -194,17 +224,16 @@ def _paged_attention_kernel(
 
 @triton.jit
 def _reduce_partitions_kernel(
-    out_ptr, tmp_ptr, m_ptr, l_ptr, seq_lens_ptr,
+    out_ptr, tmp_ptr, m_ptr, l_ptr, seq_lens_ptr, partition_size,
     stride_o_seq, stride_o_head,
     stride_t_seq, stride_t_head, stride_t_part,
     stride_ml_seq, stride_ml_head,
-    HEAD_SIZE: tl.constexpr, BLOCK_D: tl.constexpr, PARTITION_SIZE: tl.constexpr,
-    PARTS_PER_STEP: tl.constexpr,
+    HEAD_SIZE: tl.constexpr, BLOCK_D: tl.constexpr, PARTS_PER_STEP: tl.constexpr,
 ):
     seq = tl.program_id(0)
     head = tl.program_id(1)
     seq_len = tl.load(seq_lens_ptr + seq).to(tl.int32)
-    num_parts = tl.cdiv(seq_len, PARTITION_SIZE)
+    num_parts = tl.cdiv(seq_len, partition_size)
     d = tl.arange(0, BLOCK_D)
     d_ok = d < HEAD_SIZE
     ml_base = seq.to(tl.int64) * stride_ml_seq + head * stride_ml_head
@@ -338,27 +367,31 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
     common = dict(
         GROUP=group, HEAD_SIZE=head_size, BLOCK_H=max(16, triton.next_power_of_2(group)),
         BLOCK_D=max(16, triton.next_power_of_2(head_size)), BLOCK_SIZE=geom.block_size, TILE=tile,
-        K_X=ks.X, V_X=vs.X, UPCAST_DOT=interpreting() and query.dtype == torch.bfloat16, IEEE=fp32,
+        K_X=ks.X, V_X=vs.X, V_TOKENS_CONTIGUOUS=layout == "vllm" and vs.token == 1 and vs.block % 16 == 0,
+        RUN=min(tile, geom.block_size), HEAD_FASTEST=HEAD_FASTEST_GRID, UPCAST_DOT=interpreting() and query.dtype == torch.bfloat16, IEEE=fp32,
         num_warps=config.num_warps, num_stages=config.num_stages)
     args_tail = (query, key_cache, value_cache, block_tables, seq_lens, scale * LOG2E,
-                 query.stride(0), query.stride(1))
+                 partition_size or 0, query.stride(0), query.stride(1))
     kv_strides = (ks.block, ks.token, ks.head, ks.dx, ks.x, vs.block, vs.token, vs.head, vs.dx, vs.x)
     if partition_size is None:
-        _paged_attention_kernel[(num_seqs, geom.num_kv_heads, 1)](
+        grid = (geom.num_kv_heads, num_seqs, 1) if HEAD_FASTEST_GRID else (num_seqs, geom.num_kv_heads, 1)
+        _paged_attention_kernel[grid](
             out, out, out, *args_tail, out.stride(0), out.stride(1), 0, 0, 0,
-            block_tables.stride(0), *kv_strides, PARTITION_SIZE=0, **common)
+            block_tables.stride(0), *kv_strides, SPLIT=False, **common)
         return out
 
     num_parts = triton.cdiv(max_seq_len, partition_size)
     tmp = torch.empty((num_seqs, num_heads, num_parts, head_size), dtype=torch.float32, device=query.device)
     m = torch.empty((num_seqs, num_heads, num_parts), dtype=torch.float32, device=query.device)
     l = torch.empty_like(m)
-    _paged_attention_kernel[(num_seqs, geom.num_kv_heads, num_parts)](
+    grid = ((geom.num_kv_heads, num_seqs, num_parts) if HEAD_FASTEST_GRID
+            else (num_seqs, geom.num_kv_heads, num_parts))
+    _paged_attention_kernel[grid](
         tmp, m, l, *args_tail, tmp.stride(0), tmp.stride(1), tmp.stride(2), m.stride(0), m.stride(1),
-        block_tables.stride(0), *kv_strides, PARTITION_SIZE=partition_size, **common)
+        block_tables.stride(0), *kv_strides, SPLIT=True, **common)
     _reduce_partitions_kernel[(num_seqs, num_heads)](
-        out, tmp, m, l, seq_lens, out.stride(0), out.stride(1), tmp.stride(0), tmp.stride(1),
+        out, tmp, m, l, seq_lens, partition_size, out.stride(0), out.stride(1), tmp.stride(0), tmp.stride(1),
         tmp.stride(2), m.stride(0), m.stride(1), HEAD_SIZE=head_size, BLOCK_D=common["BLOCK_D"],
-        PARTITION_SIZE=partition_size, PARTS_PER_STEP=min(32, max(2, triton.next_power_of_2(num_parts))),
-        num_warps=4 if query.device.type == "cuda" else 1)
+        PARTS_PER_STEP=min(128, max(2, triton.next_power_of_2(num_parts))),
+        num_warps=(8 if num_parts > 32 else 4) if query.device.type == "cuda" else 1)
     return out

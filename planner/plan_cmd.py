@@ -45,7 +45,7 @@ def _base_from_args(args) -> PlanBase:
                     router=args.router, seed=args.seed, engine=engine)
 
 
-def _terminal_table(df: pd.DataFrame, swept: list[str]) -> pd.DataFrame:
+def _terminal_table(df: pd.DataFrame, swept: list[str], has_slo: bool) -> pd.DataFrame:
     cols = {"point": df["point"]}
     for key in swept:
         cols[key] = df[key]
@@ -58,7 +58,7 @@ def _terminal_table(df: pd.DataFrame, swept: list[str]) -> pd.DataFrame:
                 values.append(None)
         if any(v is not None for v in values):
             cols[name] = values
-    for extra in ("meets_slo", "error"):
+    for extra in ("meets_slo", "error") if has_slo else ("error",):
         if extra in df and df[extra].notna().any():
             cols[extra] = df[extra]
     return pd.DataFrame(cols)
@@ -104,7 +104,8 @@ def run(args) -> int:
         from simulator import simulate  # noqa: F401
     except ImportError:
         raise ValueError("kvsim plan needs the simulator (simulator.simulate), which this install lacks") from None
-    load_requests(base.workload, max_requests=1)  # a bad trace or spec fails here, once, not per point
+    # a bad trace or spec fails here, once, rather than in every point
+    load_requests(base.workload, rate=axes.get("rate", [base.rate])[0], max_requests=1, seed=base.seed)
 
     points = expand_grid(axes)
     rows = run_sweep(points, base, jobs=args.jobs, backend=args.backend, address=args.address,
@@ -139,10 +140,11 @@ def run(args) -> int:
                 "cost": "num_gpus * price_rank (planner/presets.py)", "cheapest": best}
         (out / "plan.json").write_text(json.dumps(meta, indent=1, sort_keys=True, default=str) + "\n")
         notes = [f"workload: {args.workload}", f"sweep: {axes}",
-                 f"SLO: {', '.join(str(c) for c in constraints) or 'none'}",
-                 "cheapest meeting the SLO: " + ("none" if best is None else
-                                                 f"point {best['point']} " + json.dumps(
-                                                     {k: best[k] for k in swept}, default=str))]
+                 f"SLO: {', '.join(str(c) for c in constraints) or 'none'}"]
+        if constraints:
+            notes.append("cheapest meeting the SLO (cost = GPUs x price rank): " + (
+                "none" if best is None else
+                f"point {best['point']} " + json.dumps({k: best[k] for k in swept}, default=str)))
         from viz.plan_figures import report_html
 
         (out / "report.html").write_text(report_html("kvsim plan", _figures(df, swept, best, bool(constraints)),
@@ -150,7 +152,7 @@ def run(args) -> int:
     if slo_error is not None:
         raise slo_error
     with pd.option_context("display.max_rows", 500, "display.width", 200, "display.max_columns", 50):
-        print(_terminal_table(df, swept).to_string(index=False))
+        print(_terminal_table(df, swept, bool(constraints)).to_string(index=False))
     num_failed = int(df["error"].notna().sum())
     if num_failed:
         print(f"{num_failed} of {len(df)} points are impossible configurations (see the error column)")

@@ -125,28 +125,36 @@ def _resolve_model(name: str, hf_config: str | None) -> ModelSpec:
     return load_hf_config(hf_config) if hf_config else get_model(name)
 
 
-def load_requests(workload: str, *, rate: float | None = None, max_requests: int | None = None) -> list:
+def load_requests(workload: str, *, rate: float | None = None, max_requests: int | None = None,
+                  seed: int = 0) -> list:
     """The workload's requests, re-timed to ``rate`` requests/s if given.
 
     A synthetic spec (``sharegpt:rate=2,n=1000``) gets its ``rate`` parameter replaced; a trace
-    file has its arrival times scaled so that its mean rate (requests / time span) equals ``rate``.
+    without timestamps (ShareGPT lengths) gets Poisson arrivals at ``rate``; a trace with
+    timestamps has its arrival times scaled so that its mean rate (requests / time span) is ``rate``.
     """
     import workloads
 
-    is_file = os.path.exists(workload)
-    spec = workload
-    if rate is not None and rate <= 0:
+    if rate is not None and not rate > 0:
         raise InputError(f"rate must be > 0, got {rate}", field="rate")
-    if rate is not None and not is_file:
-        kind, sep, params = workload.partition(":")
-        kept = [p for p in params.split(",") if p.strip() and not p.strip().startswith("rate=")] if sep else []
-        spec = f"{kind}:" + ",".join([f"rate={rate:g}", *kept])
-    requests = list(workloads.load(spec, max_requests=max_requests))
-    if rate is not None and is_file and len(requests) > 1:
-        span = requests[-1].arrival_s - requests[0].arrival_s
+    if not os.path.exists(workload):
+        spec = workload
+        if rate is not None:
+            kind, sep, params = workload.partition(":")
+            kept = [p for p in params.split(",") if p.strip() and not p.strip().startswith("rate=")]
+            spec = f"{kind}:" + ",".join([f"rate={rate:g}", *kept])
+        return list(workloads.load(spec, max_requests=max_requests, seed=seed))
+    try:
+        requests = list(workloads.load(workload, max_requests=max_requests, seed=seed))
+    except InputError as err:
+        if err.field != "rate" or rate is None:  # not "this trace needs a rate", or none given
+            raise
+        return list(workloads.load(workload, max_requests=max_requests, rate=rate, seed=seed))
+    if rate is not None and len(requests) > 1:
+        t0 = requests[0].arrival_s
+        span = requests[-1].arrival_s - t0
         if span > 0:
             scale = (len(requests) / span) / rate
-            t0 = requests[0].arrival_s
             requests = [dataclasses.replace(r, arrival_s=t0 + (r.arrival_s - t0) * scale) for r in requests]
     return requests
 
@@ -226,7 +234,8 @@ def evaluate_point(task: PointTask) -> dict:
                                   step_overhead_s=base.step_overhead_s)
         config = build_engine_config(report.num_gpu_blocks, base.block_size, report.max_model_len,
                                      base.allocator, engine)
-        requests = load_requests(base.workload, rate=base.rate, max_requests=base.max_requests)
+        requests = load_requests(base.workload, rate=base.rate, max_requests=base.max_requests,
+                                 seed=base.seed)
         simulate = task.simulate or _default_simulate
         result = simulate(requests, config, cost_model, replicas=base.replicas, router=base.router,
                           seed=base.seed)

@@ -29,10 +29,13 @@ def sweep_metric_figure(df: pd.DataFrame, x: str, metric: str, group_by: Sequenc
     ok = ok.sort_values(x)
     fig = px.line(ok.assign(group=_label(ok, group_by)), x=x, y=metric, color="group", markers=True,
                   title=title or f"{metric} vs {x}")
-    fig.update_layout(legend_title_text=", ".join(group_by) or None, template="plotly_white")
+    fig.update_layout(legend_title_text=", ".join(group_by) or None, template="plotly_white",
+                      showlegend=bool(group_by))
     if pd.api.types.is_numeric_dtype(ok[x]) and ok[x].nunique() > 2 and (ok[x] > 0).all() and \
             ok[x].max() / max(ok[x].min(), 1e-12) >= 8:
-        fig.update_xaxes(type="log")  # block sizes, rates: powers of two read best on a log axis
+        # block sizes, rates: powers of two read best on a log axis, ticked at the swept values
+        values = sorted(ok[x].unique())
+        fig.update_xaxes(type="log", tickvals=values, ticktext=[f"{v:g}" for v in values])
     return fig
 
 
