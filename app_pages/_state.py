@@ -188,9 +188,24 @@ def frame_times(end_s: float, num_frames: int) -> np.ndarray:
     return np.linspace(0.0, max(end_s, 1e-9), num_frames)
 
 
-@st.cache_data(max_entries=6, show_spinner="Simulating…")
+# most snapshot cells kept per scenario (both sides, all frames): a contiguous pool has one cell
+# per token, so a 256k-token pool gets fewer frames than the default one (memory stays < ~150 MB)
+SNAPSHOT_CELL_BUDGET = 6_000_000
+MIN_FRAMES = 20
+
+
+def num_frames_for(scenario: Scenario) -> int:
+    """Frames to snapshot: the scenario's wish, fewer when the pools are huge."""
+    cells = sum(scenario.capacity_tokens // (scenario.block_size if a == "paged" else 1)
+                for a in scenario.allocators)
+    return max(MIN_FRAMES, min(scenario.num_frames, SNAPSHOT_CELL_BUDGET // max(cells, 1)))
+
+
+# cache_resource, not cache_data: the runs are large and read-only, and cache_data would unpickle
+# a copy of every snapshot on each rerun (each playback tick)
+@st.cache_resource(max_entries=4, show_spinner="Simulating…")
 def run_scenario(scenario: Scenario) -> tuple[Run, Run]:
-    """Simulate both configurations; returns one Run per side (cached per scenario).
+    """Simulate both configurations; returns one Run per side (cached per scenario; read-only).
 
     Both sides are snapshotted at the same times (from 0 to the later of the two ends), so the
     time scrubber moves both pools through the same moment.
@@ -202,7 +217,7 @@ def run_scenario(scenario: Scenario) -> tuple[Run, Run]:
     # a first pass finds when each run ends; the second takes the snapshots
     ends_s = [float(simulator.simulate(requests, config, cost).summary["simulated_duration_s"])
               for config in configs]
-    times = frame_times(max(ends_s), scenario.num_frames)
+    times = frame_times(max(ends_s), num_frames_for(scenario))
     runs = []
     for allocator, config, end_s in zip(scenario.allocators, configs, ends_s):
         # one more snapshot at the run's end: the faster side shows its final pool from then on

@@ -141,6 +141,16 @@ def test_playback_helpers():
     assert S.fmt_duration(125.0) == "2 min 05.0 s"
 
 
+def test_huge_pools_get_fewer_frames():
+    w = S.Workload("builtin", "x")
+    assert S.num_frames_for(S.Scenario(w)) == 100  # 8192 tokens: 512 blocks + 8192 slots
+    for tokens in (65_536, 262_144):
+        cells = tokens // 16 + tokens
+        n = S.num_frames_for(S.Scenario(w, capacity_tokens=tokens))
+        assert n * cells <= S.SNAPSHOT_CELL_BUDGET < (n + 1) * cells
+    assert S.num_frames_for(S.Scenario(w, capacity_tokens=2**21)) == S.MIN_FRAMES
+
+
 def test_capacity_sweep_marks_impossible_points():
     sweep = S.capacity_sweep("Llama-3.1-8B", "L4", "max_model_len",
                              tuple(sorted(dict(tp=1, kv_dtype="auto", gpu_memory_utilization=0.9,

@@ -1,7 +1,9 @@
 """The dashboard in a real browser: `streamlit run app.py` driven by Playwright on Debian chromium.
 
 Skips (with the reason) when /usr/bin/chromium is absent; never downloads a browser. Saves one
-screenshot per page into docs/screenshots/.
+screenshot per page into pytest's temporary folder, or into $KVSIM_SCREENSHOT_DIR when set
+(`KVSIM_SCREENSHOT_DIR=docs/screenshots pytest -m browser tests/test_browser.py` refreshes the
+README's pictures).
 """
 import os
 import socket
@@ -17,7 +19,6 @@ pytestmark = pytest.mark.browser
 
 ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM = "/usr/bin/chromium"
-SHOTS = ROOT / "docs" / "screenshots"
 ERROR_TEXTS = ("Traceback", "StreamlitAPIException")
 
 
@@ -88,8 +89,9 @@ def _no_exception(pg) -> None:
         assert text not in body, f"{text!r} on the page"
 
 
-def test_live_pool_plays_and_every_page_renders(app_url, page):
-    SHOTS.mkdir(parents=True, exist_ok=True)
+def test_live_pool_plays_and_every_page_renders(app_url, page, tmp_path):
+    shots = Path(os.environ.get("KVSIM_SCREENSHOT_DIR") or tmp_path)
+    shots.mkdir(parents=True, exist_ok=True)
     page.goto(app_url)
     page.get_by_role("heading", name="Live KV-cache pool").wait_for()
     _settle(page)
@@ -106,7 +108,8 @@ def test_live_pool_plays_and_every_page_renders(app_url, page):
     page.get_by_role("button", name="Pause").click()
     _settle(page)
     _no_exception(page)
-    page.screenshot(path=str(SHOTS / "1_live_pool.png"), full_page=True)
+    page.screenshot(path=str(shots / "1_live_pool.png"), full_page=True)
+    assert (shots / "1_live_pool.png").stat().st_size > 10_000
 
     for title, heading, shot in [
             ("Block table inspector", "Block table inspector", "2_block_table.png"),
@@ -119,4 +122,4 @@ def test_live_pool_plays_and_every_page_renders(app_url, page):
         if title != "Kernel validation":
             page.locator(".js-plotly-plot").first.wait_for()
         _no_exception(page)
-        page.screenshot(path=str(SHOTS / shot), full_page=True)
+        page.screenshot(path=str(shots / shot), full_page=True)
