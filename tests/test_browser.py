@@ -68,7 +68,7 @@ def page(app_url):
             executable_path=CHROMIUM,
             args=["--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
                   "--disable-background-networking"])
-        pg = browser.new_page(viewport={"width": 1600, "height": 1300})
+        pg = browser.new_page(viewport={"width": 1500, "height": 2000})
         pg.set_default_timeout(40_000)
         yield pg
         browser.close()
