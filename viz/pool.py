@@ -188,7 +188,7 @@ def pool_heatmap(snapshot, title: str | None = None, max_cells: int = DEFAULT_MA
                  f"<br>ref_cnt %{{customdata[2]}}<br>fill %{{customdata[3]}}/{b} tokens"
                  "<br>content key %{customdata[4]:06x}…<extra></extra>")
     else:
-        hover = (f"{cell}s %{{customdata[0]}} + %{{customdata[1]}}<br>mostly request "
+        hover = (f"%{{customdata[1]}} {cell}s from {cell} %{{customdata[0]}}<br>mostly request "
                  "%{customdata[5]}<br>held %{customdata[2]} · shared %{customdata[3]}"
                  "<br>requests here %{customdata[4]}<extra></extra>")
     small = grid.num_cols <= 48

@@ -59,7 +59,7 @@ def breakdown_area(ts: pd.DataFrame, time_col: str = "time_s", title: str | None
             x=ts[time_col], y=pct[:, j], name=CLASS_LABELS[name], stackgroup="mem",
             mode="lines", line=dict(width=0.5, color=CLASS_COLORS[name]),
             fillcolor=CLASS_COLORS[name], customdata=slots[:, j],
-            hovertemplate=f"{CLASS_LABELS[name]}: %{{y:.1f}}%% (%{{customdata:,.0f}} slots)"
+            hovertemplate=f"{CLASS_LABELS[name]}: %{{y:.1f}}% (%{{customdata:,.0f}} slots)"
                           "<extra></extra>"))
     if now_s is not None:
         fig.add_vline(x=now_s, line=dict(color="#333", width=1, dash="dot"))
