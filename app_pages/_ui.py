@@ -89,7 +89,14 @@ def load_runs(scenario: S.Scenario | None):
             st.info("The simulator (branch sim) is not available yet; this page fills in when "
                     "it lands.")
             return None
-        return S.run_scenario(scenario)
+        runs = S.run_scenario(scenario)
     except ValueError as err:  # workloads.errors.InputError and impossible configurations
         st.error(S.user_message(err, scenario.workload))
         return None
+    for i, run in enumerate(runs):
+        if run.summary["requests_rejected"]:
+            st.warning(f"{S.run_label(i, run)}: {run.summary['requests_rejected']} of "
+                       f"{run.summary['requests_arrived']} requests rejected (prompt longer than "
+                       f"max_model_len = {scenario.max_model_len}, or more KV than the whole "
+                       "pool); raise them in the sidebar.")
+    return runs

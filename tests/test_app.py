@@ -159,3 +159,13 @@ def test_capacity_sweep_marks_impossible_points():
     ok = sweep[sweep["error"].isna()]
     assert ok["max_concurrency"].is_monotonic_decreasing and len(ok) >= 3
     assert sweep["error"].notna().any()  # 131072 tokens of Llama KV do not fit on an L4
+
+
+def test_requests_that_can_never_fit_are_reported(small):
+    small.switch_page("app_pages/live_pool.py").run()
+    small.select_slider(key="k_max_model_len").set_value(1024).run()
+    assert not small.exception
+    warnings = [w.value for w in small.warning]
+    assert warnings and "requests rejected" in warnings[0] and "max_model_len = 1024" in warnings[0]
+    small.select_slider(key="k_max_model_len").set_value(4096).run()
+    assert not small.warning
