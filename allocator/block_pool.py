@@ -51,6 +51,7 @@ class BlockPool:
         self._free_stack = list(range(num_blocks - 1, -1, -1))   # block 0 at the front
         self._lru: OrderedDict[int, None] = OrderedDict()
         self.num_cached_blocks = 0    # blocks in the LRU part that have a key
+        self.num_popped_blocks = 0    # blocks handed out since start-up (allocations)
         self.null_block = self._free_stack.pop() if reserve_null_block else None
 
     @property
@@ -99,18 +100,22 @@ class BlockPool:
 
         Cached blocks popped this way are evicted: their key leaves the hash map.
         """
+        self.num_popped_blocks += n
         stack = self._free_stack
-        k = min(n, len(stack))
-        blocks = stack[len(stack) - k:]
-        del stack[len(stack) - k:]
-        blocks.reverse()              # the end of the stack is the front of the queue
-        if n > k:
+        num_stacked = len(stack)
+        if n <= num_stacked:            # the common case: one slice, no eviction
+            blocks = stack[num_stacked - n:]
+            del stack[num_stacked - n:]
+            blocks.reverse()            # the end of the stack is the front of the queue
+        else:
+            blocks = stack[::-1]
+            stack.clear()
             popitem, key = self._lru.popitem, self.block_key
-            for _ in range(n - k):
-                block_id = popitem(False)[0]
-                if key[block_id] is not None:
+            evicted = [popitem(False)[0] for _ in range(n - num_stacked)]
+            for block_id in evicted:
+                if key[block_id] is not None:   # a cached block: its content is gone
                     self.unregister(block_id)
-                blocks.append(block_id)
+            blocks += evicted
         ref = self.ref_cnt
         for block_id in blocks:
             ref[block_id] = 1

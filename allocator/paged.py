@@ -193,13 +193,8 @@ class PagedAllocator:
             else:
                 self.num_queried_tokens += num_tokens
                 self.num_hit_tokens += num_hit_tokens
-        num_hashes = num_shareable = 0
-        if block_hashes is not None and self.enable_prefix_caching:
-            num_hashes = len(block_hashes)
-            num_shareable = min(num_hashes, getattr(block_hashes, "num_shareable_blocks",
-                                                    num_hashes))
-        seq = _Seq(table, num_tokens, num_hit_tokens, block_hashes, num_hashes, num_shareable,
-                   len(hits), len(hits))
+        seq = _Seq(table, num_tokens, num_hit_tokens, block_hashes,
+                   *self._count_keys(block_hashes), len(hits), len(hits))
         self._seqs[seq_id] = seq
         self._register_full_blocks(seq)
         return True
@@ -234,7 +229,7 @@ class PagedAllocator:
                 table += pool.pop(num_new_blocks)
         self._num_filled_slots += num_tokens
         seq.num_tokens = new_num_tokens
-        if new_num_tokens // size > seq.num_keyed_blocks:
+        if seq.num_keyed_blocks < seq.num_shareable_blocks:   # private blocks wait (doc)
             self._register_full_blocks(seq)
         return True
 
@@ -251,13 +246,8 @@ class PagedAllocator:
         ref = self.pool.ref_cnt
         for block_id in parent.block_table:
             ref[block_id] += 1
-        num_hashes = num_shareable = 0
-        if block_hashes is not None and self.enable_prefix_caching:
-            num_hashes = len(block_hashes)
-            num_shareable = min(num_hashes, getattr(block_hashes, "num_shareable_blocks",
-                                                    num_hashes))
         child = _Seq(list(parent.block_table), parent.num_tokens, parent.num_cached_tokens,
-                     block_hashes, num_hashes, num_shareable, 0, parent.num_hit_blocks)
+                     block_hashes, *self._count_keys(block_hashes), 0, parent.num_hit_blocks)
         self._seqs[child_id] = child
         # blocks the parent already registered are skipped (register is a no-op on them)
         self._register_full_blocks(child)
@@ -394,6 +384,14 @@ class PagedAllocator:
         if seq_id in self._seqs:
             raise ValueError(f"seq_id {seq_id} is already allocated "
                              f"({self._seqs[seq_id].num_tokens} tokens)")
+
+    def _count_keys(self, block_hashes: Sequence[int] | None) -> tuple[int, int]:
+        """(full blocks with a key, leading blocks others may share) of a key sequence."""
+        if block_hashes is None or not self.enable_prefix_caching:
+            return 0, 0
+        num_hashes = len(block_hashes)
+        return num_hashes, min(num_hashes, getattr(block_hashes, "num_shareable_blocks",
+                                                   num_hashes))
 
     def _find_hits(self, block_hashes: Sequence[int] | None, num_tokens: int) -> list[int]:
         """Longest run of cached blocks from the start, capped at num_tokens - 1 tokens."""

@@ -32,7 +32,7 @@ import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from kernels import KernelConfig, allocate_kv_cache, paged_attention, reshape_and_cache  # noqa: E402
-from kernels.attention import default_config, num_sms, plan_partitions  # noqa: E402
+from kernels.attention import num_sms, plan_launch, plan_partitions  # noqa: E402
 from kernels.reference import gather_kv  # noqa: E402
 
 NUM_HEADS = 32
@@ -156,16 +156,14 @@ def make_shape(batch, ctx, block_size, num_kv_heads, layout="flat", seed=0, sets
 def ours(w, q, kc, vc, tables, lens, layout, meta, copy_peak, same_copy, partition_size=None,
          config=None, impl="triton"):
     ctx, batch = meta["context_tokens"], meta["batch"]
-    cfg = config or default_config(HEAD_SIZE, q.device)
     scale = HEAD_SIZE ** -0.5
     fns = [lambda r=r: paged_attention(q[r * batch:(r + 1) * batch], kc, vc, tables[r * batch:(r + 1) * batch],
                                        lens[r * batch:(r + 1) * batch], scale, layout, partition_size,
-                                       max_seq_len=ctx, validate=False, config=cfg)
+                                       max_seq_len=ctx, validate=False, config=config)
            for r in range(q.shape[0] // batch)]
-    if partition_size is None:
-        ps = plan_partitions(meta["batch"], meta["num_kv_heads"], ctx, cfg.tile_tokens, num_sms(q.device))
-    else:
-        ps = partition_size if partition_size < ctx else None
+    ps, cfg = plan_launch(batch, meta["num_kv_heads"], ctx, HEAD_SIZE, layout, q.device, partition_size, config)
+    if ps is not None:
+        cfg = KernelConfig(min(cfg.tile_tokens, ps & -ps), cfg.num_warps, cfg.num_stages)
     t, how = bench_us(fns)
     tb = meta["kv_bytes"] / t / 1e6
     w.add(kind="paged", impl=impl, layout=layout, note=how, partition_size=ps or 0, tile=cfg.tile_tokens,
@@ -377,7 +375,7 @@ def main() -> int:
             peer(w, "gather-sdpa", [lambda r=r: gather_sdpa(r) for r in range(sets)], meta, copy_peak, same,
                  kind="paged")
         del kc, vc
-        if block_size == 16 and (args.tune or ctx >= 2048):
+        if args.tune or ctx >= 2048:
             q, kc, vc, tables, lens = make_shape(batch, ctx, block_size, hkv, layout="vllm", sets=sets)
             ours(w, q, kc, vc, tables, lens, "vllm", meta, copy_peak, same)
             del kc, vc

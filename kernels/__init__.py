@@ -4,11 +4,11 @@ snapshots. Imports torch and triton, never the simulator.
 
 Set TRITON_INTERPRET=1 before importing this package to run the kernels on CPU tensors.
 """
-from kernels.attention import KernelConfig, default_config, paged_attention, plan_partitions
+from kernels.attention import KernelConfig, default_config, paged_attention, plan_launch, plan_partitions
 from kernels.cache import reshape_and_cache
 from kernels.layout import LAYOUTS, allocate_kv_cache, cache_shapes, x_for
 from kernels.reference import dense_attention, gather_kv, reference_paged_attention
 
-__all__ = ["paged_attention", "reshape_and_cache", "plan_partitions", "KernelConfig", "default_config",
+__all__ = ["paged_attention", "reshape_and_cache", "plan_partitions", "plan_launch", "KernelConfig", "default_config",
            "LAYOUTS", "allocate_kv_cache", "cache_shapes", "x_for", "dense_attention", "gather_kv",
            "reference_paged_attention"]

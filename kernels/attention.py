@@ -18,7 +18,7 @@ Work decomposition (both versions)::
       v2: store (acc, m, l) per partition; the reduce merges partitions:
           M = max_p m_p;  out = sum_p acc_p 2^(m_p - M) / sum_p l_p 2^(m_p - M)
 
-Dispatch (``plan_partitions``): v1 gives num_seqs * num_kv_heads programs. When that is under
+Dispatch (``plan_launch``, ``plan_partitions``): v1 gives num_seqs * num_kv_heads programs. When that is under
 ``TARGET_WAVES`` waves of the GPU's multiprocessors, the sequence is split into a power of two of
 partitions so that the launch fills about ``TARGET_WAVES`` waves. Small batch x long context
 (batch 1, 128k tokens: 4-32 programs unsplit) is thereby carried by split-KV. Constants were tuned on an H200 (bench/kernels.py,
@@ -69,12 +69,43 @@ def interpreting() -> bool:
 
 
 def default_config(head_size: int, device: torch.device) -> KernelConfig:
-    """Tile of 64 tokens, 4 warps, 2 stages on GPU (the H200 sweet spot at head size 128; 32 tokens at
-    head size 256 to bound registers). The interpreter pays per program-iteration, not per element,
-    so it takes 256-token tiles."""
+    """Base configuration: 64-token tiles, 4 warps, 2 stages on GPU (the H200 sweet spot at head size
+    128; 32 tokens at head size 256 to bound registers). The interpreter pays per program-iteration,
+    not per element, so it takes 256-token tiles. ``plan_launch`` adapts the tile to the launch."""
     if device.type != "cuda":
         return KernelConfig(tile_tokens=256, num_warps=1, num_stages=1)
     return KernelConfig(tile_tokens=64 if head_size <= 128 else 32)
+
+
+def plan_launch(num_seqs: int, num_kv_heads: int, max_seq_len: int, head_size: int, layout: str,
+                device: torch.device, partition_size: int | None = None,
+                config: KernelConfig | None = None) -> tuple[int | None, KernelConfig]:
+    """Choose v1 or v2 and the kernel configuration (the whole dispatch rule in one place).
+
+    On GPU, with no explicit config: the base tile (``default_config``) for v2 and for large v1
+    launches; twice that for a v1 launch of at most two waves (fewer, longer programs need more bytes
+    in flight each: 68 vs 80 us at 256 programs x 2k tokens on the H200) and for the vLLM layout
+    (its 16-byte runs along tokens want long tiles: 2.6x faster than 64-token tiles there).
+
+    Args:
+        num_seqs, num_kv_heads, max_seq_len, head_size, layout: the problem.
+        device: where it runs.
+        partition_size: None = ``plan_partitions`` (GPU) or v1 (interpreter); else forced v2.
+        config: an explicit configuration (kept as given; partitions are planned with its tile).
+    Returns:
+        (partition_size or None for v1, KernelConfig).
+    """
+    base = config or default_config(head_size, device)
+    if partition_size is None and device.type == "cuda":
+        partition_size = plan_partitions(num_seqs, num_kv_heads, max_seq_len, base.tile_tokens, num_sms(device))
+    if partition_size is not None and partition_size >= max_seq_len:
+        partition_size = None  # one partition: v1 computes the same thing without the reduce
+    if config is not None or device.type != "cuda":
+        return partition_size, base
+    few_programs = partition_size is None and num_seqs * num_kv_heads <= 2 * num_sms(device)
+    if layout == "vllm" or few_programs:
+        return partition_size, KernelConfig(2 * base.tile_tokens, base.num_warps, base.num_stages)
+    return partition_size, base
 
 
 def num_sms(device: torch.device) -> int:
@@ -331,7 +362,7 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
         max_seq_len: longest seq_len, if the caller knows it (saves a device sync).
         validate: check seq_lens and the block table range on the host (a device sync; benchmarks
             validate once, then pass False).
-        config: kernel launch configuration; None = ``default_config``.
+        config: kernel launch configuration; None = ``plan_launch``'s choice.
     Returns:
         [num_seqs, num_heads, head_size] in query's dtype.
     Raises:
@@ -345,16 +376,10 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
         return out
     if max_seq_len is None:
         max_seq_len = checked_max if checked_max is not None else int(seq_lens.max())
-    if config is None:
-        config = default_config(head_size, query.device)
-    if partition_size is not None:
-        if partition_size < 16 or partition_size % 16:
-            raise ValueError(f"partition_size must be a positive multiple of 16, got {partition_size}")
-    elif query.device.type == "cuda":
-        partition_size = plan_partitions(num_seqs, geom.num_kv_heads, max_seq_len, config.tile_tokens,
-                                         num_sms(query.device))
-    if partition_size is not None and partition_size >= max_seq_len:
-        partition_size = None  # one partition: v1 computes the same thing without the reduce
+    if partition_size is not None and (partition_size < 16 or partition_size % 16):
+        raise ValueError(f"partition_size must be a positive multiple of 16, got {partition_size}")
+    partition_size, config = plan_launch(num_seqs, geom.num_kv_heads, max_seq_len, head_size, layout,
+                                         query.device, partition_size, config)
     tile = config.tile_tokens
     if partition_size is not None:
         # the tile must divide the partition so that no tile straddles two partitions
@@ -368,7 +393,8 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
         GROUP=group, HEAD_SIZE=head_size, BLOCK_H=max(16, triton.next_power_of_2(group)),
         BLOCK_D=max(16, triton.next_power_of_2(head_size)), BLOCK_SIZE=geom.block_size, TILE=tile,
         K_X=ks.X, V_X=vs.X, V_TOKENS_CONTIGUOUS=layout == "vllm" and vs.token == 1 and vs.block % 16 == 0,
-        RUN=min(tile, geom.block_size), HEAD_FASTEST=HEAD_FASTEST_GRID, UPCAST_DOT=interpreting() and query.dtype == torch.bfloat16, IEEE=fp32,
+        RUN=min(tile, geom.block_size), HEAD_FASTEST=HEAD_FASTEST_GRID,
+        UPCAST_DOT=interpreting() and query.dtype == torch.bfloat16, IEEE=fp32,
         num_warps=config.num_warps, num_stages=config.num_stages)
     args_tail = (query, key_cache, value_cache, block_tables, seq_lens, scale * LOG2E,
                  partition_size or 0, query.stride(0), query.stride(1))

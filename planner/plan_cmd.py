@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from planner.capacity_cmd import add_model_gpu_args, gpu_from_args
+from planner.capacity_cmd import add_model_gpu_args, base_from_args, gpu_from_args
 from planner.slo import parse_slo, resolve_metric
 from planner.sweep import (PlanBase, cheapest, expand_grid, load_requests, mark_slo, parse_sweep,
                            run_sweep)
@@ -33,16 +33,7 @@ def _base_from_args(args) -> PlanBase:
     if any(v is not None for v in (args.gpu_memory_gib, args.gpu_bandwidth_gbps, args.gpu_tflops,
                                    args.gpu_fp8_tflops)):
         custom = gpu_from_args(args)
-    engine = {k: v for k, v in (("max_num_seqs", args.max_num_seqs),
-                                ("max_num_batched_tokens", args.max_num_batched_tokens)) if v is not None}
-    if args.no_prefix_caching:
-        engine["enable_prefix_caching"] = False
-    return PlanBase(workload=args.workload, model=args.model, hf_config=args.hf_config, gpu=args.gpu,
-                    custom_gpu=custom, tp=args.tp, kv_dtype=args.kv_dtype,
-                    gpu_memory_utilization=args.gpu_memory_utilization, block_size=args.block_size,
-                    max_model_len=args.max_model_len, non_kv_gib=args.non_kv_gib, rate=args.rate,
-                    max_requests=args.max_requests, allocator=args.allocator, replicas=args.replicas,
-                    router=args.router, seed=args.seed, engine=engine)
+    return base_from_args(args, custom)
 
 
 def _terminal_table(df: pd.DataFrame, swept: list[str], has_slo: bool) -> pd.DataFrame:

@@ -161,8 +161,11 @@ def load_requests(workload: str, *, rate: float | None = None, max_requests: int
 
 def build_engine_config(num_gpu_blocks: int, block_size: int, max_model_len: int, allocator: str,
                         engine: Mapping):
-    """A ``simulator.EngineConfig`` for a pool of num_gpu_blocks blocks (contiguous allocators get
-    the same memory as capacity_tokens). vLLM's block 0 is its null block, so null_block=True."""
+    """A ``simulator.EngineConfig`` for a pool of num_gpu_blocks blocks.
+
+    vLLM's block 0 is its null block, so a paged pool has null_block=True and num_blocks - 1
+    usable blocks; a contiguous allocator gets the same usable memory as capacity_tokens
+    ((num_gpu_blocks - 1) * block_size, as ``kvsim replay`` does)."""
     from simulator import EngineConfig
 
     names = {f.name for f in dataclasses.fields(EngineConfig)}
@@ -170,7 +173,7 @@ def build_engine_config(num_gpu_blocks: int, block_size: int, max_model_len: int
     if allocator == "paged":
         kwargs.update(num_blocks=num_gpu_blocks, null_block=True)
     else:
-        kwargs.update(capacity_tokens=num_gpu_blocks * block_size)
+        kwargs.update(capacity_tokens=(num_gpu_blocks - 1) * block_size)
     for key, value in engine.items():
         if key not in names:
             raise InputError(f"{key!r} is not a simulator.EngineConfig field", field="sweep")

@@ -72,3 +72,28 @@ def test_plan_errors_exit_2(monkeypatch, capsys, tmp_path):
     assert (tmp_path / "o" / "results.csv").exists()  # computed results are written before the error
     assert kvsim(monkeypatch, ["plan", WORKLOAD, "--model", "Llama-3.1-70B", "--gpu", "h100"]) == 2
     assert "every point is impossible" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_ray_backend_matches_local():
+    """Ray is an optional extra, not in requirements.txt: this runs only where it is installed."""
+    ray = pytest.importorskip("ray", reason="Ray is an optional extra (pip install 'kvsim[ray]')")
+    points = expand_grid({"block_size": [16, 64]})
+    base = PlanBase(workload=WORKLOAD, model="Llama-3.1-8B", gpu="h100", max_model_len=4096,
+                    gpu_memory_utilization=0.25)
+    try:
+        via_ray = run_sweep(points, base, backend="ray")
+    finally:
+        ray.shutdown()
+    drop = lambda rows: [{k: v for k, v in r.items() if "wall" not in k} for r in rows]  # noqa: E731
+    assert drop(via_ray) == drop(run_sweep(points, base))
+
+
+def test_contiguous_allocators_get_the_paged_pools_usable_memory():
+    rows = run_sweep(expand_grid({"allocator": ["paged", "max"]}),
+                     PlanBase(workload=WORKLOAD, gpu_memory_utilization=0.25, max_model_len=4096))
+    paged, contiguous = rows
+    assert paged["config.engine.num_blocks"] == paged["num_gpu_blocks"]
+    # vLLM's null block is not usable, so the contiguous pool gets (N - 1) blocks' worth of tokens
+    assert contiguous["config.engine.capacity_tokens"] == (contiguous["num_gpu_blocks"] - 1) * 16
+    assert resolve_metric(contiguous, "mean_running") < resolve_metric(paged, "mean_running")

@@ -150,14 +150,6 @@ def test_unknown_backend_and_missing_ray():
             run_sweep([{}], BASE, backend="ray")
 
 
-@pytest.mark.slow
-def test_ray_backend_matches_local(fake_backend):
-    pytest.importorskip("ray", reason="Ray is an optional extra (pip install 'kvsim[ray]')")
-    points = expand_grid({"block_size": [16, 32]})
-    assert run_sweep(points, BASE, backend="ray", simulate=fake_simulate) == \
-        run_sweep(points, BASE, simulate=fake_simulate)
-
-
 # --- CLI: one-line errors, exit code 2 -----------------------------------------------------------
 def kvsim(monkeypatch, argv):
     import simulator.cli as cli
