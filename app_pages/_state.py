@@ -76,6 +76,11 @@ class Workload:
     rate: float = 2.0  # arrivals/s for traces without timestamps (ShareGPT lengths, plain CSV)
 
 
+def workload_source(workload: Workload) -> str:
+    """What workloads.load (and the planner's sweeps) read for this workload."""
+    return str(SHARED_TRACES / workload.ref) if workload.kind == "shared" else workload.ref
+
+
 _UPLOADS = Path(tempfile.gettempdir()) / "kvsim-uploads"
 
 
@@ -115,12 +120,7 @@ def user_message(err: Exception, workload: Workload) -> str:
 def load_requests(workload: Workload) -> list:
     """The workload's requests (at most ``max_requests``); raises the loader's InputError."""
     workloads = importlib.import_module("workloads")
-    if workload.kind == "builtin":
-        source = workload.ref
-    elif workload.kind == "shared":
-        source = str(SHARED_TRACES / workload.ref)
-    else:
-        source = workload.ref
+    source = workload_source(workload)
     try:
         return list(workloads.load(source, max_requests=workload.max_requests))
     except workloads.InputError as err:
@@ -362,3 +362,37 @@ def capacity_sweep(model_name: str, gpu_name: str, param: str, base: tuple) -> p
         except ValueError as err:
             rows.append({param: value, **{c: np.nan for c in SWEEP_COLUMNS}, "error": str(err)})
     return pd.DataFrame(rows)
+
+
+# simulated what-if: parameter -> (label, values); every point replays the workload on the GPU's
+# real pool (vLLM's num_gpu_blocks) with the planner's roofline step cost
+SIM_SWEEPS = {
+    "rate": ("arrival rate (requests/s)", (1.0, 2.0, 4.0, 8.0, 16.0)),
+    "gpu_memory_utilization": ("gpu_memory_utilization", (0.5, 0.7, 0.9)),
+    "block_size": ("block size (tokens)", (8, 16, 32, 64)),
+    "max_num_seqs": ("max_num_seqs", (8, 32, 128, 256)),
+}
+SIM_SWEEP_METRICS = {"request_throughput_per_s": "requests / s", "ttft_s.p99": "TTFT p99 (s)",
+                     "num_preemptions": "preemptions", "mean_running": "mean running"}
+
+
+@st.cache_data(max_entries=16, show_spinner="Simulating the sweep…")
+def simulated_sweep(workload: Workload, allocators: tuple[str, ...], param: str,
+                    base: tuple) -> pd.DataFrame:
+    """Replay the workload at every value of ``param`` for each allocator (planner.sweep).
+
+    Args:
+        workload: the requests.
+        allocators: EngineConfig allocators compared.
+        param: a key of SIM_SWEEPS.
+        base: sorted PlanBase keyword items (model, gpu, tp, kv_dtype, ...).
+    Returns:
+        one row per (allocator, value): the sweep's row (capacity figures, flattened summary,
+        ``error`` None or the reason the point is impossible).
+    """
+    from planner.sweep import PlanBase, expand_grid, run_sweep
+    plan = PlanBase(workload=workload_source(workload), max_requests=workload.max_requests,
+                    **dict(base))
+    # max_num_seqs is an engine setting: planner.sweep routes it to EngineConfig per point
+    axes = {"allocator": list(dict.fromkeys(allocators)), param: list(SIM_SWEEPS[param][1])}
+    return pd.DataFrame(run_sweep(expand_grid(axes), plan))

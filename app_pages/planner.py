@@ -2,6 +2,7 @@
 import streamlit as st
 
 from app_pages import _state as S
+from app_pages import _ui
 from viz.capacity import gpu_memory_figure
 from viz.plan_figures import sweep_metric_figure
 
@@ -60,3 +61,32 @@ bad = sweep[sweep["error"].notna()]
 if len(bad):
     st.caption("Impossible points (gaps): " + " · ".join(
         f"{row[param]}: {row['error']}" for _, row in bad.iterrows()))
+
+st.subheader("Simulated what-if")
+st.caption("Replays the sidebar's workload on this model and GPU: the pool is vLLM's "
+           "num_gpu_blocks from above, each step costs what the roofline model says (weights and "
+           "KV bytes over memory bandwidth, FLOPs over peak). One line per sidebar allocator.")
+scenario = _ui.scenario_sidebar()
+if scenario is not None:
+    S.defaults(k_plan_sim_param="rate")
+    sim_param = st.radio("Vary", list(S.SIM_SWEEPS), key="k_plan_sim_param", horizontal=True,
+                         format_func=lambda p: S.SIM_SWEEPS[p][0])
+    sim_base = tuple(sorted({"model": model, "gpu": gpu, **kwargs}.items()))
+    try:
+        table = S.simulated_sweep(scenario.workload, scenario.allocators, sim_param, sim_base)
+    except ValueError as err:  # a bad trace
+        st.error(S.user_message(err, scenario.workload))
+        table = None
+    if table is not None:
+        ok = table[table["error"].isna()]
+        if len(ok):
+            for col, (metric, title) in zip(st.columns(len(S.SIM_SWEEP_METRICS)),
+                                            S.SIM_SWEEP_METRICS.items()):
+                fig = sweep_metric_figure(table, sim_param, metric, group_by=["allocator"],
+                                          title=title)
+                fig.update_layout(height=300, xaxis_title=S.SIM_SWEEPS[sim_param][0],
+                                  yaxis_title=None, legend=dict(orientation="h", y=-0.35))
+                fig.update_xaxes(type="category")
+                col.plotly_chart(fig, key=f"plan_sim_{metric}")
+        for _, row in table[table["error"].notna()].iterrows():
+            st.error(f"{row['allocator']}, {sim_param} = {row[sim_param]}: {row['error']}")

@@ -169,3 +169,18 @@ def test_requests_that_can_never_fit_are_reported(small):
     assert warnings and "requests rejected" in warnings[0] and "max_model_len = 1024" in warnings[0]
     small.select_slider(key="k_max_model_len").set_value(4096).run()
     assert not small.warning
+
+
+def test_simulated_sweep_replays_each_allocator_on_the_gpu_pool():
+    import workloads
+    w = S.Workload("builtin", workloads.DEFAULT_WORKLOAD, 40)
+    base = tuple(sorted(dict(model="Llama-3.1-8B", gpu="A100-40GB", tp=1,
+                             max_model_len=4096).items()))
+    table = S.simulated_sweep(w, ("paged", "max"), "rate", base)
+    assert table["error"].isna().all()
+    assert sorted(set(table["allocator"])) == ["max", "paged"]
+    paged = table[table["allocator"] == "paged"].sort_values("rate")
+    assert list(paged["rate"]) == list(S.SIM_SWEEPS["rate"][1])
+    # the same 40 requests arrive faster: throughput cannot fall
+    assert paged["request_throughput_per_s"].is_monotonic_increasing
+    assert (paged["requests_finished"] == 40).all()
