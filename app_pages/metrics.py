@@ -6,6 +6,7 @@ import streamlit as st
 
 from app_pages import _state as S
 from app_pages import _ui
+from viz.style import SIDE_COLORS
 from viz.timeseries import (breakdown_area, compare_bars, concurrency_chart, latency_cdf,
                            line_chart)
 
@@ -19,7 +20,7 @@ if runs is None:
     st.stop()
 labels = [S.ALLOCATOR_LABELS[r.allocator] for r in runs]
 end_s = max(r.end_s for r in runs)
-colors = {S.run_label(i, r): c for i, (r, c) in enumerate(zip(runs, ("#1F77B4", "#FF7F0E")))}
+colors = {S.run_label(i, r): c for i, (r, c) in enumerate(zip(runs, SIDE_COLORS))}
 st.subheader("Headline")
 st.plotly_chart(compare_bars(S.flat_summaries(runs), S.HEADLINE, colors=colors, height=280),
                 key="met_headline")

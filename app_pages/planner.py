@@ -5,6 +5,7 @@ from app_pages import _state as S
 from app_pages import _ui
 from viz.capacity import gpu_memory_figure
 from viz.plan_figures import sweep_metric_figure
+from viz.style import color_allocator_traces
 
 st.title("Capacity planner")
 st.caption("How many KV blocks a model gets on a GPU, by vLLM's formula: (GPU memory × "
@@ -87,6 +88,6 @@ if scenario is not None:
                 fig.update_layout(height=300, xaxis_title=S.SIM_SWEEPS[sim_param][0],
                                   yaxis_title=None, legend=dict(orientation="h", y=-0.35))
                 fig.update_xaxes(type="category")
-                col.plotly_chart(fig, key=f"plan_sim_{metric}")
+                col.plotly_chart(color_allocator_traces(fig), key=f"plan_sim_{metric}")
         for _, row in table[table["error"].notna()].iterrows():
             st.error(f"{row['allocator']}, {sim_param} = {row[sim_param]}: {row['error']}")

@@ -199,3 +199,14 @@ def test_gpu_memory_segments_sum_to_the_gpu():
     assert seg["available_kv_bytes"] == rep["available_kv_bytes"] > 0
     fig = gpu_memory_figure(rep)
     assert [t.name for t in fig.data][0] == "weights" and len(fig.data) == 5  # no "given" segment
+
+
+def test_allocator_traces_get_their_scheme_colour():
+    import plotly.graph_objects as go
+    from viz.style import ALLOCATOR_COLORS, color_allocator_traces
+    fig = go.Figure([go.Scatter(name="max", y=[1]), go.Scatter(name="paged", y=[2]),
+                     go.Scatter(name="other", y=[3])])
+    color_allocator_traces(fig)
+    assert fig.data[0].line.color == ALLOCATOR_COLORS["max"]
+    assert fig.data[1].marker.color == ALLOCATOR_COLORS["paged"]
+    assert fig.data[2].line.color is None

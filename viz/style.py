@@ -34,8 +34,8 @@ CLASS_LABELS: dict[str, str] = {
     "free": "free",
 }
 
-# The two allocation families in side-by-side figures.
-SCHEME_COLORS: dict[str, str] = {"paged": "#1F77B4", "contiguous": "#FF7F0E"}
+# The left and right configurations of the dashboard (they may use the same allocator).
+SIDE_COLORS: tuple[str, str] = ("#1F77B4", "#FF7F0E")
 
 FONT_FAMILY = "Inter, -apple-system, Segoe UI, Helvetica, Arial, sans-serif"
 
@@ -43,13 +43,6 @@ FONT_FAMILY = "Inter, -apple-system, Segoe UI, Helvetica, Arial, sans-serif"
 def owner_color(seq_id: int) -> str:
     """Stable colour of request ``seq_id`` (the same in every figure and every frame)."""
     return OWNER_PALETTE[int(seq_id) % len(OWNER_PALETTE)]
-
-
-def scheme_color(name: str, index: int = 0) -> str:
-    """Colour of an allocator configuration by name ("paged", "max", "pow2", ...)."""
-    if name in SCHEME_COLORS:
-        return SCHEME_COLORS[name]
-    return SCHEME_COLORS["contiguous"] if index == 0 else "#2CA02C"
 
 
 def base_layout(title: str | None = None, height: int | None = None) -> dict:
@@ -66,3 +59,17 @@ def base_layout(title: str | None = None, height: int | None = None) -> dict:
     if height:
         layout["height"] = height
     return layout
+
+
+ALLOCATOR_COLORS: dict[str, str] = {"paged": "#1F77B4", "max": "#FF7F0E", "pow2": "#2CA02C",
+                                    "oracle": "#9467BD"}
+
+
+def color_allocator_traces(fig):
+    """Give every trace named after an allocator ("paged", "max", ...) that allocator's colour,
+    so the same scheme has the same colour in every figure (plotly express picks by order)."""
+    for trace in fig.data:
+        color = ALLOCATOR_COLORS.get(trace.name)
+        if color is not None:
+            trace.update(line_color=color, marker_color=color)
+    return fig
