@@ -396,3 +396,53 @@ def simulated_sweep(workload: Workload, allocators: tuple[str, ...], param: str,
     # max_num_seqs is an engine setting: planner.sweep routes it to EngineConfig per point
     axes = {"allocator": list(dict.fromkeys(allocators)), param: list(SIM_SWEEPS[param][1])}
     return pd.DataFrame(run_sweep(expand_grid(axes), plan))
+
+
+# ---------------------------------------------------------------- kernel validation
+KERNEL_DTYPES = ("float32", "float16", "bfloat16")
+
+
+def kernel_device() -> str:
+    """"cuda" when a GPU is visible; otherwise "cpu", run by the Triton interpreter.
+
+    TRITON_INTERPRET must be set before kernels/ is first imported (triton.jit reads it when a
+    kernel is defined), so every kernel import of the dashboard goes through here.
+    """
+    import os
+
+    import torch
+    if torch.cuda.is_available():
+        return "cuda"
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+    return "cpu"
+
+
+def kernel_bridge():
+    """kernels.bridge once the kern branch has landed (None before), imported for kernel_device."""
+    kernel_device()
+    return backend("kernels.bridge", "validate_snapshot")
+
+
+@st.cache_data(max_entries=16, show_spinner="Running the Triton kernels…")
+def kernel_check(scenario: Scenario, side: int, frame: int, layout: str, dtype: str,
+                 max_seqs: int, split_kv: bool) -> tuple[pd.DataFrame, dict]:
+    """Validate one snapshot's block tables with kernels.bridge.validate_snapshot.
+
+    Returns:
+        (one row per sequence: seq_id, num_tokens, num_blocks, num_shared_blocks, max_abs_err,
+        max_rel_err, bitwise_equal, passed; the report's settings and verdict as a dict).
+    """
+    import dataclasses
+
+    import torch
+    device = kernel_device()
+    bridge = importlib.import_module("kernels.bridge")
+    snap = run_scenario(scenario)[side].snapshots[frame]
+    report = bridge.validate_snapshot(snap, layout=layout, dtype=getattr(torch, dtype),
+                                      device=device, max_seqs=max_seqs,
+                                      partition_size=64 if split_kv else None)
+    checks = pd.DataFrame([dataclasses.asdict(c) for c in report.checks],
+                          columns=[f.name for f in dataclasses.fields(bridge.SequenceCheck)])
+    info = {k: v for k, v in dataclasses.asdict(report).items() if k != "checks"}
+    info["passed"] = report.passed
+    return checks, info

@@ -36,7 +36,7 @@ if live.empty:
     st.stop()
 st.caption("Click a request to inspect it.")
 picked = st.dataframe(live, key="k_insp_table", on_select="rerun", selection_mode="single-row",
-                      hide_index=True, use_container_width=True, height=220)
+                      hide_index=True, width="stretch", height=220)
 rows = picked.selection.rows if picked is not None else []
 # until a row is clicked: the request sharing most blocks (the most instructive one)
 seq_id = int(live.iloc[rows[0]]["seq_id"] if rows else
@@ -47,12 +47,12 @@ st.plotly_chart(block_table_figure(snap, seq_id), key="insp_fig")
 left, right = st.columns([3, 2])
 with left:
     st.subheader(f"Block table of request {seq_id}")
-    st.dataframe(block_table_frame(snap, seq_id), hide_index=True, use_container_width=True,
+    st.dataframe(block_table_frame(snap, seq_id), hide_index=True, width="stretch",
                  height=300, key="insp_bt")
 with right:
     st.subheader("slot_mapping")
     st.caption("Token ranges and the physical slots they map to (one row per contiguous run).")
-    st.dataframe(slot_mapping_runs(snap, seq_id), hide_index=True, use_container_width=True,
+    st.dataframe(slot_mapping_runs(snap, seq_id), hide_index=True, width="stretch",
                  height=300, key="insp_slots")
 if snap.kind == "contiguous":
     ext = contiguous_extent(snap, seq_id)

@@ -40,8 +40,8 @@ def _step():
 playing = st.session_state["live_playing"]
 c1, c2, c3, _ = st.columns([1, 1, 3, 5], vertical_alignment="bottom")
 c1.button(":material/pause: Pause" if playing else ":material/play_arrow: Play", key="play",
-          on_click=_toggle_play, type="primary", use_container_width=True)
-c2.button(":material/skip_next: Step", key="step", on_click=_step, use_container_width=True)
+          on_click=_toggle_play, type="primary", width="stretch")
+c2.button(":material/skip_next: Step", key="step", on_click=_step, width="stretch")
 c3.select_slider("Speed (frames per tick)", [1, 2, 4, 8], key="k_speed")
 
 

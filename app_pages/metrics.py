@@ -25,7 +25,7 @@ st.subheader("Headline")
 st.plotly_chart(compare_bars(S.flat_summaries(runs), S.HEADLINE, colors=colors, height=280),
                 key="met_headline")
 with st.expander("Every summary figure"):
-    st.dataframe(S.summary_table(runs), use_container_width=True, key="met_summary")
+    st.dataframe(S.summary_table(runs), width="stretch", key="met_summary")
 
 st.subheader("Memory breakdown over time")
 for col, run, label in zip(st.columns(2), runs, labels):

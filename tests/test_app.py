@@ -184,3 +184,15 @@ def test_simulated_sweep_replays_each_allocator_on_the_gpu_pool():
     # the same 40 requests arrive faster: throughput cannot fall
     assert paged["request_throughput_per_s"].is_monotonic_increasing
     assert (paged["requests_finished"] == 40).all()
+
+
+def test_kernel_validation_runs_the_triton_kernels_on_the_snapshot(small):
+    pytest.importorskip("kernels.bridge", reason="the kern branch's bridge has not landed")
+    small.switch_page("app_pages/kernels.py").run()
+    _clean(small)
+    checked, within, worst, bitwise = [m.value for m in small.metric][:4]
+    assert int(checked) >= 1 and within == f"{checked} / {checked}" and bitwise == "all"
+    assert float(worst) < 1e-5  # float32 tolerance
+    small.selectbox(key="k_kern_dtype").set_value("float16").run()
+    _clean(small)
+    assert 1e-5 < float(small.metric[2].value) < 2e-3  # half precision: visibly larger, in bound

@@ -210,3 +210,16 @@ def test_allocator_traces_get_their_scheme_colour():
     assert fig.data[0].line.color == ALLOCATOR_COLORS["max"]
     assert fig.data[1].marker.color == ALLOCATOR_COLORS["paged"]
     assert fig.data[2].line.color is None
+
+
+def test_kernel_error_figure_marks_failures_and_tolerance():
+    from viz.kernel_checks import FAIL_COLOR, PASS_COLOR, kernel_error_figure
+    checks = pd.DataFrame({"seq_id": [1, 2, 3], "num_tokens": [10, 20, 30],
+                           "num_shared_blocks": [0, 2, 0], "max_abs_err": [0.0, 1e-7, 1e-2],
+                           "max_rel_err": [0.0, 2e-7, 5e-2], "bitwise_equal": [True, True, False],
+                           "passed": [True, True, False]})
+    fig = kernel_error_figure(checks, 1e-5)
+    bar = fig.data[0]
+    assert list(bar.marker.color) == [PASS_COLOR, PASS_COLOR, FAIL_COLOR]
+    assert bar.y[0] > 0  # an exact result still shows on the log axis
+    assert fig.layout.shapes[0].y0 == 1e-5
