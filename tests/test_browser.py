@@ -13,9 +13,12 @@ import time
 import urllib.request
 from pathlib import Path
 
+import importlib.util
+
 import pytest
 
 pytestmark = pytest.mark.browser
+HAS_BRIDGE = importlib.util.find_spec("kernels.bridge") is not None
 
 ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM = "/usr/bin/chromium"
@@ -115,11 +118,13 @@ def test_live_pool_plays_and_every_page_renders(app_url, page, tmp_path):
             ("Block table inspector", "Block table inspector", "2_block_table.png"),
             ("Metrics", "Metrics", "3_metrics.png"),
             ("Capacity planner", "Capacity planner", "4_capacity_planner.png"),
-            ("Kernel validation", "Kernel validation", "5_kernel_validation.png")]:
+            ("Kernel validation", "Kernel validation", "5_kernel_validation.png")][
+            :None if HAS_BRIDGE else -1]:  # no kernel page to check before the kern branch lands
         page.locator('[data-testid="stSidebarNav"]').get_by_text(title).click()
         page.get_by_role("heading", name=heading).wait_for()
         _settle(page)
-        if title != "Kernel validation":
-            page.locator(".js-plotly-plot").first.wait_for()
+        if title == "Kernel validation":  # CPU interpreter: give the kernels time
+            page.get_by_text("Sequences checked").wait_for(timeout=90_000)
+        page.locator(".js-plotly-plot").first.wait_for()
         _no_exception(page)
         page.screenshot(path=str(shots / shot), full_page=True)
