@@ -14,8 +14,8 @@ exactly two structures back to back, each with only O(1) operations:
 
 * ``_free_stack``: a Python list whose END is the front of the queue (append = prepend, slicing
   the end = popping many blocks at once);
-* ``_lru``: an OrderedDict in eviction order (append at the end, pop the first, delete a touched
-  block from the middle).
+* ``_lru``: an LruQueue in eviction order (append at the end, pop many from the front with one
+  slice, forget a touched block in the middle).
 
 Popping n blocks takes the stack first, then evicts from the LRU end: the same blocks, in the same
 order, as vLLM's ``popleft_n``.
@@ -29,8 +29,74 @@ does not de-duplicate, so block ids never change); a lookup returns the earliest
 """
 from __future__ import annotations
 
-from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+
+
+class LruQueue:
+    """FIFO of block ids: bulk append and bulk pop by slicing, O(1) removal from the middle.
+
+    Entries sit in a list; popping advances a head index. Removing a block from the middle
+    (a prefix hit on an evictable block) only forgets where its entry is: the stale entry is
+    skipped when the head reaches it. ``_pos[b]`` is the absolute index of block b's live entry
+    (-1 after a removal); absolute index = ``_base`` + list index, so dropping the consumed
+    prefix of the list (compaction) moves no position::
+
+        _entries  [ 7  3  9  4  2 ]    _head = 1, _pos[9] = -1 (removed)  ->  live: 3, 4, 2
+    """
+
+    compact_after = 4096              # consumed entries kept before the list is trimmed
+
+    def __init__(self, num_blocks: int):
+        self._entries: list[int] = []
+        self._head = 0
+        self._base = 0
+        self._pos: dict[int, int] = {}   # block -> absolute index of its live entry
+        self._num_stale = 0           # removed entries not yet passed by the head
+
+    def __len__(self) -> int:
+        return len(self._entries) - self._head - self._num_stale
+
+    def __iter__(self) -> Iterator[int]:
+        pos, start = self._pos, self._base + self._head
+        return (b for j, b in enumerate(self._entries[self._head:], start) if pos[b] == j)
+
+    def extend(self, blocks: list[int]) -> None:
+        start = self._base + len(self._entries)
+        self._pos.update(zip(blocks, range(start, start + len(blocks))))
+        self._entries += blocks
+
+    def remove(self, block_id: int) -> None:
+        self._pos[block_id] = -1
+        self._num_stale += 1
+
+    def pop(self, n: int) -> list[int]:
+        """The n oldest blocks (caller checked len)."""
+        out: list[int] = []
+        while len(out) < n:
+            start = self._head
+            chunk = self._entries[start:start + n - len(out)]
+            self._head = start + len(chunk)
+            if self._num_stale:       # skip entries of blocks removed from the middle
+                pos = self._pos
+                live = [b for j, b in enumerate(chunk, self._base + start) if pos[b] == j]
+                self._num_stale -= len(chunk) - len(live)
+                chunk = live
+            out += chunk
+        if self._head > self.compact_after and 2 * self._head > len(self._entries):
+            # drop the consumed prefix (amortised O(1) per entry); positions are absolute
+            del self._entries[:self._head]
+            self._base += self._head
+            self._head = 0
+        return out
+
+    def check_invariants(self) -> None:
+        """Every live block's position points at its entry; stale entries are counted."""
+        pending = list(enumerate(self._entries[self._head:], self._base + self._head))
+        live = [b for j, b in pending if self._pos[b] == j]
+        assert len(pending) - len(live) == self._num_stale, \
+            f"{len(pending) - len(live)} stale entries, counter {self._num_stale}"
+        assert sorted(live) == sorted(b for b, j in self._pos.items()
+                                      if j >= self._base + self._head), "positions out of sync"
 
 
 class BlockPool:
@@ -49,15 +115,16 @@ class BlockPool:
         self.block_key: list[int | None] = [None] * num_blocks   # key in the hash map, if any
         self._key_to_block: dict[int, int | list[int]] = {}
         self._free_stack = list(range(num_blocks - 1, -1, -1))   # block 0 at the front
-        self._lru: OrderedDict[int, None] = OrderedDict()
+        self._lru = LruQueue(num_blocks)
         self.num_cached_blocks = 0    # blocks in the LRU part that have a key
         self.num_popped_blocks = 0    # blocks handed out since start-up (allocations)
-        self.null_block = self._free_stack.pop() if reserve_null_block else None
+        # blocks an allocation can take now, evictable cached ones included (stack + LRU)
+        self.num_free_blocks = num_blocks
+        self.null_block = None
+        if reserve_null_block:
+            self.null_block = self._free_stack.pop()
+            self.num_free_blocks -= 1
 
-    @property
-    def num_free_blocks(self) -> int:
-        """Blocks an allocation can take now (evictable cached blocks included)."""
-        return len(self._free_stack) + len(self._lru)
 
     # ---- hash map ------------------------------------------------------------------------
     def get_cached_block(self, key: int) -> int | None:
@@ -101,6 +168,7 @@ class BlockPool:
         Cached blocks popped this way are evicted: their key leaves the hash map.
         """
         self.num_popped_blocks += n
+        self.num_free_blocks -= n
         stack = self._free_stack
         num_stacked = len(stack)
         if n <= num_stacked:            # the common case: one slice, no eviction
@@ -110,11 +178,12 @@ class BlockPool:
         else:
             blocks = stack[::-1]
             stack.clear()
-            popitem, key = self._lru.popitem, self.block_key
-            evicted = [popitem(False)[0] for _ in range(n - num_stacked)]
-            for block_id in evicted:
-                if key[block_id] is not None:   # a cached block: its content is gone
-                    self.unregister(block_id)
+            evicted = self._lru.pop(n - num_stacked)
+            if self.num_cached_blocks:
+                key = self.block_key
+                for block_id in evicted:
+                    if key[block_id] is not None:   # a cached block: its content is gone
+                        self.unregister(block_id)
             blocks += evicted
         ref = self.ref_cnt
         for block_id in blocks:
@@ -126,8 +195,9 @@ class BlockPool:
         ref = self.ref_cnt
         for block_id in blocks:
             if ref[block_id] == 0:
-                del self._lru[block_id]
+                self._lru.remove(block_id)
                 self.num_cached_blocks -= 1
+                self.num_free_blocks -= 1
             ref[block_id] += 1
 
     def free(self, blocks_tail_first: list[int], num_reuse_first: int) -> None:
@@ -149,13 +219,16 @@ class BlockPool:
         # prepending [a, b] puts a at the very front: the stack's end is the front
         reuse_first.reverse()
         self._free_stack.extend(reuse_first)
-        lru, key = self._lru, self.block_key
+        self.num_free_blocks += len(reuse_first)
+        reuse_last, key = [], self.block_key
         for block_id in blocks_tail_first[num_reuse_first:]:
             ref[block_id] -= 1
             if not ref[block_id]:
-                lru[block_id] = None
+                reuse_last.append(block_id)
                 if key[block_id] is not None:
                     self.num_cached_blocks += 1
+        self._lru.extend(reuse_last)
+        self.num_free_blocks += len(reuse_last)
 
     # ---- checks --------------------------------------------------------------------------
     def free_queue(self) -> list[int]:
@@ -164,8 +237,11 @@ class BlockPool:
 
     def check_invariants(self) -> None:
         """Recompute the free queue and hash-map bookkeeping from scratch and assert it."""
+        self._lru.check_invariants()
         queue = self.free_queue()
         assert len(set(queue)) == len(queue), "a block is in the free queue twice"
+        assert len(queue) == self.num_free_blocks, \
+            f"{len(queue)} blocks in the free queue, counter {self.num_free_blocks}"
         assert self.null_block not in queue, "the null block is in the free queue"
         for block_id in queue:
             assert self.ref_cnt[block_id] == 0, f"free block {block_id} has ref_cnt > 0"

@@ -2,13 +2,28 @@
 over the flat and vLLM cache layouts, a float64 torch reference, and a bridge from allocator pool
 snapshots. Imports torch and triton, never the simulator.
 
-Set TRITON_INTERPRET=1 before importing this package to run the kernels on CPU tensors.
+Set TRITON_INTERPRET=1 before the first use of a kernel to run on CPU tensors. Names are imported
+lazily, so that ``import kernels.validate_cmd`` (the CLI) stays light and can still set it.
 """
-from kernels.attention import KernelConfig, default_config, paged_attention, plan_launch, plan_partitions
-from kernels.cache import reshape_and_cache
-from kernels.layout import LAYOUTS, allocate_kv_cache, cache_shapes, x_for
-from kernels.reference import dense_attention, gather_kv, reference_paged_attention
+from __future__ import annotations
 
-__all__ = ["paged_attention", "reshape_and_cache", "plan_partitions", "plan_launch", "KernelConfig", "default_config",
-           "LAYOUTS", "allocate_kv_cache", "cache_shapes", "x_for", "dense_attention", "gather_kv",
-           "reference_paged_attention"]
+import importlib
+
+_EXPORTS = {
+    "paged_attention": "kernels.attention", "plan_partitions": "kernels.attention",
+    "plan_launch": "kernels.attention", "KernelConfig": "kernels.attention", "default_config": "kernels.attention",
+    "reshape_and_cache": "kernels.cache",
+    "LAYOUTS": "kernels.layout", "allocate_kv_cache": "kernels.layout", "cache_shapes": "kernels.layout",
+    "x_for": "kernels.layout",
+    "dense_attention": "kernels.reference", "gather_kv": "kernels.reference",
+    "reference_paged_attention": "kernels.reference",
+    "validate_snapshot": "kernels.bridge", "save_snapshot": "kernels.bridge", "load_snapshot": "kernels.bridge",
+    "pool_arrays": "kernels.bridge",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'kernels' has no attribute {name!r}")

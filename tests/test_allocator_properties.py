@@ -8,6 +8,7 @@ import numpy as np
 from hypothesis import given, settings, strategies as st
 
 from allocator import MEMORY_CLASSES, ContiguousAllocator, PagedAllocator, SegmentKeys
+from allocator.block_pool import LruQueue
 
 B = 4
 
@@ -287,3 +288,25 @@ def test_contiguous_allocator_invariants(data, capacity, policy, placement):
     alloc.check_invariants()
     assert alloc.arena.holes() == alloc.__class__(capacity, policy, max_model_len,
                                                   placement).arena.holes()  # fully coalesced
+
+
+@settings(max_examples=60, deadline=None)
+@given(ops=st.lists(st.tuples(st.sampled_from(["extend", "pop", "remove"]), st.integers(0, 9)),
+                    max_size=120))
+def test_lru_queue_matches_a_plain_list(ops):
+    queue, model = LruQueue(10), []
+    queue.compact_after = 3                    # exercise compaction on small runs
+    for op, arg in ops:
+        if op == "extend":
+            new = [b for b in range(arg, 10) if b not in model][:3]
+            queue.extend(new)
+            model += new
+        elif op == "pop":
+            n = min(arg, len(model))
+            assert queue.pop(n) == model[:n]
+            del model[:n]
+        elif arg in model:
+            queue.remove(arg)
+            model.remove(arg)
+        assert list(queue) == model and len(queue) == len(model)
+        queue.check_invariants()

@@ -1,0 +1,310 @@
+"""From an allocator pool snapshot to real tensors: prove that paged attention over the simulator's
+block tables computes exactly what dense attention computes.
+
+The bridge takes plain arrays (what ``allocator.PoolSnapshot`` carries; duck-typed, never imported):
+block tables, sequence lengths, the pool size, the block size and each block's content key. It
+
+1. builds a KV pool of ``num_blocks`` blocks (head sizes scaled down on CPU, where the Triton
+   interpreter runs the kernels), every slot poisoned with NaN;
+2. derives every token's K/V deterministically from its block's content key and its offset in the
+   block, so blocks that hold the same content (shared prefix blocks, or two copies of one key) hold
+   identical data, as they must for prefix caching to be correct;
+3. writes those tokens through ``reshape_and_cache`` (with padding slots interleaved, which must be
+   skipped);
+4. runs ``paged_attention`` on the snapshot's real block tables and compares each sequence with
+   float64 dense attention over K/V rebuilt from the content function (not read back from the pool);
+5. runs the same kernel on an identity block table (each sequence's blocks copied contiguously) and
+   checks that the paged output is bitwise equal: paging must change where KV lives, never what
+   attention computes.
+
+Snapshots travel as ``.npz`` (``save_snapshot`` / ``load_snapshot``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+_MASK = np.uint64(0xFFFFFFFFFFFFFFFF)
+_UNKEYED_SALT = np.uint64(0x6B65726E656C73)  # seeds blocks that have no content key
+_TOLERANCE = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
+
+
+@dataclass(frozen=True)
+class PoolArrays:
+    """The parts of a pool snapshot the bridge needs (plain numpy; see module docstring)."""
+    block_size: int                         # tokens per block (cell)
+    num_blocks: int
+    block_key: np.ndarray                   # uint64 [num_blocks], 0 = no content key
+    block_tables: dict[int, np.ndarray]     # seq_id -> block ids
+    seq_lens: dict[int, int]                # seq_id -> tokens
+    kind: str = "paged"
+    extra: dict[str, np.ndarray] = field(default_factory=dict)  # other snapshot arrays, kept for save
+
+    def __post_init__(self):
+        if self.block_size < 1 or self.num_blocks < 1:
+            raise ValueError(f"block_size and num_blocks must be positive, got {self.block_size} "
+                             f"and {self.num_blocks}")
+        if len(self.block_key) != self.num_blocks:
+            raise ValueError(f"block_key has {len(self.block_key)} entries, num_blocks is {self.num_blocks}")
+        if set(self.block_tables) != set(self.seq_lens):
+            missing = sorted(set(self.block_tables) ^ set(self.seq_lens))[:5]
+            raise ValueError(f"block_tables and seq_lens name different sequences, e.g. {missing}")
+        for seq_id, table in self.block_tables.items():
+            num_tokens = self.seq_lens[seq_id]
+            if num_tokens < 0:
+                raise ValueError(f"seq {seq_id}: negative length {num_tokens}")
+            need = -(-num_tokens // self.block_size)
+            if len(table) < need:
+                raise ValueError(f"seq {seq_id}: {num_tokens} tokens need {need} blocks of {self.block_size}, "
+                                 f"its block table has {len(table)}")
+            used = np.asarray(table[:need], dtype=np.int64)
+            if need and (used.min() < 0 or used.max() >= self.num_blocks):
+                bad = int(used[(used < 0) | (used >= self.num_blocks)][0])
+                raise ValueError(f"seq {seq_id}: block id {bad} is outside the pool of {self.num_blocks} blocks")
+
+
+def pool_arrays(snapshot=None, *, block_tables=None, seq_lens=None, num_blocks=None, block_size=None,
+                block_key=None) -> PoolArrays:
+    """Read a snapshot (any object with PoolSnapshot's fields) or plain arguments into PoolArrays.
+
+    Args:
+        snapshot: an ``allocator.PoolSnapshot`` or look-alike (block_size, num_cells, block_key,
+            block_tables, seq_lens; kind optional), or a PoolArrays.
+        block_tables, seq_lens, num_blocks, block_size, block_key: the same as plain arguments
+            (block_key may be None: no content keys).
+    Returns:
+        PoolArrays (validated).
+    """
+    if isinstance(snapshot, PoolArrays):
+        return snapshot
+    if snapshot is not None:
+        extra = {name: np.asarray(getattr(snapshot, name)) for name in ("cell_class", "owner", "ref_cnt", "fill")
+                 if getattr(snapshot, name, None) is not None}
+        return PoolArrays(int(snapshot.block_size), int(snapshot.num_cells),
+                          np.asarray(snapshot.block_key, dtype=np.uint64),
+                          {int(k): np.asarray(v, dtype=np.int64) for k, v in snapshot.block_tables.items()},
+                          {int(k): int(v) for k, v in snapshot.seq_lens.items()},
+                          str(getattr(snapshot, "kind", "paged")), extra)
+    if block_tables is None or seq_lens is None or num_blocks is None or block_size is None:
+        raise ValueError("give a snapshot, or block_tables, seq_lens, num_blocks and block_size")
+    keys = np.zeros(num_blocks, dtype=np.uint64) if block_key is None else np.asarray(block_key, dtype=np.uint64)
+    return PoolArrays(int(block_size), int(num_blocks), keys,
+                      {int(k): np.asarray(v, dtype=np.int64) for k, v in block_tables.items()},
+                      {int(k): int(v) for k, v in seq_lens.items()})
+
+
+def save_snapshot(path, snapshot) -> None:
+    """Write a snapshot (PoolSnapshot look-alike or PoolArrays) to ``path`` as .npz.
+
+    Block tables are stored flattened: ``seq_ids``, ``table_offsets`` (CSR row starts) and
+    ``table_blocks``."""
+    arrays = pool_arrays(snapshot)
+    seq_ids = np.array(sorted(arrays.block_tables), dtype=np.int64)
+    tables = [arrays.block_tables[int(s)] for s in seq_ids]
+    offsets = np.zeros(len(seq_ids) + 1, dtype=np.int64)
+    offsets[1:] = np.cumsum([len(t) for t in tables])
+    np.savez_compressed(
+        path, kind=np.array(arrays.kind), block_size=np.int64(arrays.block_size),
+        num_cells=np.int64(arrays.num_blocks), block_key=arrays.block_key, seq_ids=seq_ids,
+        seq_lens=np.array([arrays.seq_lens[int(s)] for s in seq_ids], dtype=np.int64),
+        table_offsets=offsets,
+        table_blocks=np.concatenate(tables).astype(np.int64) if tables else np.zeros(0, np.int64),
+        **arrays.extra)
+
+
+def load_snapshot(path) -> PoolArrays:
+    """Read a snapshot written by ``save_snapshot``.
+
+    Raises:
+        ValueError: naming the file and the field, when a field is missing or inconsistent.
+    """
+    path = Path(path)
+    try:
+        data = np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as err:
+        if isinstance(err, FileNotFoundError):
+            raise
+        raise ValueError(f"{path}: not a snapshot .npz file ({err})") from None
+    with data:
+        required = ("kind", "block_size", "num_cells", "block_key", "seq_ids", "seq_lens", "table_offsets",
+                    "table_blocks")
+        for name in required:
+            if name not in data.files:
+                raise ValueError(f"{path}: field '{name}' is missing")
+        seq_ids, lens, offsets, blocks = (data[n] for n in ("seq_ids", "seq_lens", "table_offsets", "table_blocks"))
+        if len(lens) != len(seq_ids) or len(offsets) != len(seq_ids) + 1 or offsets[-1] != len(blocks):
+            raise ValueError(f"{path}: field 'table_offsets' does not match seq_ids/seq_lens/table_blocks")
+        tables = {int(s): blocks[offsets[i]:offsets[i + 1]] for i, s in enumerate(seq_ids)}
+        extra = {n: data[n] for n in data.files if n not in required}
+        try:
+            return PoolArrays(int(data["block_size"]), int(data["num_cells"]), data["block_key"].astype(np.uint64),
+                              tables, {int(s): int(n) for s, n in zip(seq_ids, lens)}, str(data["kind"]), extra)
+        except ValueError as err:
+            raise ValueError(f"{path}: {err}") from None
+
+
+def _mix(x: np.ndarray) -> np.ndarray:
+    """splitmix64 finaliser on uint64 arrays (wrapping arithmetic)."""
+    with np.errstate(over="ignore"):
+        x = (x + np.uint64(0x9E3779B97F4A7C15)) & _MASK
+        x = ((x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)) & _MASK
+        x = ((x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)) & _MASK
+        return x ^ (x >> np.uint64(31))
+
+
+def block_seeds(arrays: PoolArrays) -> np.ndarray:
+    """Per block: its content key, or for an unkeyed block a seed derived from its id (uint64)."""
+    ids = np.arange(arrays.num_blocks, dtype=np.uint64)
+    return np.where(arrays.block_key != 0, arrays.block_key, _mix(ids ^ _UNKEYED_SALT))
+
+
+def token_kv(seeds: np.ndarray, offsets: np.ndarray, num_kv_heads: int, head_size: int) -> np.ndarray:
+    """K and V of tokens, a pure function of (block seed, offset in block): float64 in [-1, 1).
+
+    Args:
+        seeds: uint64 [n], the seed of each token's block.
+        offsets: [n], each token's slot in its block.
+    Returns:
+        [n, 2, num_kv_heads, head_size] float64 (index 0 = K, 1 = V).
+    """
+    n_elem = 2 * num_kv_heads * head_size
+    with np.errstate(over="ignore"):
+        tok = _mix(seeds.astype(np.uint64) ^ _mix(offsets.astype(np.uint64)))
+        bits = _mix(tok[:, None] + np.arange(n_elem, dtype=np.uint64)[None, :])
+    vals = (bits >> np.uint64(11)).astype(np.float64) * (2.0 / (1 << 53)) - 1.0
+    return vals.reshape(-1, 2, num_kv_heads, head_size)
+
+
+@dataclass(frozen=True)
+class SequenceCheck:
+    """Result of one sequence: paged vs dense and paged vs identity table."""
+    seq_id: int
+    num_tokens: int
+    num_blocks: int
+    num_shared_blocks: int      # blocks of this sequence that other sequences' tables also hold
+    max_abs_err: float
+    max_rel_err: float          # max |paged - dense| / max |dense|
+    bitwise_equal: bool         # paged output == same kernel on an identity block table
+    passed: bool
+
+
+@dataclass(frozen=True)
+class ValidationReport:
+    """All sequences of a snapshot (sequences with 0 tokens attend to nothing and are counted apart)."""
+    checks: list[SequenceCheck]
+    num_skipped_empty: int
+    tolerance: float
+    dtype: str
+    layout: str
+    device: str
+    partition_size: int | None
+    num_kv_heads: int
+    num_heads: int
+    head_size: int
+
+    @property
+    def passed(self) -> bool:
+        return all(c.passed for c in self.checks)
+
+
+def validate_snapshot(snapshot, *, layout: str = "flat", dtype: torch.dtype = torch.float32,
+                      device: str | torch.device | None = None, num_kv_heads: int | None = None,
+                      num_heads: int | None = None, head_size: int | None = None,
+                      partition_size: int | None = None, max_seqs: int | None = None,
+                      seed: int = 0) -> ValidationReport:
+    """Run paged attention over a snapshot's block tables and compare with dense attention.
+
+    Args:
+        snapshot: PoolSnapshot look-alike or PoolArrays (see ``pool_arrays``).
+        layout: "flat" or "vllm".
+        dtype: KV and query dtype.
+        device: "cuda" or "cpu" (None: CUDA when available; CPU needs TRITON_INTERPRET=1).
+        num_kv_heads, num_heads, head_size: model geometry (None: 2/4/16 on CPU, 8/32/128 on GPU).
+        partition_size: None = dispatch rule; an int forces split-KV (v2).
+        max_seqs: validate only the first max_seqs sequences (by seq_id).
+        seed: seed of the queries (numpy PCG64).
+    Returns:
+        ValidationReport, one SequenceCheck per sequence with tokens.
+    """
+    from kernels import allocate_kv_cache, dense_attention, paged_attention, reshape_and_cache
+
+    arrays = pool_arrays(snapshot)
+    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    on_gpu = device.type == "cuda"
+    num_kv_heads = num_kv_heads or (8 if on_gpu else 2)
+    num_heads = num_heads or (32 if on_gpu else 2 * num_kv_heads)
+    head_size = head_size or (128 if on_gpu else 16)
+    if dtype not in _TOLERANCE:
+        raise ValueError(f"dtype must be float32, float16 or bfloat16, got {dtype}")
+    bs = arrays.block_size
+    seq_ids = sorted(arrays.block_tables)
+    num_empty = sum(arrays.seq_lens[s] == 0 for s in seq_ids)
+    seq_ids = [s for s in seq_ids if arrays.seq_lens[s] > 0][:max_seqs]
+    tables = {s: np.asarray(arrays.block_tables[s][:-(-arrays.seq_lens[s] // bs)], dtype=np.int64) for s in seq_ids}
+    if not seq_ids:
+        return ValidationReport([], int(num_empty), _TOLERANCE[dtype], str(dtype).replace("torch.", ""), layout,
+                                str(device), partition_size, num_kv_heads, num_heads, head_size)
+    seeds = block_seeds(arrays)
+
+    # every slot any sequence reads, written once; a shared block's slots are one set of slots
+    slot_lists = [tables[s][np.arange(arrays.seq_lens[s]) // bs] * bs + np.arange(arrays.seq_lens[s]) % bs
+                  for s in seq_ids]
+    slots = np.unique(np.concatenate(slot_lists)) if slot_lists else np.zeros(0, np.int64)
+    kv = token_kv(seeds[slots // bs], slots % bs, num_kv_heads, head_size)
+    key_cache, value_cache = allocate_kv_cache(arrays.num_blocks, bs, num_kv_heads, head_size, dtype, device, layout)
+    # padding tokens (slot -1) between real ones must be skipped by reshape_and_cache
+    slot_mapping = np.full(2 * len(slots), -1, dtype=np.int64)
+    slot_mapping[::2] = slots
+    kv_padded = np.zeros((2 * len(slots), 2, num_kv_heads, head_size))
+    kv_padded[::2] = kv
+    kv_padded[1::2] = 7.0  # padding tokens carry values of their own
+    kv_t = torch.from_numpy(kv_padded).to(device=device, dtype=dtype)
+    reshape_and_cache(kv_t[:, 0], kv_t[:, 1], key_cache, value_cache,
+                      torch.from_numpy(slot_mapping).to(device), layout)
+
+    rng = np.random.Generator(np.random.PCG64(seed))
+    query = torch.from_numpy(rng.standard_normal((len(seq_ids), num_heads, head_size))).to(device=device, dtype=dtype)
+    width = max((len(tables[s]) for s in seq_ids), default=1)
+    block_tables = torch.full((len(seq_ids), width), -1, dtype=torch.int32)  # unused entries: never read
+    for i, s in enumerate(seq_ids):
+        block_tables[i, :len(tables[s])] = torch.from_numpy(tables[s])
+    seq_lens = torch.tensor([arrays.seq_lens[s] for s in seq_ids], dtype=torch.int32)
+    scale = head_size ** -0.5
+    out = paged_attention(query, key_cache, value_cache, block_tables.to(device), seq_lens.to(device), scale,
+                          layout, partition_size)
+
+    # identity table: the same blocks copied so that sequence i's blocks are contiguous
+    flat_ids = torch.from_numpy(np.concatenate([tables[s] for s in seq_ids]))
+    ident_k = key_cache[flat_ids.to(device)]
+    ident_v = value_cache[flat_ids.to(device)]
+    ident_tables = torch.full_like(block_tables, -1)
+    start = 0
+    for i, s in enumerate(seq_ids):
+        ident_tables[i, :len(tables[s])] = torch.arange(start, start + len(tables[s]))
+        start += len(tables[s])
+    out_ident = paged_attention(query, ident_k, ident_v, ident_tables.to(device), seq_lens.to(device), scale,
+                                layout, partition_size)
+
+    holders = np.bincount(np.concatenate([np.unique(tables[s]) for s in seq_ids]), minlength=arrays.num_blocks) \
+        if seq_ids else np.zeros(arrays.num_blocks, np.int64)
+    tol = _TOLERANCE[dtype]
+    checks = []
+    q64 = query.to("cpu", torch.float64)
+    out64 = out.to("cpu", torch.float64)
+    for i, s in enumerate(seq_ids):
+        n = arrays.seq_lens[s]
+        pos = np.arange(n)
+        # dense K/V from the content function, rounded to the cache dtype as the pool stores them
+        dense = torch.from_numpy(token_kv(seeds[tables[s][pos // bs]], pos % bs, num_kv_heads, head_size))
+        dense = dense.to(dtype).to(torch.float64)
+        ref = dense_attention(q64[i], dense[:, 0], dense[:, 1], scale)
+        abs_err = float((out64[i] - ref).abs().max())
+        rel_err = abs_err / max(float(ref.abs().max()), 1e-30)
+        same = bool(torch.equal(out[i], out_ident[i]))
+        checks.append(SequenceCheck(int(s), int(n), len(tables[s]), int((holders[tables[s]] > 1).sum()),
+                                    abs_err, rel_err, same, same and rel_err <= tol))
+    return ValidationReport(checks, int(num_empty), tol, str(dtype).replace("torch.", ""), layout, str(device),
+                            partition_size, num_kv_heads, num_heads, head_size)

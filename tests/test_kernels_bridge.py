@@ -1,0 +1,139 @@
+"""kernels.bridge and ``kvsim validate --snapshot`` on hand-built pool snapshots (CPU interpreter)."""
+import argparse
+import json
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+import kernels.attention
+from kernels import validate_cmd
+from kernels.bridge import (block_seeds, load_snapshot, pool_arrays, save_snapshot, token_kv,
+                            validate_snapshot)
+
+
+def paged_snapshot():
+    """A PoolSnapshot look-alike: seqs 0 and 1 share a two-block prefix (blocks 3, 7); seq 2 starts
+    with block 9, a second copy of block 3's content (same key); seq 4 has no tokens yet; blocks 1, 5
+    are partial last blocks; blocks 4, 6, 8, 10, 11 are free (NaN in the pool)."""
+    num_cells = 12
+    keys = np.zeros(num_cells, dtype=np.uint64)
+    keys[[3, 7, 9]] = [0xABC, 0xDEF, 0xABC]
+    return SimpleNamespace(
+        kind="paged", block_size=16, num_cells=num_cells,
+        cell_class=np.zeros(num_cells, np.int8), owner=np.full(num_cells, -1, np.int64),
+        ref_cnt=np.zeros(num_cells, np.int32), fill=np.zeros(num_cells, np.int32), block_key=keys,
+        block_tables={0: np.array([3, 7, 1]), 1: np.array([3, 7, 5, 0]), 2: np.array([9, 2]), 4: np.array([], int)},
+        seq_lens={0: 40, 1: 50, 2: 17, 4: 0})
+
+
+@pytest.mark.parametrize("layout,dtype,partition_size", [("flat", torch.float32, None),
+                                                          ("vllm", torch.float16, 16)])
+def test_snapshot_with_shared_prefix_blocks_validates(layout, dtype, partition_size):
+    report = validate_snapshot(paged_snapshot(), layout=layout, dtype=dtype, partition_size=partition_size)
+    assert report.passed
+    by_seq = {c.seq_id: c for c in report.checks}
+    assert sorted(by_seq) == [0, 1, 2] and report.num_skipped_empty == 1
+    assert by_seq[0].num_shared_blocks == 2 and by_seq[1].num_shared_blocks == 2
+    assert by_seq[2].num_shared_blocks == 0 and by_seq[2].num_blocks == 2
+    assert all(c.bitwise_equal for c in report.checks)
+    assert max(c.max_rel_err for c in report.checks) <= report.tolerance
+
+
+def test_equal_keys_give_equal_content():
+    arrays = pool_arrays(paged_snapshot())
+    seeds = block_seeds(arrays)
+    offsets = np.arange(16)
+    same_a = token_kv(np.full(16, seeds[3]), offsets, 2, 8)
+    same_b = token_kv(np.full(16, seeds[9]), offsets, 2, 8)
+    other = token_kv(np.full(16, seeds[7]), offsets, 2, 8)
+    unkeyed = token_kv(np.full(16, seeds[1]), offsets, 2, 8)
+    assert np.array_equal(same_a, same_b)
+    assert not np.allclose(same_a, other) and not np.allclose(unkeyed, token_kv(np.full(16, seeds[2]), offsets, 2, 8))
+    assert np.abs(same_a).max() < 1 and same_a.std() > 0.4  # spread over [-1, 1)
+
+
+def test_validation_detects_a_wrong_block_table(monkeypatch):
+    # a kernel that reads one wrong block must fail the check: the check can fail
+    real = kernels.attention.paged_attention
+
+    def off_by_one_block(query, key_cache, value_cache, block_tables, *args, **kwargs):
+        tables = block_tables.clone()
+        tables[0, 0] = tables[0, 1]
+        return real(query, key_cache, value_cache, tables, *args, **kwargs)
+
+    monkeypatch.setattr(kernels.attention, "paged_attention", off_by_one_block)
+    report = validate_snapshot(paged_snapshot())
+    assert not report.passed
+    assert [c.passed for c in report.checks] == [False, True, True]
+
+
+def test_contiguous_snapshot_cells_of_one_token():
+    # contiguous pools: a cell is one token slot and a table lists the cells of the extent
+    extents = {0: np.arange(5, 45), 3: np.arange(60, 61), 7: np.arange(100, 133)}
+    report = validate_snapshot(pool_arrays(block_tables=extents, seq_lens={0: 40, 3: 1, 7: 30},
+                                           num_blocks=140, block_size=1))
+    assert report.passed and [c.num_tokens for c in report.checks] == [40, 1, 30]
+
+
+def test_save_load_round_trip(tmp_path):
+    path = tmp_path / "pool.npz"
+    save_snapshot(path, paged_snapshot())
+    loaded = load_snapshot(path)
+    original = pool_arrays(paged_snapshot())
+    assert (loaded.kind, loaded.block_size, loaded.num_blocks) == ("paged", 16, 12)
+    assert np.array_equal(loaded.block_key, original.block_key) and loaded.seq_lens == original.seq_lens
+    assert all(np.array_equal(loaded.block_tables[s], original.block_tables[s]) for s in original.block_tables)
+    assert sorted(loaded.extra) == ["cell_class", "fill", "owner", "ref_cnt"]
+
+
+def test_load_snapshot_errors_name_file_and_field(tmp_path):
+    path = tmp_path / "broken.npz"
+    np.savez(path, kind=np.array("paged"), block_size=np.int64(16))
+    with pytest.raises(ValueError, match=r"broken.npz: field 'num_cells' is missing"):
+        load_snapshot(path)
+    text = tmp_path / "pool.npz"
+    text.write_text("not a zip")
+    with pytest.raises(ValueError, match="not a snapshot .npz file"):
+        load_snapshot(text)
+
+
+@pytest.mark.parametrize("tables,lens,message", [
+    ({0: [1]}, {0: 20}, "20 tokens need 2 blocks of 16"),
+    ({0: [1, 12]}, {0: 20}, "block id 12 is outside the pool of 12 blocks"),
+    ({0: [1]}, {1: 3}, "name different sequences"),
+])
+def test_pool_arrays_rejects_inconsistent_tables(tables, lens, message):
+    with pytest.raises(ValueError, match=message):
+        pool_arrays(block_tables=tables, seq_lens=lens, num_blocks=12, block_size=16)
+
+
+def _parser():
+    parser = argparse.ArgumentParser(prog="kvsim")
+    validate_cmd.register(parser.add_subparsers(dest="command"))
+    return parser
+
+
+def test_validate_command_on_a_snapshot_file(tmp_path, capsys):
+    path = tmp_path / "pool.npz"
+    save_snapshot(path, paged_snapshot())
+    out_json = tmp_path / "report.json"
+    args = _parser().parse_args(["validate", "--snapshot", str(path), "--device", "cpu", "--json", str(out_json)])
+    assert args.func(args) == 0
+    text = capsys.readouterr().out
+    assert "3 sequences (1 with 0 tokens not run), 2 with shared blocks" in text and "PASS" in text
+    report = json.loads(out_json.read_text())
+    assert report["passed"] and len(report["checks"]) == 3
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["validate"], "exactly one of --snapshot FILE or WORKLOAD"),
+    (["validate", "sharegpt:n=5", "--snapshot", "x.npz"], "exactly one of"),
+    (["validate", "sharegpt:n=5"], "WORKLOAD needs --at SECONDS"),
+    (["validate", "--snapshot", "x.npz", "--head-size", "0"], "--head-size must be >= 1, got 0"),
+])
+def test_validate_command_rejects_bad_arguments(argv, message):
+    args = _parser().parse_args(argv)
+    with pytest.raises(ValueError, match=message):
+        args.func(args)
