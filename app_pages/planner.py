@@ -67,9 +67,10 @@ st.subheader("Simulated what-if")
 st.caption("Replays the sidebar's workload on this model and GPU: the pool is vLLM's "
            "num_gpu_blocks from above, each step costs what the roofline model says (weights and "
            "KV bytes over memory bandwidth, FLOPs over peak). One line per sidebar allocator.")
+S.defaults(k_plan_sim_on=False, k_plan_sim_param="rate")
+simulate = st.toggle("Simulate the sweep (a few seconds)", key="k_plan_sim_on")
 scenario = _ui.scenario_sidebar()
-if scenario is not None:
-    S.defaults(k_plan_sim_param="rate")
+if simulate and scenario is not None:
     sim_param = st.radio("Vary", list(S.SIM_SWEEPS), key="k_plan_sim_param", horizontal=True,
                          format_func=lambda p: S.SIM_SWEEPS[p][0])
     sim_base = tuple(sorted({"model": model, "gpu": gpu, **kwargs}.items()))

@@ -14,7 +14,9 @@ TIMEOUT_S = 60
 
 
 def _app() -> AppTest:
-    return AppTest.from_file(str(ROOT / "app.py"), default_timeout=TIMEOUT_S)
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=TIMEOUT_S)
+    at.session_state["k_max_requests"] = 40  # small workload: the suite stays fast
+    return at
 
 
 def _clean(at: AppTest) -> None:
@@ -25,9 +27,7 @@ def _clean(at: AppTest) -> None:
 @pytest.fixture(scope="module")
 def small():
     """One app session on a small built-in workload (shared by the tests of this module)."""
-    at = _app()
-    at.session_state["k_max_requests"] = 40
-    return at.run()
+    return _app().run()
 
 
 def test_live_pool_default_run(small):
@@ -169,6 +169,15 @@ def test_requests_that_can_never_fit_are_reported(small):
     assert warnings and "requests rejected" in warnings[0] and "max_model_len = 1024" in warnings[0]
     small.select_slider(key="k_max_model_len").set_value(4096).run()
     assert not small.warning
+
+
+def test_planner_simulated_sweep_on_demand(small):
+    small.switch_page("app_pages/planner.py").run()
+    charts = len(small.get("plotly_chart"))
+    small.toggle(key="k_plan_sim_on").set_value(True).run()
+    _clean(small)
+    assert len(small.get("plotly_chart")) == charts + len(S.SIM_SWEEP_METRICS)
+    small.toggle(key="k_plan_sim_on").set_value(False).run()
 
 
 def test_simulated_sweep_replays_each_allocator_on_the_gpu_pool():
