@@ -29,17 +29,18 @@ device = S.kernel_device()
 st.caption("Device: **CUDA**" if device == "cuda" else
            "Device: **CPU**, through the Triton interpreter (no GPU here); head sizes are scaled "
            "down so that it stays quick.")
-c = st.columns([2, 3, 1, 1, 2, 1], vertical_alignment="bottom")
+c = st.columns([1, 2])
 side = c[0].radio("Pool", [0, 1], key="k_kern_side",
                   format_func=lambda i: S.ALLOCATOR_LABELS[runs[i].allocator])
 frame = c[1].slider("Simulated time (frame)", 0, num_frames - 1, key="k_frame")
-layout = c[2].selectbox("Layout", ["flat", "vllm"], key="k_kern_layout",
+c = st.columns([1, 1, 2, 1], vertical_alignment="bottom")
+layout = c[0].selectbox("Layout", ["flat", "vllm"], key="k_kern_layout",
                         help="flat: [blocks, block_size, heads, head_size] (vLLM's Triton "
                              "backend); vllm: the CUDA PagedAttention layout (K split in 16-byte "
                              "vectors).")
-dtype = c[3].selectbox("dtype", S.KERNEL_DTYPES, key="k_kern_dtype")
-max_seqs = c[4].slider("Sequences", 1, 32, key="k_kern_max_seqs")
-split_kv = c[5].toggle("Split-KV (v2)", key="k_kern_split",
+dtype = c[1].selectbox("dtype", S.KERNEL_DTYPES, key="k_kern_dtype")
+max_seqs = c[2].slider("Sequences (first by id)", 1, 32, key="k_kern_max_seqs")
+split_kv = c[3].toggle("Split-KV (v2)", key="k_kern_split",
                        help="Force the split-KV kernel with 64-token partitions.")
 if not runs[side].snapshots[frame].block_tables:
     st.info("No request holds memory at this moment; move the time slider.")

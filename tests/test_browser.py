@@ -125,6 +125,7 @@ def test_live_pool_plays_and_every_page_renders(app_url, page, tmp_path):
         _settle(page)
         if title == "Kernel validation":  # CPU interpreter: give the kernels time
             page.get_by_text("Sequences checked").wait_for(timeout=90_000)
+            _settle(page)
         page.locator(".js-plotly-plot").first.wait_for()
         _no_exception(page)
         page.screenshot(path=str(shots / shot), full_page=True)

@@ -36,9 +36,10 @@ def kernel_error_figure(checks: pd.DataFrame, tolerance: float, height: int = 32
                       "max abs err %{customdata[2]:.3g}, max rel err %{customdata[3]:.3g}<br>"
                       "bitwise equal to identity table: %{customdata[4]}<extra></extra>"))
     fig.add_hline(y=tolerance, line=dict(color="#333", dash="dash", width=1),
-                  annotation_text=f"tolerance {tolerance:g}", annotation_position="top left")
+                  annotation_text=f"tolerance {tolerance:g}", annotation_position="top right",
+                  annotation_font=dict(size=11, color="#333"))
     fig.update_layout(**base_layout("Paged vs dense attention, per sequence", height),
                       showlegend=False, bargap=0.3)
-    fig.update_yaxes(type="log", title="max relative error", gridcolor="#EEE",
+    fig.update_yaxes(type="log", title="max relative error", gridcolor="#EEE", tickformat=".0e",
                      range=[np.log10(floor), np.log10(max(tolerance, float(err.max()))) + 1])
     return fig
