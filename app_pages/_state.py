@@ -164,6 +164,7 @@ class Run:
     frame_times_s: np.ndarray
     snapshots: list = field(default_factory=list)  # one per frame time
     end_s: float = 0.0  # when its last request finished
+    summary_json: str = "{}"  # the simulator's own JSON of the summary (NaN written as null)
 
     @property
     def kind(self) -> str:
@@ -228,7 +229,8 @@ def run_scenario(scenario: Scenario) -> tuple[Run, Run]:
         snaps = [result.snapshots[i][2] for i in pick]
         runs.append(Run(label=allocator, allocator=allocator, summary=dict(result.summary),
                         timeseries=result.timeseries, requests=result.requests,
-                        frame_times_s=times, snapshots=snaps, end_s=end_s))
+                        frame_times_s=times, snapshots=snaps, end_s=end_s,
+                        summary_json=result.summary_json()))
     return runs[0], runs[1]
 
 

@@ -64,7 +64,8 @@ def scenario_sidebar() -> S.Scenario | None:
                      format_func=S.ALLOCATOR_LABELS.get)
     placement = sb.radio("Contiguous placement", ["buddy", "first-fit"], horizontal=True,
                          key="k_placement")
-    capacity = sb.select_slider("KV pool (tokens)", [2048, 4096, 8192, 16384, 32768, 65536, 131072, 262144],
+    capacity = sb.select_slider("KV pool (tokens)",
+                                [2048, 4096, 8192, 16384, 32768, 65536, 131072, 262144],
                                 key="k_capacity")
     block_size = sb.select_slider("Block size (tokens)", [8, 16, 32, 64],
                                   key="k_block_size")

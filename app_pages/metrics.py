@@ -1,6 +1,4 @@
 """Page 3: the two runs compared over time and per request; downloads."""
-import json
-
 import pandas as pd
 import streamlit as st
 
@@ -60,6 +58,6 @@ for col, (i, run) in zip(st.columns(2), enumerate(runs)):
                            key=f"dl_ts_{i}")
         st.download_button("Requests (CSV)", run.requests.to_csv(index=False),
                            f"kvsim_{run.allocator}_requests.csv", "text/csv", key=f"dl_req_{i}")
-        st.download_button("Summary (JSON)", json.dumps(run.summary, indent=2, sort_keys=True),
+        st.download_button("Summary (JSON)", run.summary_json,
                            f"kvsim_{run.allocator}_summary.json", "application/json",
                            key=f"dl_sum_{i}")

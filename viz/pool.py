@@ -70,11 +70,12 @@ def cell_codes(cell_class: np.ndarray, owner: np.ndarray, ref_cnt: np.ndarray) -
 class PoolGrid:
     """The heatmap's arrays: a ``num_rows x num_cols`` grid of tiles of ``cells_per_tile`` cells.
 
-    z: float32 colour codes, NaN past the last cell. customdata: float32; exact grids
-    (cells_per_tile == 1, ``[rows, cols, 5]``) hold (block, owner or NaN, ref_cnt, fill, top 24
-    bits of the key) per cell, aggregated grids (``[rows, cols, 6]``) hold (first cell, cells in tile, cells held, cells
-    shared, distinct owners, the owner holding most cells or NaN). float32 with NaN rather than int32 with -1: the 0xFF bytes of -1 become
-    '/' in base64, which plotly's JSON escapes to six characters each.
+    z: float32 colour codes, NaN past the last cell.
+    customdata: float32. Exact grids (cells_per_tile == 1, ``[rows, cols, 5]``) hold (block,
+    owner or NaN, ref_cnt, fill, top 24 bits of the key) per cell; aggregated grids
+    (``[rows, cols, 6]``) hold (first cell, cells in tile, cells held, cells shared, distinct
+    owners, the owner holding most cells or NaN). float32 with NaN rather than int32 with -1:
+    the 0xFF bytes of -1 become '/' in base64, which plotly's JSON escapes to six characters.
     row_start: the first cell index of each row (the y axis).
     """
 
@@ -149,7 +150,8 @@ def pool_grid(snapshot, max_cells: int = DEFAULT_MAX_CELLS, aspect: float = 1.0,
         last = np.flatnonzero(np.diff(np.append(pair_tile[order], -1)) != 0)
         custom[:num_tiles, 5] = np.nan
         custom[pair_tile[order][last], 5] = (pairs[order][last] % span)
-    return PoolGrid(z=z.reshape(num_rows, num_cols), customdata=custom.reshape(num_rows, num_cols, -1),
+    return PoolGrid(z=z.reshape(num_rows, num_cols),
+                    customdata=custom.reshape(num_rows, num_cols, -1),
                     row_start=np.arange(num_rows, dtype=np.int64) * num_cols * k,
                     cells_per_tile=k, num_cells=n)
 
@@ -202,7 +204,8 @@ def pool_heatmap(snapshot, title: str | None = None, max_cells: int = DEFAULT_MA
         for name in ("token_states", "shared", "reservation", "internal_fragmentation",
                      "external_fragmentation", "cached", "free"):
             color = OWNER_PALETTE[0] if name == "token_states" else CLASS_COLORS[name]
-            label = "request KV (colour = request)" if name == "token_states" else CLASS_LABELS[name]
+            label = ("request KV (colour = request)" if name == "token_states"
+                     else CLASS_LABELS[name])
             fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=label,
                                      marker=dict(symbol="square", size=11, color=color,
                                                  line=dict(width=1, color="#999")),
