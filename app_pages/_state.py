@@ -116,26 +116,25 @@ def user_message(err: Exception, workload: Workload) -> str:
     return text
 
 
+def needs_rate(workload: Workload) -> bool:
+    """Whether the trace has no timestamps, so arrivals are generated at ``workload.rate``."""
+    workloads = importlib.import_module("workloads")
+    try:
+        next(iter(workloads.load(workload_source(workload), max_requests=1)), None)
+    except workloads.InputError as err:
+        if err.field == "rate":
+            return True
+        raise
+    return False
+
+
 @st.cache_data(max_entries=8, show_spinner="Loading requests…")
 def load_requests(workload: Workload) -> list:
     """The workload's requests (at most ``max_requests``); raises the loader's InputError."""
     workloads = importlib.import_module("workloads")
-    source = workload_source(workload)
-    try:
-        return list(workloads.load(source, max_requests=workload.max_requests))
-    except workloads.InputError as err:
-        if err.field != "rate":
-            raise
-    # the trace has no timestamps: generate Poisson arrivals at the chosen rate
-    return list(workloads.load(source, max_requests=workload.max_requests, rate=workload.rate))
-
-
-def requests_frame(requests: list) -> pd.DataFrame:
-    """Arrival, prompt and output lengths of the requests, for the workload preview."""
-    return pd.DataFrame({"request_id": [r.request_id for r in requests],
-                         "arrival_s": [r.arrival_s for r in requests],
-                         "prompt_tokens": [r.prompt_tokens for r in requests],
-                         "output_tokens": [r.output_tokens for r in requests]})
+    rate = workload.rate if needs_rate(workload) else None
+    return list(workloads.load(workload_source(workload), max_requests=workload.max_requests,
+                               rate=rate))
 
 
 # ---------------------------------------------------------------- simulation
@@ -156,7 +155,6 @@ class Scenario:
 @dataclass
 class Run:
     """One configuration's simulation, as plain data."""
-    label: str
     allocator: str
     summary: dict
     timeseries: pd.DataFrame
@@ -165,10 +163,6 @@ class Run:
     snapshots: list = field(default_factory=list)  # one per frame time
     end_s: float = 0.0  # when its last request finished
     summary_json: str = "{}"  # the simulator's own JSON of the summary (NaN written as null)
-
-    @property
-    def kind(self) -> str:
-        return "paged" if self.allocator == "paged" else "contiguous"
 
 
 def engine_config(scenario: Scenario, allocator: str):
@@ -227,7 +221,7 @@ def run_scenario(scenario: Scenario) -> tuple[Run, Run]:
         taken_s = np.array([t for t, _, _ in result.snapshots])
         pick = np.clip(np.searchsorted(taken_s, times, side="right") - 1, 0, len(taken_s) - 1)
         snaps = [result.snapshots[i][2] for i in pick]
-        runs.append(Run(label=allocator, allocator=allocator, summary=dict(result.summary),
+        runs.append(Run(allocator=allocator, summary=dict(result.summary),
                         timeseries=result.timeseries, requests=result.requests,
                         frame_times_s=times, snapshots=snaps, end_s=end_s,
                         summary_json=result.summary_json()))
@@ -394,7 +388,7 @@ def simulated_sweep(workload: Workload, allocators: tuple[str, ...], param: str,
     """
     from planner.sweep import PlanBase, expand_grid, run_sweep
     plan = PlanBase(workload=workload_source(workload), max_requests=workload.max_requests,
-                    **dict(base))
+                    rate=workload.rate if needs_rate(workload) else None, **dict(base))
     # max_num_seqs is an engine setting: planner.sweep routes it to EngineConfig per point
     axes = {"allocator": list(dict.fromkeys(allocators)), param: list(SIM_SWEEPS[param][1])}
     return pd.DataFrame(run_sweep(expand_grid(axes), plan))

@@ -205,3 +205,13 @@ def test_kernel_validation_runs_the_triton_kernels_on_the_snapshot(small):
     small.selectbox(key="k_kern_dtype").set_value("float16").run()
     _clean(small)
     assert 1e-5 < float(small.metric[2].value) < 2e-3  # half precision: visibly larger, in bound
+
+
+def test_traces_without_timestamps_get_generated_arrivals(shared_traces):
+    w = S.Workload("shared", "sharegpt_lengths/sharegpt_8k_filtered_stats_llama2_tokenizer.csv",
+                   30, rate=4.0)
+    assert S.needs_rate(w)
+    arrivals = [r.arrival_s for r in S.load_requests(w)]
+    assert len(arrivals) == 30 and arrivals == sorted(arrivals)
+    assert 30 / 4.0 / 3 < arrivals[-1] < 30 / 4.0 * 3  # about n / rate seconds
+    assert not S.needs_rate(S.Workload("shared", "mooncake/conversation_trace.jsonl", 5))
