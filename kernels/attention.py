@@ -145,6 +145,68 @@ def plan_partitions(num_seqs: int, num_kv_heads: int, max_seq_len: int, tile_tok
 
 
 @triton.jit
+def _attend_tile(q, m_i, l_i, acc, t0, end, bt_row, k_base, v_base, k_d, v_d, d_ok, qk_scale,
+                 k_stride_block, k_stride_token, v_stride_block, v_stride_token,
+                 HEAD_SIZE: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr,
+                 V_TOKENS_CONTIGUOUS: tl.constexpr, RUN: tl.constexpr, UPCAST_DOT: tl.constexpr,
+                 IEEE: tl.constexpr, MASKED: tl.constexpr):
+    """One tile of TILE tokens from t0: gather K/V through the block table, online-softmax update.
+    MASKED: the tile may run past ``end`` (tokens there are never read into the result)."""
+    t = t0 + tl.arange(0, TILE)
+    t_ok = t < end
+    if MASKED:
+        # past the end the block-table entry may be unused: read block 0 instead (always in the pool)
+        block = tl.load(bt_row + t // BLOCK_SIZE, mask=t_ok, other=0).to(tl.int64)
+    else:
+        block = tl.load(bt_row + t // BLOCK_SIZE).to(tl.int64)
+    slot = t % BLOCK_SIZE
+    if MASKED:
+        kv_mask = t_ok[:, None] & d_ok[None, :]
+    else:
+        kv_mask = d_ok[None, :]
+    k_ptrs = k_base + (block * k_stride_block + slot * k_stride_token)[:, None] + k_d[None, :]
+    v_tok = block * v_stride_block + slot * v_stride_token
+    if V_TOKENS_CONTIGUOUS:
+        # vLLM V layout [.., head_size, block_size]: tokens of one block are adjacent and a tile
+        # starts at a multiple of min(TILE, BLOCK_SIZE), so 16-byte loads run along tokens
+        v_tok = tl.max_contiguous(tl.multiple_of(v_tok, RUN), RUN)
+    v_ptrs = v_base + v_tok[:, None] + v_d[None, :]
+    if HEAD_SIZE == BLOCK_D and not MASKED:
+        k = tl.load(k_ptrs)
+        v = tl.load(v_ptrs)
+    elif V_TOKENS_CONTIGUOUS and MASKED:
+        # a mask varying along tokens would stop 16-byte loads: load the whole runs (every address is
+        # inside the pool) and zero the tokens past the end, which may hold NaN (free slots)
+        k = tl.load(k_ptrs, mask=kv_mask, other=0.0)
+        v = tl.load(v_ptrs, mask=d_ok[None, :], other=0.0)
+        v = tl.where(t_ok[:, None], v, 0.0)
+    else:
+        k = tl.load(k_ptrs, mask=kv_mask, other=0.0)
+        v = tl.load(v_ptrs, mask=kv_mask, other=0.0)
+    if UPCAST_DOT:
+        k = k.to(tl.float32)
+        v = v.to(tl.float32)
+    if IEEE:
+        s = tl.dot(q, tl.trans(k), input_precision="ieee")
+    else:
+        s = tl.dot(q, tl.trans(k))
+    if MASKED:
+        s = tl.where(t_ok[None, :], s * qk_scale, float("-inf"))
+    else:
+        s = s * qk_scale
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    alpha = tl.math.exp2(m_i - m_new)
+    p = tl.math.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    if IEEE:
+        pv = tl.dot(p, v, input_precision="ieee")
+    else:
+        pv = tl.dot(p.to(v.dtype), v)
+    acc = acc * alpha[:, None] + pv
+    return m_new, l_i, acc
+
+
+@triton.jit
 def _paged_attention_kernel(
     out_ptr, m_ptr, l_ptr,
     q_ptr, k_ptr, v_ptr, block_tables_ptr, seq_lens_ptr,
@@ -198,47 +260,20 @@ def _paged_attention_kernel(
     m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
     acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
-    for t0 in range(start, end, TILE):
-        t = t0 + tl.arange(0, TILE)
-        t_ok = t < end
-        block = tl.load(bt_row + t // BLOCK_SIZE, mask=t_ok, other=0).to(tl.int64)
-        slot = t % BLOCK_SIZE
-        kv_mask = t_ok[:, None] & d_ok[None, :]
-        k = tl.load(k_base + (block * k_stride_block + slot * k_stride_token)[:, None] + k_d[None, :],
-                    mask=kv_mask, other=0.0)
-        v_tok = block * v_stride_block + slot * v_stride_token
-        if V_TOKENS_CONTIGUOUS:
-            # vLLM V layout [.., head_size, block_size]: tokens of one block are adjacent and a tile
-            # starts at a multiple of min(TILE, BLOCK_SIZE) (t0 is a multiple of TILE). A mask that
-            # varies along tokens would stop 16-byte loads, so load unmasked (every address is inside
-            # the pool: a masked-off token reads block 0, or its run's block) and zero the tail after.
-            v_tok = tl.max_contiguous(tl.multiple_of(v_tok, RUN), RUN)
-            v_ptrs = v_base + v_tok[:, None] + v_d[None, :]
-            if HEAD_SIZE == BLOCK_D:
-                v = tl.load(v_ptrs)
-            else:
-                v = tl.load(v_ptrs, mask=d_ok[None, :], other=0.0)
-            v = tl.where(t_ok[:, None], v, 0.0)
-        else:
-            v = tl.load(v_base + v_tok[:, None] + v_d[None, :], mask=kv_mask, other=0.0)
-        if UPCAST_DOT:
-            k = k.to(tl.float32)
-            v = v.to(tl.float32)
-        if IEEE:
-            s = tl.dot(q, tl.trans(k), input_precision="ieee")
-        else:
-            s = tl.dot(q, tl.trans(k))
-        s = tl.where(t_ok[None, :], s * qk_scale, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.math.exp2(m_i - m_new)
-        p = tl.math.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        if IEEE:
-            pv = tl.dot(p, v, input_precision="ieee")
-        else:
-            pv = tl.dot(p.to(v.dtype), v)
-        acc = acc * alpha[:, None] + pv
-        m_i = m_new
+    # full tiles carry no token masks (vectorised, pipelined loads); one masked tile takes the tail
+    end = tl.maximum(end, start)  # a v2 partition past the sequence's end has no tokens
+    num_full = (end - start) // TILE
+    for i in range(0, num_full):
+        m_i, l_i, acc = _attend_tile(
+            q, m_i, l_i, acc, start + i * TILE, end, bt_row, k_base, v_base, k_d, v_d, d_ok, qk_scale,
+            k_stride_block, k_stride_token, v_stride_block, v_stride_token,
+            HEAD_SIZE, BLOCK_D, BLOCK_SIZE, TILE, V_TOKENS_CONTIGUOUS, RUN, UPCAST_DOT, IEEE, False)
+    tail = start + num_full * TILE
+    if tail < end:
+        m_i, l_i, acc = _attend_tile(
+            q, m_i, l_i, acc, tail, end, bt_row, k_base, v_base, k_d, v_d, d_ok, qk_scale,
+            k_stride_block, k_stride_token, v_stride_block, v_stride_token,
+            HEAD_SIZE, BLOCK_D, BLOCK_SIZE, TILE, V_TOKENS_CONTIGUOUS, RUN, UPCAST_DOT, IEEE, True)
 
     out_mask = row_ok[:, None] & d_ok[None, :]
     out_offs = seq.to(tl.int64) * stride_o_seq + heads[:, None] * stride_o_head + d[None, :]

@@ -89,7 +89,7 @@ def format_report(report) -> str:
         f"{sum(c.num_shared_blocks > 0 for c in report.checks)} with shared blocks; {report.dtype} "
         f"{report.layout} layout on {report.device}, heads {report.num_heads}/{report.num_kv_heads} kv, "
         f"head_size {report.head_size}, partition {report.partition_size or 'auto'}: worst relative error "
-        f"{worst:.2e} (tolerance {report.tolerance:.0e}); "
+        f"{worst:.2e} (tolerance {report.tolerance:.2g}); "
         + ("all bitwise equal to the identity table, PASS" if num_failed == 0 else f"{num_failed} FAILED"))
     return "\n".join(lines)
 

@@ -49,6 +49,7 @@ SWEEP_KEYS: dict[str, Callable[[str], object]] = {
     "enable_prefix_caching": _parse_bool, "long_prefill_token_threshold": int,
     "watermark": float, "full_prompt_admission": _parse_bool,
     "replicas": int, "router": str, "seed": int, "step_overhead_s": float,
+    "bandwidth_efficiency": float, "flops_efficiency": float,
 }
 # keys handed to simulator.EngineConfig as they are
 ENGINE_KEYS = ("allocator", "placement", "max_num_seqs", "max_num_batched_tokens",
@@ -118,6 +119,8 @@ class PlanBase:
     router: str = "round-robin"
     seed: int = 0
     step_overhead_s: float = DEFAULT_STEP_OVERHEAD_S
+    bandwidth_efficiency: float = 1.0   # roofline: achievable fractions of the datasheet peaks
+    flops_efficiency: float = 1.0
     engine: Mapping = field(default_factory=dict)  # further EngineConfig fields (max_num_seqs, ...)
 
 
@@ -234,7 +237,9 @@ def evaluate_point(task: PointTask) -> dict:
         engine.setdefault("max_num_seqs", report.max_num_seqs)
         engine.setdefault("max_num_batched_tokens", report.max_num_batched_tokens)
         cost_model = RooflineCost(model, gpu, tp=base.tp, kv_dtype=base.kv_dtype,
-                                  step_overhead_s=base.step_overhead_s)
+                                  step_overhead_s=base.step_overhead_s,
+                                  bandwidth_efficiency=base.bandwidth_efficiency,
+                                  flops_efficiency=base.flops_efficiency)
         config = build_engine_config(report.num_gpu_blocks, base.block_size, report.max_model_len,
                                      base.allocator, engine)
         requests = load_requests(base.workload, rate=base.rate, max_requests=base.max_requests,

@@ -173,3 +173,32 @@ def test_presets_are_all_reachable_by_alias():
         get_model("llama-9000")
     with pytest.raises(ValueError, match="presets: A100-40GB"):
         get_gpu("tpu")
+
+
+from hypothesis import assume, given, settings, strategies as st  # noqa: E402
+
+
+@settings(max_examples=200, deadline=None)
+@given(layers=st.integers(1, 96), kv_heads=st.sampled_from([1, 2, 4, 8, 16]),
+       group=st.sampled_from([1, 2, 4, 8]), head_dim=st.sampled_from([64, 80, 128, 256]),
+       params_b=st.floats(0.1, 20), tp=st.sampled_from([1, 2, 4, 8]), block=st.sampled_from([1, 8, 16, 32, 128]),
+       util=st.floats(0.05, 1.0), fp8=st.booleans())
+def test_num_gpu_blocks_is_the_floor_of_available_over_block_bytes(layers, kv_heads, group, head_dim, params_b,
+                                                                   tp, block, util, fp8):
+    heads = kv_heads * group
+    # combinations vLLM rejects are tested above
+    assume(not (heads % tp or (kv_heads >= tp and kv_heads % tp) or (kv_heads < tp and tp % kv_heads)))
+    model = ModelSpec(name="h", num_layers=layers, num_attention_heads=heads, num_kv_heads=kv_heads,
+                      head_dim=head_dim, hidden_size=heads * head_dim, intermediate_size=4 * heads * head_dim,
+                      vocab_size=32000, num_params=int(params_b * 1e9), max_position_embeddings=1024)
+    try:
+        r = compute_capacity(model, get_gpu("H200"), tp=tp, block_size=block, gpu_memory_utilization=util,
+                             kv_dtype="fp8" if fp8 else "auto", max_model_len=1024)
+    except ValueError as err:  # too little memory at this utilization: must say so
+        assert "GiB" in str(err)
+        assume(False)
+    per_rank_heads = max(1, kv_heads // tp)
+    assert r.bytes_per_block == layers * 2 * block * per_rank_heads * head_dim * (1 if fp8 else 2)
+    assert r.num_gpu_blocks * r.bytes_per_block <= r.available_kv_bytes < (r.num_gpu_blocks + 1) * r.bytes_per_block
+    assert r.available_kv_bytes == int(r.total_memory_bytes * util) - r.non_kv_bytes
+    assert r.num_gpu_blocks >= math.ceil(1024 / block)  # one max_model_len request always fits

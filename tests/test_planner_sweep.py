@@ -198,3 +198,11 @@ def test_capacity_text_output_uses_vllms_wording(monkeypatch, capsys):
     assert "KV bytes per token:        31,104 B" in out
     assert "Maximum concurrency for 8,192 tokens per request:" in out
     assert "Maximum concurrency for 1,000 tokens per request:" in out
+
+
+def test_roofline_efficiencies_are_sweepable(fake_backend):
+    import dataclasses
+    base = dataclasses.replace(BASE, step_overhead_s=0.0)
+    rows = run_sweep(expand_grid(parse_sweep(["flops_efficiency=1,0.5"])), base, simulate=fake_simulate)
+    # the fake's TTFT is a 1000-token prefill step: compute-bound, so half the FLOP rate doubles it
+    assert rows[1]["ttft_p99_s"] == pytest.approx(2 * rows[0]["ttft_p99_s"], rel=1e-3)
