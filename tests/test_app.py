@@ -215,3 +215,18 @@ def test_traces_without_timestamps_get_generated_arrivals(shared_traces):
     assert len(arrivals) == 30 and arrivals == sorted(arrivals)
     assert 30 / 4.0 / 3 < arrivals[-1] < 30 / 4.0 * 3  # about n / rate seconds
     assert not S.needs_rate(S.Workload("shared", "mooncake/conversation_trace.jsonl", 5))
+
+
+def test_dashboard_subcommand_serves_app_py():
+    import argparse
+
+    from app_pages import dashboard_cmd
+    parser = argparse.ArgumentParser()
+    dashboard_cmd.register(parser.add_subparsers())
+    args = parser.parse_args(["dashboard", "--port", "9000"])
+    cmd = dashboard_cmd.streamlit_command(args.port, args.headless)
+    assert cmd[1:4] == ["-m", "streamlit", "run"] and Path(cmd[4]) == ROOT / "app.py"
+    assert cmd[cmd.index("--server.port") + 1] == "9000"
+    assert cmd[cmd.index("--server.headless") + 1] == "true"
+    with pytest.raises(ValueError, match="port must be in 1..65535, got 0"):
+        dashboard_cmd.streamlit_command(0, True)
