@@ -4,7 +4,7 @@ import streamlit as st
 from app_pages import _state as S
 from app_pages import _ui
 from viz.block_table import (block_table_figure, block_table_frame, contiguous_extent,
-                             requests_frame, slot_mapping_runs)
+                             extent_figure, requests_frame, slot_mapping_runs)
 
 st.title("Block table inspector")
 st.caption(
@@ -43,23 +43,31 @@ seq_id = int(live.iloc[rows[0]]["seq_id"] if rows else
              live.sort_values(["num_shared_blocks", "seq_id"], ascending=[False, True])
              .iloc[0]["seq_id"])
 
-st.plotly_chart(block_table_figure(snap, seq_id), key="insp_fig")
-left, right = st.columns([3, 2])
-with left:
-    st.subheader(f"Block table of request {seq_id}")
-    st.dataframe(block_table_frame(snap, seq_id), hide_index=True, width="stretch",
-                 height=300, key="insp_bt")
-with right:
-    st.subheader("slot_mapping")
-    st.caption("Token ranges and the physical slots they map to (one row per contiguous run).")
-    st.dataframe(slot_mapping_runs(snap, seq_id), hide_index=True, width="stretch",
-                 height=300, key="insp_slots")
 if snap.kind == "contiguous":
     ext = contiguous_extent(snap, seq_id)
-    st.subheader("Extent")
-    m = st.columns(5)
-    m[0].metric("cells", f"{ext['first_cell']}–{ext['last_cell']}")
+    st.plotly_chart(extent_figure(snap, seq_id), key="insp_extent")
+    m = st.columns(6)
+    m[0].metric("extent (cells)", f"{ext['first_cell']}–{ext['last_cell']}")
     m[1].metric("holding tokens", ext["token_states_cells"])
-    m[2].metric("reserved", ext["reservation_cells"])
-    m[3].metric("hole before", ext["hole_before_cells"])
-    m[4].metric("hole after", ext["hole_after_cells"])
+    m[2].metric("reserved ahead", ext["reservation_cells"])
+    m[3].metric("never filled", ext["internal_fragmentation_cells"] +
+                ext["external_fragmentation_cells"])
+    m[4].metric("free before", ext["hole_before_cells"])
+    m[5].metric("free after", ext["hole_after_cells"])
+    st.subheader("slot_mapping")
+    st.caption("One extent, so one run: token i lives in slot first_cell + i.")
+    st.dataframe(slot_mapping_runs(snap, seq_id), hide_index=True, width="stretch",
+                 key="insp_slots")
+else:
+    st.plotly_chart(block_table_figure(snap, seq_id), key="insp_fig")
+    left, right = st.columns([3, 2])
+    with left:
+        st.subheader(f"Block table of request {seq_id}")
+        st.dataframe(block_table_frame(snap, seq_id), hide_index=True, width="stretch",
+                     height=300, key="insp_bt")
+    with right:
+        st.subheader("slot_mapping")
+        st.caption("Token ranges and the physical slots they map to (one row per contiguous "
+                   "run).")
+        st.dataframe(slot_mapping_runs(snap, seq_id), hide_index=True, width="stretch",
+                     height=300, key="insp_slots")

@@ -84,6 +84,13 @@ def test_block_table_inspector_shows_the_picked_request(small):
     heads = [h.value for h in small.subheader]
     assert any(h.startswith("Block table of request") for h in heads)
     assert "slot_mapping" in heads
+    small.radio(key="k_insp_side").set_value(1).run()  # the contiguous pool: its extent
+    _clean(small)
+    labels = [m.label for m in small.metric]
+    assert labels[:2] == ["extent (cells)", "holding tokens"] and "free before" in labels
+    first, last = (int(v) for v in small.metric[0].value.split("–"))
+    assert last > first
+    small.radio(key="k_insp_side").set_value(0).run()
 
 
 BAD_AZURE = (b"TIMESTAMP,ContextTokens,GeneratedTokens\n"

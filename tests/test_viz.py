@@ -223,3 +223,21 @@ def test_kernel_error_figure_marks_failures_and_tolerance():
     assert list(bar.marker.color) == [PASS_COLOR, PASS_COLOR, FAIL_COLOR]
     assert bar.y[0] > 0  # an exact result still shows on the log axis
     assert fig.layout.shapes[0].y0 == 1e-5
+
+
+def test_extent_figure_shows_the_extent_and_its_neighbours():
+    from viz.block_table import extent_figure
+    c = ContiguousAllocator(capacity_tokens=512, policy="oracle", max_model_len=256,
+                            placement="first-fit")
+    assert c.allocate(0, 10, 40) and c.allocate(1, 20, 100) and c.allocate(2, 5, 50)
+    c.free(0)  # a hole before request 1
+    snap = c.snapshot()
+    fig = extent_figure(snap, 1)
+    z = np.asarray(fig.data[0].z)[0]
+    x = np.asarray(fig.data[0].x)
+    ext = snap.block_tables[1]
+    inside = (x >= ext[0]) & (x <= ext[-1])
+    assert (z[inside] == CODE_OWNER0 + 1).sum() == 20  # its 20 tokens, one column per cell
+    assert (z[inside] == CODE_RESERVATION).sum() == 80
+    assert (z[x > ext[-1]] == NUM_CODES).any()  # request 2 right after it, grey
+    assert (z[x < ext[0]] == CODE_FREE).all()   # the freed hole before it

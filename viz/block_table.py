@@ -178,3 +178,51 @@ def block_table_figure(snapshot, seq_id: int, max_blocks: int = 64) -> go.Figure
     fig.update_xaxes(showgrid=False, zeroline=False, range=[0, n], title="logical block (top); "
                      "physical position in the pool, scaled (bottom)")
     return fig
+
+
+OTHER_REQUESTS_COLOR = "#B8BEC6"
+
+
+def extent_figure(snapshot, seq_id: int, max_bins: int = 1000) -> go.Figure:
+    """A contiguous request's extent in its neighbourhood of the pool, cell classes coloured.
+
+    The window spans the extent and as much again on either side (at least 64 cells), so the
+    holes around it and the neighbouring extents are visible; other requests are grey.
+
+    Args:
+        snapshot: a contiguous PoolSnapshot.
+        seq_id: the request.
+        max_bins: most columns drawn (cells are grouped beyond that, most common class wins).
+    Returns:
+        the figure.
+    """
+    from viz.pool import NUM_CODES, cell_codes, code_colors, discrete_colorscale
+
+    ext = contiguous_extent(snapshot, seq_id)
+    pad = max(64, ext["num_cells"] // 2)
+    lo = max(0, ext["first_cell"] - pad)
+    hi = min(int(snapshot.num_cells), ext["last_cell"] + 1 + pad)
+    owner = np.asarray(snapshot.owner)[lo:hi]
+    codes = cell_codes(np.asarray(snapshot.cell_class)[lo:hi], owner,
+                       np.asarray(snapshot.ref_cnt)[lo:hi]).astype(np.int64)
+    other = NUM_CODES  # one extra code: cells of other requests
+    codes = np.where((owner >= 0) & (owner != seq_id), other, codes)
+    k = max(1, -(-(hi - lo) // max_bins))
+    num_bins = -(-(hi - lo) // k)
+    counts = np.bincount(np.arange(hi - lo) // k * (other + 1) + codes,
+                         minlength=num_bins * (other + 1)).reshape(num_bins, other + 1)
+    z = counts.argmax(axis=1)
+    first = lo + np.arange(num_bins) * k
+    colors = code_colors() + [OTHER_REQUESTS_COLOR]
+    fig = go.Figure(go.Heatmap(
+        z=z[None, :], x=first, y=[0], customdata=np.stack([first, counts.max(axis=1)], 1)[None],
+        zmin=-0.5, zmax=other + 0.5, colorscale=discrete_colorscale(colors), showscale=False,
+        hovertemplate=f"cells from %{{customdata[0]}} ({k} per column)<extra></extra>"))
+    for x, label in ((ext["first_cell"], "extent start"), (ext["last_cell"] + 1, "extent end")):
+        fig.add_vline(x=x - 0.5 * k, line=dict(color="#333", width=1.5, dash="dot"),
+                      annotation_text=label, annotation_position="top")
+    fig.update_layout(**base_layout(f"Request {seq_id}: extent of {ext['num_cells']} cells and "
+                                    f"its neighbourhood (grey: other requests)", height=200))
+    fig.update_yaxes(visible=False)
+    fig.update_xaxes(title="cell (token slot) in the pool", showgrid=False)
+    return fig

@@ -156,7 +156,8 @@ def pool_grid(snapshot, max_cells: int = DEFAULT_MAX_CELLS, aspect: float = 1.0,
                     cells_per_tile=k, num_cells=n)
 
 
-def _discrete_colorscale(colors: list[str]) -> list[list]:
+def discrete_colorscale(colors: list[str]) -> list[list]:
+    """A plotly colorscale giving integer z = i exactly ``colors[i]`` (zmin -0.5, zmax n - 0.5)."""
     n = len(colors)
     scale = []
     for i, c in enumerate(colors):
@@ -197,7 +198,7 @@ def pool_heatmap(snapshot, title: str | None = None, max_cells: int = DEFAULT_MA
     fig = go.Figure(go.Heatmap(
         z=grid.z, customdata=grid.customdata, y=grid.row_start,
         x=np.arange(grid.num_cols) * grid.cells_per_tile,
-        zmin=-0.5, zmax=NUM_CODES - 0.5, colorscale=_discrete_colorscale(code_colors()),
+        zmin=-0.5, zmax=NUM_CODES - 0.5, colorscale=discrete_colorscale(code_colors()),
         showscale=False, hovertemplate=hover, xgap=1 if small else 0, ygap=1 if small else 0,
         hoverongaps=False, name="pool"))
     if show_legend:
