@@ -35,16 +35,18 @@ def requests_frame(snapshot) -> pd.DataFrame:
     """One row per live request: seq_id, tokens, cells held, cells shared with others.
 
     Returns:
-        DataFrame with columns seq_id, num_tokens, num_blocks, num_shared_blocks (sorted by id).
+        DataFrame with columns seq_id, num_tokens, num_blocks (contiguous: num_cells, token
+        slots), num_shared_blocks (sorted by id).
     """
     shared = block_holders(snapshot) if snapshot.kind == "paged" else {}
+    held = "num_blocks" if snapshot.kind == "paged" else "num_cells"
     rows = []
     for seq_id in sorted(snapshot.block_tables):
         table = np.asarray(snapshot.block_tables[seq_id])
-        rows.append(dict(seq_id=int(seq_id), num_tokens=int(snapshot.seq_lens.get(seq_id, 0)),
-                         num_blocks=int(len(table)),
-                         num_shared_blocks=int(sum(int(b) in shared for b in table))))
-    return pd.DataFrame(rows, columns=["seq_id", "num_tokens", "num_blocks", "num_shared_blocks"])
+        rows.append({"seq_id": int(seq_id), "num_tokens": int(snapshot.seq_lens.get(seq_id, 0)),
+                     held: int(len(table)),
+                     "num_shared_blocks": int(sum(int(b) in shared for b in table))})
+    return pd.DataFrame(rows, columns=["seq_id", "num_tokens", held, "num_shared_blocks"])
 
 
 def block_table_frame(snapshot, seq_id: int) -> pd.DataFrame:
