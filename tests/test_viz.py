@@ -142,6 +142,7 @@ def test_contiguous_extent_and_holes():
     assert (ext["token_states_cells"], ext["reservation_cells"],
             ext["internal_fragmentation_cells"]) == (2, 1, 1)
     assert contiguous_extent(s, 2)["hole_after_cells"] == 0
+    assert requests_frame(s).set_index("seq_id")["num_cells"].to_dict() == {1: 4, 2: 1}
 
 
 def test_block_table_figure_links_every_logical_block():
