@@ -78,10 +78,15 @@ def page(app_url):
 
 
 def _settle(pg) -> None:
-    """Wait until Streamlit has finished the run (no running indicator) and charts are drawn."""
-    pg.wait_for_function(
-        "() => !document.querySelector('[data-testid=\"stStatusWidget\"]')", timeout=60_000)
-    pg.wait_for_timeout(800)
+    """Wait until Streamlit has finished the run and charts are drawn.
+
+    The running indicator appears a moment after a run starts, so absence is checked twice
+    with a pause in between.
+    """
+    for _ in range(2):
+        pg.wait_for_timeout(700)
+        pg.wait_for_function(
+            "() => !document.querySelector('[data-testid=\"stStatusWidget\"]')", timeout=90_000)
 
 
 def _no_exception(pg) -> None:
