@@ -240,6 +240,42 @@ def next_frame(frame: int, num_frames: int, frames_per_tick: int) -> tuple[int, 
     return nxt, nxt < num_frames - 1
 
 
+# Playback state in session state: "k_frame" (the scrubber's frame), "live_playing",
+# "k_speed" (frames per tick). The functions take the state mapping so tests can pass a dict.
+def clamp_frame(num_frames: int, state=None) -> None:
+    """Keep the frame inside a run that may have fewer frames than the last one."""
+    state = st.session_state if state is None else state
+    if state.get("k_frame", 0) >= num_frames:
+        state["k_frame"] = num_frames - 1
+
+
+def toggle_play(num_frames: int, state=None) -> None:
+    """Play / pause; playing from the last frame starts again from the first."""
+    state = st.session_state if state is None else state
+    if not state.get("live_playing") and state.get("k_frame", 0) >= num_frames - 1:
+        state["k_frame"] = 0
+    state["live_playing"] = not state.get("live_playing")
+
+
+def step(num_frames: int, state=None) -> None:
+    """Pause and move one frame on."""
+    state = st.session_state if state is None else state
+    state["live_playing"] = False
+    state["k_frame"] = next_frame(state.get("k_frame", 0), num_frames, 1)[0]
+
+
+def tick(num_frames: int, state=None) -> bool:
+    """One timer tick while playing: advance by the speed; returns True when playback ended."""
+    state = st.session_state if state is None else state
+    if not state.get("live_playing"):
+        return False
+    state["k_frame"], more = next_frame(state.get("k_frame", 0), num_frames,
+                                        state.get("k_speed", 1))
+    if not more:
+        state["live_playing"] = False
+    return not more
+
+
 def sample_at(ts: pd.DataFrame, t_s: float, time_col: str = "time_s") -> pd.Series:
     """The last timeseries sample at or before ``t_s`` (the first one before any sample)."""
     if ts.empty:

@@ -22,8 +22,7 @@ c1, c2 = st.columns([1, 3])
 side = c1.radio("Pool", [0, 1], key="k_insp_side",
                 format_func=lambda i: S.ALLOCATOR_LABELS[runs[i].allocator])
 S.defaults(k_frame=S.default_frame(num_frames))
-if st.session_state["k_frame"] >= num_frames:
-    st.session_state["k_frame"] = num_frames - 1
+S.clamp_frame(num_frames)
 # the same key as the live page's scrubber: the inspector opens on the moment paused there
 frame = c2.slider("Simulated time (frame)", 0, num_frames - 1, key="k_frame")
 run = runs[side]

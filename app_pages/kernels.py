@@ -25,6 +25,7 @@ if runs is None:
 num_frames = len(runs[0].snapshots)
 S.defaults(k_frame=S.default_frame(num_frames), k_kern_layout="flat", k_kern_dtype="float32",
            k_kern_max_seqs=4, k_kern_split=False)
+S.clamp_frame(num_frames)
 device = S.kernel_device()
 st.caption("Device: **CUDA**" if device == "cuda" else
            "Device: **CPU**, through the Triton interpreter (no GPU here); head sizes are scaled "

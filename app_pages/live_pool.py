@@ -22,38 +22,20 @@ if runs is None:
 num_frames = len(runs[0].snapshots)
 end_s = float(runs[0].frame_times_s[-1])
 S.defaults(live_playing=False, k_speed=1, k_frame=S.default_frame(num_frames))
-if st.session_state.get("k_frame", 0) >= num_frames:
-    st.session_state["k_frame"] = num_frames - 1
-
-
-def _toggle_play():
-    if not st.session_state["live_playing"] and st.session_state.get("k_frame", 0) >= num_frames - 1:
-        st.session_state["k_frame"] = 0  # play from the start again
-    st.session_state["live_playing"] = not st.session_state["live_playing"]
-
-
-def _step():
-    st.session_state["live_playing"] = False
-    st.session_state["k_frame"] = S.next_frame(st.session_state.get("k_frame", 0), num_frames, 1)[0]
-
-
+S.clamp_frame(num_frames)
 playing = st.session_state["live_playing"]
 c1, c2, c3, _ = st.columns([1, 1, 3, 5], vertical_alignment="bottom")
 c1.button(":material/pause: Pause" if playing else ":material/play_arrow: Play", key="play",
-          on_click=_toggle_play, type="primary", width="stretch")
-c2.button(":material/skip_next: Step", key="step", on_click=_step, width="stretch")
+          on_click=S.toggle_play, args=(num_frames,), type="primary", width="stretch")
+c2.button(":material/skip_next: Step", key="step", on_click=S.step, args=(num_frames,),
+          width="stretch")
 c3.select_slider("Speed (frames per tick)", [1, 2, 4, 8], key="k_speed")
 
 
 @st.fragment(run_every=S.TICK_S if playing else None)
 def live_view():
-    if st.session_state["live_playing"]:
-        frame, more = S.next_frame(st.session_state.get("k_frame", 0), num_frames,
-                                   st.session_state.get("k_speed", 1))
-        st.session_state["k_frame"] = frame
-        if not more:
-            st.session_state["live_playing"] = False
-            st.rerun(scope="app")  # stop the timer: run_every is fixed when the fragment is drawn
+    if S.tick(num_frames):
+        st.rerun(scope="app")  # stop the timer: run_every is fixed when the fragment is drawn
     frame = st.slider("Simulated time (frame)", 0, num_frames - 1, key="k_frame")
     t_s = float(runs[0].frame_times_s[frame])
     st.markdown(f"**t = {S.fmt_duration(t_s)}** of {S.fmt_duration(end_s)}")

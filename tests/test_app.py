@@ -135,6 +135,24 @@ def test_planner_impossible_configuration_is_an_error_not_a_crash():
     assert "max_model_len" in at.error[0].value
 
 
+def test_playback_state_machine():
+    state = {"k_frame": 9, "live_playing": False, "k_speed": 4}
+    S.toggle_play(10, state)  # at the end: play restarts from the first frame
+    assert state == {"k_frame": 0, "live_playing": True, "k_speed": 4}
+    assert not S.tick(10, state) and state["k_frame"] == 4
+    assert not S.tick(10, state) and state["k_frame"] == 8
+    assert S.tick(10, state) and state["k_frame"] == 9 and not state["live_playing"]
+    assert not S.tick(10, state) and state["k_frame"] == 9  # paused: nothing moves
+    S.step(10, state)
+    assert state["k_frame"] == 9
+    state["k_frame"] = 3
+    S.toggle_play(10, state)
+    S.step(10, state)  # stepping pauses
+    assert state["k_frame"] == 4 and not state["live_playing"]
+    S.clamp_frame(3, state)
+    assert state["k_frame"] == 2
+
+
 def test_playback_helpers():
     assert S.next_frame(3, 10, 2) == (5, True)
     assert S.next_frame(8, 10, 4) == (9, False)
