@@ -26,13 +26,13 @@ with st.expander("Every summary figure"):
     st.dataframe(S.summary_table(runs), width="stretch", key="met_summary")
 
 st.subheader("Memory breakdown over time")
-for col, run, label in zip(st.columns(2), runs, labels):
+for side, (col, run, label) in enumerate(zip(st.columns(2), runs, labels)):
     col.plotly_chart(breakdown_area(run.timeseries, title=label, height=330,
-                                    x_range=(0, end_s)), key=f"met_mem_{labels.index(label)}")
+                                    x_range=(0, end_s)), key=f"met_mem_{side}")
 st.subheader("Concurrency")
-for col, run, label in zip(st.columns(2), runs, labels):
+for side, (col, run, label) in enumerate(zip(st.columns(2), runs, labels)):
     col.plotly_chart(concurrency_chart(run.timeseries, title=label, height=280,
-                                       x_range=(0, end_s)), key=f"met_conc_{labels.index(label)}")
+                                       x_range=(0, end_s)), key=f"met_conc_{side}")
 
 st.subheader("Prefix caching")
 st.caption("Share of prompt tokens served from cached blocks so far (only the paged allocator "

@@ -77,6 +77,15 @@ def test_state_survives_page_switches(small):
     assert small.selectbox(key="k_plan_gpu").value == "H100-80GB-SXM"
 
 
+def test_same_allocator_on_both_sides():
+    at = _app()
+    at.session_state["k_alloc_b"] = "paged"
+    at.run()
+    for page in PAGES[:3]:  # the pages drawing one element per side
+        at.switch_page(page).run()
+        _clean(at)
+
+
 def test_block_table_inspector_shows_the_picked_request(small):
     small.switch_page("app_pages/block_table.py").run()
     small.slider(key="k_frame").set_value(10).run()
