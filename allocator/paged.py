@@ -38,6 +38,7 @@ import numpy as np
 from allocator.accounting import (CACHED, FREE, INTERNAL, TOKEN_STATES, PoolSnapshot,
                                   check_breakdown, make_breakdown)
 from allocator.block_pool import BlockPool
+from allocator.checks import require_int, require_live, require_new_seq_id
 
 
 class _Seq:
@@ -56,11 +57,6 @@ class _Seq:
         self.num_hit_blocks = num_hit_blocks            # leading blocks taken from the cache
 
 
-def _check_count(name: str, value: int) -> None:
-    if not isinstance(value, (int, np.integer)) or value < 0:
-        raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
-
-
 class PagedAllocator:
     """vLLM-style paged KV-cache allocator.
 
@@ -73,11 +69,10 @@ class PagedAllocator:
 
     def __init__(self, num_blocks: int, block_size: int = 16,
                  enable_prefix_caching: bool = True, null_block: bool = False):
-        if not isinstance(block_size, int) or block_size <= 0 or block_size & (block_size - 1):
+        block_size = require_int("block_size", block_size, 1)
+        if block_size & (block_size - 1):
             raise ValueError(f"block_size must be a power of two, got {block_size}")
-        if not isinstance(num_blocks, int) or num_blocks < 1 + bool(null_block):
-            raise ValueError(f"num_blocks must be an integer >= {1 + bool(null_block)} "
-                             f"(null_block={null_block}), got {num_blocks}")
+        num_blocks = require_int("num_blocks", num_blocks, 1 + bool(null_block))
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
@@ -133,7 +128,7 @@ class PagedAllocator:
 
     def lookup(self, block_hashes: Sequence[int] | None, num_tokens: int) -> int:
         """Tokens a new sequence of ``num_tokens`` would get from the cache (no side effect)."""
-        _check_count("num_tokens", num_tokens)
+        num_tokens = require_int("num_tokens", num_tokens)
         return len(self._find_hits(block_hashes, num_tokens)) * self.block_size
 
     def blocks_needed(self, num_tokens: int, block_hashes: Sequence[int] | None = None) -> int:
@@ -142,7 +137,7 @@ class PagedAllocator:
         A hit on a cached block nobody uses (ref_cnt 0) takes it out of the free queue, so it
         costs a free block too (vLLM's get_num_blocks_to_allocate).
         """
-        _check_count("num_tokens", num_tokens)
+        num_tokens = require_int("num_tokens", num_tokens)
         hits = self._find_hits(block_hashes, num_tokens)
         ref = self.pool.ref_cnt
         return -(-num_tokens // self.block_size) - len(hits) + sum(ref[b] == 0 for b in hits)
@@ -162,12 +157,12 @@ class PagedAllocator:
         Returns:
             False, with nothing changed, if the free blocks do not suffice.
         """
-        self._check_new(seq_id)
-        _check_count("num_tokens", num_tokens)
+        require_new_seq_id(seq_id, self._seqs)
+        num_tokens = require_int("num_tokens", num_tokens)
         size = self.block_size
         num_check_tokens = num_tokens
         if num_reserve_tokens is not None:
-            _check_count("num_reserve_tokens", num_reserve_tokens)
+            num_reserve_tokens = require_int("num_reserve_tokens", num_reserve_tokens)
             num_check_tokens = max(num_tokens, num_reserve_tokens)
         num_check_blocks = -(-num_check_tokens // size)
         if num_check_blocks > self.num_usable_blocks:
@@ -211,7 +206,7 @@ class PagedAllocator:
         seq = self._seqs.get(seq_id)
         if seq is None or type(num_tokens) is not int or num_tokens < 0:
             seq = self._seq(seq_id)               # raises on a bad id or count
-            _check_count("num_tokens", num_tokens)
+            num_tokens = require_int("num_tokens", num_tokens)
         pool, size, table = self.pool, self.block_size, seq.block_table
         old_fill = seq.num_tokens % size
         new_num_tokens = seq.num_tokens + num_tokens
@@ -242,7 +237,7 @@ class PagedAllocator:
                 prefix); None: the child's own continuation is unique content.
         """
         parent = self._seq(parent_id)
-        self._check_new(child_id)
+        require_new_seq_id(child_id, self._seqs)
         ref = self.pool.ref_cnt
         for block_id in parent.block_table:
             ref[block_id] += 1
@@ -373,17 +368,7 @@ class PagedAllocator:
 
     # ---- helpers ---------------------------------------------------------------------------
     def _seq(self, seq_id: int) -> _Seq:
-        seq = self._seqs.get(seq_id)
-        if seq is None:
-            raise ValueError(f"unknown seq_id {seq_id} ({len(self._seqs)} live sequences)")
-        return seq
-
-    def _check_new(self, seq_id: int) -> None:
-        if not isinstance(seq_id, (int, np.integer)) or seq_id < 0:
-            raise ValueError(f"seq_id must be an integer >= 0, got {seq_id!r}")
-        if seq_id in self._seqs:
-            raise ValueError(f"seq_id {seq_id} is already allocated "
-                             f"({self._seqs[seq_id].num_tokens} tokens)")
+        return require_live(seq_id, self._seqs)
 
     def _count_keys(self, block_hashes: Sequence[int] | None) -> tuple[int, int]:
         """(full blocks with a key, leading blocks others may share) of a key sequence."""

@@ -44,8 +44,8 @@ def main(path: str) -> int:
     print(f"- time / best dense SDPA: geometric mean {geomean(ratios):.3f}, max {max(ratios):.3f}, "
           f"{sum(x <= 1.05 for x in ratios)}/{len(ratios)} points within 5%.")
     print()
-    print("| batch | context | GQA | KV MB | ours bs16 us | ours bs128 us | % copy | split | cuDNN us | FA2 us "
-          "| ours/best dense | v1 us | gather+SDPA us | vLLM layout bs16 us | FlexAttn paged us |")
+    print("| batch | context | GQA | KV MB | ours bs16 us | ours bs128 us | % copy (bs16/128) | split | cuDNN us "
+          "| FA2 us | ours/best dense (bs16/128) | v1 us | gather+SDPA us | vLLM layout bs16 us | FlexAttn paged us |")
     print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for key in sorted(by):
         d = by[key]
@@ -57,12 +57,13 @@ def main(path: str) -> int:
             return f"{float(d[label]['time_us']):.1f}" if label in d else "-"
         best_ours = min((r for r in (o16, o128) if r), key=lambda r: float(r["time_us"]))
         dense = [float(d[k]["time_us"]) for k in ("sdpa-cudnn", "sdpa-flash") if k in d]
-        ratio = f"{float(best_ours['time_us']) / min(dense):.2f}" if dense else "-"
+        ratio = "/".join(f"{float(r['time_us']) / min(dense):.2f}" if (r and dense) else "-" for r in (o16, o128))
+        pct_both = "/".join(f"{float(r['pct_copy']):.0f}" if r else "-" for r in (o16, o128))
         split = best_ours["partition_size"]
         flex = d.get("flex-paged:-:128")
         flex_us = f"{float(flex['time_us']):.1f}" if flex else "-"
         print(f"| {key[0]} | {key[1]} | {key[2]} | {int(best_ours['kv_bytes']) / 1e6:.0f} | {t('triton:flat:16')} "
-              f"| {t('triton:flat:128')} | {float(best_ours['pct_copy']):.0f} | {split if split != '0' else 'v1'} "
+              f"| {t('triton:flat:128')} | {pct_both} | {split if split != '0' else 'v1'} "
               f"| {t('sdpa-cudnn')} | {t('sdpa-flash')} | {ratio} | {t('triton-v1:flat:' + best_ours['block_size'])} "
               f"| {t('gather-sdpa:-:' + best_ours['block_size'])} | {t('triton:vllm:16')} "
               f"| {flex_us} |")

@@ -273,3 +273,12 @@ def test_bad_arguments_raise_with_the_numbers():
         a.fork(0, 1)
     with pytest.raises(ValueError, match="unknown seq_id 3"):
         a.free(3)
+
+
+def test_numpy_integers_are_accepted_as_sizes_and_ids():
+    a = PagedAllocator(num_blocks=np.int64(8), block_size=np.int64(4))
+    assert a.allocate(np.int64(3), np.int32(6)) and a.block_table(3) == [0, 1]
+    assert a.append(3, np.int64(3)) and a.num_tokens(3) == 9
+    with pytest.raises(ValueError, match="num_tokens must be an integer >= 0, got 2.5"):
+        a.append(3, 2.5)
+    a.check_invariants()

@@ -8,7 +8,7 @@ import numpy as np
 from hypothesis import given, settings, strategies as st
 
 from allocator import MEMORY_CLASSES, ContiguousAllocator, PagedAllocator, SegmentKeys
-from allocator.block_pool import LruQueue
+from allocator.block_pool import FreeBlockQueue
 
 B = 4
 
@@ -290,23 +290,31 @@ def test_contiguous_allocator_invariants(data, capacity, policy, placement):
                                                   placement).arena.holes()  # fully coalesced
 
 
-@settings(max_examples=60, deadline=None)
-@given(ops=st.lists(st.tuples(st.sampled_from(["extend", "pop", "remove"]), st.integers(0, 9)),
-                    max_size=120))
-def test_lru_queue_matches_a_plain_list(ops):
-    queue, model = LruQueue(10), []
-    queue.compact_after = 3                    # exercise compaction on small runs
+@settings(max_examples=80, deadline=None)
+@given(ops=st.lists(st.tuples(st.sampled_from(["prepend", "append", "popleft", "remove"]),
+                              st.integers(0, 11)), max_size=120))
+def test_free_block_queue_matches_a_plain_list(ops):
+    queue, model = FreeBlockQueue(range(6)), list(range(6))
+    queue.trim_after = 2                       # exercise trimming and front growth on small runs
+    position = {}                              # appended block -> its position
     for op, arg in ops:
-        if op == "extend":
-            new = [b for b in range(arg, 10) if b not in model][:3]
-            queue.extend(new)
-            model += new
-        elif op == "pop":
+        if op in ("prepend", "append"):
+            new = [b for b in range(arg, 12) if b not in model][:3]
+            if op == "prepend":
+                queue.prepend(new)
+                model[:0] = new
+                for b in new:
+                    position.pop(b, None)
+            else:
+                position.update((b, queue.end() + i) for i, b in enumerate(new))
+                queue.append(new)
+                model += new
+        elif op == "popleft":
             n = min(arg, len(model))
-            assert queue.pop(n) == model[:n]
+            assert queue.popleft(n) == model[:n]
             del model[:n]
-        elif arg in model:
-            queue.remove(arg)
+        elif arg in model and arg in position:
+            queue.remove_at(position.pop(arg))
             model.remove(arg)
         assert list(queue) == model and len(queue) == len(model)
         queue.check_invariants()

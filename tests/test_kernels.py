@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from kernels import (allocate_kv_cache, dense_attention, gather_kv, paged_attention, plan_launch,
+from kernels import (KernelConfig, allocate_kv_cache, dense_attention, gather_kv, paged_attention, plan_launch,
                      plan_partitions, reshape_and_cache)
 from kernels.layout import to_flat
 
@@ -92,6 +92,17 @@ def test_v2_equals_v1_within_rounding():
         assert (v2 - v1).abs().max() / ref_scale <= 1e-6
 
 
+@pytest.mark.parametrize("partition_size", [None, 48], ids=["v1", "v2"])
+def test_unmasked_full_tiles_equal_masked_tiles(partition_size):
+    # 16-token tiles: several full tiles, then a partial tail (or none) per sequence / partition
+    case = make_case("vllm", torch.float32, seq_lens=(1, 16, 37, 100), seed=5)
+    outs = [paged_attention(case["query"], case["key_cache"], case["value_cache"], case["block_tables"],
+                            case["seq_lens"], case["scale"], "vllm", partition_size,
+                            config=KernelConfig(16, unmasked_full_tiles=unmasked)) for unmasked in (True, False)]
+    assert torch.equal(outs[0], outs[1])
+    assert_matches_reference(case, outs[0], TOL[torch.float32])
+
+
 def test_partition_covering_every_sequence_is_v1():
     case = make_case("flat", torch.float16, seed=3)
     assert torch.equal(run(case, partition_size=128), run(case))
@@ -166,7 +177,7 @@ def test_dispatch_rule():
             assert ps % 64 == 0 and num_parts >= 2 and args[0] * args[1] * num_parts <= 4 * sms
     # the interpreter: v1 unless asked, big tiles
     ps, config = plan_launch(1, 4, 131072, 128, "flat", torch.device("cpu"))
-    assert ps is None and config.tile_tokens == 256
+    assert ps is None and config.tile_tokens == 256 and config.unmasked_full_tiles
 
 
 BAD_CALLS = [
@@ -186,6 +197,8 @@ BAD_CALLS = [
     (dict(layout="paged"), "layout must be one of"),
     (dict(value_cache=torch.zeros(10, 16, 2, 16)), "value_cache shape"),
     (dict(partition_size=24), "partition_size must be a positive multiple of 16"),
+    (dict(block_tables=torch.zeros(2, 4, dtype=torch.int32, device="meta")), "block_tables is on meta"),
+    (dict(value_cache=torch.zeros(10, 16, 2, 32, dtype=torch.float16)), "value_cache is torch.float16"),
 ]
 
 
