@@ -267,3 +267,14 @@ def test_dashboard_subcommand_serves_app_py():
     assert cmd[cmd.index("--server.headless") + 1] == "true"
     with pytest.raises(ValueError, match="port must be in 1..65535, got 0"):
         dashboard_cmd.streamlit_command(0, True)
+
+
+def test_live_pool_on_a_shared_trace(shared_traces):
+    at = _app().run()
+    at.radio(key="k_source").set_value("shared trace").run()
+    at.selectbox(key="k_shared_trace").set_value(
+        "azure_llm_2023/AzureLLMInferenceTrace_conv.csv").run()
+    _clean(at)
+    assert len(at.get("plotly_chart")) >= 6
+    assert "azure_llm_2023/AzureLLMInferenceTrace_conv.csv" in at.selectbox(
+        key="k_shared_trace").options
