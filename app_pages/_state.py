@@ -27,6 +27,17 @@ ALLOCATORS = ("paged", "max", "pow2", "oracle")
 ALLOCATOR_LABELS = {"paged": "paged (vLLM blocks)", "max": "contiguous, reserve max_model_len",
                     "pow2": "contiguous, reserve next power of two",
                     "oracle": "contiguous, reserve true length (oracle)"}
+# one line per allocator for newcomers (shown under each pool)
+ALLOCATOR_NOTES = {
+    "paged": "Blocks of block_size tokens are taken one at a time as a request grows, anywhere "
+             "in the pool; full prompt blocks with the same content are shared.",
+    "max": "Each admitted request gets one contiguous extent of max_model_len tokens up front, "
+           "however short it turns out to be.",
+    "pow2": "Each admitted request gets one contiguous extent of its final length rounded up "
+            "to a power of two.",
+    "oracle": "Each admitted request gets one contiguous extent of exactly its final length "
+              "(an oracle that knows the output length: the best a contiguous scheme can do).",
+}
 # widget keys whose values must survive page switches (Streamlit drops the state of widgets that a
 # run does not draw; re-assigning a key makes it plain session state, see keep_widget_state)
 PERSISTENT_PREFIX = "k_"

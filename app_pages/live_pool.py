@@ -41,6 +41,7 @@ def live_view():
     st.markdown(f"**t = {S.fmt_duration(t_s)}** of {S.fmt_duration(end_s)}")
     for col, (side, run) in zip(st.columns(2), enumerate(runs)):
         with col:
+            st.caption(S.ALLOCATOR_NOTES[run.allocator])
             now = S.sample_at(run.timeseries, t_s)
             m = st.columns(4)
             m[0].metric("KV usage", f"{100 * float(now['kv_usage']):.0f}%")

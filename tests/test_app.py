@@ -278,3 +278,7 @@ def test_live_pool_on_a_shared_trace(shared_traces):
     assert len(at.get("plotly_chart")) >= 6
     assert "azure_llm_2023/AzureLLMInferenceTrace_conv.csv" in at.selectbox(
         key="k_shared_trace").options
+
+
+def test_every_allocator_is_explained():
+    assert set(S.ALLOCATOR_NOTES) == set(S.ALLOCATORS) == set(S.ALLOCATOR_LABELS)
