@@ -280,5 +280,7 @@ def test_live_pool_on_a_shared_trace(shared_traces):
         key="k_shared_trace").options
 
 
-def test_every_allocator_is_explained():
-    assert set(S.ALLOCATOR_NOTES) == set(S.ALLOCATORS) == set(S.ALLOCATOR_LABELS)
+def test_every_simulator_allocator_is_offered_and_explained():
+    from simulator.config import ALLOCATORS
+    assert S.ALLOCATORS == ALLOCATORS
+    assert set(S.ALLOCATOR_NOTES) == set(ALLOCATORS) == set(S.ALLOCATOR_LABELS)
