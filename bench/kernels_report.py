@@ -40,9 +40,11 @@ def main(path: str) -> int:
           f"{sum(p < 70 for p in pct)} points under 70%);")
     print(f"- against a copy of the same number of bytes: geometric mean {geomean(same):.1f}% "
           f"(min {min(same):.1f}%, {sum(p < 70 for p in same)} points under 70%);")
-    print(f"- points with KV >= 256 MB ({len(big)}): geometric mean {geomean(big):.1f}%, min {min(big):.1f}%;")
-    print(f"- time / best dense SDPA: geometric mean {geomean(ratios):.3f}, max {max(ratios):.3f}, "
-          f"{sum(x <= 1.05 for x in ratios)}/{len(ratios)} points within 5%.")
+    if big:
+        print(f"- points with KV >= 256 MB ({len(big)}): geometric mean {geomean(big):.1f}%, min {min(big):.1f}%;")
+    if ratios:
+        print(f"- time / best dense SDPA: geometric mean {geomean(ratios):.3f}, max {max(ratios):.3f}, "
+              f"{sum(x <= 1.05 for x in ratios)}/{len(ratios)} points within 5%.")
     print()
     print("| batch | context | GQA | KV MB | ours bs16 us | ours bs128 us | % copy (bs16/128) | split | cuDNN us "
           "| FA2 us | ours/best dense (bs16/128) | v1 us | gather+SDPA us | vLLM layout bs16 us | FlexAttn paged us |")

@@ -2,6 +2,7 @@
 
     kvsim validate --snapshot pool.npz [--layout flat|vllm] [--dtype float32|float16|bfloat16]
     kvsim validate WORKLOAD --at SECONDS --num-blocks N [--block-size 16] [--step-s 0.02]
+                   [--save-snapshot pool.npz]
 
 The first form reads a snapshot saved with ``kernels.bridge.save_snapshot``; the second simulates
 WORKLOAD (through ``simulator.replay_cmd``, when the simulator is installed) and takes the pool at
@@ -44,6 +45,8 @@ def register(subparsers) -> None:
     p.add_argument("--max-seqs", type=int, help="validate only the first N sequences (by seq_id)")
     p.add_argument("--seed", type=int, default=0, help="seed of the queries")
     p.add_argument("--json", type=Path, help="write the full report here")
+    p.add_argument("--save-snapshot", type=Path, metavar="FILE",
+                   help="also save the snapshot as .npz (WORKLOAD form: validate it again with --snapshot)")
     p.set_defaults(func=run)
 
 
@@ -67,7 +70,9 @@ def _simulated_snapshot(args):
     result = run_one(parser.parse_args(argv), "paged")
     if not result.snapshots:
         raise ValueError(f"--at {args.at}: the simulation ended before that time (no snapshot taken)")
-    return result.snapshots[0][1]
+    # TEAM.md's contract says (time_s, PoolSnapshot); the simulator adds the replica in between:
+    # the snapshot is the last element either way (replica 0 first)
+    return result.snapshots[0][-1]
 
 
 def format_report(report) -> str:
@@ -116,9 +121,11 @@ def run(args) -> int:
             os.environ["TRITON_INTERPRET"] = "1"
         elif os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
             raise ValueError("--device cpu: the kernels were imported without TRITON_INTERPRET=1")
-    from kernels.bridge import load_snapshot, validate_snapshot
+    from kernels.bridge import load_snapshot, save_snapshot, validate_snapshot
 
     snapshot = load_snapshot(args.snapshot) if args.snapshot is not None else _simulated_snapshot(args)
+    if args.save_snapshot is not None:
+        save_snapshot(args.save_snapshot, snapshot)
     report = validate_snapshot(snapshot, layout=args.layout, dtype=getattr(torch, args.dtype), device=device,
                                num_kv_heads=args.num_kv_heads, num_heads=args.num_heads,
                                head_size=args.head_size, partition_size=args.partition_size,

@@ -119,8 +119,11 @@ def test_validate_command_on_a_snapshot_file(tmp_path, capsys):
     path = tmp_path / "pool.npz"
     save_snapshot(path, paged_snapshot())
     out_json = tmp_path / "report.json"
-    args = _parser().parse_args(["validate", "--snapshot", str(path), "--device", "cpu", "--json", str(out_json)])
+    copy = tmp_path / "copy.npz"
+    args = _parser().parse_args(["validate", "--snapshot", str(path), "--device", "cpu", "--json", str(out_json),
+                                 "--save-snapshot", str(copy)])
     assert args.func(args) == 0
+    assert load_snapshot(copy).seq_lens == load_snapshot(path).seq_lens
     text = capsys.readouterr().out
     assert "3 sequences (1 with 0 tokens not run), 2 with shared blocks" in text and "PASS" in text
     report = json.loads(out_json.read_text())
