@@ -19,7 +19,8 @@ def streamlit_command(port: int, headless: bool) -> list[str]:
 
 def run(args) -> int:
     """Serve the dashboard until interrupted; returns Streamlit's exit code."""
-    return subprocess.call(streamlit_command(args.port, args.headless))
+    # from the repository root, so that .streamlit/config.toml applies
+    return subprocess.call(streamlit_command(args.port, args.headless), cwd=APP.parent)
 
 
 def register(subparsers) -> None:
