@@ -284,3 +284,18 @@ def test_every_simulator_allocator_is_offered_and_explained():
     from simulator.config import ALLOCATORS
     assert S.ALLOCATORS == ALLOCATORS
     assert set(S.ALLOCATOR_NOTES) == set(ALLOCATORS) == set(S.ALLOCATOR_LABELS)
+
+
+def test_a_good_upload_is_simulated_and_survives_a_page_switch():
+    rows = "".join(f"{0.5 * i},{100 + 37 * i},{20 + 5 * i}\n" for i in range(12))
+    at = _app().run()
+    at.radio(key="k_source").set_value("upload a trace").run()
+    at.file_uploader(key="upload_trace").set_value(
+        ("mine.csv", ("arrival_s,prompt_tokens,output_tokens\n" + rows).encode(), "text/csv")).run()
+    _clean(at)
+    assert len(at.get("plotly_chart")) >= 6
+    at.switch_page("app_pages/metrics.py").run()
+    _clean(at)
+    assert "Using mine.csv" in [c.value for c in at.sidebar.caption]
+    table = at.dataframe[0].value  # the summary table (in its expander)
+    assert set(table.loc["requests_finished"]) == {"12"}  # both sides served all 12 requests
