@@ -153,7 +153,9 @@ class PagedAllocator:
             block_hashes: chained keys of the sequence's full blocks (lazy Sequence, e.g.
                 SegmentKeys); None: unique content, nothing to share.
             num_reserve_tokens: succeed only if blocks for this many tokens would fit (vLLM's
-                full-prompt admission); only ``num_tokens`` are allocated.
+                full-prompt admission); only ``num_tokens`` are allocated. The prefix-cache
+                query counters count max(num_tokens, num_reserve_tokens), the request's length
+                as vLLM counts it.
         Returns:
             False, with nothing changed, if the free blocks do not suffice.
         """
@@ -183,10 +185,10 @@ class PagedAllocator:
         if self.enable_prefix_caching:
             if seq_id in self._preempted_seq_ids:
                 self._preempted_seq_ids.discard(seq_id)
-                self.num_preempted_queried_tokens += num_tokens
+                self.num_preempted_queried_tokens += num_check_tokens
                 self.num_preempted_hit_tokens += num_hit_tokens
             else:
-                self.num_queried_tokens += num_tokens
+                self.num_queried_tokens += num_check_tokens
                 self.num_hit_tokens += num_hit_tokens
         seq = _Seq(table, num_tokens, num_hit_tokens, block_hashes,
                    *self._count_keys(block_hashes), len(hits), len(hits))
@@ -231,6 +233,10 @@ class PagedAllocator:
     def fork(self, parent_id: int, child_id: int,
              block_hashes: Sequence[int] | None = None) -> None:
         """New sequence ``child_id`` sharing every block of ``parent_id`` (ref counts + 1).
+
+        The child starts with the parent's tokens and num_cached_tokens. vLLM v1 has no fork
+        (it runs n > 1 samples as separate requests sharing the prompt through the prefix cache);
+        this is the vLLM paper's block sharing for parallel sampling and beam search.
 
         Args:
             block_hashes: keys of the child's full blocks (equal to the parent's over the shared

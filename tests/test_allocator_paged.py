@@ -160,6 +160,7 @@ def test_num_reserve_tokens_admits_only_if_the_whole_prompt_fits():
     assert a.num_free_blocks == 3
     assert a.allocate(0, 4, num_reserve_tokens=12)
     assert a.block_table(0) == [1]                       # only the first chunk is allocated
+    assert a.num_queried_tokens == 1 + 12                 # vLLM counts the whole request
     with pytest.raises(ValueError, match="needs 5 blocks for 20 tokens"):
         a.allocate(1, 4, num_reserve_tokens=20)          # could never fit, even in an empty pool
 

@@ -79,10 +79,10 @@ class VllmReference:
         self.hit_tokens[seq] = len(hits) * B
         if self.caching and seq in self.preempted:       # vLLM: request.num_preemptions > 0
             self.preempted.discard(seq)
-            self.preempted_queries += num_tokens
+            self.preempted_queries += max(num_tokens, reserve or 0)
             self.preempted_hits += len(hits) * B
         elif self.caching:
-            self.queries += num_tokens
+            self.queries += max(num_tokens, reserve or 0)
             self.hits += len(hits) * B
         self._cache_full_blocks(seq)
         return True
@@ -216,7 +216,8 @@ def test_paged_allocator_invariants_with_fork_and_copy_on_write(data, num_blocks
             total = data.draw(st.integers(1, 30))
             shared = data.draw(st.integers(0, total))
             group = data.draw(st.integers(0, 1))
-            segments = ([(1000 + group, shared)] if shared else []) + [(10_000 + step, total + 30 - shared)]
+            segments = ([(1000 + group, shared)] if shared else []) + \
+                [(10_000 + step, total + 30 - shared)]
             keys = SegmentKeys(segments, B, num_shareable_tokens=shared)
             n = data.draw(st.integers(0, min(total, num_blocks * B)))
             before = alloc.snapshot()

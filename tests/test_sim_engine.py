@@ -59,6 +59,11 @@ def test_determinism_byte_identical():
     assert a.timeseries.to_csv() == b.timeseries.to_csv()
     assert a.requests.to_csv() == b.requests.to_csv()
     assert a.summary["num_preemptions"] > 0   # the case exercises preemption
+    # without the per-request table (replay without --requests): the same summary
+    c = simulate(iter(_reqs()), _cfg(num_blocks=400), FixedStepCost(0.02), seed=7,
+                 record_requests=False)
+    assert c.summary_json(include_wall_clock=False) == a.summary_json(include_wall_clock=False)
+    assert c.requests.empty and list(c.requests.columns) == list(a.requests.columns)
 
 
 CASES = {
@@ -211,3 +216,16 @@ def test_stepping_api_matches_full_run():
     assert len(stepped.snapshots) == len(full.snapshots) == 1
     assert stepped.snapshots[0][0] == 2.0
     np.testing.assert_array_equal(stepped.snapshots[0][2].owner, full.snapshots[0][2].owner)
+
+
+def test_prefix_affinity_keeps_a_group_on_one_replica():
+    group = ((11, 64),)
+    reqs = [Request(i, 0.01 * i, 96, 8, segments=group + ((1000 + i, 32),), num_shareable_tokens=64)
+            if i % 2 == 0 else Request(i, 0.01 * i, 96, 8) for i in range(40)]
+    res = simulate(iter(reqs), _cfg(num_blocks=400), FixedStepCost(0.01), replicas=4,
+                   router="prefix-affinity")
+    table = res.requests.set_index("request_id")
+    grouped = table.loc[[i for i in range(40) if i % 2 == 0], "replica"]
+    assert grouped.nunique() == 1                        # one replica serves the whole group
+    assert table.loc[[i for i in range(40) if i % 2], "replica"].nunique() == 4  # others spread
+    assert res.summary["prefix_hit_rate"] > 0.5
