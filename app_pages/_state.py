@@ -221,7 +221,8 @@ def run_scenario(scenario: Scenario) -> tuple[Run, Run]:
     requests = load_requests(scenario.workload)
     configs = [engine_config(scenario, a) for a in scenario.allocators]
     # a first pass finds when each run ends; the second takes the snapshots
-    ends_s = [float(simulator.simulate(requests, config, cost).summary["simulated_duration_s"])
+    ends_s = [float(simulator.simulate(requests, config, cost, record_requests=False)
+                    .summary["simulated_duration_s"])
               for config in configs]
     times = frame_times(max(ends_s), num_frames_for(scenario))
     runs = []
