@@ -321,10 +321,12 @@ class Simulation:
                 yield env.timeout(0)   # arrivals due now land before this step is scheduled
             now = env.now
             bd_start = self._boundary(rep)
-            usage_start = rep.allocator.usage
             step_index = now // NS_PER_S if self.step_clock else rep.num_steps
             k = sched.plan_decode_run(_NEVER)
             if k > 0:
+                if bd_start is None:
+                    bd_start = self._breakdown(rep)
+                usage_start = rep.allocator.usage
                 n = len(sched.running)
                 kv = sched.decode_run_batch()[0]
                 b0 = StepBatch(n, 0, n, n, kv, kv)
@@ -464,10 +466,17 @@ class Simulation:
             vals[2 if sched.paged else 1] -= pending
         return vals
 
-    def _boundary(self, rep: _Replica) -> list[int]:
+    def _boundary(self, rep: _Replica) -> list[int] | None:
         """At a step boundary: integrate any idle gap, then take due samples and snapshots.
-        Returns the breakdown now (before this boundary's schedule)."""
+        Returns the breakdown now (before this boundary's schedule), or None if it was not
+        needed."""
         now = self.env.now
+        if now > self.end_ns:
+            self.end_ns = now
+        if now <= rep.last_t and rep.next_sample_ns > now and (
+                rep.next_snapshot >= len(self.snapshot_ns) or
+                self.snapshot_ns[rep.next_snapshot] > now):
+            return None   # nothing to integrate or record here
         bd = self._breakdown(rep)
         usage = rep.allocator.usage
         if now > rep.last_t:
@@ -475,8 +484,6 @@ class Simulation:
             rep.cur_running = 0
             rep.cur_waiting = len(rep.sched.waiting)
             self._integrate(rep, bd, bd, usage, usage, rep.last_t, now)
-        if now > self.end_ns:
-            self.end_ns = now
         if rep.next_sample_ns <= now and not self.record_steps:
             self._sample(rep, now, bd, usage)
         while rep.next_snapshot < len(self.snapshot_ns) and \
@@ -575,9 +582,10 @@ class Simulation:
     def _on_finished(self, rep: _Replica, seq) -> None:
         group = seq.group
         if group is not None:
-            if len(group.members) < group.width or any(m.status != FINISHED
-                                                        for m in group.members):
+            if group.recorded or len(group.members) < group.width or any(
+                    m.status != FINISHED for m in group.members):
                 return
+            group.recorded = True
             members = group.members
         else:
             members = (seq,)

@@ -84,6 +84,7 @@ class ForkGroup:
     width: int
     members: list = field(default_factory=list)   # SeqState, index = sample/beam
     rng: random.Random | None = None
+    recorded: bool = False            # the request's row was written (once, when all finish)
 
 
 @dataclass(slots=True)
@@ -419,11 +420,11 @@ class Scheduler:
                 seq.first_token_step = step_index
             if seq.num_output_tokens >= seq.max_output_tokens:
                 finished.append(seq)
-            elif seq.group is not None and seq.num_output_tokens == 1 and seq.sample == 0:
-                self._fork_samples(seq)
-            elif seq.group is not None and seq.group.kind == "beam" and seq.sample == 0 \
-                    and seq.num_computed_tokens % self.block_size == 0:
-                reselect.append(seq.group)
+            elif seq.group is not None and seq.sample == 0:
+                if seq.num_output_tokens == 1:
+                    self._fork_samples(seq)
+                elif seq.group.kind == "beam" and seq.num_computed_tokens % self.block_size == 0:
+                    reselect.append(seq.group)
         for group in reselect:   # after every beam got this step's token: lockstep again
             self._reselect_beams(group)
         if finished:
