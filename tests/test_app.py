@@ -10,7 +10,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 PAGES = ["app_pages/live_pool.py", "app_pages/block_table.py", "app_pages/metrics.py",
          "app_pages/planner.py", "app_pages/kernels.py"]
-TIMEOUT_S = 60
+TIMEOUT_S = 120  # per script run; generous for a loaded 2-core CI machine
 
 
 def _app() -> AppTest:
