@@ -95,6 +95,23 @@ def test_batched_decode_runs_identical_to_single_steps(case):
         assert fast.summary["num_preemptions"] > 0
 
 
+def test_batched_identical_with_a_growing_step_time(tmp_path):
+    """A cost model whose decode steps grow with the context (run lengths found by search)."""
+    table = tmp_path / "cost.csv"
+    table.write_text("num_scheduled_tokens,kv_read_tokens,step_s\n"
+                     "1,0,0.010\n1,20000,0.016\n1024,0,0.050\n1024,20000,0.056\n")
+    from simulator import TableCost
+    cfg = _cfg(num_blocks=250)
+    reqs = _reqs(CONV.replace("n=120", "n=40"))
+    fast, slow = (simulate(iter(reqs), cfg, TableCost(str(table)), sample_interval_s=0.7,
+                           batch_decode_steps=b) for b in (True, False))
+    assert fast.summary_json(include_wall_clock=False) == slow.summary_json(include_wall_clock=False)
+    pd.testing.assert_frame_equal(fast.requests, slow.requests)
+    pd.testing.assert_frame_equal(fast.timeseries, slow.timeseries)
+    tpot = fast.requests["tpot_s"].dropna()
+    assert tpot.min() > 0.010 and tpot.max() < 0.1
+
+
 def test_batched_step_rows_identical_on_step_clock():
     reqs = _reqs("sharegpt:rate=0.3,n=60,seed=1")
     for r in reqs:
