@@ -1,0 +1,94 @@
+"""Page 4: model / GPU / dtype / TP / utilisation -> KV capacity; a small sweep."""
+import streamlit as st
+
+from app_pages import _state as S
+from app_pages import _ui
+from viz.capacity import gpu_memory_figure
+from viz.plan_figures import sweep_metric_figure
+from viz.style import color_allocator_traces
+
+st.title("Capacity planner")
+st.caption("How many KV blocks a model gets on a GPU, by vLLM's formula: (GPU memory × "
+           "gpu_memory_utilization − weights − activation peak − non-PyTorch memory) / bytes per "
+           "block. Blocks / blocks per max_model_len request = how many such requests fit at once.")
+presets = S.backend("planner.presets", "MODEL_PRESETS", "GPU_PRESETS")
+if presets is None or S.backend("planner.capacity", "compute_capacity") is None:
+    st.info("The capacity planner is not available yet (branch plan); this page fills in when "
+            "it lands.")
+    st.stop()
+
+models, gpus = list(presets.MODEL_PRESETS), list(presets.GPU_PRESETS)
+S.defaults(k_plan_model=models[0], k_plan_gpu=gpus[0], k_plan_tp=1, k_plan_util=0.9,
+           k_plan_block=16, k_plan_dtype="auto", k_plan_len=8192, k_plan_sweep="tp")
+c = st.columns(4)
+model = c[0].selectbox("Model", models, key="k_plan_model")
+gpu = c[1].selectbox("GPU", gpus, key="k_plan_gpu")
+tp = c[2].select_slider("Tensor parallel", [1, 2, 4, 8], key="k_plan_tp")
+kv_dtype = c[3].selectbox("KV dtype", ["auto", "bf16", "fp8"], key="k_plan_dtype",
+                          help="auto = the model's dtype; fp8 halves the KV bytes per token.")
+c = st.columns(3)
+util = c[0].slider("gpu_memory_utilization", 0.3, 0.98, step=0.01, key="k_plan_util")
+block_size = c[1].select_slider("Block size (tokens)", [8, 16, 32, 64, 128], key="k_plan_block")
+max_model_len = c[2].number_input("max_model_len (tokens)", 1, 1_048_576, step=1024,
+                                  key="k_plan_len")
+kwargs = dict(tp=tp, kv_dtype=kv_dtype, gpu_memory_utilization=util, block_size=block_size,
+              max_model_len=int(max_model_len))
+try:
+    report = S.capacity(model, gpu, **kwargs)
+except ValueError as err:
+    st.error(str(err))
+    report = None
+if report is not None:
+    m = st.columns(4)
+    m[0].metric("KV blocks per GPU", f"{report['num_gpu_blocks']:,}")
+    m[1].metric("KV cache tokens", f"{report['kv_cache_tokens']:,}")
+    m[2].metric(f"{report['max_model_len']:,}-token requests at once",
+                f"{report['max_concurrency']:.1f}")
+    m[3].metric("KV per token", f"{report['kv_bytes_per_token'] / 1024:.0f} KiB")
+    st.plotly_chart(gpu_memory_figure(report), key="plan_mem")
+
+st.subheader("Sweep")
+param = st.radio("Vary", list(S.SWEEPS), key="k_plan_sweep", horizontal=True,
+                 format_func=lambda p: S.SWEEPS[p][0])
+base = tuple(sorted((k, v) for k, v in kwargs.items() if k != param))
+sweep = S.capacity_sweep(model, gpu, param, base)
+for col, (metric, title) in zip(st.columns(len(S.SWEEP_COLUMNS)), S.SWEEP_COLUMNS.items()):
+    fig = sweep_metric_figure(sweep, param, metric, title=title)
+    fig.update_layout(height=300, showlegend=False, xaxis_title=S.SWEEPS[param][0],
+                      yaxis_title=None)
+    fig.update_xaxes(type="category")  # discrete settings: one tick per swept value
+    col.plotly_chart(fig, key=f"plan_sweep_{metric}")
+bad = sweep[sweep["error"].notna()]
+if len(bad):
+    st.caption("Impossible points (gaps): " + " · ".join(
+        f"{row[param]}: {row['error']}" for _, row in bad.iterrows()))
+
+st.subheader("Simulated what-if")
+st.caption("Replays the sidebar's workload on this model and GPU: the pool is vLLM's "
+           "num_gpu_blocks from above, each step costs what the roofline model says (weights and "
+           "KV bytes over memory bandwidth, FLOPs over peak). One line per sidebar allocator.")
+S.defaults(k_plan_sim_on=False, k_plan_sim_param="rate")
+simulate = st.toggle("Simulate the sweep (a few seconds)", key="k_plan_sim_on")
+scenario = _ui.scenario_sidebar()
+if simulate and scenario is not None:
+    sim_param = st.radio("Vary", list(S.SIM_SWEEPS), key="k_plan_sim_param", horizontal=True,
+                         format_func=lambda p: S.SIM_SWEEPS[p][0])
+    sim_base = tuple(sorted({"model": model, "gpu": gpu, **kwargs}.items()))
+    try:
+        table = S.simulated_sweep(scenario.workload, scenario.allocators, sim_param, sim_base)
+    except ValueError as err:  # a bad trace
+        st.error(S.user_message(err, scenario.workload))
+        table = None
+    if table is not None:
+        ok = table[table["error"].isna()]
+        if len(ok):
+            for col, (metric, title) in zip(st.columns(len(S.SIM_SWEEP_METRICS)),
+                                            S.SIM_SWEEP_METRICS.items()):
+                fig = sweep_metric_figure(table, sim_param, metric, group_by=["allocator"],
+                                          title=title)
+                fig.update_layout(height=300, xaxis_title=S.SIM_SWEEPS[sim_param][0],
+                                  yaxis_title=None, legend=dict(orientation="h", y=-0.35))
+                fig.update_xaxes(type="category")
+                col.plotly_chart(color_allocator_traces(fig), key=f"plan_sim_{metric}")
+        for _, row in table[table["error"].notna()].iterrows():
+            st.error(f"{row['allocator']}, {sim_param} = {row[sim_param]}: {row['error']}")
