@@ -19,6 +19,7 @@ SUBCOMMAND_MODULES: list[str] = [
     "planner.capacity_cmd",
     "planner.plan_cmd",
     "kernels.validate_cmd",
+    "app_pages.dashboard_cmd",
 ]
 
 
