@@ -10,7 +10,7 @@ vLLM (v1, ``gpu_worker.determine_available_memory`` and ``kv_cache_utils``) size
 
 ``non_kv_bytes`` is what vLLM *measures* in a profiling run (weights + peak activations of a
 dummy batch of max_num_batched_tokens + memory allocated outside PyTorch). We cannot profile, so
-we estimate it (``estimate_activation_bytes``; documented there and in docs/README-plan.md) or
+we estimate it (``estimate_activation_bytes``; documented there and in docs/PLANNER.md) or
 take it from the user (``non_kv_bytes=`` / ``--non-kv-gib``, e.g. copied from a vLLM log line).
 
 Tensor parallelism: each rank holds kv_heads / tp heads; when tp exceeds the KV heads vLLM

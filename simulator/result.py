@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-# Summary keys, in output order. Documented in docs/README-sim.md; stable (add, never rename).
+# Summary keys, in output order. Documented in docs/SIMULATOR.md; stable (add, never rename).
 SUMMARY_KEYS = (
     "requests_arrived", "requests_finished", "requests_rejected", "requests_unfinished",
     "simulated_duration_s", "num_steps", "mean_running", "max_running", "mean_waiting",
@@ -44,7 +44,7 @@ class Result:
 
     summary: dict with the keys of SUMMARY_KEYS (JSON-able; wall_clock_s is the only value that
         changes between identical runs).
-    timeseries: one row per sample time and replica (columns in docs/README-sim.md), or in
+    timeseries: one row per sample time and replica (columns in docs/SIMULATOR.md), or in
         step-record mode one row per engine step with the vLLM oracle's column names.
     requests: one row per request (arrival, first token, finish, TTFT, TPOT, E2E, preemptions,
         cached prompt tokens, and the oracle's names for the same quantities).
