@@ -1,0 +1,254 @@
+"""ContiguousAllocator: one contiguous extent per sequence, reserved at admission (Orca-style).
+
+The baselines of the vLLM paper (section 1, Figure 2). A sequence cannot grow in place past its
+extent, so the whole extent is reserved when it is admitted, sized by a policy:
+
+* ``max``: max_model_len tokens, whatever the request;
+* ``pow2``: prompt + output rounded up to a power of two;
+* ``oracle``: exactly prompt + output (knows the future: a lower bound on waste).
+
+and placed by an arena: ``buddy`` (rounded up to a power of two) or ``first-fit`` (exact size).
+Accounting of one extent (``final`` = prompt + output tokens)::
+
+    [ token states | reservation     | internal fragmentation | external (buddy rounding) ]
+    0          num_tokens          final                   reserved                  extent
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from allocator.accounting import (EXTERNAL, FREE, INTERNAL, RESERVATION, TOKEN_STATES,
+                                  PoolSnapshot, check_breakdown, make_breakdown)
+from allocator.buddy import BuddyArena
+from allocator.first_fit import FirstFitArena
+
+POLICIES = ("max", "pow2", "oracle")
+PLACEMENTS = {"buddy": BuddyArena, "first-fit": FirstFitArena}
+
+
+class _Extent:
+    __slots__ = ("offset", "num_tokens", "final_num_tokens", "reserved_tokens", "extent_tokens")
+
+    def __init__(self, offset, num_tokens, final_num_tokens, reserved_tokens, extent_tokens):
+        self.offset = offset
+        self.num_tokens = num_tokens
+        self.final_num_tokens = final_num_tokens    # max(requested final, num_tokens)
+        self.reserved_tokens = reserved_tokens      # what the policy reserved
+        self.extent_tokens = extent_tokens          # what the arena handed out (>= reserved)
+
+
+class ContiguousAllocator:
+    """Per-sequence contiguous reservations on a buddy or first-fit arena.
+
+    Args:
+        capacity_tokens: token slots in the pool.
+        policy: "max", "pow2" or "oracle" (see module doc).
+        max_model_len: longest sequence allowed; the ``max`` policy reserves it.
+        placement: "buddy" or "first-fit".
+    """
+
+    def __init__(self, capacity_tokens: int, policy: str = "max", max_model_len: int = 2048,
+                 placement: str = "buddy"):
+        if policy not in POLICIES:
+            raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
+        if placement not in PLACEMENTS:
+            raise ValueError(f"placement must be one of {tuple(PLACEMENTS)}, got {placement!r}")
+        if not isinstance(capacity_tokens, int) or capacity_tokens <= 0:
+            raise ValueError(f"capacity_tokens must be an integer > 0, got {capacity_tokens!r}")
+        if not isinstance(max_model_len, int) or max_model_len <= 0:
+            raise ValueError(f"max_model_len must be an integer > 0, got {max_model_len!r}")
+        self.capacity_tokens = capacity_tokens
+        self.policy = policy
+        self.max_model_len = max_model_len
+        self.placement = placement
+        self.arena = PLACEMENTS[placement](capacity_tokens)
+        self._seqs: dict[int, _Extent] = {}
+        # sums over live sequences, so breakdown() is O(1)
+        self._num_tokens = self._num_final_tokens = self._num_reserved = self._num_extent = 0
+
+    # ---- queries ---------------------------------------------------------------------------
+    def reservation_tokens(self, final_num_tokens: int) -> int:
+        """Tokens the policy reserves for a request of ``final_num_tokens`` (prompt + output)."""
+        if not isinstance(final_num_tokens, (int, np.integer)) or final_num_tokens < 1:
+            raise ValueError(f"final_num_tokens must be an integer >= 1, got {final_num_tokens!r}")
+        if final_num_tokens > self.max_model_len:
+            raise ValueError(f"final_num_tokens {final_num_tokens} exceeds max_model_len "
+                             f"{self.max_model_len}")
+        if self.policy == "max":
+            return self.max_model_len
+        if self.policy == "pow2":
+            return 1 << (final_num_tokens - 1).bit_length()
+        return int(final_num_tokens)
+
+    def extent_tokens(self, final_num_tokens: int) -> int:
+        """Slots the arena takes for that request (buddy: reservation rounded to a power of 2)."""
+        return self.arena.extent_slots(self.reservation_tokens(final_num_tokens))
+
+    def can_allocate(self, num_tokens: int, final_num_tokens: int) -> bool:
+        """Whether allocate() would succeed now (raises on the same bad arguments)."""
+        return self.arena.can_allocate(self._check_request(num_tokens, final_num_tokens))
+
+    @property
+    def num_free_tokens(self) -> int:
+        return self.arena.num_free_slots
+
+    @property
+    def usage(self) -> float:
+        """Fraction of the pool held by extents."""
+        return 1.0 - self.arena.num_free_slots / self.capacity_tokens
+
+    @property
+    def seq_ids(self) -> list[int]:
+        return list(self._seqs)
+
+    def num_tokens(self, seq_id: int) -> int:
+        return self._seq(seq_id).num_tokens
+
+    def block_table(self, seq_id: int) -> list[int]:
+        """The slots of the sequence's extent (its cells in the snapshot)."""
+        ext = self._seq(seq_id)
+        return list(range(ext.offset, ext.offset + ext.extent_tokens))
+
+    def slot_mapping(self, seq_id: int) -> list[int]:
+        ext = self._seq(seq_id)
+        return list(range(ext.offset, ext.offset + ext.num_tokens))
+
+    # ---- operations ------------------------------------------------------------------------
+    def allocate(self, seq_id: int, num_tokens: int, final_num_tokens: int) -> bool:
+        """Reserve an extent for a new sequence holding ``num_tokens`` now.
+
+        Args:
+            seq_id: new sequence id (int >= 0).
+            num_tokens: tokens the sequence holds now (its prompt).
+            final_num_tokens: prompt + output tokens it will reach (the policy sizes from it).
+        Returns:
+            False, with nothing changed, if no hole is large enough.
+        """
+        if not isinstance(seq_id, (int, np.integer)) or seq_id < 0:
+            raise ValueError(f"seq_id must be an integer >= 0, got {seq_id!r}")
+        if seq_id in self._seqs:
+            raise ValueError(f"seq_id {seq_id} is already allocated "
+                             f"({self._seqs[seq_id].num_tokens} tokens)")
+        reserved = self._check_request(num_tokens, final_num_tokens)
+        offset = self.arena.allocate(reserved)
+        if offset is None:
+            return False
+        ext = _Extent(offset, num_tokens, final_num_tokens, reserved,
+                      self.arena.extent_slots(reserved))
+        self._seqs[seq_id] = ext
+        self._num_tokens += num_tokens
+        self._num_final_tokens += final_num_tokens
+        self._num_reserved += reserved
+        self._num_extent += ext.extent_tokens
+        return True
+
+    def append(self, seq_id: int, num_tokens: int = 1) -> bool:
+        """Grow a sequence inside its extent; False (nothing changed) past the reservation."""
+        ext = self._seq(seq_id)
+        if not isinstance(num_tokens, (int, np.integer)) or num_tokens < 0:
+            raise ValueError(f"num_tokens must be an integer >= 0, got {num_tokens!r}")
+        new_num_tokens = ext.num_tokens + num_tokens
+        if new_num_tokens > ext.reserved_tokens:
+            return False
+        self._num_tokens += num_tokens
+        ext.num_tokens = new_num_tokens
+        if new_num_tokens > ext.final_num_tokens:   # ran past the announced output length
+            self._num_final_tokens += new_num_tokens - ext.final_num_tokens
+            ext.final_num_tokens = new_num_tokens
+        return True
+
+    def free(self, seq_id: int, preempted: bool = False) -> None:
+        """Release the sequence's extent (``preempted`` is accepted for symmetry; no cache)."""
+        ext = self._seq(seq_id)
+        del self._seqs[seq_id]
+        self.arena.free(ext.offset)
+        self._num_tokens -= ext.num_tokens
+        self._num_final_tokens -= ext.final_num_tokens
+        self._num_reserved -= ext.reserved_tokens
+        self._num_extent -= ext.extent_tokens
+
+    # ---- accounting ------------------------------------------------------------------------
+    def breakdown(self, waiting_num_tokens: int | None = None) -> dict[str, int]:
+        """Slots per memory class (MEMORY_CLASSES), summing to capacity_tokens.
+
+        Args:
+            waiting_num_tokens: final tokens (prompt + output) of the request at the head of
+                the waiting queue; free slots in holes too small for the extent it needs are
+                external fragmentation. None: nothing waits, so only rounding waste is.
+        """
+        unusable = 0
+        if waiting_num_tokens is not None:
+            unusable = self.arena.num_unusable_slots(
+                self.arena.extent_slots(self.reservation_tokens(waiting_num_tokens)))
+        return make_breakdown(
+            token_states=self._num_tokens,
+            reservation=self._num_final_tokens - self._num_tokens,
+            internal_fragmentation=self._num_reserved - self._num_final_tokens,
+            external_fragmentation=self._num_extent - self._num_reserved + unusable,
+            cached=0, free=self.arena.num_free_slots - unusable)
+
+    def snapshot(self, waiting_num_tokens: int | None = None) -> PoolSnapshot:
+        """Per-slot arrays of the pool now (one cell per token slot)."""
+        n = self.capacity_tokens
+        cell_class = np.full(n, FREE, dtype=np.int8)
+        owner = np.full(n, -1, dtype=np.int64)
+        ref_cnt = np.zeros(n, dtype=np.int32)
+        fill = np.zeros(n, dtype=np.int32)
+        if waiting_num_tokens is not None:
+            need = self.arena.extent_slots(self.reservation_tokens(waiting_num_tokens))
+            for offset, size in self.arena.holes():
+                if size < need:
+                    cell_class[offset:offset + size] = EXTERNAL
+        tables, lens = {}, {}
+        for seq_id in sorted(self._seqs):
+            ext = self._seqs[seq_id]
+            o = ext.offset
+            cell_class[o:o + ext.num_tokens] = TOKEN_STATES
+            cell_class[o + ext.num_tokens:o + ext.final_num_tokens] = RESERVATION
+            cell_class[o + ext.final_num_tokens:o + ext.reserved_tokens] = INTERNAL
+            cell_class[o + ext.reserved_tokens:o + ext.extent_tokens] = EXTERNAL
+            owner[o:o + ext.extent_tokens] = seq_id
+            ref_cnt[o:o + ext.extent_tokens] = 1
+            fill[o:o + ext.num_tokens] = 1
+            tables[seq_id] = np.arange(o, o + ext.extent_tokens, dtype=np.int64)
+            lens[seq_id] = ext.num_tokens
+        return PoolSnapshot("contiguous", 1, n, cell_class, owner, ref_cnt, fill,
+                            np.zeros(n, dtype=np.uint64), tables, lens)
+
+    def check_invariants(self) -> None:
+        """Recompute the sums and the arena from scratch and assert they match."""
+        self.arena.check_invariants()
+        assert sorted(self.arena.allocated) == sorted(e.offset for e in self._seqs.values()), \
+            "arena extents and sequences differ"
+        for seq_id, ext in self._seqs.items():
+            assert 0 <= ext.num_tokens <= ext.final_num_tokens <= ext.reserved_tokens \
+                <= ext.extent_tokens, f"seq {seq_id}: {ext.num_tokens} <= {ext.final_num_tokens}" \
+                f" <= {ext.reserved_tokens} <= {ext.extent_tokens} violated"
+            assert ext.extent_tokens == self.arena.extent_slots(ext.reserved_tokens)
+        exts = list(self._seqs.values())
+        assert self._num_tokens == sum(e.num_tokens for e in exts)
+        assert self._num_final_tokens == sum(e.final_num_tokens for e in exts)
+        assert self._num_reserved == sum(e.reserved_tokens for e in exts)
+        assert self._num_extent == sum(e.extent_tokens for e in exts)
+        assert self._num_extent + self.arena.num_free_slots == self.capacity_tokens, \
+            "free + used != total"
+        check_breakdown(self.breakdown(), self.capacity_tokens)
+
+    # ---- helpers ---------------------------------------------------------------------------
+    def _seq(self, seq_id: int) -> _Extent:
+        ext = self._seqs.get(seq_id)
+        if ext is None:
+            raise ValueError(f"unknown seq_id {seq_id} ({len(self._seqs)} live sequences)")
+        return ext
+
+    def _check_request(self, num_tokens: int, final_num_tokens: int) -> int:
+        """Validate a request; return the tokens the policy reserves for it."""
+        reserved = self.reservation_tokens(final_num_tokens)
+        if not isinstance(num_tokens, (int, np.integer)) or not 0 <= num_tokens <= final_num_tokens:
+            raise ValueError(f"num_tokens must be an integer in [0, final_num_tokens="
+                             f"{final_num_tokens}], got {num_tokens!r}")
+        if self.arena.extent_slots(reserved) > self.capacity_tokens:
+            raise ValueError(f"a request of {final_num_tokens} tokens reserves "
+                             f"{self.arena.extent_slots(reserved)} slots ({self.policy}, "
+                             f"{self.placement}), the pool has {self.capacity_tokens}")
+        return reserved

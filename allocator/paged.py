@@ -1,0 +1,409 @@
+"""PagedAllocator: per-sequence block tables over a BlockPool, with prefix caching and fork/CoW.
+
+A sequence of ``num_tokens`` tokens holds ``ceil(num_tokens / block_size)`` blocks anywhere in the
+pool; token ``i`` lives in slot ``block_table[i // B] * B + i % B``::
+
+    block_table = [7, 2, 9]        B = 4, num_tokens = 10
+    tokens       0 1 2 3 | 4 5 6 7 | 8 9 . .
+    blocks          7    |    2    |    9        slots 28..31, 8..11, 36..37 (+2 unused)
+
+Prefix caching follows vLLM v1 (``kv_cache_manager.py``, ``single_type_kv_cache_manager.py``):
+
+* Only full blocks are cached, under a chained key (``block_hashes[i]`` names tokens
+  ``[0, (i+1)*B)``). A block is registered as soon as all its slots are allocated (vLLM caches at
+  schedule time).
+* A new sequence reuses the longest run of cached blocks from its start, capped at
+  ``num_tokens - 1`` tokens: the last token is always recomputed (its logits are needed), so a
+  full hit recomputes one whole block, and a shared prefix shorter than a block never hits.
+* A hit on a cached block with ref_cnt 0 pulls it out of the free queue (``touch``), so it uses
+  up a free block just like a new one: ``blocks_needed`` counts it.
+* Freeing releases a sequence's blocks tail first: a partial tail goes to the front of the free
+  queue (reused first), full blocks to the back (evicted least recently used first).
+
+Private blocks: ``block_hashes`` may say (``num_shareable_blocks``) that blocks past some index
+hold content nobody else has. Registering them would only cost time, so they are registered only
+when the sequence is preempted (a re-admitted request then hits its own blocks, as in vLLM); on a
+normal free they take the same place in the LRU as in vLLM but count as free, not cached.
+
+``fork`` shares every block of the parent (parallel sampling, beam search); appending to a shared
+partially filled block first copies it (copy-on-write).
+"""
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+
+import numpy as np
+
+from allocator.accounting import (CACHED, FREE, INTERNAL, TOKEN_STATES, PoolSnapshot,
+                                  check_breakdown, make_breakdown)
+from allocator.block_pool import BlockPool
+
+
+class _Seq:
+    __slots__ = ("block_table", "num_tokens", "num_cached_tokens", "block_hashes",
+                 "num_hashes", "num_shareable_blocks", "num_keyed_blocks", "num_hit_blocks")
+
+    def __init__(self, block_table, num_tokens, num_cached_tokens, block_hashes, num_hashes,
+                 num_shareable_blocks, num_keyed_blocks, num_hit_blocks):
+        self.block_table: list[int] = block_table
+        self.num_tokens = num_tokens
+        self.num_cached_tokens = num_cached_tokens      # prompt tokens served by prefix hits
+        self.block_hashes = block_hashes                # lazy Sequence[int] or None
+        self.num_hashes = num_hashes                    # full blocks with a known key
+        self.num_shareable_blocks = num_shareable_blocks  # registered eagerly below this index
+        self.num_keyed_blocks = num_keyed_blocks        # leading full blocks already considered
+        self.num_hit_blocks = num_hit_blocks            # leading blocks taken from the cache
+
+
+def _check_count(name: str, value: int) -> None:
+    if not isinstance(value, (int, np.integer)) or value < 0:
+        raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
+
+
+class PagedAllocator:
+    """vLLM-style paged KV-cache allocator.
+
+    Args:
+        num_blocks: blocks in the pool (vLLM's num_gpu_blocks).
+        block_size: tokens per block, a power of two.
+        enable_prefix_caching: reuse cached full blocks across sequences.
+        null_block: reserve block 0 as vLLM's null block (N-1 usable, usage over N-1).
+    """
+
+    def __init__(self, num_blocks: int, block_size: int = 16,
+                 enable_prefix_caching: bool = True, null_block: bool = False):
+        if not isinstance(block_size, int) or block_size <= 0 or block_size & (block_size - 1):
+            raise ValueError(f"block_size must be a power of two, got {block_size}")
+        if not isinstance(num_blocks, int) or num_blocks < 1 + bool(null_block):
+            raise ValueError(f"num_blocks must be an integer >= {1 + bool(null_block)} "
+                             f"(null_block={null_block}), got {num_blocks}")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.null_block = null_block
+        self.num_usable_blocks = num_blocks - bool(null_block)
+        self.pool = BlockPool(num_blocks, reserve_null_block=null_block)
+        self._seqs: dict[int, _Seq] = {}
+        self._num_filled_slots = 0      # sum over in-use blocks of slots holding tokens
+        self.num_queried_tokens = 0     # vLLM's prefix_cache_queries (admitted sequences)
+        self.num_hit_tokens = 0         # vLLM's prefix_cache_hits
+
+    # ---- queries ---------------------------------------------------------------------------
+    @property
+    def num_free_blocks(self) -> int:
+        """Blocks allocate() could use now, evictable cached blocks included."""
+        return self.pool.num_free_blocks
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.num_usable_blocks - self.pool.num_free_blocks
+
+    @property
+    def usage(self) -> float:
+        """vLLM's kv_cache_usage: 1 - free / usable (cached blocks count as free)."""
+        return 1.0 - self.pool.num_free_blocks / self.num_usable_blocks
+
+    @property
+    def seq_ids(self) -> list[int]:
+        return list(self._seqs)
+
+    def ref_cnt(self, block_id: int) -> int:
+        return self.pool.ref_cnt[block_id]
+
+    def block_table(self, seq_id: int) -> list[int]:
+        return list(self._seq(seq_id).block_table)
+
+    def num_tokens(self, seq_id: int) -> int:
+        return self._seq(seq_id).num_tokens
+
+    def num_cached_tokens(self, seq_id: int) -> int:
+        """Tokens this sequence got from the prefix cache when it was allocated."""
+        return self._seq(seq_id).num_cached_tokens
+
+    def slot_mapping(self, seq_id: int) -> list[int]:
+        """Slot of every token: ``block_table[i // B] * B + i % B`` (per token: for kernels)."""
+        seq = self._seq(seq_id)
+        table, size = seq.block_table, self.block_size
+        shift, mask = size.bit_length() - 1, size - 1
+        return [table[i >> shift] * size + (i & mask) for i in range(seq.num_tokens)]
+
+    def lookup(self, block_hashes: Sequence[int] | None, num_tokens: int) -> int:
+        """Tokens a new sequence of ``num_tokens`` would get from the cache (no side effect)."""
+        _check_count("num_tokens", num_tokens)
+        return len(self._find_hits(block_hashes, num_tokens)) * self.block_size
+
+    def blocks_needed(self, num_tokens: int, block_hashes: Sequence[int] | None = None) -> int:
+        """Free blocks allocate() would consume: new blocks plus evictable hit blocks.
+
+        A hit on a cached block nobody uses (ref_cnt 0) takes it out of the free queue, so it
+        costs a free block too (vLLM's get_num_blocks_to_allocate).
+        """
+        _check_count("num_tokens", num_tokens)
+        hits = self._find_hits(block_hashes, num_tokens)
+        ref = self.pool.ref_cnt
+        return -(-num_tokens // self.block_size) - len(hits) + sum(ref[b] == 0 for b in hits)
+
+    # ---- operations ------------------------------------------------------------------------
+    def allocate(self, seq_id: int, num_tokens: int, block_hashes: Sequence[int] | None = None,
+                 num_reserve_tokens: int | None = None) -> bool:
+        """Admit a new sequence with slots for ``num_tokens`` tokens.
+
+        Args:
+            seq_id: new sequence id (int >= 0).
+            num_tokens: tokens that need slots now (prompt, or computed + first chunk).
+            block_hashes: chained keys of the sequence's full blocks (lazy Sequence, e.g.
+                SegmentKeys); None: unique content, nothing to share.
+            num_reserve_tokens: succeed only if blocks for this many tokens would fit (vLLM's
+                full-prompt admission); only ``num_tokens`` are allocated.
+        Returns:
+            False, with nothing changed, if the free blocks do not suffice.
+        """
+        self._check_new(seq_id)
+        _check_count("num_tokens", num_tokens)
+        size = self.block_size
+        num_check_tokens = num_tokens
+        if num_reserve_tokens is not None:
+            _check_count("num_reserve_tokens", num_reserve_tokens)
+            num_check_tokens = max(num_tokens, num_reserve_tokens)
+        num_check_blocks = -(-num_check_tokens // size)
+        if num_check_blocks > self.num_usable_blocks:
+            raise ValueError(f"sequence {seq_id} needs {num_check_blocks} blocks for "
+                             f"{num_check_tokens} tokens, the pool has {self.num_usable_blocks}")
+        pool = self.pool
+        hits = self._find_hits(block_hashes, num_tokens)
+        num_evictable = 0
+        if hits:
+            ref = pool.ref_cnt
+            num_evictable = sum(ref[b] == 0 for b in hits)
+        if num_check_blocks - len(hits) + num_evictable > pool.num_free_blocks:
+            return False
+        pool.touch(hits)
+        table = hits + pool.pop(-(-num_tokens // size) - len(hits))
+        num_hit_tokens = len(hits) * size
+        self._num_filled_slots += num_evictable * size + num_tokens - num_hit_tokens
+        if self.enable_prefix_caching:
+            self.num_queried_tokens += num_tokens
+            self.num_hit_tokens += num_hit_tokens
+        num_hashes = num_shareable = 0
+        if block_hashes is not None and self.enable_prefix_caching:
+            num_hashes = len(block_hashes)
+            num_shareable = min(num_hashes, getattr(block_hashes, "num_shareable_blocks",
+                                                    num_hashes))
+        seq = _Seq(table, num_tokens, num_hit_tokens, block_hashes, num_hashes, num_shareable,
+                   len(hits), len(hits))
+        self._seqs[seq_id] = seq
+        self._register_full_blocks(seq)
+        return True
+
+    def append(self, seq_id: int, num_tokens: int = 1) -> bool:
+        """Grow a sequence by ``num_tokens`` (may cross several blocks).
+
+        A partially filled last block shared with another sequence (after fork) is first copied
+        to a private block (copy-on-write).
+
+        Returns:
+            False, with nothing changed, if the free blocks do not suffice.
+        """
+        seq = self._seq(seq_id)
+        _check_count("num_tokens", num_tokens)
+        if num_tokens == 0:
+            return True
+        pool, size, table = self.pool, self.block_size, seq.block_table
+        old_fill = seq.num_tokens % size
+        new_num_tokens = seq.num_tokens + num_tokens
+        cow = bool(old_fill) and pool.ref_cnt[table[-1]] > 1
+        num_new_blocks = -(-new_num_tokens // size) - len(table)
+        if num_new_blocks + cow > pool.num_free_blocks:
+            return False
+        if cow:
+            copy_block = pool.pop(1)[0]
+            pool.ref_cnt[table[-1]] -= 1          # still held by the other sequence(s)
+            table[-1] = copy_block
+            self._num_filled_slots += old_fill
+        if num_new_blocks:
+            table += pool.pop(num_new_blocks)
+        self._num_filled_slots += num_tokens
+        seq.num_tokens = new_num_tokens
+        self._register_full_blocks(seq)
+        return True
+
+    def fork(self, parent_id: int, child_id: int,
+             block_hashes: Sequence[int] | None = None) -> None:
+        """New sequence ``child_id`` sharing every block of ``parent_id`` (ref counts + 1).
+
+        Args:
+            block_hashes: keys of the child's full blocks (equal to the parent's over the shared
+                prefix); None: the child's own continuation is unique content.
+        """
+        parent = self._seq(parent_id)
+        self._check_new(child_id)
+        ref = self.pool.ref_cnt
+        for block_id in parent.block_table:
+            ref[block_id] += 1
+        num_hashes = num_shareable = 0
+        if block_hashes is not None and self.enable_prefix_caching:
+            num_hashes = len(block_hashes)
+            num_shareable = min(num_hashes, getattr(block_hashes, "num_shareable_blocks",
+                                                    num_hashes))
+        child = _Seq(list(parent.block_table), parent.num_tokens, parent.num_cached_tokens,
+                     block_hashes, num_hashes, num_shareable, 0, parent.num_hit_blocks)
+        self._seqs[child_id] = child
+        # blocks the parent already registered are skipped (register is a no-op on them)
+        self._register_full_blocks(child)
+
+    def free(self, seq_id: int, preempted: bool = False) -> None:
+        """Release a sequence's blocks, tail first (so its tail is evicted before its head).
+
+        Args:
+            preempted: the sequence will come back (vLLM recompute preemption): register its
+                private full blocks too, so that it can hit them on re-admission.
+        """
+        seq = self._seq(seq_id)
+        del self._seqs[seq_id]
+        pool, size, table = self.pool, self.block_size, seq.block_table
+        num_full = seq.num_tokens // size
+        if self.enable_prefix_caching:
+            if preempted:
+                hashes = seq.block_hashes
+                for i in range(seq.num_shareable_blocks, min(num_full, seq.num_hashes)):
+                    pool.register(table[i], hashes[i])
+            else:
+                # private blocks keyed by a hit after an earlier preemption: nobody else can
+                # use them, so once released they count as free (same LRU place)
+                ref, key = pool.ref_cnt, pool.block_key
+                for i in range(seq.num_shareable_blocks, min(seq.num_hit_blocks, num_full)):
+                    if key[table[i]] is not None and ref[table[i]] == 1:
+                        pool.unregister(table[i])
+            num_reuse_first = len(table) - num_full
+        else:
+            num_reuse_first = len(table)
+        tail_fill = seq.num_tokens - num_full * size
+        tail_released = bool(tail_fill) and pool.ref_cnt[table[-1]] == 1
+        num_free_before = pool.num_free_blocks
+        pool.free(table[::-1], num_reuse_first)
+        num_released = pool.num_free_blocks - num_free_before
+        self._num_filled_slots -= num_released * size - (size - tail_fill) * tail_released
+
+    # ---- accounting ------------------------------------------------------------------------
+    def breakdown(self, waiting_num_tokens: int | None = None) -> dict[str, int]:
+        """Slots per memory class (MEMORY_CLASSES), summing to num_blocks * block_size. O(1).
+
+        Paged pools have no external fragmentation: any free block serves any request.
+        """
+        size = self.block_size
+        num_cached = self.pool.num_cached_blocks
+        filled = self._num_filled_slots
+        return make_breakdown(
+            token_states=filled, reservation=0,
+            internal_fragmentation=(self.num_used_blocks + self.null_block) * size - filled,
+            external_fragmentation=0, cached=num_cached * size,
+            free=(self.pool.num_free_blocks - num_cached) * size)
+
+    def snapshot(self) -> PoolSnapshot:
+        """Per-block arrays of the pool now (see PoolSnapshot)."""
+        n, size, pool = self.num_blocks, self.block_size, self.pool
+        cell_class = np.full(n, FREE, dtype=np.int8)
+        owner = np.full(n, -1, dtype=np.int64)
+        fill = np.zeros(n, dtype=np.int32)
+        block_key = np.zeros(n, dtype=np.uint64)
+        for block_id, key in enumerate(pool.block_key):
+            if key is not None:
+                block_key[block_id] = key & 0xFFFFFFFFFFFFFFFF
+                if pool.ref_cnt[block_id] == 0:
+                    cell_class[block_id] = CACHED
+                    fill[block_id] = size
+        if pool.null_block is not None:
+            cell_class[pool.null_block] = INTERNAL
+        tables, lens = {}, {}
+        for seq_id in sorted(self._seqs, reverse=True):   # lowest seq_id written last
+            seq = self._seqs[seq_id]
+            table = np.asarray(seq.block_table, dtype=np.int64)
+            tables[seq_id], lens[seq_id] = table, seq.num_tokens
+            block_fill = np.full(len(table), size, dtype=np.int32)
+            if seq.num_tokens % size:
+                block_fill[-1] = seq.num_tokens % size
+            owner[table] = seq_id
+            fill[table] = block_fill
+            cell_class[table] = TOKEN_STATES
+        return PoolSnapshot("paged", size, n, cell_class, owner,
+                            np.asarray(pool.ref_cnt, dtype=np.int32), fill, block_key,
+                            dict(sorted(tables.items())), dict(sorted(lens.items())))
+
+    def check_invariants(self) -> None:
+        """Recompute everything from scratch and assert it matches the incremental state."""
+        pool, size = self.pool, self.block_size
+        pool.check_invariants()
+        references = Counter()
+        fill_of: dict[int, int] = {}
+        for seq_id, seq in self._seqs.items():
+            table = seq.block_table
+            assert len(table) == -(-seq.num_tokens // size), \
+                f"seq {seq_id}: {len(table)} blocks for {seq.num_tokens} tokens"
+            assert len(set(table)) == len(table), f"seq {seq_id} holds a block twice"
+            assert pool.null_block not in table, f"seq {seq_id} holds the null block"
+            assert seq.num_cached_tokens % size == 0 and seq.num_cached_tokens <= seq.num_tokens
+            references.update(table)
+            for i, block_id in enumerate(table):
+                block_fill = min(size, seq.num_tokens - i * size)
+                # a shared block is full, or the last block of every holder with equal fill
+                assert fill_of.setdefault(block_id, block_fill) == block_fill, \
+                    f"block {block_id} shared with different fills"
+            for i in range(min(seq.num_keyed_blocks, seq.num_shareable_blocks)):
+                assert pool.block_key[table[i]] == seq.block_hashes[i], \
+                    f"seq {seq_id} block {i} not registered under its key"
+        for block_id in range(self.num_blocks):
+            assert pool.ref_cnt[block_id] == references[block_id], \
+                f"block {block_id}: ref_cnt {pool.ref_cnt[block_id]}, " \
+                f"{references[block_id]} table references"
+        for block_id, key in enumerate(pool.block_key):
+            if key is not None:
+                assert fill_of.get(block_id, size) == size, f"partial block {block_id} keyed"
+        assert self._num_filled_slots == sum(fill_of.values()), \
+            f"filled slots {self._num_filled_slots} != {sum(fill_of.values())}"
+        assert self.num_used_blocks == len(references), "free + used != total"
+        slots = Counter()
+        for seq_id in self._seqs:
+            slots.update(self.slot_mapping(seq_id))
+        for slot, count in slots.items():
+            assert count == 1 or pool.ref_cnt[slot // size] == count, \
+                f"slot {slot} mapped by {count} sequences but not shared"
+        check_breakdown(self.breakdown(), self.num_blocks * size)
+
+    # ---- helpers ---------------------------------------------------------------------------
+    def _seq(self, seq_id: int) -> _Seq:
+        seq = self._seqs.get(seq_id)
+        if seq is None:
+            raise ValueError(f"unknown seq_id {seq_id} ({len(self._seqs)} live sequences)")
+        return seq
+
+    def _check_new(self, seq_id: int) -> None:
+        if not isinstance(seq_id, (int, np.integer)) or seq_id < 0:
+            raise ValueError(f"seq_id must be an integer >= 0, got {seq_id!r}")
+        if seq_id in self._seqs:
+            raise ValueError(f"seq_id {seq_id} is already allocated "
+                             f"({self._seqs[seq_id].num_tokens} tokens)")
+
+    def _find_hits(self, block_hashes: Sequence[int] | None, num_tokens: int) -> list[int]:
+        """Longest run of cached blocks from the start, capped at num_tokens - 1 tokens."""
+        if block_hashes is None or not self.enable_prefix_caching or num_tokens <= 1:
+            return []
+        get = self.pool.get_cached_block
+        hits = []
+        for i in range(min((num_tokens - 1) // self.block_size, len(block_hashes))):
+            block_id = get(block_hashes[i])
+            if block_id is None:
+                break    # keys chain: once one block misses, every later block misses
+            hits.append(block_id)
+        return hits
+
+    def _register_full_blocks(self, seq: _Seq) -> None:
+        """Register blocks that just became full (shareable ones only: see module doc)."""
+        num_full = seq.num_tokens // self.block_size
+        start = seq.num_keyed_blocks
+        if num_full <= start:
+            return
+        hashes, table, register = seq.block_hashes, seq.block_table, self.pool.register
+        for i in range(start, min(num_full, seq.num_shareable_blocks)):
+            register(table[i], hashes[i])
+        seq.num_keyed_blocks = num_full
