@@ -70,6 +70,7 @@ PAPER_FIG15: dict[str, dict[str, float]] = {
     "beam": {"2": 37.56, "4": 53.13, "6": 55.16},
 }
 PAPER_WORKLOAD_MEANS = {"sharegpt": (161.31, 337.99), "alpaca": (19.31, 58.45)}  # Fig. 11
+SHAPE_PREFIX = "sharegpt_output_sigma"   # sensitivity workloads: ShareGPT means, other shapes
 
 # ---------------------------------------------------------------------------------------------
 # Setup
@@ -111,6 +112,7 @@ class ReproConfig:
     sensitivity: bool = True             # also run the sensitivity checks
     sensitivity_rates: tuple[float, ...] = (1.0, 4.0)
     sensitivity_step_scales: tuple[float, ...] = (1.5, 2.0)
+    sensitivity_output_sigmas: tuple[float, ...] = (0.6, 1.4)  # kvsim's ShareGPT preset: 1.0
     sharegpt_file: str | None = None     # real ShareGPT length CSV; None: auto-detect, "" = skip
 
     def __post_init__(self):
@@ -146,7 +148,8 @@ class ReproConfig:
     @classmethod
     def quick(cls, **overrides) -> "ReproConfig":
         """A scaled-down run (10-minute traces, fewer sensitivity points): a minute or two."""
-        base = dict(duration_s=600.0, sensitivity_rates=(4.0,), sensitivity_step_scales=(2.0,))
+        base = dict(duration_s=600.0, sensitivity_rates=(4.0,), sensitivity_step_scales=(2.0,),
+                    sensitivity_output_sigmas=(0.6,))
         base.update(overrides)
         return cls(**base)
 
@@ -164,51 +167,70 @@ class LengthFilter:
     num_too_short: int     # prompt or output < min_tokens
 
 
-def filter_lengths(requests: Iterable, config: ReproConfig) -> tuple[list, LengthFilter]:
-    """Keep the requests vLLM's benchmark sampler of the paper's time would have kept.
+def filter_lengths(requests: Iterable, config: ReproConfig, *, sampler_rule: bool = True
+                   ) -> tuple[list, LengthFilter]:
+    """Drop the requests the experiment cannot or would not serve.
 
-    The sampler (vLLM 0.1 benchmarks) dropped prompts or outputs under 4 tokens, prompts over
-    1024 tokens and sequences over 2048 tokens: OPT's context is 2048 and an Orca (Max)
-    reservation must hold the whole sequence. Dropping (not clipping) keeps each kept request's
-    true lengths; docs/REPRODUCTION.md reports how many were dropped.
+    Always: prompt + output > max_model_len (OPT's context is 2048 and an Orca (Max) reservation
+    must hold the whole sequence). With ``sampler_rule`` (real datasets), also what vLLM's
+    benchmark sampler of the paper's time dropped: prompts over max_prompt_tokens (1024) and
+    prompts or outputs under min_tokens (4). kvsim's synthetic presets are calibrated to the
+    paper's means, i.e. to the dataset as the paper used it, so they get only the first rule.
+    Dropping (not clipping) keeps each kept request's true lengths; the counts are reported.
 
     Args:
         requests: workloads.Request records.
         config: supplies max_prompt_tokens, max_model_len and min_tokens.
+        sampler_rule: apply the sampler's prompt and minimum-length rules too.
     Returns:
-        (kept requests renumbered 0.. in arrival order, counts).
+        (kept requests, counts).
     """
     kept, too_long, too_short = [], 0, 0
     for req in requests:
-        if req.prompt_tokens < config.min_tokens or req.output_tokens < config.min_tokens:
+        if sampler_rule and (req.prompt_tokens < config.min_tokens
+                             or req.output_tokens < config.min_tokens):
             too_short += 1
-        elif (req.prompt_tokens > config.max_prompt_tokens
-              or req.prompt_tokens + req.output_tokens > config.max_model_len):
+        elif (req.prompt_tokens + req.output_tokens > config.max_model_len
+              or (sampler_rule and req.prompt_tokens > config.max_prompt_tokens)):
             too_long += 1
         else:
             kept.append(req)
     return kept, LengthFilter(len(kept), too_long, too_short)
 
 
-def synthetic_requests(kind: str, rate: float, config: ReproConfig, seed: int) -> tuple[list, LengthFilter]:
+def synthetic_requests(kind: str, rate: float, config: ReproConfig, seed: int, *,
+                       mode: str = "basic", n: int = 1) -> tuple[list, LengthFilter]:
     """A Poisson trace of ``config.duration_s`` seconds from kvsim's synthetic generator.
 
     Args:
-        kind: "sharegpt" or "alpaca".
+        kind: "sharegpt" or "alpaca" (workloads' presets: lognormal lengths calibrated to the
+            paper's means, pairs over 2048 tokens redrawn).
         rate: requests per second.
         config: duration and length limits.
         seed: generator seed.
+        mode: "basic", "parallel" (``n`` samples per request) or "beam" (width ``n``). The
+            generator keeps arrivals and lengths unchanged when sampling is turned on.
     Returns:
         (filtered requests, filter counts).
     """
     import workloads
 
-    # generate a little more than rate * duration and cut at the duration: a Poisson process
-    # over a fixed window, not a fixed count
-    num = int(math.ceil(rate * config.duration_s * 1.2 + 10 * math.sqrt(rate * config.duration_s) + 10))
-    spec = f"{kind}:rate={rate:g},n={num},seed={seed}"
-    reqs = [r for r in workloads.load(spec) if r.arrival_s < config.duration_s]
-    return filter_lengths(reqs, config)
+    if kind.startswith(SHAPE_PREFIX):
+        # ShareGPT's means with another output spread: lognormal(337.99, sigma) outputs
+        sigma = float(kind[len(SHAPE_PREFIX):])
+        mean_in, mean_out = PAPER_WORKLOAD_MEANS["sharegpt"]
+        spec = (f"synthetic:prompt=lognormal({mean_in},1.2),output=lognormal({mean_out},{sigma:g}),"
+                f"max_len={config.max_model_len},rate={rate:g},duration_s={config.duration_s:g},"
+                f"seed={seed}")
+    else:
+        spec = f"{kind}:rate={rate:g},duration_s={config.duration_s:g},seed={seed}"
+    if mode == "parallel":
+        spec += f",samples={n}"
+    elif mode == "beam":
+        spec += f",beam={n}"
+    elif mode != "basic":
+        raise ValueError(f"mode must be basic, parallel or beam, got {mode!r}")
+    return filter_lengths(workloads.load(spec), config, sampler_rule=False)
 
 
 def find_sharegpt_file(config: ReproConfig) -> Path | None:
@@ -230,51 +252,39 @@ def find_sharegpt_file(config: ReproConfig) -> Path | None:
 
 def real_sharegpt_requests(path: Path, rate: float, config: ReproConfig, seed: int
                            ) -> tuple[list, LengthFilter, dict[str, float]]:
-    """Requests with lengths drawn from the real ShareGPT length file and Poisson arrivals.
+    """Requests of the real ShareGPT length file, filtered, arriving as Poisson at ``rate``.
 
     The file (Llama-2 tokenizer, multi-turn prompts) has no timestamps and much longer prompts
     than the paper's ShareGPT (mean 2340 vs 161 tokens). Rows are filtered with the same rule as
-    the synthetic traces (``filter_lengths``), then sampled with replacement in a seeded order,
-    and given Poisson arrivals at ``rate`` over ``config.duration_s``.
+    the synthetic traces (``filter_lengths``). The loader gives rows in file order Poisson
+    arrivals at rate / kept_fraction; keeping each row independently of its arrival time thins
+    that process into a Poisson process at ``rate`` (the file order is not sorted by length).
 
     Returns:
-        (requests, filter counts over the whole file, statistics of the kept rows).
+        (requests, filter counts over the whole file, statistics of the file and of the kept rows).
+    Raises:
+        ValueError: nothing survives the filter, or the file ends before ``config.duration_s``.
     """
     import workloads
-    from workloads.request import Request
 
-    rows = list(workloads.load(str(path), format="sharegpt"))
-    kept, counts = filter_lengths(rows, config)
-    if not kept:
+    rows = list(workloads.load(str(path), format="sharegpt", rate=1.0, seed=seed))
+    kept_all, counts = filter_lengths(rows, config)
+    if not kept_all:
         raise ValueError(f"{path}: no request is left after the length filter "
                          f"(prompt <= {config.max_prompt_tokens}, total <= {config.max_model_len})")
-    rng = np.random.Generator(np.random.PCG64(seed))
-    gaps = rng.exponential(1.0 / rate, size=int(rate * config.duration_s * 1.5 + 100))
-    arrivals = np.cumsum(gaps) - gaps[0]
-    arrivals = arrivals[arrivals < config.duration_s]
-    picks = rng.integers(0, len(kept), size=len(arrivals))
-    reqs = [Request(request_id=i, arrival_s=float(t), prompt_tokens=kept[j].prompt_tokens,
-                    output_tokens=kept[j].output_tokens)
-            for i, (t, j) in enumerate(zip(arrivals, picks))]
+    load_rate = rate * len(rows) / len(kept_all)
+    stream = list(workloads.load(str(path), format="sharegpt", rate=load_rate, seed=seed))
+    if stream[-1].arrival_s < config.duration_s:
+        raise ValueError(f"{path}: {len(rows)} rows last {stream[-1].arrival_s:.0f} s at "
+                         f"{load_rate:.2f} req/s, shorter than the {config.duration_s:g} s trace")
+    reqs, _ = filter_lengths((r for r in stream if r.arrival_s < config.duration_s), config)
     stats = {"rows_in_file": len(rows), "rows_kept": counts.num_kept,
              "rows_too_long": counts.num_too_long, "rows_too_short": counts.num_too_short,
              "mean_prompt_tokens_file": float(np.mean([r.prompt_tokens for r in rows])),
              "mean_output_tokens_file": float(np.mean([r.output_tokens for r in rows])),
-             "mean_prompt_tokens_kept": float(np.mean([r.prompt_tokens for r in kept])),
-             "mean_output_tokens_kept": float(np.mean([r.output_tokens for r in kept]))}
+             "mean_prompt_tokens_kept": float(np.mean([r.prompt_tokens for r in kept_all])),
+             "mean_output_tokens_kept": float(np.mean([r.output_tokens for r in kept_all]))}
     return reqs, counts, stats
-
-
-def with_samples(requests: Sequence, mode: str, n: int) -> list:
-    """Copies of ``requests`` asking for ``n`` parallel samples or a beam of width ``n``."""
-    from dataclasses import replace as dc_replace
-
-    if mode not in FIG15_MODES:
-        raise ValueError(f"mode must be one of {FIG15_MODES}, got {mode!r}")
-    if mode == "parallel":
-        # the siblings hold the prompt: it is shareable
-        return [dc_replace(r, n=n, num_shareable_tokens=r.prompt_tokens) for r in requests]
-    return [dc_replace(r, beam_width=n, num_shareable_tokens=r.prompt_tokens) for r in requests]
 
 
 def length_stats(requests: Sequence) -> dict[str, float]:
@@ -502,6 +512,9 @@ def plan_runs(config: ReproConfig, have_real_trace: bool) -> list[Run]:
             runs += [Run(f"{wl}@{rate:g}/{s}/step_x{scale:g}", wl, rate, s, step_time_scale=scale)
                      for wl, rate in (("sharegpt", config.sharegpt_rate),)
                      for s in ("orca_oracle", "vllm")]
+        for sigma in config.sensitivity_output_sigmas:
+            runs += [Run(f"{SHAPE_PREFIX}{sigma:g}@{config.sharegpt_rate:g}/{s}",
+                         f"{SHAPE_PREFIX}{sigma:g}", config.sharegpt_rate, s) for s in SYSTEMS]
         other = "first-fit" if config.placement == "buddy" else "buddy"
         runs += [Run(f"sharegpt@{config.sharegpt_rate:g}/{s}/{other}", "sharegpt",
                      config.sharegpt_rate, s, placement=other)
@@ -532,25 +545,28 @@ def run_reproduction(config: ReproConfig, *, progress: bool = True,
     real_path = find_sharegpt_file(config)
     runs = plan_runs(config, real_path is not None)
 
-    workloads_cache: dict[tuple[str, float], list] = {}
+    workloads_cache: dict[tuple[str, float, str, int], list] = {}
     workload_info: dict[str, Any] = {}
 
-    def requests_for(wl: str, rate: float) -> list:
-        key = (wl, rate)
-        if key not in workloads_cache:
-            seed = config.seed
-            if wl == "sharegpt_real":
-                reqs, counts, stats = real_sharegpt_requests(real_path, rate, config, seed)
-                info = {"source": str(real_path.name), **stats}
-            else:
-                reqs, counts = synthetic_requests(wl, rate, config, seed)
-                info = {"source": f"synthetic {wl}-like (kvsim generator)",
-                        "num_dropped_too_long": counts.num_too_long,
-                        "num_dropped_too_short": counts.num_too_short}
+    def requests_for(run: Run) -> list:
+        key = (run.workload, run.rate, run.mode, run.n)
+        if key in workloads_cache:
+            return workloads_cache[key]
+        seed = config.seed
+        if run.workload == "sharegpt_real":
+            reqs, counts, stats = real_sharegpt_requests(real_path, run.rate, config, seed)
+            info = {"source": str(real_path.name), **stats}
+        else:
+            reqs, counts = synthetic_requests(run.workload, run.rate, config, seed,
+                                              mode=run.mode, n=run.n)
+            info = {"source": f"synthetic: {run.workload}",
+                    "num_dropped_too_long": counts.num_too_long,
+                    "num_dropped_too_short": counts.num_too_short}
+        if run.mode == "basic":   # samples/beams reuse the basic trace's arrivals and lengths
             info.update(length_stats(reqs))
-            workload_info[f"{wl}@{rate:g}"] = info
+            workload_info[f"{run.workload}@{run.rate:g}"] = info
             workloads_cache[key] = reqs
-        return workloads_cache[key]
+        return reqs
 
     snapshot_times = tuple(float(t) for t in np.arange(config.snapshot_interval_s / 2,
                                                        config.duration_s, config.snapshot_interval_s))
@@ -558,9 +574,7 @@ def run_reproduction(config: ReproConfig, *, progress: bool = True,
     bar = tqdm(runs, desc="reproduce vllm-paper", unit="sim", disable=not progress, leave=True)
     for run in bar:
         bar.set_postfix_str(run.key)
-        reqs = requests_for(run.workload, run.rate)
-        if run.mode != "basic":
-            reqs = with_samples(reqs, run.mode, run.n)
+        reqs = requests_for(run)
         cfg = config if run.placement is None else replace(config, placement=run.placement)
         result = simulate(reqs, engine_config(run.system, cfg),
                           cost_model(config, run.step_time_scale),
@@ -617,6 +631,18 @@ def assemble_results(config: ReproConfig, runs: Sequence[Run], metrics: dict[str
                               "saturated_fraction": _r(metrics[f"sharegpt@{rate:g}/{s}"].saturated_fraction, 4)}
                           for s in SYSTEMS}
             for rate in rate_keys}
+    shape_runs = [r for r in runs if r.workload.startswith(SHAPE_PREFIX)]
+    if shape_runs:
+        table = {"1 (kvsim preset)": {s: {"token_states": res["fig2"][s]["token_states"],
+                                          "reservation": res["fig2"][s]["reservation"],
+                                          "mean_running": res["fig13"]["sharegpt"][s]}
+                                      for s in SYSTEMS}}
+        for r in shape_runs:
+            m = metrics[r.key]
+            table.setdefault(r.workload[len(SHAPE_PREFIX):], {})[r.system] = {
+                "token_states": _r(m.shares_pct["token_states"]),
+                "reservation": _r(m.shares_pct["reservation"]), "mean_running": _r(m.mean_running)}
+        sens["sharegpt_output_sigma"] = table
     scale_runs = [r for r in runs if r.step_time_scale is not None]
     if scale_runs:
         table: dict[str, Any] = {"1": {s: _r(metrics[f"sharegpt@{sg:g}/{s}"].mean_running)
