@@ -1,0 +1,110 @@
+"""Roofline step-cost model: a step takes as long as the slower of moving its bytes and doing its FLOPs.
+
+Implements the simulator's ``CostModel`` protocol (``simulator.cost``; TEAM.md) from a ModelSpec
+and a GpuSpec, per tensor-parallel rank (all ranks work in parallel on equal shares)::
+
+    bytes  = weights / tp + (kv_read_tokens + num_scheduled_tokens) * kv_bytes_per_token
+             (read the cached context, write the new tokens' K/V)
+    flops  = 2 * active_params / tp * num_scheduled_tokens
+             + attn_flops_per_token_pair / tp * attn_token_pairs   (4 * layers * heads * head_dim)
+    time_s = max(bytes / bandwidth, flops / peak) + step_overhead_s
+
+Not modelled: all-reduce time under tp, activation traffic, kernel efficiency below the peaks
+(use ``bandwidth_efficiency`` / ``flops_efficiency``, or a measured ``TableCost``). MoE weights
+are all counted as read each step (true once a batch touches every expert).
+"""
+from __future__ import annotations
+
+import math
+
+from planner.capacity import kv_bytes_per_token
+from planner.specs import GpuSpec, ModelSpec
+
+# per-step CPU work of a serving engine (scheduling, input preparation, sampling, launch); vLLM v1
+# spends on the order of milliseconds per step. Calibrate with a measured table where it matters.
+DEFAULT_STEP_OVERHEAD_S = 0.002
+
+
+class RooflineCost:
+    """Step duration from a roofline of (model, GPU, tp); see the module docstring.
+
+    Args:
+        model, gpu: the specs.
+        tp: tensor-parallel size.
+        kv_dtype: KV-cache dtype ("auto" = model dtype; "fp8" halves KV traffic).
+        step_overhead_s: fixed time added to every step.
+        bandwidth_efficiency, flops_efficiency: achievable fractions of the datasheet peaks, (0, 1].
+    """
+
+    def __init__(self, model: ModelSpec, gpu: GpuSpec, *, tp: int = 1, kv_dtype: str = "auto",
+                 step_overhead_s: float = DEFAULT_STEP_OVERHEAD_S, bandwidth_efficiency: float = 1.0,
+                 flops_efficiency: float = 1.0):
+        if step_overhead_s < 0:
+            raise ValueError(f"step_overhead_s must be >= 0, got {step_overhead_s}")
+        for name, value in (("bandwidth_efficiency", bandwidth_efficiency),
+                            ("flops_efficiency", flops_efficiency)):
+            if not 0 < value <= 1:
+                raise ValueError(f"{name} must be in (0, 1], got {value}")
+        self.model, self.gpu, self.tp = model, gpu, tp
+        self.step_overhead_s = step_overhead_s
+        self.weight_bytes = math.ceil(model.weight_bytes / tp)
+        self.kv_bytes_per_token = kv_bytes_per_token(model, kv_dtype, tp)
+        self.flops_per_token = 2.0 * model.active_params / tp
+        self.attn_flops_per_pair = model.attn_flops_per_token_pair / tp
+        self.bandwidth_bytes_per_s = gpu.memory_bandwidth_bytes_per_s * bandwidth_efficiency
+        self.peak_flops_per_s = gpu.peak_flops_per_s(model.dtype) * flops_efficiency
+
+    def __repr__(self) -> str:
+        return (f"RooflineCost({self.model.name}, {self.gpu.name}, tp={self.tp}, "
+                f"overhead={self.step_overhead_s}s)")
+
+    def _lines(self, batch) -> tuple[float, float, float, float]:
+        """Memory and compute time of the batch and their growth per decode step (seconds)."""
+        scheduled = batch.num_scheduled_tokens
+        mem0 = (self.weight_bytes + (batch.kv_read_tokens + scheduled) * self.kv_bytes_per_token) \
+            / self.bandwidth_bytes_per_s
+        comp0 = (self.flops_per_token * scheduled + self.attn_flops_per_pair * batch.attn_token_pairs) \
+            / self.peak_flops_per_s
+        # one decode step later every sequence's context is one token longer: each reads one more
+        # token of KV and its (single) new token attends to one more position
+        mem_slope = batch.num_seqs * self.kv_bytes_per_token / self.bandwidth_bytes_per_s
+        comp_slope = batch.num_seqs * self.attn_flops_per_pair / self.peak_flops_per_s
+        return mem0, mem_slope, comp0, comp_slope
+
+    def step_time_s(self, batch) -> float:
+        """Duration of one step (0 for a step that schedules no tokens)."""
+        if batch.num_scheduled_tokens <= 0:
+            return 0.0
+        mem0, _, comp0, _ = self._lines(batch)
+        return max(mem0, comp0) + self.step_overhead_s
+
+    def run_time_s(self, batch, num_steps: int) -> float:
+        """Total duration of num_steps decode steps, step j having every context j tokens longer.
+
+        Closed form: each step's time is the max of two lines in j; sum each line arithmetically
+        over the range of j where it is the larger one.
+        """
+        if num_steps < 0:
+            raise ValueError(f"num_steps must be >= 0, got {num_steps}")
+        if num_steps == 0 or batch.num_scheduled_tokens <= 0:
+            return 0.0
+        a, b, c, d = self._lines(batch)
+        last = num_steps - 1
+
+        def line_sum(intercept: float, slope: float, lo: int, hi: int) -> float:
+            if hi < lo:
+                return 0.0
+            n = hi - lo + 1
+            return n * intercept + slope * (lo + hi) * n / 2.0
+
+        if b == d:  # parallel lines: one dominates throughout
+            total = line_sum(a, b, 0, last) if a >= c else line_sum(c, d, 0, last)
+        else:
+            cross = (c - a) / (b - d)  # memory line >= compute line for j >= cross when b > d
+            if b > d:
+                split = min(max(math.ceil(cross), 0), num_steps)  # first j where memory dominates
+                total = line_sum(c, d, 0, split - 1) + line_sum(a, b, split, last)
+            else:
+                split = min(max(math.floor(cross) + 1, 0), num_steps)  # first j where compute dominates
+                total = line_sum(a, b, 0, split - 1) + line_sum(c, d, split, last)
+        return total + num_steps * self.step_overhead_s

@@ -1,0 +1,336 @@
+"""What-if sweeps: a cartesian grid of configurations, one simulated replay per point.
+
+    axes = parse_sweep(["block_size=8,16,32", "gpu=h100,h200"])
+    points = expand_grid(axes)                       # deterministic order: last key varies fastest
+    rows = run_sweep(points, base, jobs=4)           # local processes; rows in grid order
+    table = results_table(rows, parse_slo("ttft_p99<2,preemptions=0"))
+
+Each point resolves model + GPU -> vLLM's num_gpu_blocks (planner.capacity) and a roofline cost
+model, loads the workload (``rate`` re-times it), and calls ``simulator.simulate``. A point whose
+configuration is impossible (weights larger than the GPU, tp not dividing the heads) becomes a row
+with an ``error`` column instead of stopping the sweep.
+
+Cost of a point (to name the cheapest one meeting the SLO): ``num_gpus * price_rank`` where
+num_gpus = tp * replicas and price_rank is the GPU's ordinal price (planner/presets.py).
+"""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+import os
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+
+from planner.capacity import DEFAULT_BLOCK_SIZE, DEFAULT_GPU_MEMORY_UTILIZATION, compute_capacity
+from planner.presets import get_gpu, get_model, load_hf_config
+from planner.roofline import DEFAULT_STEP_OVERHEAD_S, RooflineCost
+from planner.slo import Constraint, meets, resolve_metric
+from planner.specs import GIB, GpuSpec, ModelSpec
+from workloads.errors import InputError
+
+
+def _parse_bool(text: str) -> bool:
+    low = text.strip().lower()
+    if low in ("1", "true", "yes", "on"):
+        return True
+    if low in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"expected true/false, got {text!r}")
+
+
+# sweepable keys and how to read their values
+SWEEP_KEYS: dict[str, Callable[[str], object]] = {
+    "model": str, "gpu": str, "tp": int, "kv_dtype": str, "gpu_memory_utilization": float,
+    "block_size": int, "max_model_len": int, "non_kv_gib": float,
+    "rate": float, "max_requests": int,
+    "allocator": str, "placement": str, "max_num_seqs": int, "max_num_batched_tokens": int,
+    "enable_prefix_caching": _parse_bool, "long_prefill_token_threshold": int,
+    "watermark": float, "full_prompt_admission": _parse_bool,
+    "replicas": int, "router": str, "seed": int, "step_overhead_s": float,
+}
+# keys handed to simulator.EngineConfig as they are
+ENGINE_KEYS = ("allocator", "placement", "max_num_seqs", "max_num_batched_tokens",
+               "enable_prefix_caching", "long_prefill_token_threshold", "watermark",
+               "full_prompt_admission")
+
+
+def parse_sweep(specs: Iterable[str]) -> dict[str, list]:
+    """``["block_size=8,16", "gpu=h100,h200"]`` -> ``{"block_size": [8, 16], "gpu": ["h100", "h200"]}``.
+
+    Raises:
+        InputError: malformed spec, unknown key (lists the known ones), repeated key, bad value.
+    """
+    axes: dict[str, list] = {}
+    for spec in specs:
+        key, sep, values = spec.partition("=")
+        key = key.strip()
+        if not sep or not key or not values.strip():
+            raise InputError(f"expected KEY=V1,V2,..., got {spec!r}", field="sweep")
+        if key not in SWEEP_KEYS:
+            raise InputError(f"unknown key {key!r}; sweepable: {', '.join(SWEEP_KEYS)}", field="sweep")
+        if key in axes:
+            raise InputError(f"key {key!r} given twice", field="sweep")
+        parsed = []
+        for text in values.split(","):
+            if not text.strip():
+                raise InputError(f"{key}: empty value in {values!r}", field="sweep")
+            try:
+                parsed.append(SWEEP_KEYS[key](text.strip()))
+            except ValueError:
+                raise InputError(f"{key}: cannot read {text.strip()!r} as {SWEEP_KEYS[key].__name__}",
+                                 field="sweep") from None
+        axes[key] = parsed
+    return axes
+
+
+def expand_grid(axes: Mapping[str, Sequence]) -> list[dict]:
+    """The cartesian product of the axes as a list of dicts, in a fixed order (the first key
+    varies slowest). No axes: one empty point (the base configuration)."""
+    keys = list(axes)
+    return [dict(zip(keys, combo)) for combo in itertools.product(*(axes[k] for k in keys))]
+
+
+@dataclass(frozen=True)
+class PlanBase:
+    """What every point shares; a point's values override the matching fields.
+
+    ``model`` is a preset name, or ignored when ``hf_config`` is set; ``gpu`` a preset name, or
+    ``custom_gpu`` a GpuSpec built from flags.
+    """
+
+    workload: str
+    model: str = "Llama-3.1-8B"
+    hf_config: str | None = None
+    gpu: str = "H100-80GB-SXM"
+    custom_gpu: GpuSpec | None = None
+    tp: int = 1
+    kv_dtype: str = "auto"
+    gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION
+    block_size: int = DEFAULT_BLOCK_SIZE
+    max_model_len: int | None = None
+    non_kv_gib: float | None = None
+    rate: float | None = None
+    max_requests: int | None = None
+    allocator: str = "paged"
+    replicas: int = 1
+    router: str = "round-robin"
+    seed: int = 0
+    step_overhead_s: float = DEFAULT_STEP_OVERHEAD_S
+    engine: Mapping = field(default_factory=dict)  # further EngineConfig fields (max_num_seqs, ...)
+
+
+def _resolve_model(name: str, hf_config: str | None) -> ModelSpec:
+    return load_hf_config(hf_config) if hf_config else get_model(name)
+
+
+def load_requests(workload: str, *, rate: float | None = None, max_requests: int | None = None) -> list:
+    """The workload's requests, re-timed to ``rate`` requests/s if given.
+
+    A synthetic spec (``sharegpt:rate=2,n=1000``) gets its ``rate`` parameter replaced; a trace
+    file has its arrival times scaled so that its mean rate (requests / time span) equals ``rate``.
+    """
+    import workloads
+
+    is_file = os.path.exists(workload)
+    spec = workload
+    if rate is not None and rate <= 0:
+        raise InputError(f"rate must be > 0, got {rate}", field="rate")
+    if rate is not None and not is_file:
+        kind, sep, params = workload.partition(":")
+        kept = [p for p in params.split(",") if p.strip() and not p.strip().startswith("rate=")] if sep else []
+        spec = f"{kind}:" + ",".join([f"rate={rate:g}", *kept])
+    requests = list(workloads.load(spec, max_requests=max_requests))
+    if rate is not None and is_file and len(requests) > 1:
+        span = requests[-1].arrival_s - requests[0].arrival_s
+        if span > 0:
+            scale = (len(requests) / span) / rate
+            t0 = requests[0].arrival_s
+            requests = [dataclasses.replace(r, arrival_s=t0 + (r.arrival_s - t0) * scale) for r in requests]
+    return requests
+
+
+def build_engine_config(num_gpu_blocks: int, block_size: int, max_model_len: int, allocator: str,
+                        engine: Mapping):
+    """A ``simulator.EngineConfig`` for a pool of num_gpu_blocks blocks (contiguous allocators get
+    the same memory as capacity_tokens). vLLM's block 0 is its null block, so null_block=True."""
+    from simulator import EngineConfig
+
+    names = {f.name for f in dataclasses.fields(EngineConfig)}
+    kwargs = dict(allocator=allocator, block_size=block_size, max_model_len=max_model_len)
+    if allocator == "paged":
+        kwargs.update(num_blocks=num_gpu_blocks, null_block=True)
+    else:
+        kwargs.update(capacity_tokens=num_gpu_blocks * block_size)
+    for key, value in engine.items():
+        if key not in names:
+            raise InputError(f"{key!r} is not a simulator.EngineConfig field", field="sweep")
+        kwargs[key] = value
+    return EngineConfig(**{k: v for k, v in kwargs.items() if k in names})
+
+
+def _default_simulate(*args, **kwargs):
+    from simulator import simulate
+
+    return simulate(*args, **kwargs)
+
+
+def flatten(mapping: Mapping, prefix: str = "") -> dict:
+    """Nested dicts -> one level with dotted keys; only scalars are kept."""
+    out = {}
+    for key, value in mapping.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            out.update(flatten(value, name + "."))
+        elif value is None or isinstance(value, (bool, int, float, str)):
+            out[name] = value
+    return out
+
+
+@dataclass(frozen=True)
+class PointTask:
+    index: int
+    params: Mapping
+    base: PlanBase
+    simulate: Callable | None = None  # None: simulator.simulate (a picklable module-level function)
+
+
+def evaluate_point(task: PointTask) -> dict:
+    """Run one grid point; returns its row (grid values, capacity figures, flattened summary).
+
+    A ValueError from an impossible configuration is recorded in the row's ``error`` column.
+    """
+    base = dataclasses.replace(task.base, **{k: v for k, v in task.params.items()
+                                             if k in {f.name for f in dataclasses.fields(PlanBase)}})
+    engine = {**base.engine, **{k: v for k, v in task.params.items() if k in ENGINE_KEYS}}
+    row: dict = {"point": task.index, **task.params}
+    try:
+        model = _resolve_model(base.model, base.hf_config)
+        gpu = base.custom_gpu if (base.custom_gpu is not None and "gpu" not in task.params) \
+            else get_gpu(base.gpu)
+        report = compute_capacity(
+            model, gpu, tp=base.tp, block_size=base.block_size, kv_dtype=base.kv_dtype,
+            gpu_memory_utilization=base.gpu_memory_utilization, max_model_len=base.max_model_len,
+            max_num_seqs=engine.get("max_num_seqs"),
+            max_num_batched_tokens=engine.get("max_num_batched_tokens"),
+            non_kv_bytes=None if base.non_kv_gib is None else int(base.non_kv_gib * GIB))
+        num_gpus = base.tp * base.replicas
+        row.update(model_name=model.name, gpu_name=gpu.name, num_gpus=num_gpus,
+                   cost=num_gpus * gpu.price_rank, num_gpu_blocks=report.num_gpu_blocks,
+                   kv_cache_tokens=report.kv_cache_tokens, kv_bytes_per_token=report.kv_bytes_per_token,
+                   max_concurrency=round(report.max_concurrency, 6))
+        engine.setdefault("max_num_seqs", report.max_num_seqs)
+        engine.setdefault("max_num_batched_tokens", report.max_num_batched_tokens)
+        cost_model = RooflineCost(model, gpu, tp=base.tp, kv_dtype=base.kv_dtype,
+                                  step_overhead_s=base.step_overhead_s)
+        config = build_engine_config(report.num_gpu_blocks, base.block_size, report.max_model_len,
+                                     base.allocator, engine)
+        requests = load_requests(base.workload, rate=base.rate, max_requests=base.max_requests)
+        simulate = task.simulate or _default_simulate
+        result = simulate(requests, config, cost_model, replicas=base.replicas, router=base.router,
+                          seed=base.seed)
+        row.update(flatten(result.summary))
+        row["error"] = None
+    except ValueError as err:  # impossible point: keep the row, say why
+        row["error"] = str(err)
+    return row
+
+
+def _run_local(tasks: list[PointTask], jobs: int, progress: bool) -> list[dict]:
+    from tqdm import tqdm
+
+    bar = tqdm(total=len(tasks), desc="sweep", unit="point", disable=not progress)
+    try:
+        if jobs <= 1:
+            rows = []
+            for task in tasks:
+                rows.append(evaluate_point(task))
+                bar.update()
+            return rows
+        rows_by_index: dict[int, dict] = {}
+        with ProcessPoolExecutor(max_workers=jobs) as pool:
+            futures = {pool.submit(evaluate_point, t): t.index for t in tasks}
+            from concurrent.futures import as_completed
+
+            for fut in as_completed(futures):
+                rows_by_index[futures[fut]] = fut.result()
+                bar.update()
+        return [rows_by_index[t.index] for t in tasks]  # grid order, whatever finished first
+    finally:
+        bar.close()
+
+
+def _run_ray(tasks: list[PointTask], address: str | None, progress: bool) -> list[dict]:
+    try:
+        import ray
+    except ImportError:
+        raise ValueError("--backend ray needs Ray, which is an optional extra: "
+                         "pip install 'kvsim[ray]' (or pip install 'ray[default]')") from None
+    from tqdm import tqdm
+
+    if not ray.is_initialized():
+        ray.init(address=address, ignore_reinit_error=True, log_to_driver=False)
+    remote = ray.remote(num_cpus=1)(evaluate_point)
+    refs = [remote.remote(t) for t in tasks]
+    index_of = {ref: t.index for ref, t in zip(refs, tasks)}
+    rows_by_index: dict[int, dict] = {}
+    pending = list(refs)
+    with tqdm(total=len(tasks), desc="sweep (ray)", unit="point", disable=not progress) as bar:
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1)
+            for ref in done:
+                rows_by_index[index_of[ref]] = ray.get(ref)
+                bar.update()
+    return [rows_by_index[t.index] for t in tasks]
+
+
+def run_sweep(points: Sequence[Mapping], base: PlanBase, *, jobs: int = 1, backend: str = "local",
+              address: str | None = None, progress: bool = False,
+              simulate: Callable | None = None) -> list[dict]:
+    """Evaluate every grid point; rows come back in grid order whatever the backend.
+
+    Args:
+        points: from expand_grid.
+        base: shared configuration.
+        jobs: local worker processes (1: in this process).
+        backend: "local" or "ray" (``address``: a Ray cluster; None starts a local one).
+        progress: show a tqdm bar on stderr.
+        simulate: replacement for simulator.simulate (must be picklable for jobs > 1).
+    Returns:
+        One dict per point.
+    """
+    if jobs < 1:
+        raise ValueError(f"jobs must be >= 1, got {jobs}")
+    tasks = [PointTask(i, dict(p), base, simulate) for i, p in enumerate(points)]
+    if backend == "local":
+        return _run_local(tasks, jobs, progress)
+    if backend == "ray":
+        return _run_ray(tasks, address, progress)
+    raise ValueError(f"backend must be 'local' or 'ray', got {backend!r}")
+
+
+def mark_slo(rows: list[dict], constraints: tuple[Constraint, ...]) -> list[dict]:
+    """Add ``meets_slo`` to each row (False for rows with an error)."""
+    out = []
+    for row in rows:
+        ok = row.get("error") is None and meets(row, constraints) if constraints else row.get("error") is None
+        out.append({**row, "meets_slo": bool(ok)})
+    return out
+
+
+def cheapest(rows: Sequence[Mapping], constraints: tuple[Constraint, ...] = ()) -> dict | None:
+    """The cheapest row meeting the SLO: lowest cost (num_gpus * price_rank), then lowest p99 TTFT
+    if the rows have one, then grid order. None when no row qualifies."""
+    ok = [r for r in rows if r.get("meets_slo", r.get("error") is None)]
+    if not ok:
+        return None
+
+    def ttft(row) -> float:
+        try:
+            value = resolve_metric(row, "ttft_p99")
+        except InputError:
+            return 0.0
+        return math.inf if math.isnan(value) else value
+
+    return dict(min(ok, key=lambda r: (r["cost"], ttft(r), r["point"])))

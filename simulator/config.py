@@ -1,0 +1,101 @@
+"""EngineConfig: one serving replica's cache and scheduler settings (vLLM's names and meanings)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+ALLOCATORS = ("paged", "max", "pow2", "oracle")
+PLACEMENTS = ("buddy", "first-fit")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Settings of one replica. Frozen and validated; messages carry the numbers.
+
+    Args:
+        allocator: "paged" (vLLM blocks + prefix cache) or a contiguous reservation policy
+            ("max": max_model_len, "pow2": next power of two of the final length, "oracle": the
+            exact final length), as in the vLLM paper's baselines.
+        placement: contiguous allocators only: "buddy" or "first-fit".
+        block_size: tokens per block (paged) / per cell (contiguous accounting).
+        num_blocks: pool size in blocks (vLLM's num_gpu_blocks). With ``null_block`` the first is
+            reserved as vLLM's null block, so ``num_blocks - 1`` are usable.
+        capacity_tokens: alternative to num_blocks (contiguous pools are sized in tokens);
+            exactly one of the two must be given.
+        null_block: reserve block 0 as vLLM does (fidelity with vLLM's usage metric).
+        max_num_seqs: most requests in RUNNING at once.
+        max_num_batched_tokens: token budget of one step.
+        max_model_len: longest sequence (prompt + output); longer prompts are rejected.
+        enable_prefix_caching: reuse cached full blocks (paged only).
+        long_prefill_token_threshold: cap on one request's prefill chunk when more than one
+            request is eligible (0 = off), as vLLM.
+        full_prompt_admission: admit a waiting request only if its whole current length fits
+            (vLLM's scheduler_reserve_full_isl, on by default).
+        watermark: fraction of num_blocks kept free when admitting waiting requests (vLLM's
+            scheduler watermark, 0 = off).
+    """
+
+    allocator: str = "paged"
+    placement: str = "buddy"
+    block_size: int = 16
+    num_blocks: int | None = None
+    capacity_tokens: int | None = None
+    null_block: bool = False
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    max_model_len: int = 8192
+    enable_prefix_caching: bool = True
+    long_prefill_token_threshold: int = 0
+    full_prompt_admission: bool = True
+    watermark: float = 0.0
+
+    def __post_init__(self):
+        if self.allocator not in ALLOCATORS:
+            raise ValueError(f"allocator must be one of {', '.join(ALLOCATORS)}, got {self.allocator!r}")
+        if self.placement not in PLACEMENTS:
+            raise ValueError(f"placement must be one of {', '.join(PLACEMENTS)}, got {self.placement!r}")
+        if self.block_size <= 0:
+            raise ValueError(f"block_size must be positive, got {self.block_size}")
+        if (self.num_blocks is None) == (self.capacity_tokens is None):
+            raise ValueError("give exactly one of num_blocks and capacity_tokens, got "
+                             f"num_blocks={self.num_blocks}, capacity_tokens={self.capacity_tokens}")
+        if self.num_blocks is not None and self.num_blocks < 1 + int(self.null_block):
+            raise ValueError(f"num_blocks must be >= {1 + int(self.null_block)}, got {self.num_blocks}")
+        if self.capacity_tokens is not None and self.capacity_tokens < self.block_size:
+            raise ValueError(f"capacity_tokens must be >= block_size ({self.block_size}), "
+                             f"got {self.capacity_tokens}")
+        if self.max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
+        if self.max_num_batched_tokens < 1:
+            raise ValueError(f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
+        if self.max_model_len < 2:
+            raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
+        if self.long_prefill_token_threshold < 0:
+            raise ValueError("long_prefill_token_threshold must be >= 0, got "
+                             f"{self.long_prefill_token_threshold}")
+        if not 0.0 <= self.watermark < 1.0:
+            raise ValueError(f"watermark must be in [0, 1), got {self.watermark}")
+        if self.allocator != "paged" and self.null_block:
+            raise ValueError("null_block applies to the paged allocator only")
+
+    @property
+    def is_paged(self) -> bool:
+        return self.allocator == "paged"
+
+    @property
+    def pool_tokens(self) -> int:
+        """Slots in the pool (usable or not)."""
+        if self.capacity_tokens is not None:
+            return self.capacity_tokens
+        return self.num_blocks * self.block_size
+
+    @property
+    def pool_blocks(self) -> int:
+        """Blocks in the pool (vLLM's num_gpu_blocks, null block included)."""
+        if self.num_blocks is not None:
+            return self.num_blocks
+        return self.capacity_tokens // self.block_size
+
+    @property
+    def watermark_blocks(self) -> int:
+        """Blocks kept free at admission: int(watermark * num_gpu_blocks), as vLLM."""
+        return int(self.watermark * self.pool_blocks)

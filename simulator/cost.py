@@ -1,0 +1,179 @@
+"""Step-cost models: how long one engine step (one forward pass) takes.
+
+The simulator defines the interface and two simple models; planner/roofline.py implements the
+same protocol from a model and a GPU (the simulator never imports it).
+
+* ``FixedStepCost(step_s)``: every step takes ``step_s``. ``FixedStepCost(1.0)`` is the step
+  clock: simulated time is vLLM's step index (used to diff against the vLLM oracle).
+* ``TableCost(csv_path)``: measured step times, interpolated (see its docstring).
+"""
+from __future__ import annotations
+
+import csv
+import math
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+from workloads.errors import InputError
+
+
+@dataclass(slots=True)
+class StepBatch:
+    """What one step computes. For a run of identical decode steps, this is the FIRST step.
+
+    num_seqs: requests scheduled in the step.
+    num_prefill_tokens: tokens of prompts (and recomputation) processed.
+    num_decode_tokens: tokens generated from one previous token each (one per decoding request).
+    num_scheduled_tokens: num_prefill_tokens + num_decode_tokens.
+    kv_read_tokens: sum over scheduled requests of the context attended (tokens already in the KV
+        cache plus the new ones): the KV bytes read scale with it.
+    attn_token_pairs: sum over scheduled requests of new_tokens * context, for attention FLOPs.
+    """
+
+    num_seqs: int = 0
+    num_prefill_tokens: int = 0
+    num_decode_tokens: int = 0
+    num_scheduled_tokens: int = 0
+    kv_read_tokens: int = 0
+    attn_token_pairs: int = 0
+
+
+def decode_step_batch(batch: StepBatch, i: int) -> StepBatch:
+    """The i-th (0-based) step of a run of decode steps that starts with ``batch``: every sequence
+    has ``i`` more tokens of context."""
+    grow = i * batch.num_seqs
+    return StepBatch(batch.num_seqs, batch.num_prefill_tokens, batch.num_decode_tokens,
+                     batch.num_scheduled_tokens, batch.kv_read_tokens + grow,
+                     batch.attn_token_pairs + grow)
+
+
+def summed_run_time_s(model: "CostModel", batch: StepBatch, num_steps: int) -> float:
+    """Default ``run_time_s``: the sum of ``step_time_s`` over the steps of the run."""
+    return math.fsum(model.step_time_s(decode_step_batch(batch, i)) for i in range(num_steps))
+
+
+@runtime_checkable
+class CostModel(Protocol):
+    """Duration of engine steps, in seconds."""
+
+    def step_time_s(self, batch: StepBatch) -> float:
+        """Seconds one step with this batch takes."""
+        ...
+
+    def run_time_s(self, batch: StepBatch, num_steps: int) -> float:
+        """Seconds ``num_steps`` identical decode steps take, the first being ``batch`` and each
+        following one attending one more token per sequence (``summed_run_time_s`` is a valid
+        implementation; closed forms are faster)."""
+        ...
+
+
+@dataclass(frozen=True)
+class FixedStepCost:
+    """Every step takes ``step_s`` seconds, whatever it computes. FixedStepCost(1.0) = step clock."""
+
+    step_s: float = 1.0
+
+    def __post_init__(self):
+        if not (self.step_s > 0 and math.isfinite(self.step_s)):
+            raise ValueError(f"step_s must be a positive finite number, got {self.step_s}")
+
+    def step_time_s(self, batch: StepBatch) -> float:
+        return self.step_s
+
+    def run_time_s(self, batch: StepBatch, num_steps: int) -> float:
+        return self.step_s * num_steps
+
+
+class TableCost:
+    """Step time interpolated from measurements (a CSV), so a real GPU can calibrate the simulator.
+
+    CSV columns (header required, others ignored): ``num_scheduled_tokens`` and ``step_s``
+    (seconds), optionally ``kv_read_tokens``. The model is
+
+        step_s = f(num_scheduled_tokens) + c * kv_read_tokens
+
+    where ``f`` interpolates linearly between the measured batch sizes (rows with the same
+    ``num_scheduled_tokens`` are averaged; outside the measured range it extends the nearest
+    segment's slope, never below 0), and ``c`` (seconds per context token read) is the least-squares
+    slope of the residuals against ``kv_read_tokens`` (0 when that column is absent). A table with
+    one batch size is a constant plus the KV term.
+
+    Args:
+        path: the CSV file. Bad content raises InputError naming file, line and field.
+    """
+
+    def __init__(self, path: str):
+        self.path = str(path)
+        rows: list[tuple[float, float, float]] = []
+        with open(path, newline="") as f:
+            reader = csv.DictReader(f)
+            fields = reader.fieldnames or []
+            for need in ("num_scheduled_tokens", "step_s"):
+                if need not in fields:
+                    raise InputError(f"missing column (have: {', '.join(fields) or 'none'})",
+                                     file=self.path, line=1, field=need)
+            has_kv = "kv_read_tokens" in fields
+            for line_no, row in enumerate(reader, start=2):
+                vals = []
+                for name in ("num_scheduled_tokens", "step_s", "kv_read_tokens"):
+                    if name == "kv_read_tokens" and not has_kv:
+                        vals.append(0.0)
+                        continue
+                    raw = (row.get(name) or "").strip()
+                    try:
+                        v = float(raw)
+                    except ValueError:
+                        raise InputError(f"not a number: {raw!r}", file=self.path, line=line_no,
+                                         field=name) from None
+                    if not math.isfinite(v) or v < 0 or (name == "step_s" and v == 0):
+                        raise InputError(f"must be {'positive' if name == 'step_s' else '>= 0'}"
+                                         f" and finite, got {raw}", file=self.path,
+                                         line=line_no, field=name)
+                    vals.append(v)
+                rows.append((vals[0], vals[1], vals[2]))
+        if not rows:
+            raise InputError("no data rows", file=self.path, line=1)
+        # c: least-squares slope of step_s against kv_read within equal batch sizes (so the batch-size
+        # effect does not leak into it), pooled over batch sizes
+        by_tokens: dict[float, list[tuple[float, float]]] = {}
+        for tok, step, kv in rows:
+            by_tokens.setdefault(tok, []).append((kv, step))
+        sxy = sxx = 0.0
+        for pts in by_tokens.values():
+            mk = sum(p[0] for p in pts) / len(pts)
+            ms = sum(p[1] for p in pts) / len(pts)
+            sxy += sum((k - mk) * (s - ms) for k, s in pts)
+            sxx += sum((k - mk) ** 2 for k, _ in pts)
+        self.kv_coeff_s = max(0.0, sxy / sxx) if sxx > 0 else 0.0
+        self._xs = sorted(by_tokens)
+        self._ys = [sum(s - self.kv_coeff_s * k for k, s in by_tokens[x]) / len(by_tokens[x])
+                    for x in self._xs]
+
+    def _f(self, tokens: float) -> float:
+        xs, ys = self._xs, self._ys
+        if len(xs) == 1:
+            return ys[0]
+        if tokens <= xs[0]:
+            i = 0
+        elif tokens >= xs[-1]:
+            i = len(xs) - 2
+        else:
+            lo, hi = 0, len(xs) - 1
+            while hi - lo > 1:
+                mid = (lo + hi) // 2
+                if xs[mid] <= tokens:
+                    lo = mid
+                else:
+                    hi = mid
+            i = lo
+        x0, x1, y0, y1 = xs[i], xs[i + 1], ys[i], ys[i + 1]
+        return y0 + (y1 - y0) * (tokens - x0) / (x1 - x0)
+
+    def step_time_s(self, batch: StepBatch) -> float:
+        return max(0.0, self._f(batch.num_scheduled_tokens) + self.kv_coeff_s * batch.kv_read_tokens)
+
+    def run_time_s(self, batch: StepBatch, num_steps: int) -> float:
+        # closed form: f is constant over the run, the KV term grows arithmetically
+        base = max(0.0, self._f(batch.num_scheduled_tokens) + self.kv_coeff_s * batch.kv_read_tokens)
+        grow = self.kv_coeff_s * batch.num_seqs * (num_steps * (num_steps - 1) / 2)
+        return base * num_steps + grow

@@ -1,0 +1,678 @@
+"""SimPy engine: arrivals -> router -> one engine loop per replica; recording; ``simulate``.
+
+Processes (SimPy, time in integer nanoseconds so that runs of steps add up exactly):
+
+* ``_arrivals``: pulls requests lazily from the iterator (memory follows live requests, not the
+  trace), routes each at its arrival time (round-robin, least-loaded = fewest running + waiting,
+  prefix-affinity = by conversation or first shared segment) and wakes an idle replica.
+* ``_engine`` (one per replica): at each step boundary it records, then either schedules one step
+  in detail (``Scheduler.schedule``) or, when ``Scheduler.plan_decode_run`` says the next steps
+  are identical pure decodes, applies k of them at once. A run ends at the first step end at or
+  after the next arrival, sample time, snapshot time or stop time, so every externally visible
+  moment is a step boundary in both modes. With ``batch_decode_steps=False`` the same k steps are
+  scheduled one by one (and checked to be pure decodes): results are identical, which tests check.
+
+Event order at equal times: step ends (URGENT) before arrivals, arrivals before the next schedule
+(the engine yields once when an arrival is due at the same instant) - vLLM's engine loop order.
+"""
+from __future__ import annotations
+
+import math
+import sys
+import time
+from collections.abc import Iterable
+
+import numpy as np
+import pandas as pd
+import simpy
+from simpy.core import URGENT
+
+from allocator import MEMORY_CLASSES, ContiguousAllocator, PagedAllocator, mix64
+from simulator.config import EngineConfig
+from simulator.cost import CostModel, FixedStepCost, StepBatch
+from simulator.recorder import (NS_PER_S, SAMPLE_COLUMNS, STEP_COLUMNS, RequestLog, StepLog,
+                                TableLog, percentiles)
+from simulator.result import SUMMARY_KEYS, Result
+from simulator.scheduler import FINISHED, Scheduler
+
+ROUTERS = ("round-robin", "least-loaded", "prefix-affinity")
+_NEVER = 1 << 62
+_NUM_CLASSES = len(MEMORY_CLASSES)
+
+
+def _ns(seconds: float) -> int:
+    return int(round(seconds * NS_PER_S))
+
+
+def _urgent_timeout(env: simpy.Environment, delay_ns: int) -> simpy.Event:
+    """A timeout processed before NORMAL events at the same instant (step ends before arrivals)."""
+    ev = simpy.Event(env)
+    ev._ok = True
+    ev._value = None
+    env.schedule(ev, URGENT, delay_ns)
+    return ev
+
+
+def make_allocator(config: EngineConfig):
+    """The allocator an EngineConfig describes."""
+    if config.is_paged:
+        return PagedAllocator(config.pool_blocks, config.block_size,
+                              enable_prefix_caching=config.enable_prefix_caching,
+                              null_block=config.null_block)
+    return ContiguousAllocator(config.pool_tokens, policy=config.allocator,
+                               max_model_len=config.max_model_len, placement=config.placement)
+
+
+class _Replica:
+    """One serving replica: its scheduler, allocator and recording state."""
+
+    def __init__(self, index: int, config: EngineConfig, seed: int):
+        self.index = index
+        self.allocator = make_allocator(config)
+        self.sched = Scheduler(config, self.allocator, seed=seed + index)
+        self.wake: simpy.Event | None = None
+        self.num_steps = 0
+        self.last_t = 0
+        self.last_bd: list[int] | None = None
+        self.last_usage = 0.0
+        self.bd_area = [0] * _NUM_CLASSES      # trapezoid areas x2 (slot-ns)
+        self.usage_area = 0.0
+        self.running_area = 0                  # requests x ns, running during steps
+        self.waiting_area = 0
+        self.cur_running = 0                   # after the last schedule
+        self.cur_waiting = 0
+        self.max_running = 0
+        self.last_batch_tokens = 0
+        self.next_sample_ns = 0
+        self.next_snapshot = 0
+        self.arrived_since_step = 0
+        self.num_finished = 0
+        self.saved_samples: list[int] = []
+        self.cum = [0, 0, 0, 0]                # step rows: preemptions, pc queries, pc hits, finished
+
+
+class Simulation:
+    """A simulation you can run to the end (``run``) or step through (``run_until``).
+
+    Args:
+        requests: iterable of workloads.Request in arrival order (consumed lazily).
+        config: EngineConfig of every replica.
+        cost_model: a CostModel (FixedStepCost(1.0) = vLLM step clock).
+        replicas: number of independent replicas.
+        router: "round-robin", "least-loaded" or "prefix-affinity".
+        sample_interval_s: time-series sampling period (default 1 s; 1 step on the step clock).
+        snapshot_times_s: times at which to record PoolSnapshots of every replica.
+        seed: seeds beam reselection (the only randomness in the engine).
+        progress: tqdm progress bar on stderr.
+        record_steps: one time-series row per engine step with the vLLM oracle's column names
+            (instead of time samples). Meant for small traces.
+        batch_decode_steps: apply runs of identical decode steps at once (False: one by one;
+            identical results, much slower).
+    """
+
+    def __init__(self, requests: Iterable, config: EngineConfig, cost_model: CostModel, *,
+                 replicas: int = 1, router: str = "round-robin",
+                 sample_interval_s: float | None = None, snapshot_times_s: Iterable[float] = (),
+                 seed: int = 0, progress: bool = False, record_steps: bool = False,
+                 batch_decode_steps: bool = True):
+        if not isinstance(config, EngineConfig):
+            raise TypeError("config must be an EngineConfig")
+        if not hasattr(cost_model, "step_time_s") or not hasattr(cost_model, "run_time_s"):
+            raise TypeError("cost_model must implement step_time_s and run_time_s (CostModel)")
+        if not isinstance(replicas, int) or replicas < 1:
+            raise ValueError(f"replicas must be an integer >= 1, got {replicas!r}")
+        if router not in ROUTERS:
+            raise ValueError(f"router must be one of {', '.join(ROUTERS)}, got {router!r}")
+        self.config = config
+        self.cost = cost_model
+        self.step_clock = isinstance(cost_model, FixedStepCost) and cost_model.step_s == 1.0
+        self.fixed_step_ns = _ns(cost_model.step_s) if isinstance(cost_model, FixedStepCost) \
+            else None
+        if sample_interval_s is None:
+            sample_interval_s = 1.0
+        if not sample_interval_s > 0:
+            raise ValueError(f"sample_interval_s must be > 0, got {sample_interval_s}")
+        self.sample_ns = max(1, _ns(sample_interval_s))
+        self.snapshot_ns = sorted(_ns(t) for t in snapshot_times_s)
+        if any(t < 0 for t in self.snapshot_ns):
+            raise ValueError("snapshot_times_s must be >= 0")
+        self.router = router
+        self.seed = seed
+        self.record_steps = record_steps
+        self.batching = batch_decode_steps
+        self.env = simpy.Environment()
+        self.replicas = [_Replica(i, config, seed) for i in range(replicas)]
+        self.requests = RequestLog()
+        self.samples = TableLog(SAMPLE_COLUMNS)
+        self.steps = StepLog()
+        self.snapshots: list = []
+        self.num_arrived = 0
+        self.num_rejected = 0
+        self.rr_next = 0
+        self.next_arrival_ns = _NEVER
+        self.stop_ns = _NEVER
+        self.arrivals_done = False
+        self.end_ns = 0
+        self.wall_s = 0.0
+        self._finalised = False
+        self._progress = None
+        if progress:
+            from tqdm import tqdm
+            self._progress = tqdm(unit="req", desc="replay", file=sys.stderr, mininterval=0.5)
+        self._iter = iter(requests)
+        self.env.process(self._arrivals())
+        for rep in self.replicas:
+            self.env.process(self._engine(rep))
+
+    # ------------------------------------------------------------------ public stepping API
+    @property
+    def now_s(self) -> float:
+        return self.env.now / NS_PER_S
+
+    @property
+    def done(self) -> bool:
+        """All requests arrived and finished (or were rejected)."""
+        return self.arrivals_done and all(
+            not r.sched.running and not r.sched.waiting for r in self.replicas)
+
+    def run_until(self, t_s: float) -> None:
+        """Advance simulated time to ``t_s`` (runs of decode steps end at the first step
+        boundary at or after it, so the state seen afterwards is exact at that boundary)."""
+        t_ns = _ns(t_s)
+        if t_ns <= self.env.now:
+            return
+        started = time.perf_counter()
+        self.stop_ns = t_ns
+        self.env.run(until=t_ns)
+        self.stop_ns = _NEVER
+        self.wall_s += time.perf_counter() - started
+
+    def snapshot(self, replica: int = 0):
+        """PoolSnapshot of one replica's pool now (numpy arrays, see allocator.PoolSnapshot)."""
+        rep = self.replicas[replica]
+        rep.sched.sync_allocator()
+        if rep.sched.paged:
+            return rep.allocator.snapshot()
+        return rep.allocator.snapshot(self._waiting_final_tokens(rep))
+
+    def state(self) -> dict:
+        """Live figures for a dashboard: time, running, waiting, finished, usage, breakdown."""
+        bd = [0] * _NUM_CLASSES
+        for rep in self.replicas:
+            for i, v in enumerate(self._breakdown(rep)):
+                bd[i] += v
+        return {"time_s": self.now_s, "running": sum(len(r.sched.running) for r in self.replicas),
+                "waiting": sum(len(r.sched.waiting) for r in self.replicas),
+                "finished": len(self.requests) - self.num_rejected,
+                "rejected": self.num_rejected, "arrived": self.num_arrived,
+                "kv_usage": float(np.mean([r.allocator.usage for r in self.replicas])),
+                "breakdown": dict(zip(MEMORY_CLASSES, bd)), "done": self.done}
+
+    def run(self) -> Result:
+        """Run to the end and return the Result."""
+        started = time.perf_counter()
+        self.env.run()
+        self.wall_s += time.perf_counter() - started
+        return self.result()
+
+    # ------------------------------------------------------------------ processes
+    def _arrivals(self):
+        env = self.env
+        it = self._iter
+        step_clock = self.step_clock
+        last_ns = -1
+        pending = next(it, None)
+        count = 0
+        while pending is not None:
+            req = pending
+            if step_clock and req.arrival_step is not None:
+                t_ns = req.arrival_step * NS_PER_S
+            else:
+                t_ns = _ns(req.arrival_s)
+            if t_ns < last_ns:
+                raise ValueError(f"request {req.request_id}: arrival {t_ns / NS_PER_S} s is before "
+                                 f"the previous request's {last_ns / NS_PER_S} s (sort the trace)")
+            last_ns = t_ns
+            self.next_arrival_ns = t_ns
+            if t_ns > env.now:
+                yield env.timeout(t_ns - env.now)
+            self._route(req, t_ns)
+            count += 1
+            if self._progress is not None and count % 1000 == 0:
+                self._progress.update(1000)
+            pending = next(it, None)
+        self.next_arrival_ns = _NEVER
+        self.arrivals_done = True
+        if self._progress is not None:
+            self._progress.update(count % 1000)
+            self._progress.close()
+
+    def _route(self, req, t_ns: int) -> None:
+        self.num_arrived += 1
+        reps = self.replicas
+        if len(reps) == 1:
+            rep = reps[0]
+        elif self.router == "least-loaded":
+            rep = min(reps, key=lambda r: (len(r.sched.running) + len(r.sched.waiting), r.index))
+        else:
+            key = None
+            if self.router == "prefix-affinity":
+                if req.conversation_id is not None:
+                    key = req.conversation_id
+                elif req.segments and req.num_shareable_tokens > 0:
+                    key = req.segments[0][0]
+            if key is None:
+                rep = reps[self.rr_next % len(reps)]
+                self.rr_next += 1
+            else:
+                rep = reps[mix64(key & 0xFFFFFFFFFFFFFFFF) % len(reps)]
+        reason = self._unfit(req)
+        if reason:
+            self.num_rejected += 1
+            self._record_rejected(rep, req, t_ns)
+            return
+        rep.sched.add_request(req, t_ns)
+        rep.arrived_since_step += 1
+        if rep.wake is not None and not rep.wake.triggered:
+            rep.wake.succeed()
+
+    def _unfit(self, req) -> str:
+        """Why a request can never be served ('' if it can). vLLM rejects prompts that leave no
+        room for one output token; a request whose KV can never fit in the whole pool would
+        stall (or livelock preempting itself) in vLLM, so it is rejected and counted."""
+        cfg = self.config
+        if req.prompt_tokens + 1 > cfg.max_model_len:
+            return "prompt longer than max_model_len - 1"
+        width = max(req.n, req.beam_width)
+        final = req.prompt_tokens + min(req.output_tokens, cfg.max_model_len - req.prompt_tokens)
+        if cfg.is_paged:
+            usable = cfg.pool_blocks - int(cfg.null_block)
+            if -(-(final - 1) // cfg.block_size) > usable:
+                return "needs more blocks than the pool has"
+        else:
+            if width * self.replicas[0].allocator.extent_tokens(final) > cfg.pool_tokens:
+                return "reservation larger than the pool"
+        return ""
+
+    def _engine(self, rep: _Replica):
+        env = self.env
+        sched = rep.sched
+        cost = self.cost
+        record_steps = self.record_steps
+        while True:
+            if not sched.running and not sched.waiting:
+                self._boundary(rep)
+                rep.cur_running = rep.cur_waiting = 0
+                rep.wake = env.event()
+                yield rep.wake
+                rep.wake = None
+            if self.next_arrival_ns == env.now:
+                yield env.timeout(0)   # arrivals due now land before this step is scheduled
+            now = env.now
+            self._boundary(rep)
+            step_index = now // NS_PER_S if self.step_clock else rep.num_steps
+            k = sched.plan_decode_run(_NEVER)
+            if k > 0:
+                n = len(sched.running)
+                kv = sched.decode_run_batch()[0]
+                b0 = StepBatch(n, 0, n, n, kv, kv)
+                bound = min(self.next_arrival_ns, rep.next_sample_ns, self.stop_ns,
+                            self.snapshot_ns[rep.next_snapshot]
+                            if rep.next_snapshot < len(self.snapshot_ns) else _NEVER)
+                if bound < _NEVER:
+                    k = min(k, self._steps_to_reach(b0, now, bound, k))
+                rep.cur_running, rep.cur_waiting = n, len(sched.waiting)
+                rep.max_running = max(rep.max_running, n)
+                rep.last_batch_tokens = n
+                if self.batching:
+                    hist = self._crossing_hist(sched) if record_steps else None
+                    used0 = sched.allocator.num_used_blocks if record_steps and sched.paged \
+                        else 0
+                    sched.advance_decode_run(k)
+                    end = now + self._run_ns(b0, k)
+                    yield _urgent_timeout(env, end - now)
+                    last_index = step_index + k - 1 if self.step_clock else rep.num_steps + k - 1
+                    finished = sched.finish_decode_run(end, last_index)
+                    if record_steps:
+                        self._decode_rows(rep, step_index, k, n, hist, used0, finished)
+                else:
+                    finished = []
+                    for j in range(k):
+                        idx = step_index + j
+                        out = sched.schedule(env.now, idx)
+                        assert out.num_decode_seqs == n and out.num_scheduled_tokens == n \
+                            and not out.num_preempted and not out.num_new, \
+                            "a planned decode step was not a pure decode step"
+                        end = now + self._run_ns(b0, j + 1)
+                        yield _urgent_timeout(env, end - env.now)
+                        finished = sched.finish_step(out, end, idx)
+                        assert not finished or j == k - 1, "a request finished inside a decode run"
+                        if record_steps:
+                            self._step_row(rep, idx, out, finished)
+                rep.num_steps += k
+                sched.num_steps += k
+                for seq in finished:
+                    self._on_finished(rep, seq)
+                continue
+
+            out = sched.schedule(now, step_index)
+            rep.cur_running, rep.cur_waiting = len(sched.running), len(sched.waiting)
+            rep.max_running = max(rep.max_running, rep.cur_running)
+            if out.num_scheduled_tokens == 0:
+                # nothing ran (everyone running preempted itself away, or the head can never be
+                # admitted): vLLM counts no step; the clock still moves by one empty step
+                if not out.num_preempted and not sched.running and sched.waiting:
+                    seq = sched.waiting.popleft()
+                    self.num_rejected += 1
+                    self._record_rejected(rep, seq.req, seq.arrival_ns)
+                yield _urgent_timeout(env, max(1, self._step_ns(StepBatch())))
+                continue
+            batch = StepBatch(len(out.scheduled), out.num_prefill_tokens, out.num_decode_seqs,
+                              out.num_scheduled_tokens, out.kv_read_tokens, out.attn_token_pairs)
+            rep.last_batch_tokens = out.num_scheduled_tokens
+            row_state = None
+            if record_steps:
+                row_state = (len(sched.running), len(sched.waiting), sched.allocator.usage,
+                             sched.allocator.num_used_blocks if sched.paged else 0)
+            end = now + max(1, self._step_ns(batch))
+            yield _urgent_timeout(env, end - now)
+            finished = sched.finish_step(out, end, step_index)
+            rep.num_steps += 1
+            sched.num_steps += 1
+            if record_steps:
+                self._step_row(rep, step_index, out, finished, row_state)
+            for seq in finished:
+                self._on_finished(rep, seq)
+
+    # ------------------------------------------------------------------ time helpers
+    def _step_ns(self, batch: StepBatch) -> int:
+        if self.fixed_step_ns is not None:
+            return self.fixed_step_ns
+        return _ns(self.cost.step_time_s(batch))
+
+    def _run_ns(self, b0: StepBatch, k: int) -> int:
+        if self.fixed_step_ns is not None:
+            return self.fixed_step_ns * k
+        return max(k, _ns(self.cost.run_time_s(b0, k)))
+
+    def _steps_to_reach(self, b0: StepBatch, now: int, bound: int, k_max: int) -> int:
+        """Smallest k >= 1 whose run ends at or after ``bound`` (capped at k_max)."""
+        if bound <= now:
+            return 1
+        if self.fixed_step_ns is not None:
+            return max(1, min(k_max, -(-(bound - now) // self.fixed_step_ns)))
+        hi = 1
+        while hi < k_max and now + self._run_ns(b0, hi) < bound:
+            hi = min(k_max, hi * 2)
+        if now + self._run_ns(b0, hi) < bound:
+            return hi
+        lo = hi // 2  # run(lo) < bound (or lo == 0)
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if now + self._run_ns(b0, mid) >= bound:
+                hi = mid
+            else:
+                lo = mid
+        return max(1, hi)
+
+    # ------------------------------------------------------------------ recording
+    def _waiting_final_tokens(self, rep: _Replica):
+        if not rep.sched.waiting:
+            return None
+        head = rep.sched.waiting[0]
+        return head.num_prompt_tokens + head.max_output_tokens
+
+    def _breakdown(self, rep: _Replica) -> list[int]:
+        sched = rep.sched
+        if sched.paged:
+            bd = rep.allocator.breakdown(None)
+        else:
+            bd = rep.allocator.breakdown(self._waiting_final_tokens(rep))
+        vals = [bd[c] for c in MEMORY_CLASSES]
+        pending = sched.num_pending_tokens
+        if pending:
+            # tokens scheduled but not yet told to the allocator sit in held slots
+            vals[0] += pending
+            vals[2 if sched.paged else 1] -= pending
+        return vals
+
+    def _boundary(self, rep: _Replica) -> None:
+        """Integrate time-weighted figures up to now, then take due samples and snapshots."""
+        now = self.env.now
+        bd = self._breakdown(rep)
+        usage = rep.allocator.usage
+        dt = now - rep.last_t
+        if dt > 0 and rep.last_bd is not None:
+            area = rep.bd_area
+            last = rep.last_bd
+            for i in range(_NUM_CLASSES):
+                area[i] += (last[i] + bd[i]) * dt
+            rep.usage_area += (rep.last_usage + usage) * dt
+            rep.running_area += rep.cur_running * dt
+            rep.waiting_area += rep.cur_waiting * dt
+        rep.last_t = now
+        rep.last_bd = bd
+        rep.last_usage = usage
+        if now > self.end_ns:
+            self.end_ns = now
+        if rep.next_sample_ns <= now and not self.record_steps:
+            self._sample(rep, now, bd, usage)
+        while rep.next_snapshot < len(self.snapshot_ns) and self.snapshot_ns[rep.next_snapshot] <= now:
+            t = self.snapshot_ns[rep.next_snapshot]
+            self.snapshots.append((t / NS_PER_S, rep.index, self.snapshot(rep.index)))
+            rep.next_snapshot += 1
+
+    def _sample(self, rep: _Replica, now: int, bd: list[int], usage: float) -> None:
+        sched = rep.sched
+        saved = 0
+        if sched.paged:
+            B = sched.block_size
+            logical = sum(-(-s.num_computed_tokens // B) for s in sched.running)
+            saved = max(0, logical - rep.allocator.num_used_blocks)
+        rep.saved_samples.append(saved)
+        row_tail = (len(sched.running), len(sched.waiting), rep.last_batch_tokens,
+                    sched.num_preemptions, sched.num_prefix_queries, sched.num_prefix_hits,
+                    rep.num_finished, usage, saved, *bd)
+        while rep.next_sample_ns <= now:
+            self.samples.add((rep.next_sample_ns / NS_PER_S, rep.index) + row_tail)
+            rep.next_sample_ns += self.sample_ns
+
+    def _crossing_hist(self, sched) -> list[int]:
+        B = sched.block_size
+        hist = [0] * (B + 1)
+        if sched.paged:
+            for s in sched.running:
+                hist[(-s.num_computed_tokens) % B + 1] += 1
+        return hist
+
+    def _decode_rows(self, rep, step0, k, n, hist, used0, finished) -> None:
+        """Per-step oracle rows of a batched decode run (same values as stepping one by one)."""
+        sched = rep.sched
+        usable = sched.allocator.num_usable_blocks if sched.paged else 1
+        B = sched.block_size
+        used = used0
+        waiting = len(sched.waiting)
+        cum = rep.cum
+        for j in range(1, k + 1):
+            idx = step0 + j - 1 if self.step_clock else rep.num_steps + j - 1
+            if sched.paged:
+                used += hist[(j - 1) % B + 1]
+            usage = round(1.0 - (usable - used) / usable, 6) if sched.paged else \
+                round(sched.allocator.usage, 6)
+            nfin = len(finished) if j == k else 0
+            cum[3] += nfin
+            end_usage = round(sched.allocator.usage, 6) if j == k else usage
+            arrived = rep.arrived_since_step
+            rep.arrived_since_step = 0
+            self.steps.rows.append((
+                idx, arrived, n, n, 0, n, 0, 0, n, waiting, usage, used, 0, cum[0], 0, 0,
+                cum[1], cum[2], 0, 0, nfin, cum[3], n - nfin, waiting, end_usage, rep.index,
+                idx * 1.0 if self.step_clock else math.nan))
+
+    def _step_row(self, rep, idx, out, finished, state=None) -> None:
+        sched = rep.sched
+        if state is None:   # per-step decode in a planned run: nothing changed after schedule
+            state = (len(sched.running) + len(finished), len(sched.waiting),
+                     sched.allocator.usage, sched.allocator.num_used_blocks if sched.paged else 0)
+        running, waiting, usage, used = state
+        cum = rep.cum
+        cum[0] += out.num_preempted
+        cum[1] += out.pc_queries
+        cum[2] += out.pc_hits
+        cum[3] += len(finished)
+        arrived = rep.arrived_since_step
+        rep.arrived_since_step = 0
+        self.steps.rows.append((
+            idx, arrived, len(out.scheduled), out.num_scheduled_tokens, out.num_prefill_tokens,
+            out.num_decode_seqs, out.num_new, out.num_resumed, running, waiting, round(usage, 6),
+            used, out.num_preempted, cum[0], out.pc_queries, out.pc_hits, cum[1], cum[2],
+            out.pc_preempted_queries, out.pc_preempted_hits, len(finished), cum[3],
+            len(sched.running), len(sched.waiting), round(sched.allocator.usage, 6), rep.index,
+            idx * 1.0 if self.step_clock else math.nan))
+
+    def _on_finished(self, rep: _Replica, seq) -> None:
+        group = seq.group
+        if group is not None:
+            if len(group.members) < group.width or any(m.status != FINISHED
+                                                        for m in group.members):
+                return
+            members = group.members
+        else:
+            members = (seq,)
+        rep.num_finished += 1
+        head = members[0]
+        req = head.req
+        arrival = head.arrival_ns
+        finish = max(m.finish_ns for m in members)
+        first_token = min(m.first_token_ns for m in members)
+        num_output = head.num_output_tokens
+        ttft = (first_token - arrival) / NS_PER_S
+        tpot = (finish - first_token) / NS_PER_S / (num_output - 1) if num_output > 1 else math.nan
+        self.requests.add(
+            request_id=req.request_id, replica=rep.index, arrival_s=arrival / NS_PER_S,
+            first_sched_s=head.first_sched_ns / NS_PER_S, first_token_s=first_token / NS_PER_S,
+            finish_s=finish / NS_PER_S, ttft_s=ttft, tpot_s=tpot,
+            e2e_s=(finish - arrival) / NS_PER_S, prompt_tokens=req.prompt_tokens,
+            output_tokens=req.output_tokens, num_output=num_output, num_samples=len(members),
+            num_preemptions=sum(m.num_preemptions for m in members),
+            cached_tokens_first=head.cached_tokens_first,
+            cached_tokens_total=sum(m.num_cached_tokens_total for m in members),
+            arrival_step=req.arrival_step if req.arrival_step is not None else -1,
+            first_sched_step=head.first_sched_step,
+            first_token_step=min(m.first_token_step for m in members),
+            finish_step=max(m.finish_step for m in members), rejected=0)
+
+    def _record_rejected(self, rep: _Replica, req, t_ns: int) -> None:
+        nan = math.nan
+        self.requests.add(
+            request_id=req.request_id, replica=rep.index, arrival_s=t_ns / NS_PER_S,
+            first_sched_s=nan, first_token_s=nan, finish_s=nan, ttft_s=nan, tpot_s=nan,
+            e2e_s=nan, prompt_tokens=req.prompt_tokens, output_tokens=req.output_tokens,
+            num_output=0, num_samples=max(req.n, req.beam_width), num_preemptions=0,
+            cached_tokens_first=-1, cached_tokens_total=0,
+            arrival_step=req.arrival_step if req.arrival_step is not None else -1,
+            first_sched_step=-1, first_token_step=-1, finish_step=-1, rejected=1)
+
+    # ------------------------------------------------------------------ result
+    def result(self) -> Result:
+        """Summary, tables and snapshots of what has been simulated so far."""
+        if not self._finalised and self.done:
+            for rep in self.replicas:
+                self.env_now_boundary(rep)
+            self._finalised = True
+        requests = self.requests.frame()
+        if self.record_steps:
+            timeseries = self.steps.frame()
+        else:
+            timeseries = self.samples.frame()
+        return Result(self._summary(requests), timeseries, requests, list(self.snapshots))
+
+    def env_now_boundary(self, rep: _Replica) -> None:
+        """Close the integrals of a replica at the end of the simulation."""
+        now = self.end_ns
+        bd = self._breakdown(rep)
+        dt = now - rep.last_t
+        if dt > 0 and rep.last_bd is not None:
+            for i in range(_NUM_CLASSES):
+                rep.bd_area[i] += (rep.last_bd[i] + bd[i]) * dt
+            rep.usage_area += (rep.last_usage + rep.allocator.usage) * dt
+            rep.running_area += rep.cur_running * dt
+            rep.waiting_area += rep.cur_waiting * dt
+        rep.last_t = now
+        rep.last_bd = bd
+        if not self.record_steps and rep.next_sample_ns <= now:
+            self._sample(rep, now, bd, rep.allocator.usage)
+
+    def _summary(self, requests: pd.DataFrame) -> dict:
+        cfg = self.config
+        reps = self.replicas
+        done = requests[~requests["rejected"]]
+        duration_ns = max(self.end_ns, 1)
+        duration_s = self.end_ns / NS_PER_S
+        area = [sum(r.bd_area[i] for r in reps) for i in range(_NUM_CLASSES)]
+        total_area = sum(area)
+        if total_area > 0:
+            breakdown = {c: round(a / total_area, 9) for c, a in zip(MEMORY_CLASSES, area)}
+        else:
+            bd = [sum(v) for v in zip(*(self._breakdown(r) for r in reps))]
+            breakdown = {c: round(v / sum(bd), 9) for c, v in zip(MEMORY_CLASSES, bd)}
+        queries = sum(r.sched.num_prefix_queries for r in reps)
+        hits = sum(r.sched.num_prefix_hits for r in reps)
+        saved = [s for r in reps for s in r.saved_samples]
+        generated = sum(r.sched.num_generated_tokens for r in reps)
+        prompt = int(done["prompt_tokens"].sum())
+        summary = {
+            "requests_arrived": self.num_arrived,
+            "requests_finished": int(len(done)),
+            "requests_rejected": self.num_rejected,
+            "requests_unfinished": self.num_arrived - self.num_rejected - int(len(done)),
+            "simulated_duration_s": round(duration_s, 9),
+            "num_steps": sum(r.num_steps for r in reps),
+            "mean_running": round(sum(r.running_area for r in reps) / duration_ns, 6),
+            "max_running": max(r.max_running for r in reps),
+            "mean_waiting": round(sum(r.waiting_area for r in reps) / duration_ns, 6),
+            "memory_breakdown": breakdown,
+            "mean_kv_usage": round(sum(r.usage_area for r in reps) / 2 / duration_ns / len(reps), 6),
+            "prefix_hit_rate": round(hits / queries, 6) if queries else 0.0,
+            "prefix_query_tokens": queries,
+            "prefix_hit_tokens": hits,
+            "preempted_prefix_query_tokens": sum(r.sched.num_preempted_queries for r in reps),
+            "preempted_prefix_hit_tokens": sum(r.sched.num_preempted_hits for r in reps),
+            "blocks_saved_by_sharing_mean": round(float(np.mean(saved)), 6) if saved else 0.0,
+            "blocks_saved_by_sharing_max": int(max(saved)) if saved else 0,
+            "num_preemptions": sum(r.sched.num_preemptions for r in reps),
+            "preempted_requests": int((done["num_preemptions"] > 0).sum()),
+            "generated_tokens": generated,
+            "prompt_tokens": prompt,
+            "computed_prompt_tokens": sum(r.sched.num_prompt_tokens_computed for r in reps),
+            "output_throughput_tokens_per_s": round(generated / duration_s, 6) if duration_s else 0.0,
+            "total_throughput_tokens_per_s":
+                round((generated + prompt) / duration_s, 6) if duration_s else 0.0,
+            "request_throughput_per_s": round(len(done) / duration_s, 6) if duration_s else 0.0,
+            "ttft_s": percentiles(done["ttft_s"].to_numpy()),
+            "tpot_s": percentiles(done["tpot_s"].to_numpy()),
+            "e2e_s": percentiles(done["e2e_s"].to_numpy()),
+            "wall_clock_s": round(self.wall_s, 3),
+            "config": {"engine": {k: getattr(cfg, k) for k in cfg.__dataclass_fields__},
+                       "replicas": len(reps), "router": self.router, "seed": self.seed,
+                       "cost_model": type(self.cost).__name__, "step_clock": self.step_clock},
+        }
+        assert tuple(summary) == SUMMARY_KEYS
+        return summary
+
+
+def simulate(requests: Iterable, config: EngineConfig, cost_model: CostModel, *,
+             replicas: int = 1, router: str = "round-robin",
+             sample_interval_s: float | None = None, snapshot_times_s: Iterable[float] = (),
+             seed: int = 0, progress: bool = False, record_steps: bool = False,
+             batch_decode_steps: bool = True) -> Result:
+    """Replay ``requests`` through ``replicas`` replicas of ``config``; see ``Simulation``.
+
+    Returns:
+        Result (summary with stable keys, time series, per-request table, snapshots).
+    """
+    sim = Simulation(requests, config, cost_model, replicas=replicas, router=router,
+                     sample_interval_s=sample_interval_s, snapshot_times_s=snapshot_times_s,
+                     seed=seed, progress=progress, record_steps=record_steps,
+                     batch_decode_steps=batch_decode_steps)
+    return sim.run()

@@ -1,0 +1,99 @@
+"""Recording: per-request rows, sampled time series, per-step rows (oracle names), integrals.
+
+Everything is kept in compact typed columns (``array``), so memory grows with what is recorded
+(about 120 bytes per finished request, one row per sample), never with the trace's tokens.
+"""
+from __future__ import annotations
+
+from array import array
+
+import numpy as np
+import pandas as pd
+
+from allocator import MEMORY_CLASSES
+
+NS_PER_S = 1_000_000_000
+
+# per-request columns: (name, array typecode)
+REQUEST_COLUMNS = (
+    ("request_id", "q"), ("replica", "i"), ("arrival_s", "d"), ("first_sched_s", "d"),
+    ("first_token_s", "d"), ("finish_s", "d"), ("ttft_s", "d"), ("tpot_s", "d"), ("e2e_s", "d"),
+    ("prompt_tokens", "q"), ("output_tokens", "q"), ("num_output", "q"), ("num_samples", "i"),
+    ("num_preemptions", "i"), ("cached_tokens_first", "q"), ("cached_tokens_total", "q"),
+    ("arrival_step", "q"), ("first_sched_step", "q"), ("first_token_step", "q"),
+    ("finish_step", "q"), ("rejected", "b"),
+)
+
+# oracle steps.csv columns (../shared/tools/vllm_oracle/README.md), then ours
+STEP_COLUMNS = (
+    "step", "arrived", "sched_reqs", "sched_tokens", "prefill_tokens", "decode_reqs", "new_reqs",
+    "resumed_reqs", "running", "waiting", "kv_usage", "kv_used_blocks", "preempted",
+    "cum_preemptions", "pc_queries", "pc_hits", "cum_pc_queries", "cum_pc_hits",
+    "pc_preempted_queries", "pc_preempted_hits", "finished", "cum_finished", "running_end",
+    "waiting_end", "kv_usage_end", "replica", "time_s",
+)
+
+SAMPLE_COLUMNS = (
+    ("time_s", "d"), ("replica", "i"), ("running", "q"), ("waiting", "q"),
+    ("batch_tokens", "q"), ("num_preemptions", "q"), ("prefix_query_tokens", "q"),
+    ("prefix_hit_tokens", "q"), ("finished", "q"), ("kv_usage", "d"),
+    ("blocks_saved_by_sharing", "q"),
+) + tuple((name, "q") for name in MEMORY_CLASSES)
+
+
+class RequestLog:
+    """One row per request, appended when it finishes (or is rejected)."""
+
+    def __init__(self):
+        self.cols = {name: array(code) for name, code in REQUEST_COLUMNS}
+
+    def add(self, **row) -> None:
+        cols = self.cols
+        for name, _ in REQUEST_COLUMNS:
+            cols[name].append(row[name])
+
+    def __len__(self) -> int:
+        return len(self.cols["request_id"])
+
+    def frame(self) -> pd.DataFrame:
+        df = pd.DataFrame({name: np.frombuffer(col, dtype=col.typecode) if len(col) else
+                           np.array([], dtype=col.typecode) for name, col in self.cols.items()})
+        df["rejected"] = df["rejected"].astype(bool)
+        return df.sort_values("request_id", kind="stable").reset_index(drop=True)
+
+
+class TableLog:
+    """Rows of fixed columns kept as typed arrays (samples) or lists (steps)."""
+
+    def __init__(self, columns):
+        self.columns = columns
+        self.cols = {name: array(code) for name, code in columns}
+
+    def add(self, values) -> None:
+        for (name, _), v in zip(self.columns, values):
+            self.cols[name].append(v)
+
+    def frame(self) -> pd.DataFrame:
+        return pd.DataFrame({name: np.frombuffer(col, dtype=col.typecode) if len(col) else
+                             np.array([], dtype=col.typecode) for name, col in self.cols.items()})
+
+
+class StepLog:
+    """Per-step rows with the oracle's names (step-record mode; small traces)."""
+
+    def __init__(self):
+        self.rows: list[tuple] = []
+
+    def frame(self) -> pd.DataFrame:
+        return pd.DataFrame(self.rows, columns=list(STEP_COLUMNS))
+
+
+def percentiles(values: np.ndarray) -> dict:
+    """{"mean", "p50", "p90", "p99", "max"} of the finite values (numpy linear percentiles)."""
+    v = values[np.isfinite(values)]
+    if v.size == 0:
+        return {"mean": None, "p50": None, "p90": None, "p99": None, "max": None}
+    p50, p90, p99 = np.percentile(v, [50, 90, 99])
+    return {"mean": round(float(v.mean()), 9), "p50": round(float(p50), 9),
+            "p90": round(float(p90), 9), "p99": round(float(p99), 9),
+            "max": round(float(v.max()), 9)}

@@ -1,0 +1,85 @@
+"""Result of a simulation: summary (stable keys), time series, per-request table, pool snapshots."""
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass, field
+
+import pandas as pd
+
+# Summary keys, in output order. Documented in docs/README-sim.md; stable (add, never rename).
+SUMMARY_KEYS = (
+    "requests_arrived", "requests_finished", "requests_rejected", "requests_unfinished",
+    "simulated_duration_s", "num_steps", "mean_running", "max_running", "mean_waiting",
+    "memory_breakdown", "mean_kv_usage", "prefix_hit_rate", "prefix_query_tokens",
+    "prefix_hit_tokens", "preempted_prefix_query_tokens", "preempted_prefix_hit_tokens",
+    "blocks_saved_by_sharing_mean", "blocks_saved_by_sharing_max", "num_preemptions",
+    "preempted_requests", "generated_tokens", "prompt_tokens", "computed_prompt_tokens",
+    "output_throughput_tokens_per_s", "total_throughput_tokens_per_s", "request_throughput_per_s",
+    "ttft_s", "tpot_s", "e2e_s", "wall_clock_s", "config",
+)
+
+
+def _json_default(obj):
+    if hasattr(obj, "item"):
+        return obj.item()
+    raise TypeError(f"not JSON-serialisable: {type(obj).__name__}")
+
+
+def _clean(value):
+    """NaN/inf are not JSON: write them as null."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value]
+    return value
+
+
+@dataclass
+class Result:
+    """What ``simulate`` returns.
+
+    summary: dict with the keys of SUMMARY_KEYS (JSON-able; wall_clock_s is the only value that
+        changes between identical runs).
+    timeseries: one row per sample time and replica (columns in docs/README-sim.md), or in
+        step-record mode one row per engine step with the vLLM oracle's column names.
+    requests: one row per request (arrival, first token, finish, TTFT, TPOT, E2E, preemptions,
+        cached prompt tokens, and the oracle's names for the same quantities).
+    snapshots: [(time_s, replica, PoolSnapshot)] at the requested times.
+    """
+
+    summary: dict
+    timeseries: pd.DataFrame
+    requests: pd.DataFrame
+    snapshots: list = field(default_factory=list)
+
+    def summary_json(self, *, include_wall_clock: bool = True) -> str:
+        """The summary as JSON text (keys in SUMMARY_KEYS order)."""
+        summary = dict(self.summary)
+        if not include_wall_clock:
+            summary.pop("wall_clock_s", None)
+        return json.dumps(_clean(summary), indent=2, default=_json_default) + "\n"
+
+    def write_json(self, path: str | os.PathLike, *, include_wall_clock: bool = True) -> None:
+        with open(path, "w") as f:
+            f.write(self.summary_json(include_wall_clock=include_wall_clock))
+
+    def write_timeseries(self, path: str | os.PathLike) -> None:
+        """Parquet if the name ends in .parquet, else CSV."""
+        _write_table(self.timeseries, path)
+
+    def write_requests(self, path: str | os.PathLike) -> None:
+        _write_table(self.requests, path)
+
+
+def _write_table(df: pd.DataFrame, path) -> None:
+    path = os.fspath(path)
+    if path.endswith(".parquet"):
+        df.to_parquet(path, index=False)
+    elif path.endswith(".csv"):
+        df.to_csv(path, index=False)
+    else:
+        raise ValueError(f"{path}: unknown table format (use .csv or .parquet)")

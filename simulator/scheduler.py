@@ -1,0 +1,562 @@
+"""One replica's scheduler: vLLM v1's decision logic over a kvsim allocator.
+
+Mirrors ``vllm/v1/core/sched/scheduler.py`` (0.33) ``schedule()`` + ``update_from_output()`` for
+the synchronous engine loop, without speculative decoding, LoRA, multimodal or KV connectors:
+
+* No prefill/decode phases: every step gives each request tokens so that its
+  ``num_computed_tokens`` catches up with ``num_tokens`` (prompt + outputs so far). That covers
+  chunked prefill, prefix hits and recomputation after preemption.
+* RUNNING requests first, in admission order, within ``max_num_batched_tokens`` (token budget);
+  ``long_prefill_token_threshold`` caps one request's chunk when more than one request is eligible;
+  a request never goes past ``max_model_len - 1`` computed tokens.
+* When a running request cannot get the blocks it needs, the LAST running request is preempted
+  (recompute: its blocks are freed with ``preempted=True``, ``num_computed_tokens`` = 0, it goes to
+  the FRONT of the waiting queue), repeatedly, until the allocation succeeds or the request
+  preempted itself. A step that preempted admits nobody.
+* Then WAITING requests in FCFS order while the budget lasts and ``len(running) < max_num_seqs``:
+  prefix-cache hit (full blocks, capped at ``num_tokens - 1``), the full-prompt admission check
+  (vLLM's ``scheduler_reserve_full_isl``: blocks for the whole current length, hits that are
+  evictable counting as consumed), the watermark (only when something is running), then the
+  first chunk. The first waiting request that does not fit stops the loop (FCFS, no skipping).
+* A request samples one token in every step that completes its prefill (or decodes) and finishes
+  when it has ``output_tokens`` tokens or reaches ``max_model_len``; finished requests are freed
+  in the order they were scheduled, which fixes the order of vLLM's free queue.
+
+With a contiguous allocator the loop is the same, but admission asks ``can_allocate`` for the
+whole reservation (Orca-style) and growth never fails, so nothing is preempted.
+
+Forks (``Request.n`` > 1 parallel samples, ``beam_width`` > 1 beam search) are modelled in
+``Scheduler._fork_samples`` / ``_reselect_beams``; see their docstrings.
+
+Speed: the allocator is told about decode tokens lazily (``SeqState.num_alloc_tokens`` lags
+``num_computed_tokens``) and only called when a request needs a new block, when it is freed or
+when the pool is observed (``sync_allocator``); ``plan_decode_run`` / ``advance_decode_run`` apply
+many identical decode steps at once. Decisions are the same as stepping one by one (tested).
+"""
+from __future__ import annotations
+
+import random
+from collections import deque
+from dataclasses import dataclass, field
+
+from simulator.config import EngineConfig
+
+WAITING, RUNNING, PREEMPTED, FINISHED = 0, 1, 2, 3
+
+
+@dataclass(slots=True)
+class SeqState:
+    """One sequence the scheduler tracks (a request, or one sample/beam of a forked request)."""
+
+    seq_id: int                      # allocator sequence id
+    req: object                      # the workloads.Request
+    num_prompt_tokens: int
+    max_output_tokens: int           # output_tokens capped by max_model_len - prompt
+    arrival_ns: int
+    keys: object = None              # block keys (SegmentKeys) of prompt + output, or None
+    status: int = WAITING
+    num_output_tokens: int = 0       # sampled so far
+    num_computed_tokens: int = 0     # tokens whose KV is computed or scheduled this step
+    num_alloc_tokens: int = 0        # tokens the allocator has been told about (<= computed)
+    num_preemptions: int = 0
+    eager: bool = False              # output blocks are shareable: register them as they fill
+    group: object = None             # ForkGroup for n > 1 / beams, else None
+    sample: int = 0                  # sample / beam index within the group
+    # recorded times (ns) and steps; -1 = not yet
+    first_sched_ns: int = -1
+    first_token_ns: int = -1
+    finish_ns: int = -1
+    first_sched_step: int = -1
+    first_token_step: int = -1
+    finish_step: int = -1
+    cached_tokens_first: int = -1
+    num_cached_tokens_total: int = 0  # prefix-hit tokens over all admissions
+
+    @property
+    def num_tokens(self) -> int:
+        return self.num_prompt_tokens + self.num_output_tokens
+
+
+@dataclass(slots=True)
+class ForkGroup:
+    """Sequences of one request that share blocks (parallel samples or beams)."""
+
+    request_id: int
+    kind: str                         # "sample" or "beam"
+    width: int
+    members: list = field(default_factory=list)   # SeqState, index = sample/beam
+    rng: random.Random | None = None
+
+
+@dataclass(slots=True)
+class StepOutput:
+    """What one scheduling step decided (vLLM's SchedulerOutput, reduced to what we record)."""
+
+    scheduled: list                   # [(SeqState, num_new_tokens)] in vLLM's dict order
+    num_scheduled_tokens: int = 0
+    num_prefill_tokens: int = 0
+    num_decode_seqs: int = 0
+    kv_read_tokens: int = 0
+    attn_token_pairs: int = 0
+    num_new: int = 0
+    num_resumed: int = 0
+    num_preempted: int = 0
+    pc_queries: int = 0
+    pc_hits: int = 0
+    pc_preempted_queries: int = 0
+    pc_preempted_hits: int = 0
+    finished: list = field(default_factory=list)
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class Scheduler:
+    """vLLM v1 scheduler for one replica.
+
+    Args:
+        config: the replica's EngineConfig.
+        allocator: a PagedAllocator or ContiguousAllocator (TEAM.md contract).
+        seed: seeds beam reselection.
+    """
+
+    def __init__(self, config: EngineConfig, allocator, seed: int = 0):
+        self.config = config
+        self.allocator = allocator
+        self.paged = config.is_paged
+        self.block_size = config.block_size
+        self.prefix_caching = self.paged and config.enable_prefix_caching
+        self.watermark_blocks = config.watermark_blocks if self.paged else 0
+        self.seed = seed
+        self.running: list[SeqState] = []
+        self.waiting: deque[SeqState] = deque()
+        self.next_seq_id = 0
+        # counters over the whole run
+        self.num_preemptions = 0
+        self.num_prefix_queries = 0     # tokens looked up at first admissions (vLLM's metric)
+        self.num_prefix_hits = 0
+        self.num_preempted_queries = 0  # the same for re-admissions after preemption
+        self.num_preempted_hits = 0
+        self.num_generated_tokens = 0
+        self.num_prompt_tokens_computed = 0  # prefill work actually done (after hits)
+        self.num_steps = 0
+        # tokens scheduled but not yet told to the allocator (sum of computed - alloc)
+        self.num_pending_tokens = 0
+
+    # ------------------------------------------------------------------ admission of arrivals
+    def add_request(self, req, arrival_ns: int) -> SeqState:
+        """Queue a request (vLLM add_request): it joins the back of the waiting queue."""
+        max_out = min(req.output_tokens, self.config.max_model_len - req.prompt_tokens)
+        seq = SeqState(seq_id=self._new_seq_id(), req=req, num_prompt_tokens=req.prompt_tokens,
+                       max_output_tokens=max_out, arrival_ns=arrival_ns)
+        if self.paged and req.num_shareable_tokens > req.prompt_tokens:
+            seq.eager = True
+        width = max(getattr(req, "n", 1) or 1, getattr(req, "beam_width", 1) or 1)
+        if width > 1:
+            kind = "beam" if (getattr(req, "beam_width", 1) or 1) > 1 else "sample"
+            seq.group = ForkGroup(req.request_id, kind, width, [seq],
+                                  random.Random(self.seed * 1_000_003 + req.request_id))
+        self.waiting.append(seq)
+        return seq
+
+    def _new_seq_id(self) -> int:
+        sid = self.next_seq_id
+        self.next_seq_id += 1
+        return sid
+
+    def _keys(self, seq: SeqState):
+        if seq.keys is None and self.prefix_caching:
+            seq.keys = seq.req.block_keys(self.block_size, seq.sample)
+        return seq.keys
+
+    # ------------------------------------------------------------------ allocator helpers
+    def _sync(self, seq: SeqState) -> None:
+        """Tell the allocator about tokens it has not seen (they fit in blocks already held)."""
+        pending = seq.num_computed_tokens - seq.num_alloc_tokens
+        if pending:
+            ok = self.allocator.append(seq.seq_id, pending)
+            assert ok, "a pending append needs no new block"
+            seq.num_alloc_tokens = seq.num_computed_tokens
+            self.num_pending_tokens -= pending
+
+    def sync_allocator(self) -> None:
+        """Make the allocator's view exact (before breakdowns and snapshots)."""
+        if self.num_pending_tokens:
+            for seq in self.running:
+                self._sync(seq)
+
+    def _grow(self, seq: SeqState, num_new_tokens: int) -> bool:
+        """vLLM allocate_slots for a running request: slots for computed + new tokens."""
+        total = seq.num_computed_tokens + num_new_tokens
+        if not self.paged:
+            # reserved up front: growth never fails; tell the allocator lazily
+            self.num_pending_tokens += num_new_tokens
+            return True
+        need = _cdiv(total, self.block_size) - _cdiv(seq.num_computed_tokens, self.block_size)
+        if need > 0 or seq.eager or seq.num_computed_tokens < seq.num_prompt_tokens:
+            # a new block, shareable output blocks, or a prefill chunk (whose full blocks
+            # vLLM caches as soon as they are scheduled): the allocator must act now
+            if need > self.allocator.num_free_blocks:
+                return False
+            pending = seq.num_computed_tokens - seq.num_alloc_tokens
+            ok = self.allocator.append(seq.seq_id, pending + num_new_tokens)
+            assert ok, f"append of {pending + num_new_tokens} tokens failed with free blocks"
+            seq.num_alloc_tokens = total
+            self.num_pending_tokens -= pending
+        else:
+            self.num_pending_tokens += num_new_tokens
+        return True
+
+    def _free(self, seq: SeqState, preempted: bool) -> None:
+        if preempted and self.prefix_caching:
+            self._sync(seq)  # its last full block must be registered for its own re-admission
+        self.num_pending_tokens -= seq.num_computed_tokens - seq.num_alloc_tokens
+        self.allocator.free(seq.seq_id, preempted=preempted)
+        seq.num_alloc_tokens = 0
+
+    # ------------------------------------------------------------------ one step
+    def schedule(self, now_ns: int, step_index: int) -> StepOutput:
+        """Decide one step (vLLM Scheduler.schedule). Computed tokens advance immediately."""
+        cfg = self.config
+        out = StepOutput(scheduled=[])
+        scheduled = out.scheduled
+        token_budget = cfg.max_num_batched_tokens
+        running = self.running
+        # the threshold only applies when someone else could use the budget
+        lpt = cfg.long_prefill_token_threshold if len(running) + len(self.waiting) > 1 else 0
+        max_model_len = cfg.max_model_len
+        preempted_any = False
+
+        # 1) RUNNING requests, in admission order
+        req_index = 0
+        while req_index < len(running) and token_budget > 0:
+            seq = running[req_index]
+            n = seq.num_tokens - seq.num_computed_tokens
+            if 0 < lpt < n:
+                n = lpt
+            if n > token_budget:
+                n = token_budget
+            cap = max_model_len - seq.num_computed_tokens - 1
+            if n > cap:
+                n = cap
+            if n <= 0:
+                req_index += 1
+                continue
+            ok = True
+            while not self._grow(seq, n):
+                victim = running.pop()
+                self._preempt(victim, now_ns)
+                out.num_preempted += 1
+                preempted_any = True
+                if victim is seq:
+                    ok = False
+                    break
+            if not ok:
+                break
+            scheduled.append((seq, n))
+            token_budget -= n
+            req_index += 1
+
+        # 2) WAITING requests, FCFS, only if nobody was preempted in this step
+        if not preempted_any:
+            waiting = self.waiting
+            while token_budget > 0 and waiting:
+                if len(running) >= cfg.max_num_seqs:
+                    break
+                seq = waiting[0]
+                if not self._admit(seq, token_budget, lpt, out, now_ns, step_index):
+                    break
+                waiting.popleft()
+                running.append(seq)
+                n = scheduled[-1][1]
+                token_budget -= n
+
+        # vLLM _update_after_schedule: computed tokens advance at schedule time
+        num_tokens_total = 0
+        for seq, n in scheduled:
+            before = seq.num_computed_tokens
+            seq.num_computed_tokens = before + n
+            num_tokens_total += n
+            ctx = before + n
+            out.kv_read_tokens += ctx
+            out.attn_token_pairs += n * ctx
+            if n == 1 and before == seq.num_tokens - 1 and seq.num_output_tokens >= 1:
+                out.num_decode_seqs += 1
+            else:
+                out.num_prefill_tokens += n
+        out.num_scheduled_tokens = num_tokens_total
+        self.num_prompt_tokens_computed += out.num_prefill_tokens
+        return out
+
+    def _admit(self, seq: SeqState, token_budget: int, lpt: int, out: StepOutput,
+               now_ns: int, step_index: int) -> bool:
+        """Try to admit the head of the waiting queue (the waiting loop body of vLLM)."""
+        cfg = self.config
+        alloc = self.allocator
+        num_tokens = seq.num_tokens
+        if self.paged:
+            keys = self._keys(seq)
+            hit = alloc.lookup(keys, num_tokens) if keys is not None else 0
+            n = num_tokens - hit
+            if 0 < lpt < n:
+                n = lpt
+            if n > token_budget:
+                n = token_budget
+            # watermark: only for admissions, only when something already runs
+            wm = self.watermark_blocks if self.running else 0
+            free = alloc.num_free_blocks
+            if cfg.full_prompt_admission:
+                full = min(num_tokens, cfg.max_model_len)
+                if alloc.blocks_needed(full, keys) + wm > free:
+                    return False
+            first = min(hit + n, cfg.max_model_len)
+            if alloc.blocks_needed(first, keys) + wm > free:
+                return False
+            ok = alloc.allocate(seq.seq_id, first, block_hashes=keys)
+            assert ok, "allocate failed after blocks_needed said it fits"
+            got = alloc.num_cached_tokens(seq.seq_id) if keys is not None else 0
+            assert got == hit, f"allocator hit {got} != lookup {hit}"
+            if self.prefix_caching:
+                if seq.num_preemptions > 0:
+                    out.pc_preempted_queries += num_tokens
+                    out.pc_preempted_hits += hit
+                    self.num_preempted_queries += num_tokens
+                    self.num_preempted_hits += hit
+                else:
+                    out.pc_queries += num_tokens
+                    out.pc_hits += hit
+                    self.num_prefix_queries += num_tokens
+                    self.num_prefix_hits += hit
+        else:
+            hit = 0
+            n = num_tokens
+            if 0 < lpt < n:
+                n = lpt
+            if n > token_budget:
+                n = token_budget
+            final = seq.num_prompt_tokens + seq.max_output_tokens
+            if not alloc.can_allocate(n, final):
+                return False
+            ok = alloc.allocate(seq.seq_id, n, final)
+            assert ok, "contiguous allocate failed after can_allocate"
+            first = n
+        seq.num_alloc_tokens = first
+        seq.num_computed_tokens = hit
+        seq.num_cached_tokens_total += hit
+        if seq.status == PREEMPTED:
+            out.num_resumed += 1
+        else:
+            out.num_new += 1
+            seq.first_sched_ns = now_ns
+            seq.first_sched_step = step_index
+            seq.cached_tokens_first = hit
+        seq.status = RUNNING
+        out.scheduled.append((seq, n))
+        return True
+
+    def _preempt(self, seq: SeqState, now_ns: int) -> None:
+        """vLLM _preempt_request: free (recompute), reset, front of the waiting queue."""
+        self._free(seq, preempted=True)
+        seq.status = PREEMPTED
+        seq.num_computed_tokens = 0
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(seq)
+
+    def finish_step(self, out: StepOutput, end_ns: int, step_index: int) -> list[SeqState]:
+        """vLLM update_from_output: sample tokens, finish and free requests, in schedule order.
+
+        Returns:
+            the sequences that finished in this step.
+        """
+        finished = out.finished
+        for seq, _n in out.scheduled:
+            if seq.num_computed_tokens < seq.num_tokens:
+                continue  # a partial prefill chunk samples nothing
+            seq.num_output_tokens += 1
+            self.num_generated_tokens += 1
+            if seq.first_token_ns < 0:
+                seq.first_token_ns = end_ns
+                seq.first_token_step = step_index
+            if seq.num_output_tokens >= seq.max_output_tokens:
+                finished.append(seq)
+            elif seq.group is not None and seq.num_output_tokens == 1 and seq.sample == 0:
+                self._fork_samples(seq)
+            elif seq.group is not None and seq.group.kind == "beam" and seq.sample == 0 \
+                    and seq.num_computed_tokens % self.block_size == 0:
+                self._reselect_beams(seq.group)
+        if finished:
+            gone = set()
+            for seq in finished:
+                seq.status = FINISHED
+                seq.finish_ns = end_ns
+                seq.finish_step = step_index
+                self._free(seq, preempted=False)
+                gone.add(id(seq))
+            self.running = [s for s in self.running if id(s) not in gone]
+        return finished
+
+    # ------------------------------------------------------------------ forks
+    def _fork_samples(self, parent: SeqState) -> None:
+        """Parallel sampling / beam search start: after the prompt's first token, the other
+        ``width - 1`` samples fork from sample 0, sharing all its blocks (the partial last block is
+        copied on write by the allocator when a child appends). Children are inserted right after
+        the parent in the running list (they were admitted with it) and then decode on their own;
+        a preempted child recomputes its prompt + outputs like any request (vLLM v1 runs parallel
+        samples as separate requests sharing the prompt through the prefix cache)."""
+        group = parent.group
+        idx = self.running.index(parent)
+        self._sync(parent)
+        for s in range(1, group.width):
+            child = SeqState(seq_id=self._new_seq_id(), req=parent.req,
+                             num_prompt_tokens=parent.num_prompt_tokens,
+                             max_output_tokens=parent.max_output_tokens,
+                             arrival_ns=parent.arrival_ns, status=RUNNING,
+                             num_output_tokens=parent.num_output_tokens,
+                             num_computed_tokens=parent.num_computed_tokens,
+                             num_alloc_tokens=parent.num_alloc_tokens, eager=parent.eager,
+                             group=group, sample=s, first_sched_ns=parent.first_sched_ns,
+                             first_token_ns=parent.first_token_ns,
+                             first_sched_step=parent.first_sched_step,
+                             first_token_step=parent.first_token_step,
+                             cached_tokens_first=parent.cached_tokens_first)
+            if self.prefix_caching:
+                child.keys = parent.req.block_keys(self.block_size, s)
+            self.allocator.fork(parent.seq_id, child.seq_id, block_hashes=child.keys)
+            group.members.append(child)
+            self.running.insert(idx + s, child)
+
+    def _reselect_beams(self, group: ForkGroup) -> None:
+        """Beam search model (the vLLM paper's Fig. 15 setting): each time the beams complete a
+        block, the ``width`` beams are reselected: every new beam picks a parent beam uniformly at
+        random (seeded per request); a beam nobody picked is dropped (its blocks freed), a beam
+        picked k times continues and is forked k-1 times. Beams stay in lockstep (same length), so
+        a reselection happens at a block boundary and children share every full block."""
+        live = [m for m in group.members if m.status == RUNNING]
+        if len(live) < 2 or any(m.num_computed_tokens != live[0].num_computed_tokens for m in live):
+            return  # a beam was preempted: no reselection until they are in lockstep again
+        picks = sorted(group.rng.randrange(len(live)) for _ in live)
+        counts = [picks.count(i) for i in range(len(live))]
+        dropped = [m for m, c in zip(live, counts) if c == 0]
+        for victim in dropped:
+            parent = live[next(i for i, c in enumerate(counts) if c > 1)]
+            counts[live.index(parent)] -= 1
+            # the dropped beam's slot is reused: free it, fork from the parent
+            self._free(victim, preempted=False)
+            self._sync(parent)
+            self.allocator.fork(parent.seq_id, victim.seq_id, block_hashes=victim.keys)
+            victim.num_computed_tokens = parent.num_computed_tokens
+            victim.num_alloc_tokens = parent.num_alloc_tokens
+            victim.num_output_tokens = parent.num_output_tokens
+
+    # ------------------------------------------------------------------ batched decode runs
+    def plan_decode_run(self, max_steps: int) -> int:
+        """How many identical pure-decode steps can run from now, without any decision other
+        than "every running request decodes one token": every running request is decoding, all
+        fit the token budget, no step needs more blocks than are free (no preemption), nobody
+        finishes before the last step, no fork/beam event, and the waiting queue is empty or its
+        head cannot be admitted (its need only grows while decodes consume blocks, so it stays
+        blocked). Returns 0 when the next step must be scheduled in detail."""
+        running = self.running
+        n = len(running)
+        if n == 0 or max_steps <= 0:
+            return 0
+        cfg = self.config
+        if n > cfg.max_num_batched_tokens:
+            return 0
+        k = max_steps
+        B = self.block_size
+        hist = [0] * (B + 1)   # hist[j]: requests that need a new block at step j (1..B)
+        for seq in running:
+            if seq.num_computed_tokens != seq.num_tokens - 1 or seq.group is not None:
+                return 0
+            r = seq.max_output_tokens - seq.num_output_tokens
+            if r < k:
+                k = r
+            if self.paged:
+                hist[(-seq.num_computed_tokens) % B + 1] += 1
+        if self.paged:
+            free = self.allocator.num_free_blocks
+            cycles, rem = divmod(free, n)
+            r = 0
+            acc = 0
+            while r < B - 1 and acc + hist[r + 1] <= rem:
+                r += 1
+                acc += hist[r]
+            kb = cycles * B + r
+            if kb < k:
+                k = kb
+            if k <= 0:
+                return 0
+        if self.waiting and not self._head_blocked(hist[1] if self.paged else 0):
+            return 0
+        return k
+
+    def _head_blocked(self, first_step_blocks: int) -> bool:
+        """Whether the waiting head cannot be admitted after the first decode step's allocations."""
+        cfg = self.config
+        n = len(self.running)
+        if n >= cfg.max_num_seqs or cfg.max_num_batched_tokens - n <= 0:
+            return True
+        seq = self.waiting[0]
+        alloc = self.allocator
+        if not self.paged:
+            num_new = min(seq.num_tokens, cfg.max_num_batched_tokens - n)
+            lpt = cfg.long_prefill_token_threshold
+            if 0 < lpt < num_new:
+                num_new = lpt
+            return not alloc.can_allocate(num_new, seq.num_prompt_tokens + seq.max_output_tokens)
+        keys = self._keys(seq)
+        free = alloc.num_free_blocks - first_step_blocks
+        wm = self.watermark_blocks  # something runs
+        if cfg.full_prompt_admission:
+            return alloc.blocks_needed(min(seq.num_tokens, cfg.max_model_len), keys) + wm > free
+        hit = alloc.lookup(keys, seq.num_tokens) if keys is not None else 0
+        n_new = seq.num_tokens - hit
+        lpt = cfg.long_prefill_token_threshold
+        if 0 < lpt < n_new:
+            n_new = lpt
+        n_new = min(n_new, cfg.max_num_batched_tokens - n)
+        return alloc.blocks_needed(min(hit + n_new, cfg.max_model_len), keys) + wm > free
+
+    def finish_decode_run(self, end_ns: int, step_index: int) -> list[SeqState]:
+        """Completions at the end of a decode run (only its last step can finish requests)."""
+        finished = [s for s in self.running if s.num_output_tokens >= s.max_output_tokens]
+        if finished:
+            for seq in finished:
+                seq.status = FINISHED
+                seq.finish_ns = end_ns
+                seq.finish_step = step_index
+                self._free(seq, preempted=False)
+            self.running = [s for s in self.running if s.status != FINISHED]
+        return finished
+
+    def decode_run_batch(self) -> tuple[int, int]:
+        """(kv_read_tokens, attn_token_pairs) of the first step of a decode run."""
+        ctx = sum(s.num_computed_tokens for s in self.running) + len(self.running)
+        return ctx, ctx
+
+    def advance_decode_run(self, k: int) -> None:
+        """Apply ``k`` planned decode steps at once (``plan_decode_run`` said they are identical).
+        Allocator calls: one append per request that crossed a block boundary (or has shareable
+        output blocks); everyone else stays pending until it needs a block."""
+        B = self.block_size
+        alloc = self.allocator
+        paged = self.paged
+        pending_delta = 0
+        for seq in self.running:
+            c = seq.num_computed_tokens
+            c2 = c + k
+            seq.num_computed_tokens = c2
+            seq.num_output_tokens += k
+            if paged and (seq.eager or (c2 - 1) // B >= _cdiv(c, B)):
+                pending = c2 - seq.num_alloc_tokens
+                ok = alloc.append(seq.seq_id, pending)
+                assert ok, "decode run append failed: plan_decode_run miscounted blocks"
+                pending_delta -= pending - k
+                seq.num_alloc_tokens = c2
+            else:
+                pending_delta += k
+        self.num_pending_tokens += pending_delta
+        self.num_generated_tokens += k * len(self.running)
