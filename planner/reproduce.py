@@ -26,9 +26,11 @@ import math
 import os
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
 import numpy as np
+
+from allocator import MEMORY_CLASSES, ContiguousAllocator
 
 # names and labels are shared with the figure builders (viz sits below planner)
 from viz.repro_figures import FIG2_CLASSES, FIG2_LABELS, SYSTEM_LABELS, SYSTEMS  # noqa: F401
@@ -103,6 +105,8 @@ class ReproConfig:
     max_num_batched_tokens: int = 2560   # vLLM 0.1 default
     watermark: float = 0.01              # vLLM 0.1 block manager's admission watermark
     placement: str = "buddy"             # "We assume Orca uses the buddy allocation algorithm"
+    pow2_rule: str = "output"            # "output": prompt + next_pow2(output), the paper's rule;
+                                         # "total": kvsim's allocator policy next_pow2(prompt + output)
     model: str = "OPT-13B"
     gpu: str = "A100-40GB"
     step_time_scale: float = 1.0         # multiplies the roofline step time (sensitivity knob)
@@ -131,6 +135,9 @@ class ReproConfig:
         if self.fig15_workload not in WORKLOADS:
             raise ValueError(f"ReproConfig: fig15_workload must be one of {WORKLOADS}, "
                              f"got {self.fig15_workload!r}")
+        if self.pow2_rule not in ("output", "total"):
+            raise ValueError(f"ReproConfig: pow2_rule must be 'output' or 'total', "
+                             f"got {self.pow2_rule!r}")
         if self.placement not in ("buddy", "first-fit"):
             raise ValueError(f"ReproConfig: placement must be 'buddy' or 'first-fit', "
                              f"got {self.placement!r}")
@@ -313,14 +320,68 @@ def engine_config(system: str, config: ReproConfig):
     if system not in SYSTEMS:
         raise ValueError(f"system must be one of {SYSTEMS}, got {system!r}")
     common = dict(block_size=config.block_size, max_num_seqs=config.max_num_seqs,
-                  max_num_batched_tokens=config.max_num_batched_tokens,
                   max_model_len=config.max_model_len, enable_prefix_caching=False,
                   full_prompt_admission=True)
     if system == "vllm":
         return EngineConfig(allocator="paged", num_blocks=config.num_blocks, null_block=False,
-                            watermark=config.watermark, **common)
-    return EngineConfig(allocator=SYSTEM_ALLOCATOR[system], placement=config.placement,
-                        capacity_tokens=config.capacity_tokens, **common)
+                            watermark=config.watermark,
+                            max_num_batched_tokens=config.max_num_batched_tokens, **common)
+    # Orca batches whole prompts (selective batching, no chunked prefill) and is limited by its
+    # batch size, not by a token budget: a budget no step can exhaust keeps every prompt whole
+    allocator = "oracle" if system == "orca_pow2" and config.pow2_rule == "output" \
+        else SYSTEM_ALLOCATOR[system]
+    return EngineConfig(allocator=allocator, placement=config.placement,
+                        capacity_tokens=config.capacity_tokens,
+                        max_num_batched_tokens=config.max_num_seqs * config.max_model_len, **common)
+
+
+class OutputPow2Allocator(ContiguousAllocator):
+    """Orca (Pow2) as the paper defines it: prompt + next_pow2(output), then the arena's rounding.
+
+    Paper, section 6.1: "the system over-reserves the space for outputs by at most 2x. For
+    example, if the true output length is 25, it reserves 32 positions for outputs". kvsim's
+    ``policy="pow2"`` rounds prompt + output instead, which on a buddy arena takes exactly
+    Oracle's extent (next_pow2(prompt + output)), so the two baselines would admit the same
+    requests. Only the sizing differs from the ``oracle`` policy; the accounting follows from it
+    (the output's over-reservation is internal fragmentation, the buddy rounding external).
+
+    The prompt is the ``num_tokens`` of the admission: the reproduction gives Orca a token budget
+    no step exhausts (``engine_config``), so a prompt is never split into chunks.
+
+    Args:
+        capacity_tokens, max_model_len, placement: as ContiguousAllocator.
+    """
+
+    def __init__(self, capacity_tokens: int, max_model_len: int = 2048, placement: str = "buddy"):
+        super().__init__(capacity_tokens, policy="oracle", max_model_len=max_model_len,
+                         placement=placement)
+
+    def _check_request(self, num_tokens: int, final_num_tokens: int) -> int:
+        # the one place ContiguousAllocator sizes a reservation (allocate and can_allocate)
+        super()._check_request(num_tokens, final_num_tokens)   # validation, oracle size
+        output = final_num_tokens - num_tokens
+        reserved = num_tokens + (1 << (output - 1).bit_length()) if output > 0 else final_num_tokens
+        return max(final_num_tokens, min(reserved, self.max_model_len))
+
+
+def run_simulation(requests: Sequence, system: str, config: ReproConfig, cost, *,
+                   snapshot_times_s: Sequence[float] = ()):
+    """One simulation of ``system`` (simulator.Simulation), returning its Result.
+
+    For Orca (Pow2) with ``config.pow2_rule == "output"`` the replica's allocator is replaced,
+    before anything runs, by ``OutputPow2Allocator`` (the simulator builds allocators from an
+    EngineConfig, whose policies have no paper-style Pow2).
+    """
+    from simulator import Simulation
+
+    sim = Simulation(requests, engine_config(system, config), cost,
+                     sample_interval_s=config.sample_interval_s, snapshot_times_s=snapshot_times_s,
+                     seed=config.seed, progress=False)
+    if system == "orca_pow2" and config.pow2_rule == "output":
+        for rep in sim.replicas:
+            rep.allocator = rep.sched.allocator = OutputPow2Allocator(
+                config.capacity_tokens, config.max_model_len, config.placement)
+    return sim.run()
 
 
 class ScaledCost:
@@ -396,8 +457,6 @@ def measure(result, system: str, config: ReproConfig) -> RunMetrics:
     Returns:
         RunMetrics.
     """
-    from allocator import MEMORY_CLASSES
-
     ts = timeseries_view(result)
     window = ts[ts["time_s"] < config.duration_s]
     if window.empty:
@@ -408,7 +467,7 @@ def measure(result, system: str, config: ReproConfig) -> RunMetrics:
     used = folded["token_states"] + folded["reservation"] + folded["internal_fragmentation"]
     held = {k: v for k, v in folded.items() if k != "external_and_other"}
     held["external_and_other"] = 0.0
-    waiting = window["num_waiting"] > 0
+    waiting = window["waiting"] > 0
     sat = window[waiting]
     if len(sat):
         sat_sums = {c: float(sat[c].sum()) for c in MEMORY_CLASSES}
@@ -421,11 +480,11 @@ def measure(result, system: str, config: ReproConfig) -> RunMetrics:
         shares_pct=_pct(folded, capacity),
         shares_used_pct=_pct(held, used),
         shares_saturated_pct=shares_sat,
-        mean_running=float(window["num_running"].mean()),
-        mean_waiting=float(window["num_waiting"].mean()),
+        mean_running=float(window["running"].mean()),
+        mean_waiting=float(window["waiting"].mean()),
         saturated_fraction=float(waiting.mean()),
-        num_finished=int(summary.get("num_finished", summary.get("requests_finished", 0))),
-        num_preemptions=int(summary.get("num_preemptions", summary.get("preemptions", 0))),
+        num_finished=int(summary["requests_finished"]),
+        num_preemptions=int(summary["num_preemptions"]),
     )
     saved_total = sharing_counts(result, config)
     if saved_total is not None:
@@ -438,12 +497,10 @@ def measure(result, system: str, config: ReproConfig) -> RunMetrics:
 def timeseries_view(result):
     """The result's time series with the columns ``measure`` reads, in slots.
 
-    Columns: time_s, the six MEMORY_CLASSES (slots), num_running, num_waiting.
+    Columns: time_s, the six MEMORY_CLASSES (slots), running, waiting (one replica).
     """
-    from allocator import MEMORY_CLASSES
-
     ts = result.timeseries
-    missing = [c for c in ("time_s", "num_running", "num_waiting", *MEMORY_CLASSES) if c not in ts]
+    missing = [c for c in ("time_s", "running", "waiting", *MEMORY_CLASSES) if c not in ts]
     if missing:
         raise KeyError(f"simulator time series lacks columns {missing}; has {list(ts.columns)}")
     return ts
@@ -459,7 +516,9 @@ def sharing_counts(result, config: ReproConfig) -> tuple[float, float, float] | 
         (saved blocks summed over snapshots, blocks-without-sharing summed over snapshots,
         mean of per-snapshot saved/total in %) or None without paged snapshots.
     """
-    snaps = [s for t, s in result.snapshots if t < config.duration_s and s.kind == "paged"]
+    # Result.snapshots holds (time_s, replica, PoolSnapshot)
+    snaps = [entry[-1] for entry in result.snapshots
+             if entry[0] < config.duration_s and entry[-1].kind == "paged"]
     if not snaps:
         return None
     saved_sum = total_sum = 0.0
@@ -491,6 +550,7 @@ class Run:
     n: int = 1
     step_time_scale: float | None = None
     placement: str | None = None
+    pow2_rule: str | None = None
 
 
 def plan_runs(config: ReproConfig, have_real_trace: bool) -> list[Run]:
@@ -515,6 +575,9 @@ def plan_runs(config: ReproConfig, have_real_trace: bool) -> list[Run]:
         for sigma in config.sensitivity_output_sigmas:
             runs += [Run(f"{SHAPE_PREFIX}{sigma:g}@{config.sharegpt_rate:g}/{s}",
                          f"{SHAPE_PREFIX}{sigma:g}", config.sharegpt_rate, s) for s in SYSTEMS]
+        other_rule = "total" if config.pow2_rule == "output" else "output"
+        runs.append(Run(f"sharegpt@{config.sharegpt_rate:g}/orca_pow2/pow2_{other_rule}", "sharegpt",
+                        config.sharegpt_rate, "orca_pow2", pow2_rule=other_rule))
         other = "first-fit" if config.placement == "buddy" else "buddy"
         runs += [Run(f"sharegpt@{config.sharegpt_rate:g}/{s}/{other}", "sharegpt",
                      config.sharegpt_rate, s, placement=other)
@@ -522,17 +585,12 @@ def plan_runs(config: ReproConfig, have_real_trace: bool) -> list[Run]:
     return runs
 
 
-SimulateFn = Callable[..., Any]
-
-
-def run_reproduction(config: ReproConfig, *, progress: bool = True,
-                     simulate: SimulateFn | None = None) -> dict[str, Any]:
+def run_reproduction(config: ReproConfig, *, progress: bool = True) -> dict[str, Any]:
     """Run every experiment and return the results dict that results.json holds.
 
     Args:
         config: the setup.
         progress: show a tqdm bar on stderr (one tick per simulation).
-        simulate: ``simulator.simulate`` (default) or a stand-in with the same signature.
     Returns:
         A JSON-able dict: ``fig2``, ``fig13``, ``fig15`` (the paper's figures, measured),
         ``paper`` (the paper's values, same keys), ``runs`` (per-simulation details),
@@ -540,8 +598,6 @@ def run_reproduction(config: ReproConfig, *, progress: bool = True,
     """
     from tqdm.auto import tqdm
 
-    if simulate is None:
-        from simulator import simulate as simulate  # noqa: PLW0127 - the default engine
     real_path = find_sharegpt_file(config)
     runs = plan_runs(config, real_path is not None)
 
@@ -575,12 +631,13 @@ def run_reproduction(config: ReproConfig, *, progress: bool = True,
     for run in bar:
         bar.set_postfix_str(run.key)
         reqs = requests_for(run)
-        cfg = config if run.placement is None else replace(config, placement=run.placement)
-        result = simulate(reqs, engine_config(run.system, cfg),
-                          cost_model(config, run.step_time_scale),
-                          sample_interval_s=config.sample_interval_s,
-                          snapshot_times_s=snapshot_times if run.mode != "basic" else (),
-                          seed=config.seed, progress=False)
+        cfg = config
+        if run.placement is not None:
+            cfg = replace(cfg, placement=run.placement)
+        if run.pow2_rule is not None:
+            cfg = replace(cfg, pow2_rule=run.pow2_rule)
+        result = run_simulation(reqs, run.system, cfg, cost_model(config, run.step_time_scale),
+                                snapshot_times_s=snapshot_times if run.mode != "basic" else ())
         metrics[run.key] = measure(result, run.system, config)
     bar.close()
     return assemble_results(config, runs, metrics, workload_info)
