@@ -343,12 +343,13 @@ class Simulation:
                         assert out.num_decode_seqs == n and out.num_scheduled_tokens == n \
                             and not out.num_preempted and not out.num_new, \
                             "a planned decode step was not a pure decode step"
+                        row_state = self._row_state(sched) if record_steps else None
                         end = now + self._run_ns(b0, j + 1)
                         yield _urgent_timeout(env, end - env.now)
                         finished = sched.finish_step(out, end, idx)
                         assert not finished or j == k - 1, "a request finished inside a decode run"
                         if record_steps:
-                            self._step_row(rep, idx, out, finished)
+                            self._step_row(rep, idx, out, finished, row_state)
                 rep.num_steps += k
                 sched.num_steps += k
                 for seq in finished:
@@ -370,10 +371,7 @@ class Simulation:
             batch = StepBatch(len(out.scheduled), out.num_prefill_tokens, out.num_decode_seqs,
                               out.num_scheduled_tokens, out.kv_read_tokens, out.attn_token_pairs)
             rep.last_batch_tokens = out.num_scheduled_tokens
-            row_state = None
-            if record_steps:
-                row_state = (len(sched.running), len(sched.waiting), sched.allocator.usage,
-                             sched.allocator.num_used_blocks if sched.paged else 0)
+            row_state = self._row_state(sched) if record_steps else None
             end = now + max(1, self._step_ns(batch))
             yield _urgent_timeout(env, end - now)
             finished = sched.finish_step(out, end, step_index)
@@ -509,11 +507,14 @@ class Simulation:
                 cum[1], cum[2], 0, 0, nfin, cum[3], n - nfin, waiting, end_usage, rep.index,
                 idx * 1.0 if self.step_clock else math.nan))
 
-    def _step_row(self, rep, idx, out, finished, state=None) -> None:
+    @staticmethod
+    def _row_state(sched) -> tuple:
+        """Oracle columns read right after schedule(): running, waiting, usage, used blocks."""
+        return (len(sched.running), len(sched.waiting), sched.allocator.usage,
+                sched.allocator.num_used_blocks if sched.paged else 0)
+
+    def _step_row(self, rep, idx, out, finished, state) -> None:
         sched = rep.sched
-        if state is None:   # per-step decode in a planned run: nothing changed after schedule
-            state = (len(sched.running) + len(finished), len(sched.waiting),
-                     sched.allocator.usage, sched.allocator.num_used_blocks if sched.paged else 0)
         running, waiting, usage, used = state
         cum = rep.cum
         cum[0] += out.num_preempted
@@ -524,7 +525,8 @@ class Simulation:
         rep.arrived_since_step = 0
         self.steps.rows.append((
             idx, arrived, len(out.scheduled), out.num_scheduled_tokens, out.num_prefill_tokens,
-            out.num_decode_seqs, out.num_new, out.num_resumed, running, waiting, round(usage, 6),
+            # vLLM 0.33's V2 model runner reports resumed requests among the new ones
+            out.num_decode_seqs, out.num_new + out.num_resumed, 0, running, waiting, round(usage, 6),
             used, out.num_preempted, cum[0], out.pc_queries, out.pc_hits, cum[1], cum[2],
             out.pc_preempted_queries, out.pc_preempted_hits, len(finished), cum[3],
             len(sched.running), len(sched.waiting), round(sched.allocator.usage, 6), rep.index,

@@ -209,9 +209,9 @@ class Scheduler:
         return True
 
     def _free(self, seq: SeqState, preempted: bool) -> None:
-        if preempted and self.prefix_caching:
-            self._sync(seq)  # its last full block must be registered for its own re-admission
-        self.num_pending_tokens -= seq.num_computed_tokens - seq.num_alloc_tokens
+        # the allocator must see every computed token: a block that is exactly full is cached
+        # (back of the free queue), a partial one is reused first
+        self._sync(seq)
         self.allocator.free(seq.seq_id, preempted=preempted)
         seq.num_alloc_tokens = 0
 
@@ -469,7 +469,10 @@ class Scheduler:
         B = self.block_size
         hist = [0] * (B + 1)   # hist[j]: requests that need a new block at step j (1..B)
         for seq in running:
-            if seq.num_computed_tokens != seq.num_tokens - 1 or seq.group is not None:
+            # decoding = one token behind with an output already (a prompt's last token is a
+            # prefill step that samples the first token)
+            if seq.num_computed_tokens != seq.num_tokens - 1 or not seq.num_output_tokens \
+                    or seq.group is not None:
                 return 0
             r = seq.max_output_tokens - seq.num_output_tokens
             if r < k:
