@@ -115,7 +115,7 @@ class ReproConfig:
     seed: int = 0
     sensitivity: bool = True             # also run the sensitivity checks
     sensitivity_rates: tuple[float, ...] = (1.0, 4.0)
-    sensitivity_step_scales: tuple[float, ...] = (1.5, 2.0)
+    sensitivity_step_scales: tuple[float, ...] = (1.5, 2.0, 3.0)
     sensitivity_output_sigmas: tuple[float, ...] = (0.6, 1.4)  # kvsim's ShareGPT preset: 1.0
     sharegpt_file: str | None = None     # real ShareGPT length CSV; None: auto-detect, "" = skip
 
@@ -570,8 +570,9 @@ def plan_runs(config: ReproConfig, have_real_trace: bool) -> list[Run]:
             runs += [Run(f"sharegpt@{rate:g}/{s}", "sharegpt", rate, s) for s in SYSTEMS]
         for scale in config.sensitivity_step_scales:
             runs += [Run(f"{wl}@{rate:g}/{s}/step_x{scale:g}", wl, rate, s, step_time_scale=scale)
-                     for wl, rate in (("sharegpt", config.sharegpt_rate),)
-                     for s in ("orca_oracle", "vllm")]
+                     for wl, rate in (("sharegpt", config.sharegpt_rate),
+                                      ("alpaca", config.alpaca_rate))
+                     for s in ("orca_pow2", "orca_oracle", "vllm")]
         for sigma in config.sensitivity_output_sigmas:
             runs += [Run(f"{SHAPE_PREFIX}{sigma:g}@{config.sharegpt_rate:g}/{s}",
                          f"{SHAPE_PREFIX}{sigma:g}", config.sharegpt_rate, s) for s in SYSTEMS]
@@ -702,11 +703,24 @@ def assemble_results(config: ReproConfig, runs: Sequence[Run], metrics: dict[str
         sens["sharegpt_output_sigma"] = table
     scale_runs = [r for r in runs if r.step_time_scale is not None]
     if scale_runs:
-        table: dict[str, Any] = {"1": {s: _r(metrics[f"sharegpt@{sg:g}/{s}"].mean_running)
-                                       for s in ("orca_oracle", "vllm")}}
+        # step time x1 is the main run; Orca (Max) is memory-bound at every scale (7 slots)
+        table: dict[str, Any] = {"1": {}}
+        for wl, rate in (("sharegpt", sg), ("alpaca", al)):
+            table["1"][wl] = {s: {"mean_running": _r(metrics[f"{wl}@{rate:g}/{s}"].mean_running),
+                                  "token_states": _r(metrics[f"{wl}@{rate:g}/{s}"].shares_pct["token_states"])}
+                              for s in ("orca_pow2", "orca_oracle", "vllm")}
         for r in scale_runs:
-            table.setdefault(f"{r.step_time_scale:g}", {})[r.system] = _r(metrics[r.key].mean_running)
-        sens["step_time_scale_fig13_sharegpt"] = table
+            m = metrics[r.key]
+            table.setdefault(f"{r.step_time_scale:g}", {}).setdefault(r.workload, {})[r.system] = {
+                "mean_running": _r(m.mean_running), "token_states": _r(m.shares_pct["token_states"])}
+        sens["step_time_scale"] = table
+    rule_runs = [r for r in runs if r.pow2_rule is not None]
+    if rule_runs:
+        def _pow2_row(m: RunMetrics) -> dict[str, Any]:
+            return {**{c: _r(m.shares_pct[c]) for c in FIG2_CLASSES}, "mean_running": _r(m.mean_running)}
+        sens["pow2_rule"] = {config.pow2_rule: _pow2_row(metrics[f"sharegpt@{sg:g}/orca_pow2"])}
+        for r in rule_runs:
+            sens["pow2_rule"][r.pow2_rule] = _pow2_row(metrics[r.key])
     place_runs = [r for r in runs if r.placement is not None]
     if place_runs:
         sens["placement"] = {}

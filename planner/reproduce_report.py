@@ -136,12 +136,19 @@ def render_markdown(results: dict[str, Any]) -> str:
                 for r in sorted(rate, key=float) for s in SYSTEMS]
         out += ["ShareGPT request rate:", "",
                 _md_table(["req/s", "system", "token states %", "batched requests", "time with a queue"], rows), ""]
-    scale = sens.get("step_time_scale_fig13_sharegpt")
+    scale = sens.get("step_time_scale")
     if scale:
-        rows = [[k, SYSTEM_LABELS[s], _f(v.get(s), 2)] for k, v in sorted(scale.items(), key=lambda kv: float(kv[0]))
-                for s in ("orca_oracle", "vllm")]
-        out += ["Step time (roofline x factor), ShareGPT batched requests:", "",
-                _md_table(["step time x", "system", "batched requests"], rows), ""]
+        rows = [[k, WORKLOAD_TITLES.get(wl, wl), SYSTEM_LABELS[s], _f(v["mean_running"], 2), _f(v["token_states"])]
+                for k, by_wl in sorted(scale.items(), key=lambda kv: float(kv[0]))
+                for wl, by_s in by_wl.items() for s, v in by_s.items()]
+        out += ["Step time (roofline x factor): batched requests and token-state share:", "",
+                _md_table(["step time x", "workload", "system", "batched requests", "token states %"], rows), ""]
+    rule = sens.get("pow2_rule")
+    if rule:
+        rows = [[k, *(_f(v[c]) for c in FIG2_CLASSES), _f(v["mean_running"], 2)] for k, v in rule.items()]
+        out += ["Orca (Pow2) sizing rule, ShareGPT: `output` = prompt + next_pow2(output) (the paper's), "
+                "`total` = next_pow2(prompt + output) (kvsim's allocator policy):", "",
+                _md_table(["rule", *(FIG2_LABELS[c] + " %" for c in FIG2_CLASSES), "batched requests"], rows), ""]
     place = sens.get("placement")
     if place:
         rows = [[p, SYSTEM_LABELS[s], _f(v["token_states"]), _f(v["external_and_other"]), _f(v["mean_running"], 2)]

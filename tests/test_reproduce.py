@@ -98,16 +98,53 @@ def test_real_sharegpt_file_is_filtered_and_thinned_to_the_rate(shared_traces):
     assert len(reqs) == pytest.approx(2.0 * 1800.0, rel=0.08)   # Poisson: sd ~ 1.7 %
 
 
+def test_output_pow2_rounds_the_output_not_the_sequence():
+    a = rp.OutputPow2Allocator(4096, max_model_len=2048, placement="buddy")
+    # the paper's example: output 25 -> 32 positions; prompt 40 -> 72, buddy extent 128
+    assert a.can_allocate(40, 65) and a.allocate(0, 40, 65)
+    bd = a.breakdown()
+    assert (bd["token_states"], bd["reservation"], bd["internal_fragmentation"],
+            bd["external_fragmentation"]) == (40, 25, 7, 128 - 72)
+    # prompt 1000 + next_pow2(700) = 2024; prompt 500 + next_pow2(1100) = 2548 -> capped at 2048
+    assert a.allocate(1, 1000, 1700) and a.block_table(1) and len(a.block_table(1)) == 2048
+    assert a.breakdown()["internal_fragmentation"] == 7 + (2024 - 1700)
+    assert not a.can_allocate(500, 1600)          # no 2048-slot extent left in 4096
+    a.check_invariants()
+    # kvsim's own pow2 policy rounds prompt + output: on a buddy arena that is Oracle's extent
+    from allocator import ContiguousAllocator
+    total = ContiguousAllocator(4096, policy="pow2", max_model_len=2048, placement="buddy")
+    oracle = ContiguousAllocator(4096, policy="oracle", max_model_len=2048, placement="buddy")
+    assert total.extent_tokens(65) == oracle.extent_tokens(65) == 128
+
+
+def test_orca_pow2_runs_on_the_papers_rule_in_the_simulator():
+    from simulator import FixedStepCost
+
+    cfg = rp.ReproConfig(duration_s=10.0, sample_interval_s=1.0)
+    reqs = [_req(0, 40, 25)]
+    res = rp.run_simulation(reqs, "orca_pow2", cfg, FixedStepCost(0.1), snapshot_times_s=(1.05,))
+    (_, _, snap), = res.snapshots
+    classes = np.bincount(snap.cell_class[snap.block_tables[0]], minlength=len(MEMORY_CLASSES))
+    counts = dict(zip(MEMORY_CLASSES, classes))
+    assert len(snap.block_tables[0]) == 128                  # buddy(40 + 32)
+    assert counts["internal_fragmentation"] == 7             # 32 - 25 output slots never used
+    assert counts["token_states"] + counts["reservation"] == 65
+    kvsim = rp.run_simulation(reqs, "orca_pow2", rp.ReproConfig(duration_s=10.0, pow2_rule="total"),
+                              FixedStepCost(0.1), snapshot_times_s=(1.05,))
+    (_, _, snap_total), = kvsim.snapshots
+    assert int((snap_total.cell_class == 2).sum()) == 128 - 65   # next_pow2(65) = 128
+
+
 # ---- measurements ----------------------------------------------------------------------------
 
 def _fake_result(rows, snapshots=()):
     ts = pd.DataFrame(rows)
-    return SimpleNamespace(timeseries=ts, summary={"num_finished": 3, "num_preemptions": 1},
+    return SimpleNamespace(timeseries=ts, summary={"requests_finished": 3, "num_preemptions": 1},
                            snapshots=list(snapshots), requests=pd.DataFrame())
 
 
 def _row(t, running, waiting, **slots):
-    row = {"time_s": t, "num_running": running, "num_waiting": waiting}
+    row = {"time_s": t, "running": running, "waiting": waiting}
     row.update({c: slots.get(c, 0) for c in MEMORY_CLASSES})
     return row
 
@@ -147,8 +184,8 @@ def test_sharing_counts_from_real_fork_snapshots():
     assert a.append(0, 1)    # copy-on-write of the shared partial block
     snap2 = a.snapshot()     # 2 shared full blocks + 2 private tails: saved 2 of 6
     cfg = rp.ReproConfig(duration_s=100.0)
-    saved, total, mean_ratio = rp.sharing_counts(_fake_result([], [(1.0, snap1), (2.0, snap2),
-                                                                   (200.0, snap1)]), cfg)
+    saved, total, mean_ratio = rp.sharing_counts(_fake_result([], [(1.0, 0, snap1), (2.0, 0, snap2),
+                                                                   (200.0, 0, snap1)]), cfg)
     assert (saved, total) == (5.0, 12.0)
     assert mean_ratio == pytest.approx((50.0 + 100 * 2 / 6) / 2)
 
