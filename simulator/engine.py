@@ -73,8 +73,6 @@ class _Replica:
         self.wake: simpy.Event | None = None
         self.num_steps = 0
         self.last_t = 0
-        self.last_bd: list[int] | None = None
-        self.last_usage = 0.0
         self.bd_area = [0] * _NUM_CLASSES      # trapezoid areas x2 (slot-ns)
         self.usage_area = 0.0
         self.running_area = 0                  # requests x ns, running during steps
@@ -302,14 +300,14 @@ class Simulation:
         while True:
             if not sched.running and not sched.waiting:
                 self._boundary(rep)
-                rep.cur_running = rep.cur_waiting = 0
                 rep.wake = env.event()
                 yield rep.wake
                 rep.wake = None
             if self.next_arrival_ns == env.now:
                 yield env.timeout(0)   # arrivals due now land before this step is scheduled
             now = env.now
-            self._boundary(rep)
+            bd_start = self._boundary(rep)
+            usage_start = rep.allocator.usage
             step_index = now // NS_PER_S if self.step_clock else rep.num_steps
             k = sched.plan_decode_run(_NEVER)
             if k > 0:
@@ -330,6 +328,8 @@ class Simulation:
                         else 0
                     sched.advance_decode_run(k)
                     end = now + self._run_ns(b0, k)
+                    self._integrate(rep, bd_start, self._breakdown(rep), usage_start,
+                                    rep.allocator.usage, now, end)
                     yield _urgent_timeout(env, end - now)
                     last_index = step_index + k - 1 if self.step_clock else rep.num_steps + k - 1
                     finished = sched.finish_decode_run(end, last_index)
@@ -345,6 +345,9 @@ class Simulation:
                             "a planned decode step was not a pure decode step"
                         row_state = self._row_state(sched) if record_steps else None
                         end = now + self._run_ns(b0, j + 1)
+                        if j == k - 1:
+                            self._integrate(rep, bd_start, self._breakdown(rep), usage_start,
+                                            rep.allocator.usage, now, end)
                         yield _urgent_timeout(env, end - env.now)
                         finished = sched.finish_step(out, end, idx)
                         assert not finished or j == k - 1, "a request finished inside a decode run"
@@ -366,13 +369,20 @@ class Simulation:
                     seq = sched.waiting.popleft()
                     self.num_rejected += 1
                     self._record_rejected(rep, seq.req, seq.arrival_ns)
-                yield _urgent_timeout(env, max(1, self._step_ns(StepBatch())))
+                end = now + max(1, self._step_ns(StepBatch()))
+                bd_step = self._breakdown(rep)
+                self._integrate(rep, bd_step, bd_step, rep.allocator.usage, rep.allocator.usage,
+                                now, end)
+                yield _urgent_timeout(env, end - now)
                 continue
             batch = StepBatch(len(out.scheduled), out.num_prefill_tokens, out.num_decode_seqs,
                               out.num_scheduled_tokens, out.kv_read_tokens, out.attn_token_pairs)
             rep.last_batch_tokens = out.num_scheduled_tokens
             row_state = self._row_state(sched) if record_steps else None
             end = now + max(1, self._step_ns(batch))
+            bd_step = self._breakdown(rep)
+            self._integrate(rep, bd_step, bd_step, rep.allocator.usage, rep.allocator.usage,
+                            now, end)
             yield _urgent_timeout(env, end - now)
             finished = sched.finish_step(out, end, step_index)
             rep.num_steps += 1
@@ -434,31 +444,41 @@ class Simulation:
             vals[2 if sched.paged else 1] -= pending
         return vals
 
-    def _boundary(self, rep: _Replica) -> None:
-        """Integrate time-weighted figures up to now, then take due samples and snapshots."""
+    def _boundary(self, rep: _Replica) -> list[int]:
+        """At a step boundary: integrate any idle gap, then take due samples and snapshots.
+        Returns the breakdown now (before this boundary's schedule)."""
         now = self.env.now
         bd = self._breakdown(rep)
         usage = rep.allocator.usage
-        dt = now - rep.last_t
-        if dt > 0 and rep.last_bd is not None:
-            area = rep.bd_area
-            last = rep.last_bd
-            for i in range(_NUM_CLASSES):
-                area[i] += (last[i] + bd[i]) * dt
-            rep.usage_area += (rep.last_usage + usage) * dt
-            rep.running_area += rep.cur_running * dt
-            rep.waiting_area += rep.cur_waiting * dt
-        rep.last_t = now
-        rep.last_bd = bd
-        rep.last_usage = usage
+        if now > rep.last_t:
+            # nothing ran since the last segment: the pool stayed as it is now
+            rep.cur_running = 0
+            rep.cur_waiting = len(rep.sched.waiting)
+            self._integrate(rep, bd, bd, usage, usage, rep.last_t, now)
         if now > self.end_ns:
             self.end_ns = now
         if rep.next_sample_ns <= now and not self.record_steps:
             self._sample(rep, now, bd, usage)
-        while rep.next_snapshot < len(self.snapshot_ns) and self.snapshot_ns[rep.next_snapshot] <= now:
+        while rep.next_snapshot < len(self.snapshot_ns) and \
+                self.snapshot_ns[rep.next_snapshot] <= now:
             t = self.snapshot_ns[rep.next_snapshot]
             self.snapshots.append((t / NS_PER_S, rep.index, self.snapshot(rep.index)))
             rep.next_snapshot += 1
+        return bd
+
+    def _integrate(self, rep: _Replica, bd_left, bd_right, usage_left: float,
+                   usage_right: float, t0: int, t1: int) -> None:
+        """Add one segment to the time-weighted figures: the pool goes linearly from
+        ``bd_left`` to ``bd_right`` (trapezoid; equal for one step), running/waiting are the
+        counts after the segment's schedule."""
+        dt = t1 - t0
+        area = rep.bd_area
+        for i in range(_NUM_CLASSES):
+            area[i] += (bd_left[i] + bd_right[i]) * dt
+        rep.usage_area += (usage_left + usage_right) * dt
+        rep.running_area += rep.cur_running * dt
+        rep.waiting_area += rep.cur_waiting * dt
+        rep.last_t = t1
 
     def _sample(self, rep: _Replica, now: int, bd: list[int], usage: float) -> None:
         sched = rep.sched
@@ -590,20 +610,16 @@ class Simulation:
         return Result(self._summary(requests), timeseries, requests, list(self.snapshots))
 
     def env_now_boundary(self, rep: _Replica) -> None:
-        """Close the integrals of a replica at the end of the simulation."""
+        """Close a replica's integrals and samples at the end of the simulation."""
         now = self.end_ns
         bd = self._breakdown(rep)
-        dt = now - rep.last_t
-        if dt > 0 and rep.last_bd is not None:
-            for i in range(_NUM_CLASSES):
-                rep.bd_area[i] += (rep.last_bd[i] + bd[i]) * dt
-            rep.usage_area += (rep.last_usage + rep.allocator.usage) * dt
-            rep.running_area += rep.cur_running * dt
-            rep.waiting_area += rep.cur_waiting * dt
-        rep.last_t = now
-        rep.last_bd = bd
+        usage = rep.allocator.usage
+        if now > rep.last_t:
+            rep.cur_running = 0
+            rep.cur_waiting = len(rep.sched.waiting)
+            self._integrate(rep, bd, bd, usage, usage, rep.last_t, now)
         if not self.record_steps and rep.next_sample_ns <= now:
-            self._sample(rep, now, bd, rep.allocator.usage)
+            self._sample(rep, now, bd, usage)
 
     def _summary(self, requests: pd.DataFrame) -> dict:
         cfg = self.config

@@ -194,7 +194,11 @@ class Scheduler:
             self.num_pending_tokens += num_new_tokens
             return True
         need = _cdiv(total, self.block_size) - _cdiv(seq.num_computed_tokens, self.block_size)
-        if need > 0 or seq.eager or seq.num_computed_tokens < seq.num_prompt_tokens:
+        if seq.group is not None:
+            # forked sequences: appending into a shared partial block copies it first (CoW)
+            need += self._num_cow_blocks(seq)
+        if need > 0 or seq.eager or seq.group is not None or \
+                seq.num_computed_tokens < seq.num_prompt_tokens:
             # a new block, shareable output blocks, or a prefill chunk (whose full blocks
             # vLLM caches as soon as they are scheduled): the allocator must act now
             if need > self.allocator.num_free_blocks:
@@ -207,6 +211,13 @@ class Scheduler:
         else:
             self.num_pending_tokens += num_new_tokens
         return True
+
+    def _num_cow_blocks(self, seq: SeqState) -> int:
+        """1 if the sequence's last block is partially filled and shared (append copies it)."""
+        if seq.num_alloc_tokens % self.block_size == 0 or not seq.num_alloc_tokens:
+            return 0
+        last = self.allocator.block_table(seq.seq_id)[-1]
+        return int(self.allocator.ref_cnt(last) > 1)
 
     def _free(self, seq: SeqState, preempted: bool) -> None:
         # the allocator must see every computed token: a block that is exactly full is cached
@@ -371,6 +382,7 @@ class Scheduler:
             the sequences that finished in this step.
         """
         finished = out.finished
+        reselect = []
         for seq, _n in out.scheduled:
             if seq.num_computed_tokens < seq.num_tokens:
                 continue  # a partial prefill chunk samples nothing
@@ -385,7 +397,9 @@ class Scheduler:
                 self._fork_samples(seq)
             elif seq.group is not None and seq.group.kind == "beam" and seq.sample == 0 \
                     and seq.num_computed_tokens % self.block_size == 0:
-                self._reselect_beams(seq.group)
+                reselect.append(seq.group)
+        for group in reselect:   # after every beam got this step's token: lockstep again
+            self._reselect_beams(group)
         if finished:
             gone = set()
             for seq in finished:
@@ -426,6 +440,7 @@ class Scheduler:
             self.allocator.fork(parent.seq_id, child.seq_id, block_hashes=child.keys)
             group.members.append(child)
             self.running.insert(idx + s, child)
+            self.num_generated_tokens += 1   # each sample draws its own first token
 
     def _reselect_beams(self, group: ForkGroup) -> None:
         """Beam search model (the vLLM paper's Fig. 15 setting): each time the beams complete a

@@ -1,0 +1,213 @@
+"""Simulator engine: conservation, determinism, batching identity, breakdown, routing, forks."""
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import workloads
+from allocator import MEMORY_CLASSES
+from simulator import EngineConfig, FixedStepCost, Simulation, simulate
+from simulator.result import SUMMARY_KEYS
+from workloads import Request
+
+CONV = "sharegpt:rate=4,n=120,seed=3,system=256,system_frac=0.5,turns=uniform(1,4),think_s=5"
+
+
+def _reqs(spec: str = CONV, n: int | None = None) -> list:
+    return list(itertools.islice(workloads.load(spec), n))
+
+
+def _cfg(**kw) -> EngineConfig:
+    base = dict(num_blocks=900, block_size=16, null_block=True, max_num_seqs=32,
+                max_num_batched_tokens=1024, max_model_len=4096)
+    base.update(kw)
+    return EngineConfig(**base)
+
+
+def _final_output(r: Request, max_model_len: int) -> int:
+    return min(r.output_tokens, max_model_len - r.prompt_tokens)
+
+
+@pytest.mark.parametrize("allocator", ["paged", "max", "pow2", "oracle"])
+def test_conservation_every_request_finishes_once(allocator):
+    reqs = _reqs()
+    kw = {} if allocator == "paged" else dict(num_blocks=None, capacity_tokens=20000,
+                                              null_block=False, allocator=allocator)
+    cfg = _cfg(**kw)
+    res = simulate(iter(reqs), cfg, FixedStepCost(0.02))
+    table = res.requests
+    fits = [r for r in reqs if r.prompt_tokens + 1 <= cfg.max_model_len]
+    assert res.summary["requests_arrived"] == len(reqs)
+    assert table["request_id"].is_unique
+    done = table[~table["rejected"]]
+    assert sorted(done["request_id"]) == sorted(r.request_id for r in fits)
+    want = {r.request_id: _final_output(r, cfg.max_model_len) for r in fits}
+    assert dict(zip(done["request_id"], done["num_output"])) == want
+    assert res.summary["generated_tokens"] == sum(want.values())
+    assert (done["finish_s"] >= done["first_token_s"]).all()
+    assert (done["first_token_s"] > done["arrival_s"]).all()
+    assert res.summary["requests_unfinished"] == 0
+
+
+def test_determinism_byte_identical():
+    a = simulate(iter(_reqs()), _cfg(num_blocks=400), FixedStepCost(0.02), seed=7)
+    b = simulate(iter(_reqs()), _cfg(num_blocks=400), FixedStepCost(0.02), seed=7)
+    assert a.summary_json(include_wall_clock=False) == b.summary_json(include_wall_clock=False)
+    assert a.timeseries.to_csv() == b.timeseries.to_csv()
+    assert a.requests.to_csv() == b.requests.to_csv()
+    assert a.summary["num_preemptions"] > 0   # the case exercises preemption
+
+
+CASES = {
+    "paged-pc-preempting": (dict(num_blocks=250), {}),
+    "paged-no-pc": (dict(num_blocks=250, enable_prefix_caching=False), {}),
+    "paged-threshold-watermark": (dict(num_blocks=300, long_prefill_token_threshold=128,
+                                       watermark=0.02, full_prompt_admission=False), {}),
+    "pow2-first-fit": (dict(allocator="pow2", placement="first-fit", num_blocks=None,
+                            capacity_tokens=6000, null_block=False), {}),
+    "two-replicas-least-loaded": (dict(num_blocks=200), dict(replicas=2, router="least-loaded")),
+    "three-replicas-affinity": (dict(num_blocks=150), dict(replicas=3, router="prefix-affinity")),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_batched_decode_runs_identical_to_single_steps(case):
+    cfg_kw, sim_kw = CASES[case]
+    cfg = _cfg(**cfg_kw)
+    reqs = _reqs(CONV.replace("n=120", "n=50"))
+    results = [simulate(iter(reqs), cfg, FixedStepCost(0.025), sample_interval_s=0.5,
+                        snapshot_times_s=(3.0,), batch_decode_steps=b, **sim_kw)
+               for b in (True, False)]
+    fast, slow = results
+    assert fast.summary_json(include_wall_clock=False) == slow.summary_json(include_wall_clock=False)
+    pd.testing.assert_frame_equal(fast.timeseries, slow.timeseries)
+    pd.testing.assert_frame_equal(fast.requests, slow.requests)
+    assert fast.summary["num_steps"] > 200
+    if "paged" in case:
+        assert fast.summary["num_preemptions"] > 0
+
+
+def test_batched_step_rows_identical_on_step_clock():
+    reqs = _reqs("sharegpt:rate=0.3,n=60,seed=1")
+    for r in reqs:
+        r.arrival_step = int(r.arrival_s)
+    cfg = _cfg(num_blocks=300)
+    fast, slow = (simulate(iter(reqs), cfg, FixedStepCost(1.0), record_steps=True,
+                           batch_decode_steps=b) for b in (True, False))
+    pd.testing.assert_frame_equal(fast.timeseries, slow.timeseries)
+    pd.testing.assert_frame_equal(fast.requests, slow.requests)
+    ts = fast.timeseries
+    assert (ts["sched_tokens"] <= cfg.max_num_batched_tokens).all()
+    assert (ts["running"] <= cfg.max_num_seqs).all()
+    assert ts["step"].is_monotonic_increasing and ts["step"].is_unique
+    assert ts["cum_preemptions"].iloc[-1] == fast.summary["num_preemptions"] > 0
+
+
+def test_breakdown_fractions_and_samples_sum_to_pool():
+    cfg = _cfg(num_blocks=400)
+    res = simulate(iter(_reqs()), cfg, FixedStepCost(0.02), sample_interval_s=0.25)
+    fractions = res.summary["memory_breakdown"]
+    assert list(fractions) == list(MEMORY_CLASSES)
+    assert sum(fractions.values()) == pytest.approx(1.0, abs=1e-6)
+    assert fractions["token_states"] > 0.3 and fractions["cached"] > 0
+    ts = res.timeseries
+    slots = ts[list(MEMORY_CLASSES)].sum(axis=1)
+    assert (slots == cfg.num_blocks * cfg.block_size).all()
+    assert np.all(np.diff(ts["time_s"]) > 0)
+    assert list(res.summary) == list(SUMMARY_KEYS)
+
+
+def test_contiguous_max_admits_by_reservation_only():
+    """Orca-style: with room for exactly two max_model_len reservations, two requests run at
+    once, nobody is preempted; the oracle policy (exact final length) packs more."""
+    reqs = [Request(i, 0.0, 100, 50) for i in range(8)]
+    common = dict(num_blocks=None, null_block=False, capacity_tokens=2048, max_model_len=1024)
+    res_max = simulate(iter(reqs), _cfg(allocator="max", **common), FixedStepCost(0.01))
+    res_oracle = simulate(iter(reqs), _cfg(allocator="oracle", **common), FixedStepCost(0.01))
+    assert res_max.summary["max_running"] == 2
+    assert res_max.summary["num_preemptions"] == res_oracle.summary["num_preemptions"] == 0
+    assert res_oracle.summary["max_running"] == 8
+    assert res_max.summary["memory_breakdown"]["internal_fragmentation"] > 0.5
+    assert res_max.summary["requests_finished"] == res_oracle.summary["requests_finished"] == 8
+
+
+def test_parallel_sampling_forks_share_prompt_blocks():
+    reqs = [Request(i, 0.1 * i, 300, 40, n=3) for i in range(6)]
+    cfg = _cfg(num_blocks=600)
+    sim = Simulation(iter(reqs), cfg, FixedStepCost(0.01), sample_interval_s=0.05)
+    t = 0.0
+    while not sim.done:
+        t += 0.013
+        sim.run_until(t)
+        for rep in sim.replicas:
+            rep.sched.sync_allocator()
+            rep.allocator.check_invariants()
+    res = sim.result()
+    assert res.summary["generated_tokens"] == 6 * 3 * 40
+    assert (res.requests["num_samples"] == 3).all()
+    assert (res.requests["num_output"] == 40).all()
+    assert res.summary["blocks_saved_by_sharing_max"] >= 2 * (300 // 16)
+
+
+def test_beam_search_reselects_at_block_boundaries():
+    reqs = [Request(i, 0.0, 64, 100, beam_width=4) for i in range(2)]
+    cfg = _cfg(num_blocks=300)
+    sim = Simulation(iter(reqs), cfg, FixedStepCost(0.01))
+    freed = []
+    orig_free = sim.replicas[0].allocator.free
+
+    def spy(seq_id, preempted=False):
+        freed.append(seq_id)
+        orig_free(seq_id, preempted=preempted)
+
+    sim.replicas[0].allocator.free = spy
+    while not sim.done:
+        sim.run_until(sim.now_s + 0.05)
+        sim.replicas[0].sched.sync_allocator()
+        sim.replicas[0].allocator.check_invariants()
+    res = sim.result()
+    assert res.summary["generated_tokens"] == 2 * 4 * 100
+    # beams dropped at reselections free their sequences before the requests finish
+    assert len(freed) > 2 * 4
+    # same seed, same beams; another seed, other reselections
+    again = simulate(iter(reqs), cfg, FixedStepCost(0.01))
+    assert again.summary_json(include_wall_clock=False) == res.summary_json(include_wall_clock=False)
+
+
+def test_rejects_requests_that_can_never_fit():
+    reqs = [Request(0, 0.0, 5000, 10), Request(1, 0.0, 100, 10), Request(2, 0.0, 2000, 100)]
+    cfg = _cfg(num_blocks=100, max_model_len=4096)  # 99 usable blocks = 1584 tokens
+    res = simulate(iter(reqs), cfg, FixedStepCost(0.01))
+    rejected = set(res.requests.loc[res.requests["rejected"], "request_id"])
+    assert rejected == {0, 2}
+    assert res.summary["requests_rejected"] == 2 and res.summary["requests_finished"] == 1
+
+
+def test_unsorted_arrivals_are_an_error():
+    reqs = [Request(0, 1.0, 10, 10), Request(1, 0.5, 10, 10)]
+    with pytest.raises(ValueError, match="sort the trace"):
+        simulate(iter(reqs), _cfg(), FixedStepCost(0.01))
+
+
+def test_stepping_api_matches_full_run():
+    reqs = _reqs(n=40)
+    cfg = _cfg(num_blocks=300)
+    sim = Simulation(iter(reqs), cfg, FixedStepCost(0.02), snapshot_times_s=(2.0,))
+    sim.run_until(2.5)
+    state = sim.state()
+    assert state["time_s"] == pytest.approx(2.5)
+    assert sum(state["breakdown"].values()) == cfg.num_blocks * cfg.block_size
+    snap = sim.snapshot()
+    assert snap.num_cells == cfg.num_blocks
+    assert set(snap.block_tables) == {s.seq_id for s in sim.replicas[0].sched.running}
+    while not sim.done:
+        sim.run_until(sim.now_s + 5)
+    stepped = sim.result()
+    full = simulate(iter(reqs), cfg, FixedStepCost(0.02), snapshot_times_s=(2.0,))
+    pd.testing.assert_frame_equal(stepped.requests, full.requests)
+    assert len(stepped.snapshots) == len(full.snapshots) == 1
+    assert stepped.snapshots[0][0] == 2.0
+    np.testing.assert_array_equal(stepped.snapshots[0][2].owner, full.snapshots[0][2].owner)
