@@ -744,7 +744,7 @@ def assemble_results(config: ReproConfig, runs: Sequence[Run], metrics: dict[str
                    for k, m in metrics.items()}
     res["workloads"] = {k: {kk: (_r(v) if isinstance(v, float) else v) for kk, v in info.items()}
                         for k, info in sorted(workload_info.items())}
-    setup = asdict(config)
+    setup = {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(config).items()}
     setup["capacity_tokens"] = config.capacity_tokens
     setup["num_blocks"] = config.num_blocks
     setup["sharegpt_file"] = None if config.sharegpt_file is None else str(config.sharegpt_file)
