@@ -51,6 +51,16 @@ def fig2_breakdown(results: dict[str, Any], key: str = "fig2",
     return fig
 
 
+def _paper_and_kvsim_bars(fig: go.Figure, col: int, x: list[str], paper: list | None,
+                          ours: list, fmt: str) -> None:
+    """The paper's bars (if any) and kvsim's, side by side in subplot ``col``."""
+    for name, values in (("paper", paper), ("kvsim", ours)):
+        if values is None:
+            continue
+        fig.add_bar(x=x, y=values, name=name, marker_color=SOURCE_COLORS[name], showlegend=col == 1,
+                    row=1, col=col, text=[fmt.format(v) if v is not None else "" for v in values])
+
+
 def fig13_concurrency(results: dict[str, Any]) -> go.Figure:
     """Grouped bars: average number of batched requests per system, paper vs kvsim, per workload."""
     workloads = [w for w in ("sharegpt", "alpaca", "sharegpt_real") if w in results["fig13"]]
@@ -60,13 +70,8 @@ def fig13_concurrency(results: dict[str, Any]) -> go.Figure:
     x = [SYSTEM_LABELS[s] for s in SYSTEMS]
     for i, w in enumerate(workloads, start=1):
         paper = results["paper"]["fig13"].get(w)
-        if paper:
-            fig.add_bar(x=x, y=[paper[s] for s in SYSTEMS], name="paper", marker_color=SOURCE_COLORS["paper"],
-                        showlegend=i == 1, row=1, col=i, text=[f"{paper[s]:.2f}" for s in SYSTEMS])
-        ours = results["fig13"][w]
-        fig.add_bar(x=x, y=[ours[s] for s in SYSTEMS], name="kvsim", marker_color=SOURCE_COLORS["kvsim"],
-                    showlegend=i == 1, row=1, col=i,
-                    text=[f"{ours[s]:.2f}" if ours[s] is not None else "" for s in SYSTEMS])
+        _paper_and_kvsim_bars(fig, i, x, [paper[s] for s in SYSTEMS] if paper else None,
+                              [results["fig13"][w][s] for s in SYSTEMS], "{:.2f}")
     fig.update_layout(barmode="group", title="Fig. 13: average number of batched requests",
                       height=420, yaxis_title="requests", margin=dict(t=80))
     return fig
@@ -79,13 +84,8 @@ def fig15_sharing(results: dict[str, Any]) -> go.Figure:
     for i, mode in enumerate(("parallel", "beam"), start=1):
         ns = list(results["fig15"][mode])
         x = [f"{'n' if mode == 'parallel' else 'width'} = {n}" for n in ns]
-        paper = results["paper"]["fig15"][mode]
-        ours = results["fig15"][mode]
-        fig.add_bar(x=x, y=[paper[n] for n in ns], name="paper", marker_color=SOURCE_COLORS["paper"],
-                    showlegend=i == 1, row=1, col=i, text=[f"{paper[n]:.1f}" for n in ns])
-        fig.add_bar(x=x, y=[ours[n] for n in ns], name="kvsim", marker_color=SOURCE_COLORS["kvsim"],
-                    showlegend=i == 1, row=1, col=i,
-                    text=[f"{ours[n]:.1f}" if ours[n] is not None else "" for n in ns])
+        _paper_and_kvsim_bars(fig, i, x, [results["paper"]["fig15"][mode][n] for n in ns],
+                              [results["fig15"][mode][n] for n in ns], "{:.1f}")
     fig.update_layout(barmode="group", title="Fig. 15: memory saved by sharing KV blocks (%)",
                       height=400, yaxis_title="% of blocks without sharing", margin=dict(t=80))
     return fig
