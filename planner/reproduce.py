@@ -223,12 +223,15 @@ def synthetic_requests(kind: str, rate: float, config: ReproConfig, seed: int, *
     import workloads
 
     if kind.startswith(SHAPE_PREFIX):
-        # ShareGPT's means with another output spread: lognormal(337.99, sigma) outputs
-        sigma = float(kind[len(SHAPE_PREFIX):])
-        mean_in, mean_out = PAPER_WORKLOAD_MEANS["sharegpt"]
-        spec = (f"synthetic:prompt=lognormal({mean_in},1.2),output=lognormal({mean_out},{sigma:g}),"
-                f"max_len={config.max_model_len},rate={rate:g},duration_s={config.duration_s:g},"
-                f"seed={seed}")
+        # the ShareGPT preset with another output spread (log-sd sigma instead of 1.0), its
+        # lognormals calibrated like the preset's so that the means stay the paper's
+        from workloads.synthetic import PRESETS, calibrate_pair
+
+        mean_in, sigma_in, mean_out, _, max_len = PRESETS["sharegpt"]
+        model = calibrate_pair(mean_in, sigma_in, mean_out, float(kind[len(SHAPE_PREFIX):]), max_len)
+        spec = (f"synthetic:prompt=lognormal({model.prompt.mean!r},{model.prompt.sigma!r}),"
+                f"output=lognormal({model.output.mean!r},{model.output.sigma!r}),max_len={max_len},"
+                f"rate={rate:g},duration_s={config.duration_s:g},seed={seed}")
     else:
         spec = f"{kind}:rate={rate:g},duration_s={config.duration_s:g},seed={seed}"
     if mode == "parallel":

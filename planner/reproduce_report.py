@@ -77,9 +77,10 @@ def _setup_lines(results: dict[str, Any]) -> list[str]:
         f"- Model / GPU: {st['model']} on one {st['gpu']}; KV cache {st['kv_cache_bytes'] / 2**30:g} GiB, "
         f"{st['kv_bytes_per_token'] // 1024} KiB per token -> {st['capacity_tokens']:,} token slots "
         f"({st['num_blocks']} blocks of {st['block_size']}).",
-        f"- Max sequence length {st['max_model_len']}; requests with prompt > {st['max_prompt_tokens']}, "
-        f"prompt + output > {st['max_model_len']} or any side < {st['min_tokens']} tokens are dropped "
-        "(vLLM's benchmark sampler of the time).",
+        f"- Max sequence length {st['max_model_len']}: synthetic requests over it are dropped (the presets "
+        f"redraw them, so none are); rows of the real ShareGPT file are dropped as vLLM's benchmark sampler "
+        f"of the time did (prompt > {st['max_prompt_tokens']}, prompt + output > {st['max_model_len']}, "
+        f"either side < {st['min_tokens']} tokens).",
         f"- Traces: Poisson arrivals over {st['duration_s']:g} s; ShareGPT at {st['sharegpt_rate']:g} req/s, "
         f"Alpaca at {st['alpaca_rate']:g} req/s; Fig. 15 on {st['fig15_workload']} at {st['fig15_rate']:g} req/s; "
         f"seed {st['seed']}.",
@@ -136,6 +137,14 @@ def render_markdown(results: dict[str, Any]) -> str:
                 for r in sorted(rate, key=float) for s in SYSTEMS]
         out += ["ShareGPT request rate:", "",
                 _md_table(["req/s", "system", "token states %", "batched requests", "time with a queue"], rows), ""]
+    shape = sens.get("sharegpt_output_sigma")
+    if shape:
+        rows = [[k, SYSTEM_LABELS[s], _f(v["token_states"]), _f(v["reservation"]), _f(v["mean_running"], 2)]
+                for k, by_s in sorted(shape.items(), key=lambda kv: float(kv[0].split()[0]))
+                for s, v in by_s.items()]
+        out += ["ShareGPT output-length shape (lognormal log-sd; kvsim's preset is 1, means kept at the "
+                "paper's):", "",
+                _md_table(["output sigma", "system", "token states %", "reservation %", "batched requests"], rows), ""]
     scale = sens.get("step_time_scale")
     if scale:
         rows = [[k, WORKLOAD_TITLES.get(wl, wl), SYSTEM_LABELS[s], _f(v["mean_running"], 2), _f(v["token_states"])]

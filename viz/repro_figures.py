@@ -21,6 +21,8 @@ FIG2_LABELS = {"token_states": "Token states", "reservation": "Reservation",
 FIG2_COLORS = {"token_states": "#2e7d32", "reservation": "#f9a825",
                "internal_fragmentation": "#c62828", "external_and_other": "#8e8e8e"}
 SOURCE_COLORS = {"paper": "#90a4ae", "kvsim": "#1565c0"}
+SYSTEM_COLORS = {"orca_max": "#c62828", "orca_pow2": "#f9a825", "orca_oracle": "#2e7d32",
+                 "vllm": "#1565c0"}
 
 
 def fig2_breakdown(results: dict[str, Any], key: str = "fig2",
@@ -100,13 +102,39 @@ def rate_sensitivity(results: dict[str, Any]) -> go.Figure | None:
     fig = make_subplots(rows=1, cols=2, subplot_titles=["token states (% of pool)",
                                                         "average batched requests"])
     for s in SYSTEMS:
-        fig.add_scatter(x=[float(r) for r in rates], y=[table[r][s]["token_states"] for r in rates],
-                        name=SYSTEM_LABELS[s], legendgroup=s, mode="lines+markers", row=1, col=1)
-        fig.add_scatter(x=[float(r) for r in rates], y=[table[r][s]["mean_running"] for r in rates],
-                        name=SYSTEM_LABELS[s], legendgroup=s, showlegend=False, mode="lines+markers",
-                        row=1, col=2)
+        for col, metric in ((1, "token_states"), (2, "mean_running")):
+            fig.add_scatter(x=[float(r) for r in rates], y=[table[r][s][metric] for r in rates],
+                            name=SYSTEM_LABELS[s], legendgroup=s, showlegend=col == 1,
+                            mode="lines+markers", line_color=SYSTEM_COLORS[s], row=1, col=col)
     fig.update_xaxes(title_text="ShareGPT request rate (req/s)")
     fig.update_layout(title="Sensitivity: request rate", height=400, margin=dict(t=80))
+    return fig
+
+
+def step_time_sensitivity(results: dict[str, Any]) -> go.Figure | None:
+    """Batched requests against the step-time factor, the paper's values as dotted lines."""
+    table = results.get("sensitivity", {}).get("step_time_scale")
+    if not table:
+        return None
+    scales = sorted(table, key=float)
+    workloads = [w for w in ("sharegpt", "alpaca") if w in table[scales[0]]]
+    fig = make_subplots(rows=1, cols=len(workloads),
+                        subplot_titles=[f"{w}: batched requests" for w in workloads])
+    for i, w in enumerate(workloads, start=1):
+        for s in ("orca_pow2", "orca_oracle", "vllm"):
+            color = SYSTEM_COLORS[s]
+            ys = [table[k].get(w, {}).get(s, {}).get("mean_running") for k in scales]
+            fig.add_scatter(x=[float(k) for k in scales], y=ys, mode="lines+markers",
+                            name=SYSTEM_LABELS[s], legendgroup=s, showlegend=i == 1,
+                            line_color=color, row=1, col=i)
+            paper = results["paper"]["fig13"].get(w, {}).get(s)
+            if paper is not None:
+                fig.add_scatter(x=[float(scales[0]), float(scales[-1])], y=[paper, paper],
+                                mode="lines", line=dict(color=color, dash="dot"),
+                                name=f"{SYSTEM_LABELS[s]} (paper)", legendgroup=s,
+                                showlegend=i == 1, row=1, col=i)
+    fig.update_xaxes(title_text="step time / roofline step time")
+    fig.update_layout(title="Sensitivity: step time (Fig. 13)", height=420, margin=dict(t=80))
     return fig
 
 
@@ -117,7 +145,9 @@ def all_figures(results: dict[str, Any]) -> list[tuple[str, go.Figure]]:
         figs.append(("fig2-real", fig2_breakdown(results, "fig2_sharegpt_real",
                                                  "Fig. 2 on the real ShareGPT lengths (filtered)")))
     figs += [("fig13", fig13_concurrency(results)), ("fig15", fig15_sharing(results))]
-    rate = rate_sensitivity(results)
-    if rate is not None:
-        figs.append(("sensitivity-rate", rate))
+    for fig_id, builder in (("sensitivity-step", step_time_sensitivity),
+                            ("sensitivity-rate", rate_sensitivity)):
+        fig = builder(results)
+        if fig is not None:
+            figs.append((fig_id, fig))
     return figs
