@@ -257,6 +257,14 @@ def test_cli_rejects_an_out_path_that_is_a_file(tmp_path, monkeypatch):
         args.func(args)
 
 
+def test_a_missing_sharegpt_file_is_a_clear_error(tmp_path):
+    cfg = rp.ReproConfig(sharegpt_file=str(tmp_path / "nope.csv"))
+    with pytest.raises(FileNotFoundError) as err:
+        rp.find_sharegpt_file(cfg)
+    assert err.value.filename == str(tmp_path / "nope.csv")
+    assert rp.find_sharegpt_file(rp.ReproConfig(sharegpt_file="")) is None
+
+
 # ---- the scaled-down experiment --------------------------------------------------------------
 
 def small_config(**overrides) -> rp.ReproConfig:
