@@ -102,8 +102,8 @@ class ReproConfig:
     max_prompt_tokens: int = 1024        # vLLM's benchmark sampler of the time drops prompts > 1024
     min_tokens: int = 4                  # ... and prompts or outputs shorter than 4 tokens
     max_num_seqs: int = 256              # vLLM 0.1 default; Orca's batch cap is unknown: same cap
-    max_num_batched_tokens: int = 2560   # vLLM 0.1 default
-    watermark: float = 0.01              # vLLM 0.1 block manager's admission watermark
+    max_num_batched_tokens: int = 2560   # vLLM 0.1 default (vLLM only: Orca's prompts are never split)
+    watermark: float = 0.01              # vLLM 0.1.x BlockSpaceManager's admission watermark
     placement: str = "buddy"             # "We assume Orca uses the buddy allocation algorithm"
     pow2_rule: str = "output"            # "output": prompt + next_pow2(output), the paper's rule;
                                          # "total": kvsim's allocator policy next_pow2(prompt + output)
@@ -694,15 +694,12 @@ def assemble_results(config: ReproConfig, runs: Sequence[Run], metrics: dict[str
             for rate in rate_keys}
     shape_runs = [r for r in runs if r.workload.startswith(SHAPE_PREFIX)]
     if shape_runs:
-        table = {"1 (kvsim preset)": {s: {"token_states": res["fig2"][s]["token_states"],
-                                          "reservation": res["fig2"][s]["reservation"],
-                                          "mean_running": res["fig13"]["sharegpt"][s]}
+        table = {"1 (kvsim preset)": {s: {**res["fig2"][s], "mean_running": res["fig13"]["sharegpt"][s]}
                                       for s in SYSTEMS}}
         for r in shape_runs:
             m = metrics[r.key]
             table.setdefault(r.workload[len(SHAPE_PREFIX):], {})[r.system] = {
-                "token_states": _r(m.shares_pct["token_states"]),
-                "reservation": _r(m.shares_pct["reservation"]), "mean_running": _r(m.mean_running)}
+                **{c: _r(m.shares_pct[c]) for c in FIG2_CLASSES}, "mean_running": _r(m.mean_running)}
         sens["sharegpt_output_sigma"] = table
     scale_runs = [r for r in runs if r.step_time_scale is not None]
     if scale_runs:

@@ -139,12 +139,13 @@ def render_markdown(results: dict[str, Any]) -> str:
                 _md_table(["req/s", "system", "token states %", "batched requests", "time with a queue"], rows), ""]
     shape = sens.get("sharegpt_output_sigma")
     if shape:
-        rows = [[k, SYSTEM_LABELS[s], _f(v["token_states"]), _f(v["reservation"]), _f(v["mean_running"], 2)]
+        rows = [[k, SYSTEM_LABELS[s], *(_f(v[c]) for c in FIG2_CLASSES), _f(v["mean_running"], 2)]
                 for k, by_s in sorted(shape.items(), key=lambda kv: float(kv[0].split()[0]))
                 for s, v in by_s.items()]
         out += ["ShareGPT output-length shape (lognormal log-sd; kvsim's preset is 1, means kept at the "
                 "paper's):", "",
-                _md_table(["output sigma", "system", "token states %", "reservation %", "batched requests"], rows), ""]
+                _md_table(["output sigma", "system", *(FIG2_LABELS[c] + " %" for c in FIG2_CLASSES),
+                           "batched requests"], rows), ""]
     scale = sens.get("step_time_scale")
     if scale:
         rows = [[k, WORKLOAD_TITLES.get(wl, wl), SYSTEM_LABELS[s], _f(v["mean_running"], 2), _f(v["token_states"])]
