@@ -71,6 +71,10 @@ PAPER_FIG15: dict[str, dict[str, float]] = {
     "parallel": {"2": 6.09, "4": 8.53, "6": 9.79},
     "beam": {"2": 37.56, "4": 53.13, "6": 55.16},
 }
+# Section 6.3 text only (no figure): "In the same experiments with the ShareGPT dataset, we saw
+# 16.2% - 30.5% memory saving on parallel sampling and 44.3% - 66.3% on beam search" (n = 2 .. 6)
+PAPER_FIG15_SHAREGPT_RANGE: dict[str, tuple[float, float]] = {"parallel": (16.2, 30.5),
+                                                               "beam": (44.3, 66.3)}
 PAPER_WORKLOAD_MEANS = {"sharegpt": (161.31, 337.99), "alpaca": (19.31, 58.45)}  # Fig. 11
 SHAPE_PREFIX = "sharegpt_output_sigma"   # sensitivity workloads: ShareGPT means, other shapes
 
@@ -95,6 +99,7 @@ class ReproConfig:
     alpaca_rate: float = 30.0            # Fig. 13b
     fig15_rate: float = 10.0             # unknown in the paper (Fig. 14 sweeps rates): a mid rate
     fig15_workload: str = "alpaca"       # "when serving OPT-13B for the Alpaca trace"
+    fig15_sharegpt_rate: float = 0.25    # the text's ShareGPT variant of Fig. 15 (rate not stated)
     kv_cache_bytes: int = KV_CACHE_BYTES_A100_40GB
     kv_bytes_per_token: int = KV_BYTES_PER_TOKEN_OPT13B
     block_size: int = 16
@@ -120,7 +125,8 @@ class ReproConfig:
     sharegpt_file: str | None = None     # real ShareGPT length CSV; None: auto-detect, "" = skip
 
     def __post_init__(self):
-        for name in ("duration_s", "sharegpt_rate", "alpaca_rate", "fig15_rate", "kv_cache_bytes",
+        for name in ("duration_s", "sharegpt_rate", "alpaca_rate", "fig15_rate",
+                     "fig15_sharegpt_rate", "kv_cache_bytes",
                      "kv_bytes_per_token", "block_size", "max_model_len", "max_num_seqs",
                      "max_num_batched_tokens", "step_time_scale", "sample_interval_s",
                      "snapshot_interval_s"):
@@ -579,6 +585,9 @@ def plan_runs(config: ReproConfig, have_real_trace: bool) -> list[Run]:
         for sigma in config.sensitivity_output_sigmas:
             runs += [Run(f"{SHAPE_PREFIX}{sigma:g}@{config.sharegpt_rate:g}/{s}",
                          f"{SHAPE_PREFIX}{sigma:g}", config.sharegpt_rate, s) for s in SYSTEMS]
+        for mode in FIG15_MODES:
+            runs += [Run(f"sharegpt@{config.fig15_sharegpt_rate:g}/vllm/{mode}{n}", "sharegpt",
+                         config.fig15_sharegpt_rate, "vllm", mode, n) for n in FIG15_NS]
         other_rule = "total" if config.pow2_rule == "output" else "output"
         runs.append(Run(f"sharegpt@{config.sharegpt_rate:g}/orca_pow2/pow2_{other_rule}", "sharegpt",
                         config.sharegpt_rate, "orca_pow2", pow2_rule=other_rule))
@@ -730,6 +739,12 @@ def assemble_results(config: ReproConfig, runs: Sequence[Run], metrics: dict[str
                 "token_states": _r(m.shares_pct["token_states"]),
                 "external_and_other": _r(m.shares_pct["external_and_other"]),
                 "mean_running": _r(m.mean_running)}
+    if config.sensitivity:
+        sg15 = config.fig15_sharegpt_rate
+        sens["fig15_sharegpt"] = {
+            m: {**{str(n): _r(metrics[f"sharegpt@{sg15:g}/vllm/{m}{n}"].sharing_saving_pct)
+                   for n in FIG15_NS}, "paper_range": list(PAPER_FIG15_SHAREGPT_RANGE[m])}
+            for m in FIG15_MODES}
     sens["fig15_mean_of_ratios"] = {
         m: {str(n): _r(metrics[f"{f15}@{config.fig15_rate:g}/vllm/{m}{n}"].sharing_saving_mean_ratio_pct)
             for n in FIG15_NS} for m in FIG15_MODES}

@@ -165,6 +165,14 @@ def render_markdown(results: dict[str, Any]) -> str:
                 for p, by in place.items() for s, v in by.items()]
         out += ["Orca placement (the paper assumes buddy):", "",
                 _md_table(["placement", "system", "token states %", "external & other %", "batched requests"], rows), ""]
+    sg15 = sens.get("fig15_sharegpt")
+    if sg15:
+        rows = [[m, str(n), _f(sg15[m][str(n)]),
+                 f"{sg15[m]['paper_range'][0]:g} - {sg15[m]['paper_range'][1]:g} (n = 2 .. 6)"]
+                for m in FIG15_MODES for n in FIG15_NS]
+        out += [f"Fig. 15 on ShareGPT at {results['setup']['fig15_sharegpt_rate']:g} req/s (the paper gives "
+                "only ranges, in the text):", "",
+                _md_table(["decoding", "n", "kvsim %", "paper %"], rows), ""]
     mean_ratio = sens.get("fig15_mean_of_ratios")
     if mean_ratio:
         rows = [[m, str(n), _f(results["fig15"][m][str(n)]), _f(mean_ratio[m][str(n)])]
