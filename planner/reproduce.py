@@ -833,6 +833,14 @@ def ordering_checks(results: dict[str, Any]) -> dict[str, bool]:
     return checks
 
 
+def check_out_dir(out_dir: str | os.PathLike) -> Path:
+    """The output directory as a Path; ValueError if it exists and is not a directory."""
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out}: exists and is not a directory")
+    return out
+
+
 def write_outputs(results: dict[str, Any], out_dir: str | os.PathLike) -> dict[str, Path]:
     """Write results.json, report.md and report.html into ``out_dir`` (created if needed).
 
@@ -841,9 +849,7 @@ def write_outputs(results: dict[str, Any], out_dir: str | os.PathLike) -> dict[s
     """
     from planner.reproduce_report import render_html, render_markdown
 
-    out = Path(out_dir)
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"--out {out}: exists and is not a directory")
+    out = check_out_dir(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = {"json": out / "results.json", "md": out / "report.md", "html": out / "report.html"}
     paths["json"].write_text(json.dumps(results, indent=2, sort_keys=True, allow_nan=False) + "\n")

@@ -29,8 +29,10 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from planner.reproduce import ReproConfig, differences, ordering_checks, run_reproduction, write_outputs
+    from planner.reproduce import (ReproConfig, check_out_dir, differences, ordering_checks,
+                                   run_reproduction, write_outputs)
 
+    check_out_dir(args.out)   # fail before minutes of simulation, not after
     overrides = dict(seed=args.seed, sensitivity=not args.no_sensitivity,
                      sharegpt_file=args.sharegpt_file)
     config = ReproConfig.quick(**overrides) if args.quick else ReproConfig(**overrides)

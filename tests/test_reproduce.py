@@ -252,7 +252,10 @@ def test_cli_rejects_an_out_path_that_is_a_file(tmp_path, monkeypatch):
     target.write_text("x")
     args = parser.parse_args(["reproduce", "vllm-paper", "--out", str(target), "--quiet"])
     assert args.func.__module__ == "planner.reproduce_cmd" and args.quiet and not args.quick
-    monkeypatch.setattr(rp, "run_reproduction", lambda config, progress: _results())
+    def must_not_run(config, progress):
+        raise AssertionError("the simulations ran before --out was checked")
+
+    monkeypatch.setattr(rp, "run_reproduction", must_not_run)
     with pytest.raises(ValueError, match="exists and is not a directory"):
         args.func(args)
 
