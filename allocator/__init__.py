@@ -1,4 +1,4 @@
-"""KV-cache allocators: paged (vLLM-style blocks, prefix cache, fork/CoW) and contiguous (Orca-style).
+"""KV-cache allocators: paged (vLLM-style blocks, prefix cache, fork/CoW), contiguous (Orca-style).
 
 Read in this order: block_pool.py (free queue + hash map), paged.py (block tables, prefix hits,
 copy-on-write), buddy.py / first_fit.py (arenas), contiguous.py (reservation policies),

@@ -1,36 +1,115 @@
 """Block pool: ref counts, the free queue and the prefix-cache hash map (vLLM v1's BlockPool).
 
-vLLM keeps one free queue, a doubly linked list that holds both never-cached free blocks and
-cached blocks with ref_cnt 0 (eviction candidates)::
+Free queue. vLLM links free blocks in one doubly linked list that holds both never-cached blocks
+and cached blocks with ref_cnt 0 (eviction candidates)::
 
-    front (popped first)                                              back
-    [ uncached free blocks, most recently freed first | cached blocks, least recently used first ]
+    front (allocated first)                                            back
+    [ uncached blocks, most recently freed first | cached blocks, least recently used first ]
 
-Freed blocks without a hash are *prepended* (reused first, LIFO), freed blocks with a hash are
-*appended* (evicted last, LRU), allocation pops from the front and a prefix hit removes a cached
-block from the middle. Because uncached blocks only ever enter at the front and cached ones only
-at the back, every uncached free block always precedes every cached one. So the one queue is
-exactly two structures back to back, each with only O(1) operations:
+* allocation pops n blocks from the front (a cached block popped this way is evicted: its key
+  leaves the hash map);
+* a freed block without a hash is *prepended* (reused first: LIFO), a freed block with a hash is
+  *appended* (evicted last: LRU); a sequence frees its blocks tail first, so its tail is evicted
+  before its head;
+* a prefix hit on a cached block with ref_cnt 0 takes it out of the middle (``touch``).
 
-* ``_free_stack``: a Python list whose END is the front of the queue (append = prepend, slicing
-  the end = popping many blocks at once);
-* ``_lru``: an OrderedDict in eviction order (append at the end, pop the first, delete a touched
-  block from the middle).
+Uncached blocks only ever enter at the front and cached ones at the back, so all uncached free
+blocks always precede all cached ones (a stack in front of an LRU list). FreeBlockQueue keeps
+the whole queue in one Python list with a head index, so that each operation is one C-level
+list operation however many blocks it moves: popping n blocks is one slice, prepending writes into
+the consumed slots just before the head, appending extends the end, and a removal from the middle
+only marks the entry stale (pops skip it).
 
-Popping n blocks takes the stack first, then evicts from the LRU end: the same blocks, in the same
-order, as vLLM's ``popleft_n``.
-
-The LRU part may also hold full blocks *without* a key: kvsim registers a sequence's private
-blocks (content nobody else holds) only when it is preempted, yet vLLM would have hashed them and
-appended them at the back; they keep vLLM's eviction order but count as free, not cached.
+The back of the queue may also hold full blocks *without* a key: kvsim registers a sequence's
+private blocks (content nobody else holds) only when it is preempted, yet vLLM would have hashed
+them and appended them at the back; they keep vLLM's eviction order but count as free, not cached.
 
 Hash map: key -> block, or a list of blocks when identical content was computed twice (vLLM
 does not de-duplicate, so block ids never change); a lookup returns the earliest inserted.
 """
 from __future__ import annotations
 
-from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+
+
+class FreeBlockQueue:
+    """vLLM's free block queue as a list with a head index; O(1) per call, not per block.
+
+    A block is removed from the middle by its position (absolute: ``_base`` + list index, so
+    trimming or growing the consumed prefix of the list never moves it): its entry becomes a
+    tombstone (-1) that pops skip::
+
+        _entries  [ .  .  5  6 -1  3  1 ]    _head = 2   ->   queue: 5, 6, 3, 1
+                          ^ front
+    """
+
+    trim_after = 4096                 # consumed slots kept before the head (room for prepends)
+
+    def __init__(self, blocks: Iterable[int]):
+        self._entries = list(blocks)
+        self._head = 0
+        self._base = 0
+        self._num_stale = 0           # tombstones the head has not passed yet
+
+    def __len__(self) -> int:
+        return len(self._entries) - self._head - self._num_stale
+
+    def __iter__(self) -> Iterator[int]:
+        return (b for b in self._entries[self._head:] if b >= 0)
+
+    def popleft(self, n: int) -> list[int]:
+        """The n blocks at the front (caller checked len)."""
+        out: list[int] = []
+        while len(out) < n:
+            start = self._head
+            chunk = self._entries[start:start + n - len(out)]
+            self._head = start + len(chunk)
+            if self._num_stale:       # skip tombstones of blocks removed from the middle
+                live = [b for b in chunk if b >= 0]
+                self._num_stale -= len(chunk) - len(live)
+                chunk = live
+            out += chunk
+        if self._head > 2 * self.trim_after and 2 * self._head > len(self._entries):
+            cut = self._head - self.trim_after    # amortised O(1) per entry
+            del self._entries[:cut]
+            self._base += cut
+            self._head -= cut
+        return out
+
+    def prepend(self, blocks: list[int]) -> None:
+        """Put blocks at the front, ``blocks[0]`` first."""
+        k = len(blocks)
+        if k > self._head:            # no consumed slots left: grow the front (doubling)
+            room = k + len(self._entries)
+            self._entries[:0] = [-1] * room
+            self._head += room
+            self._base -= room
+        self._head -= k
+        self._entries[self._head:self._head + k] = blocks
+
+    def append(self, blocks: list[int]) -> None:
+        """Put blocks at the back, ``blocks[-1]`` last (``blocks[i]`` at position end() + i)."""
+        self._entries += blocks
+
+    def end(self) -> int:
+        """Position the next appended block will take."""
+        return self._base + len(self._entries)
+
+    def remove_at(self, position: int) -> None:
+        """Take the block at ``position`` (still queued) out of the middle."""
+        self._entries[position - self._base] = -1
+        self._num_stale += 1
+
+    def block_at(self, position: int) -> int:
+        return self._entries[position - self._base]
+
+    def check_invariants(self) -> None:
+        """Tombstones are counted; no block is queued twice."""
+        pending = self._entries[self._head:]
+        assert pending.count(-1) == self._num_stale, \
+            f"{pending.count(-1)} tombstones, counter {self._num_stale}"
+        live = [b for b in pending if b >= 0]
+        assert len(set(live)) == len(live), "a block is queued twice"
 
 
 class BlockPool:
@@ -48,15 +127,15 @@ class BlockPool:
         self.ref_cnt = [0] * num_blocks
         self.block_key: list[int | None] = [None] * num_blocks   # key in the hash map, if any
         self._key_to_block: dict[int, int | list[int]] = {}
-        self._free_stack = list(range(num_blocks - 1, -1, -1))   # block 0 at the front
-        self._lru: OrderedDict[int, None] = OrderedDict()
-        self.num_cached_blocks = 0    # blocks in the LRU part that have a key
-        self.null_block = self._free_stack.pop() if reserve_null_block else None
-
-    @property
-    def num_free_blocks(self) -> int:
-        """Blocks an allocation can take now (evictable cached blocks included)."""
-        return len(self._free_stack) + len(self._lru)
+        self._free_queue = FreeBlockQueue(range(num_blocks))     # block 0 at the front
+        self._queue_pos: dict[int, int] = {}   # cached free block -> its free-queue position
+        self.num_free_blocks = num_blocks   # allocatable now, evictable cached blocks included
+        self.num_cached_blocks = 0          # free blocks that have a key (evictable)
+        self.num_popped_blocks = 0          # blocks handed out since start-up (allocations)
+        self.null_block = None
+        if reserve_null_block:        # never freed, never counted (vLLM keeps no ref_cnt on it)
+            self.null_block = self._free_queue.popleft(1)[0]
+            self.num_free_blocks -= 1
 
     # ---- hash map ------------------------------------------------------------------------
     def get_cached_block(self, key: int) -> int | None:
@@ -90,7 +169,7 @@ class BlockPool:
                 self._key_to_block[key] = present[0]
         else:
             del self._key_to_block[key]
-        if self.ref_cnt[block_id] == 0:   # it sat in the LRU as a cached block
+        if self.ref_cnt[block_id] == 0:   # it sat in the free queue as a cached block
             self.num_cached_blocks -= 1
 
     # ---- free queue ----------------------------------------------------------------------
@@ -99,29 +178,27 @@ class BlockPool:
 
         Cached blocks popped this way are evicted: their key leaves the hash map.
         """
-        stack = self._free_stack
-        k = min(n, len(stack))
-        blocks = stack[len(stack) - k:]
-        del stack[len(stack) - k:]
-        blocks.reverse()              # the end of the stack is the front of the queue
-        lru = self._lru
-        for _ in range(n - k):
-            block_id = lru.popitem(last=False)[0]
-            if self.block_key[block_id] is not None:
-                self.unregister(block_id)
-            blocks.append(block_id)
+        blocks = self._free_queue.popleft(n)
+        if self.num_cached_blocks:
+            key = self.block_key
+            for block_id in blocks:
+                if key[block_id] is not None:   # a cached block: its content is gone
+                    self.unregister(block_id)
         ref = self.ref_cnt
         for block_id in blocks:
             ref[block_id] = 1
+        self.num_free_blocks -= n
+        self.num_popped_blocks += n
         return blocks
 
     def touch(self, blocks: Iterable[int]) -> None:
         """Take a reference on prefix-hit blocks; cached ones leave the free queue."""
         ref = self.ref_cnt
         for block_id in blocks:
-            if ref[block_id] == 0:
-                del self._lru[block_id]
+            if ref[block_id] == 0:        # a cached block waiting in the free queue
+                self._free_queue.remove_at(self._queue_pos.pop(block_id))
                 self.num_cached_blocks -= 1
+                self.num_free_blocks -= 1
             ref[block_id] += 1
 
     def free(self, blocks_tail_first: list[int], num_reuse_first: int) -> None:
@@ -134,41 +211,49 @@ class BlockPool:
                 partially filled tail, or all blocks without prefix caching) go to the front of
                 the queue; the rest go to the back, in the given order (LRU).
         """
-        ref = self.ref_cnt
-        reuse_first = []
+        ref, key = self.ref_cnt, self.block_key
+        reuse_first, reuse_last = [], []
         for block_id in blocks_tail_first[:num_reuse_first]:
             ref[block_id] -= 1
             if not ref[block_id]:
                 reuse_first.append(block_id)
-        # prepending [a, b] puts a at the very front: the stack's end is the front
-        reuse_first.reverse()
-        self._free_stack.extend(reuse_first)
-        lru, key = self._lru, self.block_key
+        end = self._free_queue.end()
         for block_id in blocks_tail_first[num_reuse_first:]:
             ref[block_id] -= 1
             if not ref[block_id]:
-                lru[block_id] = None
-                if key[block_id] is not None:
+                if key[block_id] is not None:   # cached: a prefix hit may take it back out
+                    self._queue_pos[block_id] = end + len(reuse_last)
                     self.num_cached_blocks += 1
+                reuse_last.append(block_id)
+        self._free_queue.prepend(reuse_first)
+        self._free_queue.append(reuse_last)
+        self.num_free_blocks += len(reuse_first) + len(reuse_last)
 
     # ---- checks --------------------------------------------------------------------------
     def free_queue(self) -> list[int]:
-        """The free queue as vLLM would hold it, front (next popped) first. O(free blocks)."""
-        return self._free_stack[::-1] + list(self._lru)
+        """The free queue, front (next allocated) first. O(free blocks)."""
+        return list(self._free_queue)
 
     def check_invariants(self) -> None:
         """Recompute the free queue and hash-map bookkeeping from scratch and assert it."""
+        self._free_queue.check_invariants()
         queue = self.free_queue()
         assert len(set(queue)) == len(queue), "a block is in the free queue twice"
+        assert len(queue) == self.num_free_blocks, \
+            f"{len(queue)} blocks in the free queue, counter {self.num_free_blocks}"
         assert self.null_block not in queue, "the null block is in the free queue"
         for block_id in queue:
             assert self.ref_cnt[block_id] == 0, f"free block {block_id} has ref_cnt > 0"
-        for block_id in self._free_stack:
-            assert self.block_key[block_id] is None, f"reuse-first block {block_id} has a key"
+        keyed = [self.block_key[b] is not None for b in queue]
+        for block_id, is_keyed in zip(queue, keyed):
+            if is_keyed:
+                position = self._queue_pos[block_id]
+                assert self._free_queue.block_at(position) == block_id, \
+                    f"cached block {block_id} is not at its free-queue position {position}"
         in_use = self.num_blocks - len(queue) - (self.null_block is not None)
         assert in_use == sum(r > 0 for r in self.ref_cnt), "free + used != total"
-        cached = sum(self.block_key[b] is not None for b in self._lru)
-        assert cached == self.num_cached_blocks, f"{cached} cached, counter {self.num_cached_blocks}"
+        assert sum(keyed) == self.num_cached_blocks, \
+            f"{sum(keyed)} cached, counter {self.num_cached_blocks}"
         num_keyed = 0
         for key, present in self._key_to_block.items():
             blocks = present if type(present) is list else [present]

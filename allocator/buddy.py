@@ -16,6 +16,8 @@ Free extents are kept in one set per order, so the free space by order is O(1) t
 """
 from __future__ import annotations
 
+from allocator.checks import require_int
+
 
 def ceil_log2(n: int) -> int:
     """Smallest k with 2**k >= n (n >= 1)."""
@@ -30,9 +32,7 @@ class BuddyArena:
     """
 
     def __init__(self, capacity_slots: int):
-        if capacity_slots <= 0:
-            raise ValueError(f"capacity must be > 0 slots, got {capacity_slots}")
-        self.capacity_slots = capacity_slots
+        self.capacity_slots = capacity_slots = require_int("capacity_slots", capacity_slots, 1)
         self.max_order = capacity_slots.bit_length() - 1
         self.free_lists: list[set[int]] = [set() for _ in range(self.max_order + 1)]
         self.allocated: dict[int, int] = {}          # offset -> order

@@ -20,6 +20,7 @@ import numpy as np
 from allocator.accounting import (EXTERNAL, FREE, INTERNAL, RESERVATION, TOKEN_STATES,
                                   PoolSnapshot, check_breakdown, make_breakdown)
 from allocator.buddy import BuddyArena
+from allocator.checks import require_int, require_live, require_new_seq_id
 from allocator.first_fit import FirstFitArena
 
 POLICIES = ("max", "pow2", "oracle")
@@ -53,10 +54,8 @@ class ContiguousAllocator:
             raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
         if placement not in PLACEMENTS:
             raise ValueError(f"placement must be one of {tuple(PLACEMENTS)}, got {placement!r}")
-        if not isinstance(capacity_tokens, int) or capacity_tokens <= 0:
-            raise ValueError(f"capacity_tokens must be an integer > 0, got {capacity_tokens!r}")
-        if not isinstance(max_model_len, int) or max_model_len <= 0:
-            raise ValueError(f"max_model_len must be an integer > 0, got {max_model_len!r}")
+        capacity_tokens = require_int("capacity_tokens", capacity_tokens, 1)
+        max_model_len = require_int("max_model_len", max_model_len, 1)
         self.capacity_tokens = capacity_tokens
         self.policy = policy
         self.max_model_len = max_model_len
@@ -69,8 +68,7 @@ class ContiguousAllocator:
     # ---- queries ---------------------------------------------------------------------------
     def reservation_tokens(self, final_num_tokens: int) -> int:
         """Tokens the policy reserves for a request of ``final_num_tokens`` (prompt + output)."""
-        if not isinstance(final_num_tokens, (int, np.integer)) or final_num_tokens < 1:
-            raise ValueError(f"final_num_tokens must be an integer >= 1, got {final_num_tokens!r}")
+        final_num_tokens = require_int("final_num_tokens", final_num_tokens, 1)
         if final_num_tokens > self.max_model_len:
             raise ValueError(f"final_num_tokens {final_num_tokens} exceeds max_model_len "
                              f"{self.max_model_len}")
@@ -86,7 +84,7 @@ class ContiguousAllocator:
 
     def can_allocate(self, num_tokens: int, final_num_tokens: int) -> bool:
         """Whether allocate() would succeed now (raises on the same bad arguments)."""
-        return self.arena.can_allocate(self._check_request(num_tokens, final_num_tokens))
+        return self.arena.can_allocate(self._check_request(num_tokens, final_num_tokens)[2])
 
     @property
     def num_free_tokens(self) -> int:
@@ -124,12 +122,8 @@ class ContiguousAllocator:
         Returns:
             False, with nothing changed, if no hole is large enough.
         """
-        if not isinstance(seq_id, (int, np.integer)) or seq_id < 0:
-            raise ValueError(f"seq_id must be an integer >= 0, got {seq_id!r}")
-        if seq_id in self._seqs:
-            raise ValueError(f"seq_id {seq_id} is already allocated "
-                             f"({self._seqs[seq_id].num_tokens} tokens)")
-        reserved = self._check_request(num_tokens, final_num_tokens)
+        require_new_seq_id(seq_id, self._seqs)
+        num_tokens, final_num_tokens, reserved = self._check_request(num_tokens, final_num_tokens)
         offset = self.arena.allocate(reserved)
         if offset is None:
             return False
@@ -145,8 +139,7 @@ class ContiguousAllocator:
     def append(self, seq_id: int, num_tokens: int = 1) -> bool:
         """Grow a sequence inside its extent; False (nothing changed) past the reservation."""
         ext = self._seq(seq_id)
-        if not isinstance(num_tokens, (int, np.integer)) or num_tokens < 0:
-            raise ValueError(f"num_tokens must be an integer >= 0, got {num_tokens!r}")
+        num_tokens = require_int("num_tokens", num_tokens)
         new_num_tokens = ext.num_tokens + num_tokens
         if new_num_tokens > ext.reserved_tokens:
             return False
@@ -236,19 +229,18 @@ class ContiguousAllocator:
 
     # ---- helpers ---------------------------------------------------------------------------
     def _seq(self, seq_id: int) -> _Extent:
-        ext = self._seqs.get(seq_id)
-        if ext is None:
-            raise ValueError(f"unknown seq_id {seq_id} ({len(self._seqs)} live sequences)")
-        return ext
+        return require_live(seq_id, self._seqs)
 
-    def _check_request(self, num_tokens: int, final_num_tokens: int) -> int:
-        """Validate a request; return the tokens the policy reserves for it."""
+    def _check_request(self, num_tokens: int, final_num_tokens: int) -> tuple[int, int, int]:
+        """Validate a request; return (num_tokens, final_num_tokens, reserved tokens) as ints."""
         reserved = self.reservation_tokens(final_num_tokens)
-        if not isinstance(num_tokens, (int, np.integer)) or not 0 <= num_tokens <= final_num_tokens:
-            raise ValueError(f"num_tokens must be an integer in [0, final_num_tokens="
-                             f"{final_num_tokens}], got {num_tokens!r}")
+        num_tokens = require_int("num_tokens", num_tokens)
+        final_num_tokens = int(final_num_tokens)
+        if num_tokens > final_num_tokens:
+            raise ValueError(f"num_tokens {num_tokens} exceeds final_num_tokens "
+                             f"{final_num_tokens}")
         if self.arena.extent_slots(reserved) > self.capacity_tokens:
             raise ValueError(f"a request of {final_num_tokens} tokens reserves "
                              f"{self.arena.extent_slots(reserved)} slots ({self.policy}, "
                              f"{self.placement}), the pool has {self.capacity_tokens}")
-        return reserved
+        return num_tokens, final_num_tokens, reserved

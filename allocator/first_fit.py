@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from bisect import bisect_left, insort
 
+from allocator.checks import require_int
+
 
 class FirstFitArena:
     """First-fit allocator over ``capacity_slots`` slots; adjacent holes coalesce on free.
@@ -18,9 +20,7 @@ class FirstFitArena:
     """
 
     def __init__(self, capacity_slots: int):
-        if capacity_slots <= 0:
-            raise ValueError(f"capacity must be > 0 slots, got {capacity_slots}")
-        self.capacity_slots = capacity_slots
+        self.capacity_slots = capacity_slots = require_int("capacity_slots", capacity_slots, 1)
         self._hole_starts = [0]                       # sorted offsets of holes
         self._hole_size = {0: capacity_slots}         # offset -> slots
         self.allocated: dict[int, int] = {}           # offset -> slots

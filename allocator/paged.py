@@ -38,6 +38,7 @@ import numpy as np
 from allocator.accounting import (CACHED, FREE, INTERNAL, TOKEN_STATES, PoolSnapshot,
                                   check_breakdown, make_breakdown)
 from allocator.block_pool import BlockPool
+from allocator.checks import require_int, require_live, require_new_seq_id
 
 
 class _Seq:
@@ -56,11 +57,6 @@ class _Seq:
         self.num_hit_blocks = num_hit_blocks            # leading blocks taken from the cache
 
 
-def _check_count(name: str, value: int) -> None:
-    if not isinstance(value, (int, np.integer)) or value < 0:
-        raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
-
-
 class PagedAllocator:
     """vLLM-style paged KV-cache allocator.
 
@@ -73,11 +69,10 @@ class PagedAllocator:
 
     def __init__(self, num_blocks: int, block_size: int = 16,
                  enable_prefix_caching: bool = True, null_block: bool = False):
-        if not isinstance(block_size, int) or block_size <= 0 or block_size & (block_size - 1):
+        block_size = require_int("block_size", block_size, 1)
+        if block_size & (block_size - 1):
             raise ValueError(f"block_size must be a power of two, got {block_size}")
-        if not isinstance(num_blocks, int) or num_blocks < 1 + bool(null_block):
-            raise ValueError(f"num_blocks must be an integer >= {1 + bool(null_block)} "
-                             f"(null_block={null_block}), got {num_blocks}")
+        num_blocks = require_int("num_blocks", num_blocks, 1 + bool(null_block))
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
@@ -86,8 +81,11 @@ class PagedAllocator:
         self.pool = BlockPool(num_blocks, reserve_null_block=null_block)
         self._seqs: dict[int, _Seq] = {}
         self._num_filled_slots = 0      # sum over in-use blocks of slots holding tokens
-        self.num_queried_tokens = 0     # vLLM's prefix_cache_queries (admitted sequences)
-        self.num_hit_tokens = 0         # vLLM's prefix_cache_hits
+        # vLLM's prefix_cache_queries / _hits: tokens of admitted sequences and their hits;
+        # re-admissions after a preemption are counted apart, as vLLM does
+        self.num_queried_tokens = self.num_hit_tokens = 0
+        self.num_preempted_queried_tokens = self.num_preempted_hit_tokens = 0
+        self._preempted_seq_ids: set[int] = set()
 
     # ---- queries ---------------------------------------------------------------------------
     @property
@@ -130,7 +128,7 @@ class PagedAllocator:
 
     def lookup(self, block_hashes: Sequence[int] | None, num_tokens: int) -> int:
         """Tokens a new sequence of ``num_tokens`` would get from the cache (no side effect)."""
-        _check_count("num_tokens", num_tokens)
+        num_tokens = require_int("num_tokens", num_tokens)
         return len(self._find_hits(block_hashes, num_tokens)) * self.block_size
 
     def blocks_needed(self, num_tokens: int, block_hashes: Sequence[int] | None = None) -> int:
@@ -139,7 +137,7 @@ class PagedAllocator:
         A hit on a cached block nobody uses (ref_cnt 0) takes it out of the free queue, so it
         costs a free block too (vLLM's get_num_blocks_to_allocate).
         """
-        _check_count("num_tokens", num_tokens)
+        num_tokens = require_int("num_tokens", num_tokens)
         hits = self._find_hits(block_hashes, num_tokens)
         ref = self.pool.ref_cnt
         return -(-num_tokens // self.block_size) - len(hits) + sum(ref[b] == 0 for b in hits)
@@ -155,16 +153,18 @@ class PagedAllocator:
             block_hashes: chained keys of the sequence's full blocks (lazy Sequence, e.g.
                 SegmentKeys); None: unique content, nothing to share.
             num_reserve_tokens: succeed only if blocks for this many tokens would fit (vLLM's
-                full-prompt admission); only ``num_tokens`` are allocated.
+                full-prompt admission); only ``num_tokens`` are allocated. The prefix-cache
+                query counters count max(num_tokens, num_reserve_tokens), the request's length
+                as vLLM counts it.
         Returns:
             False, with nothing changed, if the free blocks do not suffice.
         """
-        self._check_new(seq_id)
-        _check_count("num_tokens", num_tokens)
+        require_new_seq_id(seq_id, self._seqs)
+        num_tokens = require_int("num_tokens", num_tokens)
         size = self.block_size
         num_check_tokens = num_tokens
         if num_reserve_tokens is not None:
-            _check_count("num_reserve_tokens", num_reserve_tokens)
+            num_reserve_tokens = require_int("num_reserve_tokens", num_reserve_tokens)
             num_check_tokens = max(num_tokens, num_reserve_tokens)
         num_check_blocks = -(-num_check_tokens // size)
         if num_check_blocks > self.num_usable_blocks:
@@ -183,15 +183,15 @@ class PagedAllocator:
         num_hit_tokens = len(hits) * size
         self._num_filled_slots += num_evictable * size + num_tokens - num_hit_tokens
         if self.enable_prefix_caching:
-            self.num_queried_tokens += num_tokens
-            self.num_hit_tokens += num_hit_tokens
-        num_hashes = num_shareable = 0
-        if block_hashes is not None and self.enable_prefix_caching:
-            num_hashes = len(block_hashes)
-            num_shareable = min(num_hashes, getattr(block_hashes, "num_shareable_blocks",
-                                                    num_hashes))
-        seq = _Seq(table, num_tokens, num_hit_tokens, block_hashes, num_hashes, num_shareable,
-                   len(hits), len(hits))
+            if seq_id in self._preempted_seq_ids:
+                self._preempted_seq_ids.discard(seq_id)
+                self.num_preempted_queried_tokens += num_check_tokens
+                self.num_preempted_hit_tokens += num_hit_tokens
+            else:
+                self.num_queried_tokens += num_check_tokens
+                self.num_hit_tokens += num_hit_tokens
+        seq = _Seq(table, num_tokens, num_hit_tokens, block_hashes,
+                   *self._count_keys(block_hashes), len(hits), len(hits))
         self._seqs[seq_id] = seq
         self._register_full_blocks(seq)
         return True
@@ -205,49 +205,50 @@ class PagedAllocator:
         Returns:
             False, with nothing changed, if the free blocks do not suffice.
         """
-        seq = self._seq(seq_id)
-        _check_count("num_tokens", num_tokens)
-        if num_tokens == 0:
-            return True
+        seq = self._seqs.get(seq_id)
+        if seq is None or type(num_tokens) is not int or num_tokens < 0:
+            seq = self._seq(seq_id)               # raises on a bad id or count
+            num_tokens = require_int("num_tokens", num_tokens)
         pool, size, table = self.pool, self.block_size, seq.block_table
         old_fill = seq.num_tokens % size
         new_num_tokens = seq.num_tokens + num_tokens
-        cow = bool(old_fill) and pool.ref_cnt[table[-1]] > 1
         num_new_blocks = -(-new_num_tokens // size) - len(table)
-        if num_new_blocks + cow > pool.num_free_blocks:
-            return False
-        if cow:
-            copy_block = pool.pop(1)[0]
-            pool.ref_cnt[table[-1]] -= 1          # still held by the other sequence(s)
-            table[-1] = copy_block
-            self._num_filled_slots += old_fill
-        if num_new_blocks:
-            table += pool.pop(num_new_blocks)
+        cow = bool(old_fill) and num_tokens > 0 and pool.ref_cnt[table[-1]] > 1
+        if num_new_blocks or cow:                 # most appends stay inside the last block
+            if num_new_blocks + cow > pool.num_free_blocks:
+                return False
+            if cow:
+                copy_block = pool.pop(1)[0]
+                pool.ref_cnt[table[-1]] -= 1      # still held by the other sequence(s)
+                table[-1] = copy_block
+                self._num_filled_slots += old_fill
+            if num_new_blocks:
+                table += pool.pop(num_new_blocks)
         self._num_filled_slots += num_tokens
         seq.num_tokens = new_num_tokens
-        self._register_full_blocks(seq)
+        if seq.num_keyed_blocks < seq.num_shareable_blocks:   # private blocks wait (doc)
+            self._register_full_blocks(seq)
         return True
 
     def fork(self, parent_id: int, child_id: int,
              block_hashes: Sequence[int] | None = None) -> None:
         """New sequence ``child_id`` sharing every block of ``parent_id`` (ref counts + 1).
 
+        The child starts with the parent's tokens and num_cached_tokens. vLLM v1 has no fork
+        (it runs n > 1 samples as separate requests sharing the prompt through the prefix cache);
+        this is the vLLM paper's block sharing for parallel sampling and beam search.
+
         Args:
             block_hashes: keys of the child's full blocks (equal to the parent's over the shared
                 prefix); None: the child's own continuation is unique content.
         """
         parent = self._seq(parent_id)
-        self._check_new(child_id)
+        require_new_seq_id(child_id, self._seqs)
         ref = self.pool.ref_cnt
         for block_id in parent.block_table:
             ref[block_id] += 1
-        num_hashes = num_shareable = 0
-        if block_hashes is not None and self.enable_prefix_caching:
-            num_hashes = len(block_hashes)
-            num_shareable = min(num_hashes, getattr(block_hashes, "num_shareable_blocks",
-                                                    num_hashes))
         child = _Seq(list(parent.block_table), parent.num_tokens, parent.num_cached_tokens,
-                     block_hashes, num_hashes, num_shareable, 0, parent.num_hit_blocks)
+                     block_hashes, *self._count_keys(block_hashes), 0, parent.num_hit_blocks)
         self._seqs[child_id] = child
         # blocks the parent already registered are skipped (register is a no-op on them)
         self._register_full_blocks(child)
@@ -265,6 +266,7 @@ class PagedAllocator:
         num_full = seq.num_tokens // size
         if self.enable_prefix_caching:
             if preempted:
+                self._preempted_seq_ids.add(seq_id)
                 hashes = seq.block_hashes
                 for i in range(seq.num_shareable_blocks, min(num_full, seq.num_hashes)):
                     pool.register(table[i], hashes[i])
@@ -372,17 +374,15 @@ class PagedAllocator:
 
     # ---- helpers ---------------------------------------------------------------------------
     def _seq(self, seq_id: int) -> _Seq:
-        seq = self._seqs.get(seq_id)
-        if seq is None:
-            raise ValueError(f"unknown seq_id {seq_id} ({len(self._seqs)} live sequences)")
-        return seq
+        return require_live(seq_id, self._seqs)
 
-    def _check_new(self, seq_id: int) -> None:
-        if not isinstance(seq_id, (int, np.integer)) or seq_id < 0:
-            raise ValueError(f"seq_id must be an integer >= 0, got {seq_id!r}")
-        if seq_id in self._seqs:
-            raise ValueError(f"seq_id {seq_id} is already allocated "
-                             f"({self._seqs[seq_id].num_tokens} tokens)")
+    def _count_keys(self, block_hashes: Sequence[int] | None) -> tuple[int, int]:
+        """(full blocks with a key, leading blocks others may share) of a key sequence."""
+        if block_hashes is None or not self.enable_prefix_caching:
+            return 0, 0
+        num_hashes = len(block_hashes)
+        return num_hashes, min(num_hashes, getattr(block_hashes, "num_shareable_blocks",
+                                                   num_hashes))
 
     def _find_hits(self, block_hashes: Sequence[int] | None, num_tokens: int) -> list[int]:
         """Longest run of cached blocks from the start, capped at num_tokens - 1 tokens."""

@@ -89,18 +89,34 @@ def format_report(r: CapacityReport) -> str:
     return "\n".join(lines)
 
 
-def simulate_workload(args, model: ModelSpec, gpu: GpuSpec, report: CapacityReport) -> dict:
-    """Replay the workload through a pool of report.num_gpu_blocks blocks (paged, vLLM-like)."""
-    from planner.sweep import PlanBase, evaluate_point, PointTask
+def base_from_args(args, gpu: GpuSpec | None = None):
+    """The sweep's base configuration (planner.sweep.PlanBase) from ``capacity``/``plan`` flags.
+
+    Args:
+        args: parsed flags; the replay flags only ``plan`` has (rate, allocator, ...) are optional.
+        gpu: a GpuSpec to use instead of the --gpu preset (a custom GPU from flags).
+    """
+    from planner.sweep import PlanBase
 
     engine = {k: v for k, v in (("max_num_seqs", args.max_num_seqs),
                                 ("max_num_batched_tokens", args.max_num_batched_tokens)) if v is not None}
-    base = PlanBase(workload=args.workload, model=model.name, hf_config=args.hf_config, gpu=gpu.name,
-                    custom_gpu=gpu, tp=args.tp, kv_dtype=args.kv_dtype,
-                    gpu_memory_utilization=args.gpu_memory_utilization, block_size=args.block_size,
-                    max_model_len=args.max_model_len, non_kv_gib=args.non_kv_gib,
-                    max_requests=args.max_requests, seed=args.seed, engine=engine)
-    row = evaluate_point(PointTask(0, {}, base))
+    if getattr(args, "no_prefix_caching", False):
+        engine["enable_prefix_caching"] = False
+    return PlanBase(workload=args.workload, model=args.model, hf_config=args.hf_config,
+                    gpu=args.gpu if gpu is None else gpu.name, custom_gpu=gpu, tp=args.tp,
+                    kv_dtype=args.kv_dtype, gpu_memory_utilization=args.gpu_memory_utilization,
+                    block_size=args.block_size, max_model_len=args.max_model_len,
+                    non_kv_gib=args.non_kv_gib, rate=getattr(args, "rate", None),
+                    max_requests=args.max_requests, allocator=getattr(args, "allocator", "paged"),
+                    replicas=getattr(args, "replicas", 1), router=getattr(args, "router", "round-robin"),
+                    seed=args.seed, engine=engine)
+
+
+def simulate_workload(args, gpu: GpuSpec) -> dict:
+    """Replay the workload through the capacity's pool (paged, vLLM-like); returns the sweep row."""
+    from planner.sweep import PointTask, evaluate_point
+
+    row = evaluate_point(PointTask(0, {}, base_from_args(args, gpu)))
     if row.get("error"):
         raise ValueError(row["error"])
     return row
@@ -131,13 +147,12 @@ def run(args) -> int:
             "tokens": args.concurrency_tokens, "concurrency": report.concurrency_for(args.concurrency_tokens)}
     if args.workload:
         try:
-            import simulator  # noqa: F401
             from simulator import simulate  # noqa: F401
         except ImportError:
             print(format_report(report) if not args.json else json.dumps(out, indent=2))
             print("kvsim: the simulator is not available in this install; no replay", file=sys.stderr)
             return 1
-        row = simulate_workload(args, model, gpu, report)
+        row = simulate_workload(args, gpu)
         out["simulation"] = {k: v for k, v in row.items() if "wall" not in k}
         out["simulated"] = _sim_figures(row)
     if args.json:

@@ -49,6 +49,7 @@ SWEEP_KEYS: dict[str, Callable[[str], object]] = {
     "enable_prefix_caching": _parse_bool, "long_prefill_token_threshold": int,
     "watermark": float, "full_prompt_admission": _parse_bool,
     "replicas": int, "router": str, "seed": int, "step_overhead_s": float,
+    "bandwidth_efficiency": float, "flops_efficiency": float,
 }
 # keys handed to simulator.EngineConfig as they are
 ENGINE_KEYS = ("allocator", "placement", "max_num_seqs", "max_num_batched_tokens",
@@ -118,6 +119,8 @@ class PlanBase:
     router: str = "round-robin"
     seed: int = 0
     step_overhead_s: float = DEFAULT_STEP_OVERHEAD_S
+    bandwidth_efficiency: float = 1.0   # roofline: achievable fractions of the datasheet peaks
+    flops_efficiency: float = 1.0
     engine: Mapping = field(default_factory=dict)  # further EngineConfig fields (max_num_seqs, ...)
 
 
@@ -125,36 +128,47 @@ def _resolve_model(name: str, hf_config: str | None) -> ModelSpec:
     return load_hf_config(hf_config) if hf_config else get_model(name)
 
 
-def load_requests(workload: str, *, rate: float | None = None, max_requests: int | None = None) -> list:
+def load_requests(workload: str, *, rate: float | None = None, max_requests: int | None = None,
+                  seed: int = 0) -> list:
     """The workload's requests, re-timed to ``rate`` requests/s if given.
 
     A synthetic spec (``sharegpt:rate=2,n=1000``) gets its ``rate`` parameter replaced; a trace
-    file has its arrival times scaled so that its mean rate (requests / time span) equals ``rate``.
+    without timestamps (ShareGPT lengths) gets Poisson arrivals at ``rate``; a trace with
+    timestamps has its arrival times scaled so that its mean rate (requests / time span) is ``rate``.
     """
     import workloads
 
-    is_file = os.path.exists(workload)
-    spec = workload
-    if rate is not None and rate <= 0:
+    if rate is not None and not rate > 0:
         raise InputError(f"rate must be > 0, got {rate}", field="rate")
-    if rate is not None and not is_file:
-        kind, sep, params = workload.partition(":")
-        kept = [p for p in params.split(",") if p.strip() and not p.strip().startswith("rate=")] if sep else []
-        spec = f"{kind}:" + ",".join([f"rate={rate:g}", *kept])
-    requests = list(workloads.load(spec, max_requests=max_requests))
-    if rate is not None and is_file and len(requests) > 1:
-        span = requests[-1].arrival_s - requests[0].arrival_s
+    if not os.path.exists(workload):
+        spec = workload
+        if rate is not None:
+            kind, sep, params = workload.partition(":")
+            kept = [p for p in params.split(",") if p.strip() and not p.strip().startswith("rate=")]
+            spec = f"{kind}:" + ",".join([f"rate={rate:g}", *kept])
+        return list(workloads.load(spec, max_requests=max_requests, seed=seed))
+    try:
+        requests = list(workloads.load(workload, max_requests=max_requests, seed=seed))
+    except InputError as err:
+        if err.field != "rate" or rate is None:  # not "this trace needs a rate", or none given
+            raise
+        return list(workloads.load(workload, max_requests=max_requests, rate=rate, seed=seed))
+    if rate is not None and len(requests) > 1:
+        t0 = requests[0].arrival_s
+        span = requests[-1].arrival_s - t0
         if span > 0:
             scale = (len(requests) / span) / rate
-            t0 = requests[0].arrival_s
             requests = [dataclasses.replace(r, arrival_s=t0 + (r.arrival_s - t0) * scale) for r in requests]
     return requests
 
 
 def build_engine_config(num_gpu_blocks: int, block_size: int, max_model_len: int, allocator: str,
                         engine: Mapping):
-    """A ``simulator.EngineConfig`` for a pool of num_gpu_blocks blocks (contiguous allocators get
-    the same memory as capacity_tokens). vLLM's block 0 is its null block, so null_block=True."""
+    """A ``simulator.EngineConfig`` for a pool of num_gpu_blocks blocks.
+
+    vLLM's block 0 is its null block, so a paged pool has null_block=True and num_blocks - 1
+    usable blocks; a contiguous allocator gets the same usable memory as capacity_tokens
+    ((num_gpu_blocks - 1) * block_size, as ``kvsim replay`` does)."""
     from simulator import EngineConfig
 
     names = {f.name for f in dataclasses.fields(EngineConfig)}
@@ -162,7 +176,7 @@ def build_engine_config(num_gpu_blocks: int, block_size: int, max_model_len: int
     if allocator == "paged":
         kwargs.update(num_blocks=num_gpu_blocks, null_block=True)
     else:
-        kwargs.update(capacity_tokens=num_gpu_blocks * block_size)
+        kwargs.update(capacity_tokens=(num_gpu_blocks - 1) * block_size)
     for key, value in engine.items():
         if key not in names:
             raise InputError(f"{key!r} is not a simulator.EngineConfig field", field="sweep")
@@ -223,10 +237,13 @@ def evaluate_point(task: PointTask) -> dict:
         engine.setdefault("max_num_seqs", report.max_num_seqs)
         engine.setdefault("max_num_batched_tokens", report.max_num_batched_tokens)
         cost_model = RooflineCost(model, gpu, tp=base.tp, kv_dtype=base.kv_dtype,
-                                  step_overhead_s=base.step_overhead_s)
+                                  step_overhead_s=base.step_overhead_s,
+                                  bandwidth_efficiency=base.bandwidth_efficiency,
+                                  flops_efficiency=base.flops_efficiency)
         config = build_engine_config(report.num_gpu_blocks, base.block_size, report.max_model_len,
                                      base.allocator, engine)
-        requests = load_requests(base.workload, rate=base.rate, max_requests=base.max_requests)
+        requests = load_requests(base.workload, rate=base.rate, max_requests=base.max_requests,
+                                 seed=base.seed)
         simulate = task.simulate or _default_simulate
         result = simulate(requests, config, cost_model, replicas=base.replicas, router=base.router,
                           seed=base.seed)

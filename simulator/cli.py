@@ -12,7 +12,7 @@ import sys
 
 # module names, imported lazily so that `kvsim --help` stays fast and a missing optional
 # dependency of one subcommand does not break the others
-SUBCOMMAND_MODULES: list[str] = ["simulator.replay_cmd", "simulator.compare_cmd",
+SUBCOMMAND_MODULES: list[str] = [
 ]
 
 

@@ -23,14 +23,13 @@ import time
 from collections.abc import Iterable
 
 import numpy as np
-import pandas as pd
 import simpy
 from simpy.core import URGENT
 
 from allocator import MEMORY_CLASSES, ContiguousAllocator, PagedAllocator, mix64
 from simulator.config import EngineConfig
 from simulator.cost import CostModel, FixedStepCost, StepBatch
-from simulator.recorder import (NS_PER_S, SAMPLE_COLUMNS, STEP_COLUMNS, RequestLog, StepLog,
+from simulator.recorder import (NS_PER_S, SAMPLE_COLUMNS, RequestLog, StepLog,
                                 TableLog, percentiles)
 from simulator.result import SUMMARY_KEYS, Result
 from simulator.scheduler import FINISHED, Scheduler
@@ -61,6 +60,22 @@ def make_allocator(config: EngineConfig):
                               null_block=config.null_block)
     return ContiguousAllocator(config.pool_tokens, policy=config.allocator,
                                max_model_len=config.max_model_len, placement=config.placement)
+
+
+def _affinity_key(req) -> int | None:
+    """What prefix-affinity routing hashes: the conversation, else the second shared prompt
+    segment (the first is often a prompt every request shares, e.g. Mooncake's block 0), else
+    the first; None (round-robin) for a request that shares nothing."""
+    if req.conversation_id is not None:
+        return req.conversation_id
+    key = None
+    end = 0
+    for seg_id, length in req.segments[:2]:
+        end += length
+        if end > req.num_shareable_tokens:
+            break
+        key = seg_id
+    return key
 
 
 class _Replica:
@@ -106,13 +121,15 @@ class Simulation:
             (instead of time samples). Meant for small traces.
         batch_decode_steps: apply runs of identical decode steps at once (False: one by one;
             identical results, much slower).
+        record_requests: keep the per-request table (False: only the latencies the summary's
+            percentiles need, 24 bytes per request; ``Result.requests`` is then empty).
     """
 
     def __init__(self, requests: Iterable, config: EngineConfig, cost_model: CostModel, *,
                  replicas: int = 1, router: str = "round-robin",
                  sample_interval_s: float | None = None, snapshot_times_s: Iterable[float] = (),
                  seed: int = 0, progress: bool = False, record_steps: bool = False,
-                 batch_decode_steps: bool = True):
+                 batch_decode_steps: bool = True, record_requests: bool = True):
         if not isinstance(config, EngineConfig):
             raise TypeError("config must be an EngineConfig")
         if not hasattr(cost_model, "step_time_s") or not hasattr(cost_model, "run_time_s"):
@@ -140,7 +157,7 @@ class Simulation:
         self.batching = batch_decode_steps
         self.env = simpy.Environment()
         self.replicas = [_Replica(i, config, seed) for i in range(replicas)]
-        self.requests = RequestLog()
+        self.requests = RequestLog(keep_rows=record_requests)
         self.samples = TableLog(SAMPLE_COLUMNS)
         self.steps = StepLog()
         self.snapshots: list = []
@@ -201,7 +218,7 @@ class Simulation:
                 bd[i] += v
         return {"time_s": self.now_s, "running": sum(len(r.sched.running) for r in self.replicas),
                 "waiting": sum(len(r.sched.waiting) for r in self.replicas),
-                "finished": len(self.requests) - self.num_rejected,
+                "finished": self.requests.num_finished,
                 "rejected": self.num_rejected, "arrived": self.num_arrived,
                 "kv_usage": float(np.mean([r.allocator.usage for r in self.replicas])),
                 "breakdown": dict(zip(MEMORY_CLASSES, bd)), "done": self.done}
@@ -255,10 +272,7 @@ class Simulation:
         else:
             key = None
             if self.router == "prefix-affinity":
-                if req.conversation_id is not None:
-                    key = req.conversation_id
-                elif req.segments and req.num_shareable_tokens > 0:
-                    key = req.segments[0][0]
+                key = _affinity_key(req)
             if key is None:
                 rep = reps[self.rr_next % len(reps)]
                 self.rr_next += 1
@@ -307,10 +321,12 @@ class Simulation:
                 yield env.timeout(0)   # arrivals due now land before this step is scheduled
             now = env.now
             bd_start = self._boundary(rep)
-            usage_start = rep.allocator.usage
             step_index = now // NS_PER_S if self.step_clock else rep.num_steps
             k = sched.plan_decode_run(_NEVER)
             if k > 0:
+                if bd_start is None:
+                    bd_start = self._breakdown(rep)
+                usage_start = rep.allocator.usage
                 n = len(sched.running)
                 kv = sched.decode_run_batch()[0]
                 b0 = StepBatch(n, 0, n, n, kv, kv)
@@ -409,6 +425,12 @@ class Simulation:
             return 1
         if self.fixed_step_ns is not None:
             return max(1, min(k_max, -(-(bound - now) // self.fixed_step_ns)))
+        # steps only get longer in a decode run, so k = ceil(gap / first step) is enough; it is
+        # usually exact
+        first = max(1, self._step_ns(b0))
+        guess = min(k_max, max(1, -(-(bound - now) // first)))
+        if guess == 1 or now + self._run_ns(b0, guess - 1) < bound:
+            return guess
         hi = 1
         while hi < k_max and now + self._run_ns(b0, hi) < bound:
             hi = min(k_max, hi * 2)
@@ -444,10 +466,17 @@ class Simulation:
             vals[2 if sched.paged else 1] -= pending
         return vals
 
-    def _boundary(self, rep: _Replica) -> list[int]:
+    def _boundary(self, rep: _Replica) -> list[int] | None:
         """At a step boundary: integrate any idle gap, then take due samples and snapshots.
-        Returns the breakdown now (before this boundary's schedule)."""
+        Returns the breakdown now (before this boundary's schedule), or None if it was not
+        needed."""
         now = self.env.now
+        if now > self.end_ns:
+            self.end_ns = now
+        if now <= rep.last_t and rep.next_sample_ns > now and (
+                rep.next_snapshot >= len(self.snapshot_ns) or
+                self.snapshot_ns[rep.next_snapshot] > now):
+            return None   # nothing to integrate or record here
         bd = self._breakdown(rep)
         usage = rep.allocator.usage
         if now > rep.last_t:
@@ -455,8 +484,6 @@ class Simulation:
             rep.cur_running = 0
             rep.cur_waiting = len(rep.sched.waiting)
             self._integrate(rep, bd, bd, usage, usage, rep.last_t, now)
-        if now > self.end_ns:
-            self.end_ns = now
         if rep.next_sample_ns <= now and not self.record_steps:
             self._sample(rep, now, bd, usage)
         while rep.next_snapshot < len(self.snapshot_ns) and \
@@ -555,9 +582,10 @@ class Simulation:
     def _on_finished(self, rep: _Replica, seq) -> None:
         group = seq.group
         if group is not None:
-            if len(group.members) < group.width or any(m.status != FINISHED
-                                                        for m in group.members):
+            if group.recorded or len(group.members) < group.width or any(
+                    m.status != FINISHED for m in group.members):
                 return
+            group.recorded = True
             members = group.members
         else:
             members = (seq,)
@@ -607,7 +635,7 @@ class Simulation:
             timeseries = self.steps.frame()
         else:
             timeseries = self.samples.frame()
-        return Result(self._summary(requests), timeseries, requests, list(self.snapshots))
+        return Result(self._summary(), timeseries, requests, list(self.snapshots))
 
     def env_now_boundary(self, rep: _Replica) -> None:
         """Close a replica's integrals and samples at the end of the simulation."""
@@ -621,10 +649,10 @@ class Simulation:
         if not self.record_steps and rep.next_sample_ns <= now:
             self._sample(rep, now, bd, usage)
 
-    def _summary(self, requests: pd.DataFrame) -> dict:
+    def _summary(self) -> dict:
         cfg = self.config
         reps = self.replicas
-        done = requests[~requests["rejected"]]
+        log = self.requests
         duration_ns = max(self.end_ns, 1)
         duration_s = self.end_ns / NS_PER_S
         area = [sum(r.bd_area[i] for r in reps) for i in range(_NUM_CLASSES)]
@@ -638,12 +666,13 @@ class Simulation:
         hits = sum(r.sched.num_prefix_hits for r in reps)
         saved = [s for r in reps for s in r.saved_samples]
         generated = sum(r.sched.num_generated_tokens for r in reps)
-        prompt = int(done["prompt_tokens"].sum())
+        prompt = log.num_prompt_tokens
+        num_done = log.num_finished
         summary = {
             "requests_arrived": self.num_arrived,
-            "requests_finished": int(len(done)),
+            "requests_finished": num_done,
             "requests_rejected": self.num_rejected,
-            "requests_unfinished": self.num_arrived - self.num_rejected - int(len(done)),
+            "requests_unfinished": self.num_arrived - self.num_rejected - num_done,
             "simulated_duration_s": round(duration_s, 9),
             "num_steps": sum(r.num_steps for r in reps),
             "mean_running": round(sum(r.running_area for r in reps) / duration_ns, 6),
@@ -659,17 +688,17 @@ class Simulation:
             "blocks_saved_by_sharing_mean": round(float(np.mean(saved)), 6) if saved else 0.0,
             "blocks_saved_by_sharing_max": int(max(saved)) if saved else 0,
             "num_preemptions": sum(r.sched.num_preemptions for r in reps),
-            "preempted_requests": int((done["num_preemptions"] > 0).sum()),
+            "preempted_requests": log.num_preempted_requests,
             "generated_tokens": generated,
             "prompt_tokens": prompt,
             "computed_prompt_tokens": sum(r.sched.num_prompt_tokens_computed for r in reps),
             "output_throughput_tokens_per_s": round(generated / duration_s, 6) if duration_s else 0.0,
             "total_throughput_tokens_per_s":
                 round((generated + prompt) / duration_s, 6) if duration_s else 0.0,
-            "request_throughput_per_s": round(len(done) / duration_s, 6) if duration_s else 0.0,
-            "ttft_s": percentiles(done["ttft_s"].to_numpy()),
-            "tpot_s": percentiles(done["tpot_s"].to_numpy()),
-            "e2e_s": percentiles(done["e2e_s"].to_numpy()),
+            "request_throughput_per_s": round(num_done / duration_s, 6) if duration_s else 0.0,
+            "ttft_s": percentiles(log.latencies("ttft_s")),
+            "tpot_s": percentiles(log.latencies("tpot_s")),
+            "e2e_s": percentiles(log.latencies("e2e_s")),
             "wall_clock_s": round(self.wall_s, 3),
             "config": {"engine": {k: getattr(cfg, k) for k in cfg.__dataclass_fields__},
                        "replicas": len(reps), "router": self.router, "seed": self.seed,
@@ -683,7 +712,7 @@ def simulate(requests: Iterable, config: EngineConfig, cost_model: CostModel, *,
              replicas: int = 1, router: str = "round-robin",
              sample_interval_s: float | None = None, snapshot_times_s: Iterable[float] = (),
              seed: int = 0, progress: bool = False, record_steps: bool = False,
-             batch_decode_steps: bool = True) -> Result:
+             batch_decode_steps: bool = True, record_requests: bool = True) -> Result:
     """Replay ``requests`` through ``replicas`` replicas of ``config``; see ``Simulation``.
 
     Returns:
@@ -692,5 +721,5 @@ def simulate(requests: Iterable, config: EngineConfig, cost_model: CostModel, *,
     sim = Simulation(requests, config, cost_model, replicas=replicas, router=router,
                      sample_interval_s=sample_interval_s, snapshot_times_s=snapshot_times_s,
                      seed=seed, progress=progress, record_steps=record_steps,
-                     batch_decode_steps=batch_decode_steps)
+                     batch_decode_steps=batch_decode_steps, record_requests=record_requests)
     return sim.run()

@@ -42,20 +42,46 @@ SAMPLE_COLUMNS = (
 
 
 class RequestLog:
-    """One row per request, appended when it finishes (or is rejected)."""
+    """One row per request, appended when it finishes (or is rejected).
 
-    def __init__(self):
-        self.cols = {name: array(code) for name, code in REQUEST_COLUMNS}
+    Args:
+        keep_rows: keep every column (the per-request table). False keeps only what the
+            summary needs: latencies (24 bytes per finished request) and running totals.
+    """
+
+    def __init__(self, keep_rows: bool = True):
+        self.keep_rows = keep_rows
+        names = REQUEST_COLUMNS if keep_rows else tuple(
+            (n, c) for n, c in REQUEST_COLUMNS if n in ("ttft_s", "tpot_s", "e2e_s"))
+        self.cols = {name: array(code) for name, code in names}
+        self.num_rows = 0
+        self.num_finished = 0
+        self.num_prompt_tokens = 0        # of finished requests
+        self.num_preempted_requests = 0   # finished requests preempted at least once
 
     def add(self, **row) -> None:
-        cols = self.cols
-        for name, _ in REQUEST_COLUMNS:
-            cols[name].append(row[name])
+        self.num_rows += 1
+        if not row["rejected"]:
+            self.num_finished += 1
+            self.num_prompt_tokens += row["prompt_tokens"]
+            self.num_preempted_requests += row["num_preemptions"] > 0
+        elif not self.keep_rows:
+            return
+        for name, col in self.cols.items():
+            col.append(row[name])
 
     def __len__(self) -> int:
-        return len(self.cols["request_id"])
+        return self.num_rows
+
+    def latencies(self, name: str) -> np.ndarray:
+        """One latency column of the finished requests (rejected rows carry NaN)."""
+        col = self.cols[name]
+        return np.frombuffer(col, dtype=col.typecode) if len(col) else np.array([])
 
     def frame(self) -> pd.DataFrame:
+        """The per-request table (empty, with the columns, when rows are not kept)."""
+        if not self.keep_rows:
+            return pd.DataFrame({name: np.array([], dtype=code) for name, code in REQUEST_COLUMNS})
         df = pd.DataFrame({name: np.frombuffer(col, dtype=col.typecode) if len(col) else
                            np.array([], dtype=col.typecode) for name, col in self.cols.items()})
         df["rejected"] = df["rejected"].astype(bool)

@@ -169,7 +169,7 @@ def _snapshot_times(text: str) -> list[float]:
     return times
 
 
-def run_one(args, allocator: str):
+def run_one(args, allocator: str, record_requests: bool = True):
     """Load the workload and simulate it with one allocator; returns the Result."""
     config, cost = build_config(args, allocator)
     requests = workloads.load(args.workload, format=args.format, max_requests=args.max_requests,
@@ -178,7 +178,8 @@ def run_one(args, allocator: str):
                     sample_interval_s=args.sample_interval_s,
                     snapshot_times_s=_snapshot_times(args.snapshot_times_s), seed=args.seed,
                     progress=not args.quiet, record_steps=args.step_clock,
-                    batch_decode_steps=not args.no_decode_batching)
+                    batch_decode_steps=not args.no_decode_batching,
+                    record_requests=record_requests)
 
 
 def register(subparsers) -> None:
@@ -197,7 +198,7 @@ def run(args) -> int:
     for path in (args.timeseries, args.requests):
         if path and not path.endswith((".csv", ".parquet")):
             raise ValueError(f"{path}: unknown table format (use .csv or .parquet)")
-    result = run_one(args, args.allocator)
+    result = run_one(args, args.allocator, record_requests=bool(args.requests))
     result.write_json(args.out)
     if args.timeseries:
         result.write_timeseries(args.timeseries)

@@ -56,10 +56,12 @@ class SeqState:
     keys: object = None              # block keys (SegmentKeys) of prompt + output, or None
     status: int = WAITING
     num_output_tokens: int = 0       # sampled so far
+    num_tokens: int = 0              # prompt + outputs so far (kept in step with num_output_tokens)
     num_computed_tokens: int = 0     # tokens whose KV is computed or scheduled this step
     num_alloc_tokens: int = 0        # tokens the allocator has been told about (<= computed)
     num_preemptions: int = 0
     eager: bool = False              # output blocks are shareable: register them as they fill
+    plain: bool = True               # not eager, not forked: decodes may be told lazily
     group: object = None             # ForkGroup for n > 1 / beams, else None
     sample: int = 0                  # sample / beam index within the group
     # recorded times (ns) and steps; -1 = not yet
@@ -72,10 +74,6 @@ class SeqState:
     cached_tokens_first: int = -1
     num_cached_tokens_total: int = 0  # prefix-hit tokens over all admissions
 
-    @property
-    def num_tokens(self) -> int:
-        return self.num_prompt_tokens + self.num_output_tokens
-
 
 @dataclass(slots=True)
 class ForkGroup:
@@ -86,6 +84,7 @@ class ForkGroup:
     width: int
     members: list = field(default_factory=list)   # SeqState, index = sample/beam
     rng: random.Random | None = None
+    recorded: bool = False            # the request's row was written (once, when all finish)
 
 
 @dataclass(slots=True)
@@ -143,20 +142,25 @@ class Scheduler:
         self.num_steps = 0
         # tokens scheduled but not yet told to the allocator (sum of computed - alloc)
         self.num_pending_tokens = 0
+        self._run_ctx = 0               # context tokens of the planned run's first step
+        self._run_min_remaining = 0     # fewest outputs left among running, at plan time
 
     # ------------------------------------------------------------------ admission of arrivals
     def add_request(self, req, arrival_ns: int) -> SeqState:
         """Queue a request (vLLM add_request): it joins the back of the waiting queue."""
         max_out = min(req.output_tokens, self.config.max_model_len - req.prompt_tokens)
         seq = SeqState(seq_id=self._new_seq_id(), req=req, num_prompt_tokens=req.prompt_tokens,
-                       max_output_tokens=max_out, arrival_ns=arrival_ns)
+                       max_output_tokens=max_out, arrival_ns=arrival_ns,
+                       num_tokens=req.prompt_tokens)
         if self.paged and req.num_shareable_tokens > req.prompt_tokens:
             seq.eager = True
+            seq.plain = False
         width = max(getattr(req, "n", 1) or 1, getattr(req, "beam_width", 1) or 1)
         if width > 1:
             kind = "beam" if (getattr(req, "beam_width", 1) or 1) > 1 else "sample"
             seq.group = ForkGroup(req.request_id, kind, width, [seq],
                                   random.Random(self.seed * 1_000_003 + req.request_id))
+            seq.plain = False
         self.waiting.append(seq)
         return seq
 
@@ -238,17 +242,32 @@ class Scheduler:
         lpt = cfg.long_prefill_token_threshold if len(running) + len(self.waiting) > 1 else 0
         max_model_len = cfg.max_model_len
         preempted_any = False
+        block_size = self.block_size
 
         # 1) RUNNING requests, in admission order
         req_index = 0
+        slow = []                  # scheduled outside the decode fast path, updated below
+        num_fast = fast_ctx = 0    # decodes inside a held block: updated inline
+        lazy = self.paged          # paged decodes are told to the allocator lazily
         while req_index < len(running) and token_budget > 0:
             seq = running[req_index]
-            n = seq.num_tokens - seq.num_computed_tokens
+            c = seq.num_computed_tokens
+            n = seq.num_tokens - c
+            if n == 1 and c % block_size and lazy and seq.plain and c >= seq.num_prompt_tokens:
+                # the common case: one decode token into a block it holds, no allocator call
+                # (the threshold and the max_model_len cap cannot bind for one token)
+                seq.num_computed_tokens = c + 1
+                fast_ctx += c + 1
+                num_fast += 1
+                scheduled.append((seq, 1))
+                token_budget -= 1
+                req_index += 1
+                continue
             if 0 < lpt < n:
                 n = lpt
             if n > token_budget:
                 n = token_budget
-            cap = max_model_len - seq.num_computed_tokens - 1
+            cap = max_model_len - c - 1
             if n > cap:
                 n = cap
             if n <= 0:
@@ -266,8 +285,10 @@ class Scheduler:
             if not ok:
                 break
             scheduled.append((seq, n))
+            slow.append((seq, n))
             token_budget -= n
             req_index += 1
+        self.num_pending_tokens += num_fast
 
         # 2) WAITING requests, FCFS, only if nobody was preempted in this step
         if not preempted_any:
@@ -281,11 +302,14 @@ class Scheduler:
                 waiting.popleft()
                 running.append(seq)
                 n = scheduled[-1][1]
+                slow.append(scheduled[-1])
                 token_budget -= n
 
         # vLLM _update_after_schedule: computed tokens advance at schedule time
-        num_tokens_total = 0
-        for seq, n in scheduled:
+        num_tokens_total = num_fast
+        out.kv_read_tokens = out.attn_token_pairs = fast_ctx
+        out.num_decode_seqs = num_fast
+        for seq, n in slow:
             before = seq.num_computed_tokens
             seq.num_computed_tokens = before + n
             num_tokens_total += n
@@ -322,7 +346,9 @@ class Scheduler:
                 if alloc.blocks_needed(full, keys) + wm > free:
                     return False
             first = min(hit + n, cfg.max_model_len)
-            if alloc.blocks_needed(first, keys) + wm > free:
+            # with full-prompt admission the first chunk's need is implied (same hits, fewer
+            # blocks); vLLM checks both
+            if not cfg.full_prompt_admission and alloc.blocks_needed(first, keys) + wm > free:
                 return False
             ok = alloc.allocate(seq.seq_id, first, block_hashes=keys)
             assert ok, "allocate failed after blocks_needed said it fits"
@@ -387,17 +413,18 @@ class Scheduler:
             if seq.num_computed_tokens < seq.num_tokens:
                 continue  # a partial prefill chunk samples nothing
             seq.num_output_tokens += 1
+            seq.num_tokens += 1
             self.num_generated_tokens += 1
             if seq.first_token_ns < 0:
                 seq.first_token_ns = end_ns
                 seq.first_token_step = step_index
             if seq.num_output_tokens >= seq.max_output_tokens:
                 finished.append(seq)
-            elif seq.group is not None and seq.num_output_tokens == 1 and seq.sample == 0:
-                self._fork_samples(seq)
-            elif seq.group is not None and seq.group.kind == "beam" and seq.sample == 0 \
-                    and seq.num_computed_tokens % self.block_size == 0:
-                reselect.append(seq.group)
+            elif seq.group is not None and seq.sample == 0:
+                if seq.num_output_tokens == 1:
+                    self._fork_samples(seq)
+                elif seq.group.kind == "beam" and seq.num_computed_tokens % self.block_size == 0:
+                    reselect.append(seq.group)
         for group in reselect:   # after every beam got this step's token: lockstep again
             self._reselect_beams(group)
         if finished:
@@ -428,8 +455,10 @@ class Scheduler:
                              max_output_tokens=parent.max_output_tokens,
                              arrival_ns=parent.arrival_ns, status=RUNNING,
                              num_output_tokens=parent.num_output_tokens,
+                             num_tokens=parent.num_tokens,
                              num_computed_tokens=parent.num_computed_tokens,
                              num_alloc_tokens=parent.num_alloc_tokens, eager=parent.eager,
+                             plain=False,
                              group=group, sample=s, first_sched_ns=parent.first_sched_ns,
                              first_token_ns=parent.first_token_ns,
                              first_sched_step=parent.first_sched_step,
@@ -464,6 +493,7 @@ class Scheduler:
             victim.num_computed_tokens = parent.num_computed_tokens
             victim.num_alloc_tokens = parent.num_alloc_tokens
             victim.num_output_tokens = parent.num_output_tokens
+            victim.num_tokens = parent.num_tokens
 
     # ------------------------------------------------------------------ batched decode runs
     def plan_decode_run(self, max_steps: int) -> int:
@@ -480,20 +510,41 @@ class Scheduler:
         cfg = self.config
         if n > cfg.max_num_batched_tokens:
             return 0
+        # cheap exits first: the newest request is the likeliest to be prefilling, and a head
+        # that fits even if every running request takes a block in step 1 will be admitted
+        last = running[-1]
+        if last.num_computed_tokens != last.num_tokens - 1 or not last.num_output_tokens:
+            return 0
+        if self.waiting and not self._head_blocked(n):
+            return 0
         k = max_steps
         B = self.block_size
         hist = [0] * (B + 1)   # hist[j]: requests that need a new block at step j (1..B)
+        paged = self.paged
+        ctx = 0
+        min_remaining = max_steps
         for seq in running:
+            c = seq.num_computed_tokens
+            ctx += c
             # decoding = one token behind with an output already (a prompt's last token is a
             # prefill step that samples the first token)
-            if seq.num_computed_tokens != seq.num_tokens - 1 or not seq.num_output_tokens \
-                    or seq.group is not None:
+            if c != seq.num_tokens - 1 or not seq.num_output_tokens or seq.group is not None:
                 return 0
             r = seq.max_output_tokens - seq.num_output_tokens
-            if r < k:
-                k = r
-            if self.paged:
-                hist[(-seq.num_computed_tokens) % B + 1] += 1
+            if r < min_remaining:
+                min_remaining = r
+            if paged:
+                hist[(-c) % B + 1] += 1
+                if seq.eager:
+                    # end the run when a shareable block fills: later admissions may hit it
+                    full_end = (c // B + 1) * B
+                    if full_end <= seq.req.num_shareable_tokens and full_end - c < k:
+                        k = full_end - c
+        if min_remaining < k:
+            k = min_remaining
+        # for decode_run_batch / finish_decode_run
+        self._run_ctx = ctx + n
+        self._run_min_remaining = min_remaining
         if self.paged:
             free = self.allocator.num_free_blocks
             cycles, rem = divmod(free, n)
@@ -540,6 +591,8 @@ class Scheduler:
 
     def finish_decode_run(self, end_ns: int, step_index: int) -> list[SeqState]:
         """Completions at the end of a decode run (only its last step can finish requests)."""
+        if self._run_min_remaining > 0:
+            return []   # the run stopped before anyone's last token
         finished = [s for s in self.running if s.num_output_tokens >= s.max_output_tokens]
         if finished:
             for seq in finished:
@@ -552,15 +605,14 @@ class Scheduler:
 
     def decode_run_batch(self) -> tuple[int, int]:
         """(kv_read_tokens, attn_token_pairs) of the first step of a decode run."""
-        ctx = sum(s.num_computed_tokens for s in self.running) + len(self.running)
-        return ctx, ctx
+        return self._run_ctx, self._run_ctx
 
     def advance_decode_run(self, k: int) -> None:
         """Apply ``k`` planned decode steps at once (``plan_decode_run`` said they are identical).
         Allocator calls: one append per request that crossed a block boundary (or has shareable
         output blocks); everyone else stays pending until it needs a block."""
         B = self.block_size
-        alloc = self.allocator
+        append = self.allocator.append
         paged = self.paged
         pending_delta = 0
         for seq in self.running:
@@ -568,9 +620,11 @@ class Scheduler:
             c2 = c + k
             seq.num_computed_tokens = c2
             seq.num_output_tokens += k
-            if paged and (seq.eager or (c2 - 1) // B >= _cdiv(c, B)):
+            seq.num_tokens += k
+            # a new block is needed iff cdiv(c2, B) > cdiv(c, B)
+            if paged and (seq.eager or (c2 - 1) // B >= -(-c // B)):
                 pending = c2 - seq.num_alloc_tokens
-                ok = alloc.append(seq.seq_id, pending)
+                ok = append(seq.seq_id, pending)
                 assert ok, "decode run append failed: plan_decode_run miscounted blocks"
                 pending_delta -= pending - k
                 seq.num_alloc_tokens = c2
@@ -578,3 +632,4 @@ class Scheduler:
                 pending_delta += k
         self.num_pending_tokens += pending_delta
         self.num_generated_tokens += k * len(self.running)
+        self._run_min_remaining -= k

@@ -59,6 +59,11 @@ def test_determinism_byte_identical():
     assert a.timeseries.to_csv() == b.timeseries.to_csv()
     assert a.requests.to_csv() == b.requests.to_csv()
     assert a.summary["num_preemptions"] > 0   # the case exercises preemption
+    # without the per-request table (replay without --requests): the same summary
+    c = simulate(iter(_reqs()), _cfg(num_blocks=400), FixedStepCost(0.02), seed=7,
+                 record_requests=False)
+    assert c.summary_json(include_wall_clock=False) == a.summary_json(include_wall_clock=False)
+    assert c.requests.empty and list(c.requests.columns) == list(a.requests.columns)
 
 
 CASES = {
@@ -88,6 +93,23 @@ def test_batched_decode_runs_identical_to_single_steps(case):
     assert fast.summary["num_steps"] > 200
     if "paged" in case:
         assert fast.summary["num_preemptions"] > 0
+
+
+def test_batched_identical_with_a_growing_step_time(tmp_path):
+    """A cost model whose decode steps grow with the context (run lengths found by search)."""
+    table = tmp_path / "cost.csv"
+    table.write_text("num_scheduled_tokens,kv_read_tokens,step_s\n"
+                     "1,0,0.010\n1,20000,0.016\n1024,0,0.050\n1024,20000,0.056\n")
+    from simulator import TableCost
+    cfg = _cfg(num_blocks=250)
+    reqs = _reqs(CONV.replace("n=120", "n=40"))
+    fast, slow = (simulate(iter(reqs), cfg, TableCost(str(table)), sample_interval_s=0.7,
+                           batch_decode_steps=b) for b in (True, False))
+    assert fast.summary_json(include_wall_clock=False) == slow.summary_json(include_wall_clock=False)
+    pd.testing.assert_frame_equal(fast.requests, slow.requests)
+    pd.testing.assert_frame_equal(fast.timeseries, slow.timeseries)
+    tpot = fast.requests["tpot_s"].dropna()
+    assert tpot.min() > 0.010 and tpot.max() < 0.1
 
 
 def test_batched_step_rows_identical_on_step_clock():
@@ -147,6 +169,7 @@ def test_parallel_sampling_forks_share_prompt_blocks():
             rep.allocator.check_invariants()
     res = sim.result()
     assert res.summary["generated_tokens"] == 6 * 3 * 40
+    assert len(res.requests) == 6 and res.summary["requests_finished"] == 6   # once each
     assert (res.requests["num_samples"] == 3).all()
     assert (res.requests["num_output"] == 40).all()
     assert res.summary["blocks_saved_by_sharing_max"] >= 2 * (300 // 16)
@@ -170,6 +193,7 @@ def test_beam_search_reselects_at_block_boundaries():
         sim.replicas[0].allocator.check_invariants()
     res = sim.result()
     assert res.summary["generated_tokens"] == 2 * 4 * 100
+    assert sorted(res.requests["request_id"]) == [0, 1]
     # beams dropped at reselections free their sequences before the requests finish
     assert len(freed) > 2 * 4
     # same seed, same beams; another seed, other reselections
@@ -211,3 +235,20 @@ def test_stepping_api_matches_full_run():
     assert len(stepped.snapshots) == len(full.snapshots) == 1
     assert stepped.snapshots[0][0] == 2.0
     np.testing.assert_array_equal(stepped.snapshots[0][2].owner, full.snapshots[0][2].owner)
+
+
+def test_prefix_affinity_keeps_a_group_on_one_replica():
+    group = ((11, 64),)
+    reqs = [Request(i, 0.01 * i, 96, 8, segments=group + ((1000 + i, 32),), num_shareable_tokens=64)
+            if i % 2 == 0 else Request(i, 0.01 * i, 96, 8) for i in range(40)]
+    res = simulate(iter(reqs), _cfg(num_blocks=400), FixedStepCost(0.01), replicas=4,
+                   router="prefix-affinity")
+    table = res.requests.set_index("request_id")
+    grouped = table.loc[[i for i in range(40) if i % 2 == 0], "replica"]
+    assert grouped.nunique() == 1                        # one replica serves the whole group
+    assert table.loc[[i for i in range(40) if i % 2], "replica"].nunique() == 4  # others spread
+    spread = simulate(iter(reqs), _cfg(num_blocks=400), FixedStepCost(0.01), replicas=4,
+                      router="round-robin")
+    # one cold miss for the group (19 of 20 hit 64 tokens); round-robin spreads it and misses more
+    assert res.summary["prefix_hit_tokens"] == 19 * 64
+    assert spread.summary["prefix_hit_tokens"] < 19 * 64

@@ -41,14 +41,12 @@ import json
 import re
 from collections.abc import Iterator
 
-import numpy as np
-
 from workloads.errors import InputError
 from workloads.reading import (check_text_file, first_data_line, iter_lines, parse_count,
                                parse_number)
 from workloads.request import NS_GROUP, NS_PROMPT, Request, derived_id, label_id
 from workloads.spec import parse_spec, plain
-from workloads.synthetic import Poisson, arrival_times
+from workloads.synthetic import Poisson, arrival_times, seed_streams
 
 FORMATS = ("mooncake", "azure", "sharegpt", "vllm-oracle", "generic")
 MOONCAKE_BLOCK_TOKENS = 512
@@ -58,7 +56,8 @@ _SHAREGPT_COLUMNS = ("num_prefill_tokens", "num_decode_tokens", "num_total_token
 _ORACLE_COLUMNS = ("arrival_step", "prompt_tokens", "output_tokens")
 _GENERIC_DEFAULT = {"arrival": "arrival_s", "prompt": "prompt_tokens", "output": "output_tokens"}
 _TIME_UNITS_S = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
-_DATETIME = re.compile(r"\s*(\d{4})-(\d{2})-(\d{2})[ T](\d{2}):(\d{2}):(\d{2})(?:\.(\d{1,9}))?\s*\Z")
+_DATETIME = re.compile(
+    r"\s*(\d{4})-(\d{2})-(\d{2})[ T](\d{2}):(\d{2}):(\d{2})(?:\.(\d{1,9}))?\s*\Z")
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -111,7 +110,7 @@ def _poisson_arrivals(rate: float | None, seed: int, file: str, fmt: str) -> Ite
                          "generate Poisson arrivals", file=file, field="rate")
     if not rate > 0:
         raise InputError(f"rate must be > 0, got {rate}", file=file, field="rate")
-    return arrival_times(Poisson(rate), np.random.Generator(np.random.PCG64(seed)))
+    return arrival_times(Poisson(rate), seed_streams(seed)[0])
 
 
 def _no_rate(rate: float | None, file: str, fmt: str) -> None:
@@ -128,7 +127,7 @@ def _csv_rows(path: str, required: tuple[str, ...], fixed: tuple[str, ...] | Non
         required: columns that must be in the header.
         fixed: if given, the only columns allowed (others are an error naming them).
     """
-    reader = csv.reader(line for _, line in iter_lines(path))
+    reader = csv.reader((line for _, line in iter_lines(path)), strict=True)
     header = None
     try:
         for row in reader:
@@ -187,6 +186,10 @@ def _json_rows(path: str) -> Iterator[tuple[int, dict]]:
 def load_mooncake(path: str, *, rate: float | None = None, seed: int = 0) -> Iterator[Request]:
     """Mooncake JSONL (format in the module docstring)."""
     _no_rate(rate, path, "mooncake")
+    return _iter_mooncake(path)
+
+
+def _iter_mooncake(path: str) -> Iterator[Request]:
     clock = _Clock(path, "timestamp", 1e-3)
     request_id = 0
     for line, obj in _json_rows(path):
@@ -228,6 +231,10 @@ def load_mooncake(path: str, *, rate: float | None = None, seed: int = 0) -> Ite
 def load_azure(path: str, *, rate: float | None = None, seed: int = 0) -> Iterator[Request]:
     """Azure LLM inference CSV (format in the module docstring)."""
     _no_rate(rate, path, "azure")
+    return _iter_azure(path)
+
+
+def _iter_azure(path: str) -> Iterator[Request]:
     clock = _Clock(path, "TIMESTAMP", 1e-7)
     for request_id, (line, row) in enumerate(
             _csv_rows(path, _AZURE_COLUMNS, _AZURE_COLUMNS, "azure")):
@@ -244,7 +251,10 @@ def load_azure(path: str, *, rate: float | None = None, seed: int = 0) -> Iterat
 
 def load_sharegpt(path: str, *, rate: float | None = None, seed: int = 0) -> Iterator[Request]:
     """ShareGPT length CSV with Poisson arrivals at ``rate`` (format in the module docstring)."""
-    arrivals = _poisson_arrivals(rate, seed, path, "sharegpt")
+    return _iter_sharegpt(path, _poisson_arrivals(rate, seed, path, "sharegpt"))
+
+
+def _iter_sharegpt(path: str, arrivals: Iterator[float]) -> Iterator[Request]:
     request_id = -1
     for request_id, (line, row) in enumerate(
             _csv_rows(path, _SHAREGPT_COLUMNS[:2], _SHAREGPT_COLUMNS, "sharegpt")):
@@ -269,6 +279,10 @@ def load_vllm_oracle(path: str, *, rate: float | None = None,
                      seed: int = 0) -> Iterator[Request]:
     """vllm-oracle trace CSV (format in the module docstring)."""
     _no_rate(rate, path, "vllm-oracle")
+    return _iter_vllm_oracle(path)
+
+
+def _iter_vllm_oracle(path: str) -> Iterator[Request]:
     clock = _Clock(path, "arrival_step", 1.0)
     seen_ids: set[int] = set()  # the oracle rejects duplicate ids; so do we
     for row_index, (line, row) in enumerate(
@@ -319,11 +333,12 @@ def load_generic(path: str, mapping: str = "generic", *, rate: float | None = No
     if unit != "datetime" and unit not in _TIME_UNITS_S:
         raise spec.error("time_unit", f"unknown unit {unit!r}; expected "
                                       f"{', '.join(_TIME_UNITS_S)} or datetime")
-    is_json = first_data_line(path).lstrip().startswith("{")
+    _, first = first_data_line(path)
+    is_json = first.lstrip().startswith("{")
     if is_json:
         rows = _json_rows(path)
     else:
-        header = next(csv.reader([first_data_line(path)]))
+        header = next(csv.reader([first]))
         if not explicit and "arrival_s" not in [c.strip() for c in header]:
             cols.pop("arrival")  # plain 'generic' without arrival_s: Poisson arrivals
         required = tuple(cols[k] for k in ("arrival", "prompt", "output", "id") if k in cols)
@@ -335,6 +350,10 @@ def load_generic(path: str, mapping: str = "generic", *, rate: float | None = No
     else:
         clock = None
         arrivals = _poisson_arrivals(rate, seed, path, "generic")
+    return _iter_generic(path, rows, cols, unit, is_json, clock, arrivals)
+
+
+def _iter_generic(path, rows, cols, unit, is_json, clock, arrivals) -> Iterator[Request]:
     request_id = -1
     seen_ids: set[int] = set()
     for request_id, (line, row) in enumerate(rows):
@@ -377,13 +396,13 @@ def sniff_format(path: str) -> str:
     Raises:
         InputError: the content matches no known format (the message lists the formats).
     """
-    first = first_data_line(path)
+    line, first = first_data_line(path)
     if first.lstrip().startswith("{"):
         try:
             keys = set(json.loads(first))
         except (json.JSONDecodeError, TypeError):
             raise InputError("first line looks like JSON but does not parse", file=path,
-                             line=1) from None
+                             line=line) from None
         if "hash_ids" in keys or "input_length" in keys:
             return "mooncake"
         if {"prompt_tokens", "output_tokens"} <= keys:
@@ -393,7 +412,7 @@ def sniff_format(path: str) -> str:
         try:
             cols = {c.strip() for c in next(csv.reader([first]))}
         except csv.Error as err:
-            raise InputError(f"bad CSV header: {err}", file=path, line=1) from None
+            raise InputError(f"bad CSV header: {err}", file=path, line=line) from None
         if {"TIMESTAMP", "ContextTokens", "GeneratedTokens"} & cols:
             return "azure"
         if {"num_prefill_tokens", "num_decode_tokens"} & cols:
@@ -405,7 +424,7 @@ def sniff_format(path: str) -> str:
         found = first.strip()[:120]
     raise InputError(f"unrecognised trace format (first line: {found}); pass a format: "
                      f"{', '.join(FORMATS)} or generic:arrival=COL,prompt=COL,output=COL",
-                     file=path, line=1)
+                     file=path, line=line)
 
 
 def load_file(path, format: str | None = None, *, rate: float | None = None,

@@ -80,11 +80,11 @@ def iter_lines(path: str) -> Iterator[tuple[int, str]]:
             raise InputError(f"cannot read: {err}", file=path) from None
 
 
-def first_data_line(path: str) -> str:
-    """The first non-blank line of the file (for format sniffing)."""
-    for _, line in iter_lines(path):
+def first_data_line(path: str) -> tuple[int, str]:
+    """``(line_number, text)`` of the first non-blank line (for format sniffing)."""
+    for lineno, line in iter_lines(path):
         if line.strip():
-            return line
+            return lineno, line
     raise InputError("empty file: no requests", file=path)
 
 
@@ -132,7 +132,7 @@ def parse_number(value: object, *, file: str, line: int, field: str) -> float:
         raise InputError(f"expected a number, got {value!r}", file=file, line=line, field=field)
     try:
         num = float(value)
-    except ValueError:
+    except (ValueError, OverflowError):  # OverflowError: a JSON integer beyond float range
         raise InputError(f"not a number: {value!r}", file=file, line=line, field=field) from None
     if not math.isfinite(num):
         raise InputError(f"not a finite number: {value!r}", file=file, line=line, field=field)

@@ -13,7 +13,8 @@ and ``output=``. Keys (every other key is an error naming it):
 ==============  ===============================================================================
 key             meaning
 ==============  ===============================================================================
-n               requests to generate (default 1000 when neither n nor duration_s is given)
+n               requests to generate (default 1000 when neither n nor duration_s is given,
+                except with replay(), which ends with the trace)
 duration_s      generate arrivals in [0, duration_s)
 rate            arrivals per second (conversations per second with ``turns``); required
                 unless ``arrival=replay(...)``
@@ -63,13 +64,13 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cache
 
 import numpy as np
 
 from workloads.errors import InputError
-from workloads.request import NS_SYSTEM, NS_TURN_OUTPUT, NS_USER, NS_PROMPT, Request, derived_id
+from workloads.request import NS_PROMPT, NS_SYSTEM, NS_TURN_OUTPUT, NS_USER, Request, derived_id
 from workloads.spec import Call, Spec, call_args, parse_spec, plain, to_float, to_int
 
 _CHUNK = 4096
@@ -84,8 +85,8 @@ class Fixed:
     tokens: int
 
     def __post_init__(self):
-        if self.tokens < 1:
-            raise ValueError(f"fixed length must be >= 1, got {self.tokens}")
+        if not 1 <= self.tokens <= _MAX_TOKENS:
+            raise ValueError(f"fixed length must be in [1, {_MAX_TOKENS}], got {self.tokens}")
 
     @property
     def min_tokens(self) -> int:
@@ -103,9 +104,9 @@ class Uniform:
     high: int
 
     def __post_init__(self):
-        if not 1 <= self.low <= self.high:
-            raise ValueError(f"uniform needs 1 <= low <= high, got low={self.low}, "
-                             f"high={self.high}")
+        if not 1 <= self.low <= self.high <= _MAX_TOKENS:
+            raise ValueError(f"uniform needs 1 <= low <= high <= {_MAX_TOKENS}, got "
+                             f"low={self.low}, high={self.high}")
 
     @property
     def min_tokens(self) -> int:
@@ -159,7 +160,7 @@ Dist = Fixed | Uniform | LogNormal
 
 @dataclass(frozen=True)
 class LengthModel:
-    """Joint (prompt, output) lengths: independent draws, pairs above ``max_total_tokens`` redrawn."""
+    """Joint (prompt, output) lengths: independent draws; pairs above max_total_tokens redrawn."""
 
     prompt: Dist
     output: Dist
@@ -285,6 +286,13 @@ class Gamma:
         return _Buffered(lambda k: rng.gamma(shape, 1 / (self.rate * shape), k))
 
 
+def seed_streams(seed: int) -> list[np.random.Generator]:
+    """The independent random streams of a workload: arrivals, lengths, turns, system
+    prompt choice, think time (in that order)."""
+    return [np.random.Generator(np.random.PCG64(s))
+            for s in np.random.SeedSequence(seed).spawn(5)]
+
+
 def arrival_times(process: Poisson | Gamma, rng: np.random.Generator) -> Iterator[float]:
     """Arrival times of a renewal process; the first request arrives at 0."""
     gaps = process.gaps(rng)
@@ -329,7 +337,8 @@ class SyntheticWorkload:
     beam_width: int = 1
 
     def __post_init__(self):
-        if self.num_requests is None and self.duration_s is None:
+        if (self.num_requests is None and self.duration_s is None
+                and not isinstance(self.arrival, Replay)):
             raise ValueError("give num_requests or duration_s (or both)")
         if self.num_requests is not None and self.num_requests < 1:
             raise ValueError(f"num_requests must be >= 1, got {self.num_requests}")
@@ -345,9 +354,7 @@ class SyntheticWorkload:
                              f"{self.samples} and {self.beam_width}")
 
     def __iter__(self) -> Iterator[Request]:
-        streams = [np.random.Generator(np.random.PCG64(s))
-                   for s in np.random.SeedSequence(self.seed).spawn(5)]
-        rng_arrival, rng_length, rng_turns, rng_system, rng_think = streams
+        rng_arrival, rng_length, rng_turns, rng_system, rng_think = seed_streams(self.seed)
         if isinstance(self.arrival, Replay):
             starts = self.arrival.times()
         else:
@@ -377,7 +384,8 @@ class SyntheticWorkload:
                           if self.system_prompt_tokens and with_system.next() else 0)
                 user, out = lengths.next()
                 conv = _Conversation(
-                    conversation_id=num_conversations, num_turns=num_turns.next() if num_turns else 1,
+                    conversation_id=num_conversations,
+                    num_turns=num_turns.next() if num_turns is not None else 1,
                     history=((system_id, system),) if system else (), history_tokens=system,
                     system_tokens=system, user_tokens=user, output_tokens=out)
                 num_conversations += 1
@@ -473,8 +481,8 @@ def _parse_arrival(spec: Spec, rate: float | None) -> Poisson | Gamma | Replay:
     if isinstance(value, Call) and value.name == "replay":
         if not value.inner.strip():
             raise spec.error("arrival", "replay() needs a trace path")
-        if "rate" in spec.params:
-            raise spec.error("rate", "a replayed trace has its own arrival times; drop rate=")
+        if rate is not None:
+            raise spec.error("rate", "a replayed trace has its own arrival times; drop the rate")
         return Replay(value.inner.strip())
     if rate is None:
         raise spec.error("rate", "needs rate= (arrivals per second)")
@@ -483,8 +491,9 @@ def _parse_arrival(spec: Spec, rate: float | None) -> Poisson | Gamma | Replay:
     if isinstance(value, Call) and value.name == "gamma":
         a = call_args(spec, "arrival", value, ("cv",), 1)
         return Gamma(rate, to_float(spec, "arrival", a["cv"], 0, strict=True))
-    raise spec.error("arrival", f"unknown arrival process {value if isinstance(value, str) else value.name + '()'}; "
-                                "expected poisson, gamma(cv=C) or replay(PATH)")
+    shown = value if isinstance(value, str) else value.name + "()"
+    raise spec.error("arrival", f"unknown arrival process {shown}; expected poisson, "
+                                "gamma(cv=C) or replay(PATH)")
 
 
 def workload_from_spec(text: str, *, rate: float | None = None, seed: int = 0,
@@ -508,6 +517,9 @@ def workload_from_spec(text: str, *, rate: float | None = None, seed: int = 0,
                          f"or one of {', '.join(SOURCES)}")
     spec.check_keys(_KEYS)
     p = spec.params
+    for key, needs in (("system_frac", "system"), ("think_s", "turns")):
+        if key in p and needs not in p:
+            raise spec.error(key, f"{key}= has no effect without {needs}=")
     if spec.name == "synthetic":
         for key in ("prompt", "output"):
             if key not in p:
@@ -530,7 +542,8 @@ def workload_from_spec(text: str, *, rate: float | None = None, seed: int = 0,
     n = to_int(spec, "n", plain(spec, "n"), 1) if "n" in p else None
     duration_s = (to_float(spec, "duration_s", plain(spec, "duration_s"), 0, strict=True)
                   if "duration_s" in p else None)
-    if n is None and duration_s is None:
+    replay = isinstance(p.get("arrival"), Call) and p["arrival"].name == "replay"
+    if n is None and duration_s is None and not replay:  # a replay ends with its trace
         n = num_requests or 1000
     try:
         lengths = LengthModel(base.prompt, base.output, max_len)

@@ -1,0 +1,121 @@
+"""Replay speed: wall time, simulated requests per wall-second and peak memory of `simulate`.
+
+Cases (each in its own subprocess, so peak RSS is the case's own):
+  azure-conv      ../shared/traces/azure_llm_2023/AzureLLMInferenceTrace_conv.csv (19,366 requests)
+  mooncake-conv   ../shared/traces/mooncake/conversation_trace.jsonl (12,031 requests)
+  sharegpt-10k / -100k / -1m   synthetic ShareGPT-like requests (workloads spec)
+Setup: paged allocator, prefix caching on, vLLM's num_gpu_blocks for Llama-3.1-8B on one
+A100-80GB (planner.capacity), roofline step times (planner.roofline), max_num_seqs 256,
+max_num_batched_tokens 8192, one replica, time series sampled every 10 s, per-request table
+off (only the latencies for the summary's percentiles are kept, as `kvsim replay` without
+--requests).
+
+    python bench/replay_speed.py [--cases azure-conv,sharegpt-10k] [--profile CASE]
+
+Prints one line per case and a Markdown table. Targets (issue 8, one core): azure-conv < 1 s,
+sharegpt-1m < 2 min, peak memory not growing with trace length beyond recorded samples.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+TRACES = ROOT.parent / "shared" / "traces"
+CASES = {
+    "azure-conv": str(TRACES / "azure_llm_2023" / "AzureLLMInferenceTrace_conv.csv"),
+    "mooncake-conv": str(TRACES / "mooncake" / "conversation_trace.jsonl"),
+    "sharegpt-10k": "sharegpt:rate=20,n=10000,seed=0",
+    "sharegpt-100k": "sharegpt:rate=20,n=100000,seed=0",
+    "sharegpt-1m": "sharegpt:rate=20,n=1000000,seed=0",
+}
+MODEL, GPU = "Llama-3.1-8B", "A100-80GB"
+
+
+def run_case(name: str, profile: bool = False) -> dict:
+    sys.path.insert(0, str(ROOT))
+    import workloads
+    from planner.capacity import compute_capacity
+    from planner.presets import get_gpu, get_model
+    from planner.roofline import RooflineCost
+    from simulator import EngineConfig, simulate
+
+    model, gpu = get_model(MODEL), get_gpu(GPU)
+    max_model_len = 32768 if name.startswith("mooncake") else 16384
+    report = compute_capacity(model, gpu, max_model_len=max_model_len, max_num_seqs=256,
+                              max_num_batched_tokens=8192)
+    config = EngineConfig(num_blocks=report.num_gpu_blocks, null_block=True, block_size=16,
+                          max_num_seqs=256, max_num_batched_tokens=8192,
+                          max_model_len=max_model_len)
+    cost = RooflineCost(model, gpu)
+    requests = workloads.load(CASES[name])
+    cpu0 = time.process_time()
+    t0 = time.perf_counter()
+    if profile:
+        import cProfile
+        import pstats
+        prof = cProfile.Profile()
+        result = prof.runcall(simulate, requests, config, cost, sample_interval_s=10.0,
+                                 record_requests=False)
+        pstats.Stats(prof, stream=sys.stderr).sort_stats("tottime").print_stats(25)
+    else:
+        result = simulate(requests, config, cost, sample_interval_s=10.0, record_requests=False)
+    wall = time.perf_counter() - t0
+    cpu = time.process_time() - cpu0
+    s = result.summary
+    return {"case": name, "requests": s["requests_arrived"], "finished": s["requests_finished"],
+            "rejected": s["requests_rejected"], "steps": s["num_steps"],
+            "simulated_s": s["simulated_duration_s"], "mean_running": s["mean_running"],
+            "preemptions": s["num_preemptions"], "prefix_hit_rate": s["prefix_hit_rate"],
+            "wall_s": round(wall, 3), "cpu_s": round(cpu, 3),
+            "requests_per_wall_s": round(s["requests_arrived"] / wall, 1),
+            "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+            "num_gpu_blocks": report.num_gpu_blocks}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cases", default=",".join(CASES))
+    ap.add_argument("--one", help=argparse.SUPPRESS)   # child process: run one case
+    ap.add_argument("--profile", help="run one case under cProfile (stderr)")
+    args = ap.parse_args()
+    if args.one or args.profile:
+        print(json.dumps(run_case(args.one or args.profile, profile=bool(args.profile))))
+        return 0
+    rows = []
+    for name in args.cases.split(","):
+        if name not in CASES:
+            ap.error(f"unknown case {name!r}; choose from {', '.join(CASES)}")
+        if not CASES[name].count(":") and not os.path.exists(CASES[name]):
+            print(f"{name}: skipped ({CASES[name]} is absent)")
+            continue
+        out = subprocess.run([sys.executable, __file__, "--one", name], capture_output=True,
+                             text=True)
+        if out.returncode:
+            print(f"{name}: failed\n{out.stderr[-2000:]}")
+            continue
+        row = json.loads(out.stdout.strip().splitlines()[-1])
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    print(f"\nmachine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores "
+          f"(load {os.getloadavg()[0]:.1f}), Python {platform.python_version()}, "
+          f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+    print("| case | requests | steps | simulated s | mean running | preemptions | wall s | "
+          "CPU s | requests / wall s | peak RSS MiB |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for r in rows:
+        print(f"| {r['case']} | {r['requests']:,} | {r['steps']:,} | {r['simulated_s']:.0f} | "
+              f"{r['mean_running']:.1f} | {r['preemptions']:,} | {r['wall_s']:.2f} | "
+              f"{r['cpu_s']:.2f} | {r['requests_per_wall_s']:,.0f} | {r['peak_rss_mib']:.0f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,186 @@
+"""``kvsim plan``: what-if sweeps over serving configurations, one simulated replay per point.
+
+    kvsim plan ../shared/traces/azure_llm_2023/AzureLLMInferenceTrace_conv.csv \
+        --sweep block_size=8,16,32,64 --sweep gpu_memory_utilization=0.8,0.9 \
+        --slo "ttft_p99<2,preemptions=0" --out plan-out --jobs 2
+
+Writes results.csv / results.parquet / results.json (grid order, deterministic for a seed),
+timings.csv (wall-clock columns, which are not), plan.json (sweep, SLO, cheapest point) and
+report.html (plotly charts) under --out.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from planner.capacity_cmd import add_model_gpu_args, base_from_args, gpu_from_args
+from planner.slo import parse_slo, resolve_metric
+from planner.sweep import (PlanBase, cheapest, expand_grid, load_requests, mark_slo, parse_sweep,
+                           run_sweep)
+from workloads.errors import InputError
+
+FORMATS = ("csv", "parquet", "json")
+# columns shown on the terminal when present (after the swept keys)
+_SHOWN = ("num_gpu_blocks", "max_concurrency", "mean_running", "max_running", "preemptions",
+          "ttft_p99", "throughput")
+
+
+def _base_from_args(args) -> PlanBase:
+    custom = None
+    if any(v is not None for v in (args.gpu_memory_gib, args.gpu_bandwidth_gbps, args.gpu_tflops,
+                                   args.gpu_fp8_tflops)):
+        custom = gpu_from_args(args)
+    return base_from_args(args, custom)
+
+
+def _terminal_table(df: pd.DataFrame, swept: list[str], has_slo: bool) -> pd.DataFrame:
+    cols = {"point": df["point"]}
+    for key in swept:
+        cols[key] = df[key]
+    for name in _SHOWN:
+        values = []
+        for row in df.to_dict("records"):
+            try:
+                values.append(resolve_metric(row, name))
+            except InputError:
+                values.append(None)
+        if any(v is not None for v in values):
+            cols[name] = values
+    for extra in ("meets_slo", "error") if has_slo else ("error",):
+        if extra in df and df[extra].notna().any():
+            cols[extra] = df[extra]
+    return pd.DataFrame(cols)
+
+
+def _figures(df: pd.DataFrame, swept: list[str], best: dict | None, has_slo: bool) -> list:
+    from viz.plan_figures import slo_scatter_figure, sweep_metric_figure
+
+    ok = df[df["error"].isna()]
+    if ok.empty:
+        return []
+    numeric = [k for k in swept if pd.api.types.is_numeric_dtype(ok[k])]
+    x = numeric[0] if numeric else (swept[0] if swept else "point")
+    group = [k for k in swept if k != x]
+    figs = []
+    for name in ("max_concurrency", "mean_running", "preemptions", "ttft_p99", "throughput"):
+        col = next((c for c in ([name] + [a for a in _aliases(name)]) if c in ok.columns), None)
+        if col is not None and ok[col].notna().any():
+            figs.append(sweep_metric_figure(ok, x, col, group))
+    ttft = next((c for c in _aliases("ttft_p99") if c in ok.columns), None)
+    if has_slo and ttft is not None:
+        figs.append(slo_scatter_figure(df, "cost", ttft, None if best is None else best["point"]))
+    return figs
+
+
+def _aliases(name: str) -> tuple[str, ...]:
+    from planner.slo import METRIC_ALIASES
+
+    return METRIC_ALIASES.get(name, (name,))
+
+
+def run(args) -> int:
+    axes = parse_sweep(args.sweep or [])
+    constraints = parse_slo(args.slo) if args.slo else ()
+    formats = [f.strip() for f in args.format.split(",") if f.strip()]
+    bad = [f for f in formats if f not in FORMATS]
+    if bad:
+        raise InputError(f"unknown format(s) {', '.join(bad)}; choose from {', '.join(FORMATS)}", field="format")
+    if args.jobs < 1:
+        raise InputError(f"must be >= 1, got {args.jobs}", field="--jobs")
+    base = _base_from_args(args)
+    try:
+        from simulator import simulate  # noqa: F401
+    except ImportError:
+        raise ValueError("kvsim plan needs the simulator (simulator.simulate), which this install lacks") from None
+    # a bad trace or spec fails here, once, rather than in every point
+    load_requests(base.workload, rate=axes.get("rate", [base.rate])[0], max_requests=1, seed=base.seed)
+
+    points = expand_grid(axes)
+    rows = run_sweep(points, base, jobs=args.jobs, backend=args.backend, address=args.address,
+                     progress=not args.quiet and sys.stderr.isatty())
+    if rows and all(r.get("error") for r in rows):
+        raise ValueError(f"every point is impossible; point 0: {rows[0]['error']}")
+    slo_error = None
+    try:
+        rows = mark_slo(rows, constraints)
+    except InputError as err:  # unknown metric: still write what was computed, then report
+        slo_error = err
+    best = cheapest(rows, constraints) if slo_error is None else None
+
+    df = pd.DataFrame(rows)
+    if "error" not in df:
+        df["error"] = None
+    wall = [c for c in df.columns if "wall" in c]
+    results = df.drop(columns=wall)
+    swept = list(axes)
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        if "csv" in formats:
+            results.to_csv(out / "results.csv", index=False)
+        if "parquet" in formats:
+            results.to_parquet(out / "results.parquet", index=False)
+        if "json" in formats:
+            (out / "results.json").write_text(results.to_json(orient="records", indent=1) + "\n")
+        if wall:
+            df[["point", *wall]].to_csv(out / "timings.csv", index=False)
+        meta = {"workload": args.workload, "sweep": axes, "slo": [str(c) for c in constraints],
+                "cost": "num_gpus * price_rank (planner/presets.py)", "cheapest": best}
+        (out / "plan.json").write_text(json.dumps(meta, indent=1, sort_keys=True, default=str) + "\n")
+        notes = [f"workload: {args.workload}", f"sweep: {axes}",
+                 f"SLO: {', '.join(str(c) for c in constraints) or 'none'}"]
+        if constraints:
+            notes.append("cheapest meeting the SLO (cost = GPUs x price rank): " + (
+                "none" if best is None else
+                f"point {best['point']} " + json.dumps({k: best[k] for k in swept}, default=str)))
+        from viz.plan_figures import report_html
+
+        (out / "report.html").write_text(report_html("kvsim plan", _figures(df, swept, best, bool(constraints)),
+                                                     results, notes))
+    if slo_error is not None:
+        raise slo_error
+    with pd.option_context("display.max_rows", 500, "display.width", 200, "display.max_columns", 50):
+        print(_terminal_table(df, swept, bool(constraints)).to_string(index=False))
+    num_failed = int(df["error"].notna().sum())
+    if num_failed:
+        print(f"{num_failed} of {len(df)} points are impossible configurations (see the error column)")
+    if constraints:
+        if best is None:
+            print(f"no point meets the SLO {args.slo}")
+        else:
+            print(f"cheapest meeting the SLO: point {best['point']} "
+                  + ", ".join(f"{k}={best[k]}" for k in swept) + f" (cost {best['cost']})")
+    if args.out:
+        print(f"wrote {args.out}/: " + ", ".join([f"results.{f}" for f in formats] + ["plan.json", "report.html"]))
+    return 0
+
+
+def register(subparsers) -> None:
+    """Add ``kvsim plan``."""
+    p = subparsers.add_parser(
+        "plan", help="what-if sweep: one simulated replay per configuration, SLO check",
+        description="Sweep a cartesian grid of configurations over a workload, one replay per point; "
+                    "mark the points meeting an SLO and name the cheapest (cost = GPUs x price rank).")
+    p.add_argument("workload", help="trace path or synthetic spec")
+    p.add_argument("--sweep", action="append", metavar="KEY=V1,V2",
+                   help="a grid axis (repeatable); keys: block_size, gpu_memory_utilization, gpu, model, tp, "
+                        "kv_dtype, rate, max_num_seqs, max_num_batched_tokens, allocator, replicas, ...")
+    p.add_argument("--slo", help='e.g. "ttft_p99<2,preemptions=0" (seconds; "500ms" works too)')
+    p.add_argument("--out", metavar="DIR", help="write results, plan.json and report.html here")
+    p.add_argument("--format", default="csv,parquet,json", help="results formats (default %(default)s)")
+    p.add_argument("--backend", choices=("local", "ray"), default="local")
+    p.add_argument("--address", help="Ray cluster address (backend ray); default: a local Ray")
+    p.add_argument("--jobs", type=int, default=1, help="local worker processes (default 1)")
+    add_model_gpu_args(p)
+    p.add_argument("--rate", type=float, help="re-time the workload to this many requests/s")
+    p.add_argument("--max-requests", type=int, help="replay only the first N requests")
+    p.add_argument("--allocator", default="paged", choices=("paged", "max", "pow2", "oracle"))
+    p.add_argument("--no-prefix-caching", action="store_true")
+    p.add_argument("--replicas", type=int, default=1)
+    p.add_argument("--router", default="round-robin")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=run)

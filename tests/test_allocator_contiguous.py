@@ -1,0 +1,137 @@
+"""Scenario tests of ContiguousAllocator and its buddy / first-fit arenas."""
+import pytest
+
+from allocator import BuddyArena, ContiguousAllocator, FirstFitArena
+
+
+@pytest.mark.parametrize("policy, reserved", [("max", 2048), ("pow2", 512), ("oracle", 300)])
+def test_each_policy_reserves_its_extent(policy, reserved):
+    c = ContiguousAllocator(8192, policy, max_model_len=2048, placement="first-fit")
+    assert c.reservation_tokens(300) == reserved
+    assert c.allocate(0, 100, 300)
+    assert c.breakdown() == {"token_states": 100, "reservation": 200,
+                             "internal_fragmentation": reserved - 300,
+                             "external_fragmentation": 0, "cached": 0,
+                             "free": 8192 - reserved}
+    c.check_invariants()
+
+
+def test_buddy_rounds_up_and_counts_rounding_as_external():
+    c = ContiguousAllocator(4096, "oracle", max_model_len=2048, placement="buddy")
+    assert c.extent_tokens(300) == 512
+    assert c.allocate(0, 100, 300)
+    assert c.breakdown()["external_fragmentation"] == 212
+    assert c.breakdown()["free"] == 4096 - 512
+    snap = c.snapshot()
+    assert snap.class_counts()["external_fragmentation"] == 212
+    assert list(snap.block_tables[0]) == list(range(512))
+
+
+def test_append_grows_inside_the_reservation_only():
+    c = ContiguousAllocator(4096, "oracle", max_model_len=2048, placement="first-fit")
+    c.allocate(0, 10, 12)
+    assert c.append(0, 2)
+    assert not c.append(0, 1)                       # oracle: no room past the true length
+    assert c.num_tokens(0) == 12
+    p = ContiguousAllocator(4096, "pow2", max_model_len=2048, placement="first-fit")
+    p.allocate(0, 10, 12)                           # reserves 16
+    assert p.append(0, 6) and not p.append(0, 1)
+    # ran past the announced final length: the overrun is token states, not fragmentation
+    assert p.breakdown()["internal_fragmentation"] == 0 and p.breakdown()["token_states"] == 16
+    p.check_invariants()
+
+
+def test_buddy_splits_and_merges_back():
+    arena = BuddyArena(1024)
+    a = arena.allocate(100)      # 128 at 0: splits 1024 -> 512 + 256 + 128 (+128 used)
+    assert a == 0 and arena.holes() == [(128, 128), (256, 256), (512, 512)]
+    b = arena.allocate(128)      # the free 128 buddy
+    c = arena.allocate(200)      # 256
+    assert (b, c) == (128, 256)
+    arena.free(a)
+    assert arena.holes() == [(0, 128), (512, 512)]   # buddy of a (b) is used: no merge
+    arena.free(b)                # a + b -> 256 at 0; its buddy c is still used
+    assert arena.holes() == [(0, 256), (512, 512)]
+    arena.free(c)                # 256 + 256 -> 512, + 512 -> 1024
+    assert arena.holes() == [(0, 1024)]
+    arena.check_invariants()
+
+
+def test_buddy_capacity_not_a_power_of_two_is_cut_into_zones_that_never_merge():
+    arena = BuddyArena(7168)                        # 4096 + 2048 + 1024
+    assert arena.holes() == [(0, 4096), (4096, 2048), (6144, 1024)]
+    assert arena.allocate(4096) == 0
+    assert arena.allocate(4096) is None             # 3072 free, but no 4096 extent
+    x = arena.allocate(2048)
+    arena.free(x)
+    arena.free(0)
+    assert arena.holes() == [(0, 4096), (4096, 2048), (6144, 1024)]
+    arena.check_invariants()
+
+
+def test_first_fit_leaves_holes_and_fills_the_lowest_one_that_fits():
+    arena = FirstFitArena(1000)
+    a, b, c = arena.allocate(300), arena.allocate(100), arena.allocate(400)
+    assert (a, b, c) == (0, 300, 400)
+    arena.free(a)
+    assert arena.holes() == [(0, 300), (800, 200)]
+    assert arena.allocate(250) == 0                 # lowest hole that fits
+    assert arena.allocate(100) == 800               # the 50-slot hole at 250 is too small
+    arena.free(b)                                   # 250..400 merges with the hole before it
+    assert arena.holes() == [(250, 150), (900, 100)]
+    arena.check_invariants()
+
+
+def test_external_fragmentation_is_measured_against_the_waiting_request():
+    c = ContiguousAllocator(1000, "oracle", max_model_len=1000, placement="first-fit")
+    for seq_id, size in enumerate([300, 100, 300, 100]):
+        assert c.allocate(seq_id, size, size)
+    c.free(0)
+    c.free(2)                                       # holes of 300, 300 and the tail 200
+    assert c.breakdown()["external_fragmentation"] == 0           # nothing waits
+    assert not c.can_allocate(400, 400)                            # 800 free, no hole of 400
+    bd = c.breakdown(waiting_num_tokens=400)
+    assert bd["external_fragmentation"] == 800 and bd["free"] == 0
+    bd = c.breakdown(waiting_num_tokens=250)        # the 200 tail is too small, holes of 300 fit
+    assert bd["external_fragmentation"] == 200 and bd["free"] == 600
+    assert c.snapshot(waiting_num_tokens=250).class_counts() == bd
+
+
+def test_buddy_external_fragmentation_counts_free_extents_smaller_than_needed():
+    c = ContiguousAllocator(1024, "oracle", max_model_len=1024, placement="buddy")
+    c.allocate(0, 10, 100)                          # 128 at 0 -> free 128, 256, 512
+    assert c.breakdown(waiting_num_tokens=300)["external_fragmentation"] == 28 + 128 + 256
+    assert c.breakdown(waiting_num_tokens=600)["external_fragmentation"] == 28 + 896
+    assert sum(c.breakdown(waiting_num_tokens=600).values()) == 1024
+
+
+def test_does_not_fit_returns_false_and_changes_nothing():
+    c = ContiguousAllocator(4096, "max", max_model_len=2048, placement="buddy")
+    assert c.allocate(0, 10, 20) and c.allocate(1, 10, 20)
+    before = c.breakdown()
+    assert not c.can_allocate(10, 20)
+    assert not c.allocate(2, 10, 20)
+    assert c.breakdown() == before and c.seq_ids == [0, 1]
+    c.free(0)
+    assert c.allocate(2, 10, 20)
+
+
+def test_bad_arguments_raise_with_the_numbers():
+    with pytest.raises(ValueError, match="policy"):
+        ContiguousAllocator(4096, "lazy")
+    with pytest.raises(ValueError, match="placement"):
+        ContiguousAllocator(4096, placement="best-fit")
+    c = ContiguousAllocator(1000, "pow2", max_model_len=2048, placement="first-fit")
+    with pytest.raises(ValueError, match="reserves 1024 slots .* the pool has 1000"):
+        c.allocate(0, 10, 600)
+    with pytest.raises(ValueError, match="exceeds max_model_len 2048"):
+        c.allocate(0, 10, 3000)
+    with pytest.raises(ValueError, match="num_tokens 30 exceeds final_num_tokens 20"):
+        c.allocate(0, 30, 20)
+    c.allocate(0, 10, 20)
+    with pytest.raises(ValueError, match="seq_id 0 is already allocated"):
+        c.allocate(0, 10, 20)
+    with pytest.raises(ValueError, match="unknown seq_id 4"):
+        c.free(4)
+    with pytest.raises(ValueError, match="got -1"):
+        c.append(0, -1)

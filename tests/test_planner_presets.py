@@ -1,0 +1,111 @@
+"""Presets against their config.json fields; config.json loading (nested, malformed)."""
+import json
+
+import pytest
+
+from planner.presets import MODEL_PRESETS, estimate_num_params, get_model, load_hf_config
+from planner.specs import GpuSpec, ModelSpec
+from workloads.errors import InputError
+
+# the config.json fields of each preset (as published on the Hugging Face Hub)
+CONFIGS = {
+    "Llama-3.1-8B": dict(model_type="llama", hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                         num_attention_heads=32, num_key_value_heads=8, vocab_size=128256,
+                         max_position_embeddings=131072, tie_word_embeddings=False, torch_dtype="bfloat16"),
+    "Llama-3.1-70B": dict(model_type="llama", hidden_size=8192, intermediate_size=28672, num_hidden_layers=80,
+                          num_attention_heads=64, num_key_value_heads=8, vocab_size=128256,
+                          max_position_embeddings=131072, tie_word_embeddings=False, torch_dtype="bfloat16"),
+    "Qwen2.5-7B": dict(model_type="qwen2", hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
+                       num_attention_heads=28, num_key_value_heads=4, vocab_size=152064,
+                       max_position_embeddings=131072, tie_word_embeddings=False, torch_dtype="bfloat16"),
+    "Qwen2.5-72B": dict(model_type="qwen2", hidden_size=8192, intermediate_size=29568, num_hidden_layers=80,
+                        num_attention_heads=64, num_key_value_heads=8, vocab_size=152064,
+                        max_position_embeddings=131072, tie_word_embeddings=False, torch_dtype="bfloat16"),
+    "Mistral-7B-v0.3": dict(model_type="mistral", hidden_size=4096, intermediate_size=14336,
+                            num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
+                            vocab_size=32768, max_position_embeddings=32768, tie_word_embeddings=False,
+                            torch_dtype="bfloat16"),
+    "OPT-13B": dict(model_type="opt", hidden_size=5120, ffn_dim=20480, num_hidden_layers=40,
+                    num_attention_heads=40, vocab_size=50272, max_position_embeddings=2048,
+                    torch_dtype="float16"),
+    "DeepSeek-V2-Lite": dict(model_type="deepseek_v2", hidden_size=2048, intermediate_size=10944,
+                             num_hidden_layers=27, num_attention_heads=16, num_key_value_heads=16,
+                             vocab_size=102400, kv_lora_rank=512, q_lora_rank=None, qk_rope_head_dim=64,
+                             qk_nope_head_dim=128, v_head_dim=128, n_routed_experts=64, n_shared_experts=2,
+                             num_experts_per_tok=6, moe_intermediate_size=1408, first_k_dense_replace=1,
+                             max_position_embeddings=163840, tie_word_embeddings=False,
+                             torch_dtype="bfloat16"),
+}
+
+
+def test_param_counts_of_presets_are_reproduced_from_their_configs():
+    # exact counts: e.g. Llama-3.1-8B = 2 * 128256*4096 (embed + lm_head) + 32 * 218,112,000 + 4096
+    for name, cfg in CONFIGS.items():
+        total, active = estimate_num_params(cfg)
+        preset = MODEL_PRESETS[name]
+        assert total == preset.num_params, name
+        assert active == preset.active_params, name
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_loading_the_config_json_gives_the_preset(tmp_path, name):
+    path = tmp_path / name / "config.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps(CONFIGS[name]))
+    spec = load_hf_config(path)
+    preset = get_model(name)
+    for field in ("num_layers", "num_attention_heads", "head_dim", "hidden_size", "vocab_size",
+                  "num_params", "dtype", "kv_lora_rank", "qk_rope_head_dim", "max_position_embeddings"):
+        assert getattr(spec, field) == getattr(preset, field), field
+    assert spec.num_kv_heads == preset.num_kv_heads
+    assert spec.name == name  # the directory's name
+
+
+def test_nested_text_config_is_read(tmp_path):
+    cfg = {"architectures": ["LlavaForConditionalGeneration"], "torch_dtype": "float16",
+           "vision_config": {"hidden_size": 1024},
+           "text_config": {k: v for k, v in CONFIGS["Mistral-7B-v0.3"].items() if k != "torch_dtype"}}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    spec = load_hf_config(path, name="llava")
+    assert (spec.num_layers, spec.num_kv_heads, spec.dtype) == (32, 8, "float16")  # dtype from the top level
+
+
+@pytest.mark.parametrize("content,match", [
+    ('{"hidden_size": 4096,', r"config.json:1: invalid JSON"),
+    ("[1, 2]", r"config.json: expected a JSON object, got list"),
+    ('{"hidden_size": 4096, "num_attention_heads": 32, "vocab_size": 10}',
+     r"config.json: field 'num_hidden_layers': missing required field"),
+    ('{"hidden_size": "4096", "num_hidden_layers": 2, "num_attention_heads": 32, "vocab_size": 10}',
+     r"field 'hidden_size': must be a positive integer, got '4096'"),
+    ('{"hidden_size": 100, "num_hidden_layers": 2, "num_attention_heads": 32, "vocab_size": 10}',
+     r"field 'head_dim': hidden_size \(100\) is not a multiple of num_attention_heads \(32\)"),
+    ('{"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 10, '
+     '"torch_dtype": "int3"}', r"field 'torch_dtype': unknown dtype 'int3'"),
+    ('{"text_config": 5}', r"field 'text_config': must be an object"),
+])
+def test_malformed_config_json_names_file_and_field(tmp_path, content, match):
+    path = tmp_path / "config.json"
+    path.write_text(content)
+    with pytest.raises(InputError, match=match) as err:
+        load_hf_config(path)
+    assert "\n" not in str(err.value)
+
+
+def test_specs_validate_with_numbers_in_the_message():
+    base = MODEL_PRESETS["Llama-3.1-8B"].to_dict()
+    with pytest.raises(ValueError, match=r"num_layers must be > 0, got 0"):
+        ModelSpec(**{**base, "num_layers": 0})
+    with pytest.raises(ValueError, match=r"num_attention_heads \(32\) is not a multiple of num_kv_heads \(5\)"):
+        ModelSpec(**{**base, "num_kv_heads": 5})
+    with pytest.raises(ValueError, match="MLA needs both"):
+        ModelSpec(**{**base, "kv_lora_rank": 512})
+    with pytest.raises(ValueError, match=r"memory_bandwidth_bytes_per_s must be > 0, got -1"):
+        GpuSpec(name="x", memory_bytes=1, memory_bandwidth_bytes_per_s=-1, bf16_flops_per_s=1)
+
+
+def test_fp8_peak_is_used_for_one_byte_compute_only_where_the_gpu_has_it():
+    from planner.presets import get_gpu
+    assert get_gpu("h100").peak_flops_per_s("fp8") == 1978.9e12
+    assert get_gpu("h100").peak_flops_per_s("bfloat16") == 989.4e12
+    assert get_gpu("a100").peak_flops_per_s("fp8") == 312e12  # no FP8 tensor cores on Ampere

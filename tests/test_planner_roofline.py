@@ -1,0 +1,111 @@
+"""Roofline step cost: hand-computed steps, monotonicity, closed-form runs equal summed steps."""
+import math
+from dataclasses import dataclass
+
+import pytest
+
+from planner.presets import get_gpu, get_model
+from planner.roofline import RooflineCost
+
+try:  # the simulator's types once branch sim is merged; the same fields otherwise (TEAM.md)
+    from simulator.cost import CostModel, StepBatch, summed_run_time_s
+except ImportError:
+    CostModel = summed_run_time_s = None
+
+    @dataclass(slots=True)
+    class StepBatch:
+        num_seqs: int = 0
+        num_prefill_tokens: int = 0
+        num_decode_tokens: int = 0
+        num_scheduled_tokens: int = 0
+        kv_read_tokens: int = 0
+        attn_token_pairs: int = 0
+
+
+def decode(num_seqs, context_tokens):
+    """num_seqs sequences decoding one token each over context_tokens of context (incl. the new one)."""
+    return StepBatch(num_seqs=num_seqs, num_decode_tokens=num_seqs, num_scheduled_tokens=num_seqs,
+                     kv_read_tokens=num_seqs * context_tokens, attn_token_pairs=num_seqs * context_tokens)
+
+
+def grown(batch, i):
+    return StepBatch(batch.num_seqs, batch.num_prefill_tokens, batch.num_decode_tokens,
+                     batch.num_scheduled_tokens, batch.kv_read_tokens + i * batch.num_seqs,
+                     batch.attn_token_pairs + i * batch.num_seqs)
+
+
+@pytest.fixture
+def llama_h100():
+    return RooflineCost(get_model("Llama-3.1-8B"), get_gpu("h100"), step_overhead_s=0.0)
+
+
+def test_small_decode_step_is_weight_bandwidth_bound(llama_h100):
+    # 1 sequence, 1000 tokens of context: bytes = 16,060,522,496 (weights) + (1000 + 1) * 131,072
+    #   = 16,060,522,496 + 131,203,072 = 16,191,725,568 B; / 3.35e12 B/s = 4.8333e-3 s. FLOPs = 2 * 8.03e9 + 4*32*32*128*1000
+    #   = 1.66e10 -> 1.7e-5 s at 989.4 TFLOPS, far below.
+    t = llama_h100.step_time_s(decode(1, 1000))
+    assert t == pytest.approx(16_191_725_568 / 3.35e12, rel=1e-12)
+
+
+def test_large_prefill_is_compute_bound(llama_h100):
+    # 8192 prompt tokens attending causally (pairs ~ 8192^2 / 2): flops = 2*8,030,261,248*8192
+    #   + 4*32*32*128*33,558,528 = 1.3157e14 + 1.7594e13 = 1.4916e14 -> 0.15076 s; bytes only 1.7e10
+    pairs = 8192 * 8193 // 2
+    b = StepBatch(num_seqs=1, num_prefill_tokens=8192, num_scheduled_tokens=8192, kv_read_tokens=8192,
+                  attn_token_pairs=pairs)
+    flops = 2 * 8_030_261_248 * 8192 + 4 * 32 * 32 * 128 * pairs
+    assert llama_h100.step_time_s(b) == pytest.approx(flops / 989.4e12, rel=1e-12)
+
+
+def test_step_time_grows_with_tokens_context_and_shrinks_with_tp():
+    m, g = get_model("Llama-3.1-8B"), get_gpu("h100")
+    cost = RooflineCost(m, g)
+    times = [cost.step_time_s(decode(n, 2000)) for n in (1, 8, 64, 256, 1024)]
+    assert times == sorted(times) and times[0] < times[-1]
+    ctx = [cost.step_time_s(decode(64, c)) for c in (100, 1000, 10_000, 100_000)]
+    assert ctx == sorted(ctx) and ctx[0] < ctx[-1]
+    assert RooflineCost(m, g, tp=2).step_time_s(decode(64, 2000)) < cost.step_time_s(decode(64, 2000))
+    assert RooflineCost(m, g, kv_dtype="fp8").step_time_s(decode(256, 8000)) < \
+        cost.step_time_s(decode(256, 8000))
+    assert cost.step_time_s(StepBatch()) == 0.0
+
+
+@pytest.mark.parametrize("num_seqs,context,steps", [(1, 10, 500), (64, 2000, 300), (512, 100, 20_000),
+                                                    (256, 3000, 1), (1024, 50, 20_000), (8, 8, 0)])
+def test_closed_form_run_equals_summed_steps(num_seqs, context, steps):
+    # (512, 100) and (1024, 50) cross from compute-bound to bandwidth-bound near step 11,000
+    cost = RooflineCost(get_model("Llama-3.1-8B"), get_gpu("h100"), step_overhead_s=0.002,
+                        flops_efficiency=0.05)
+    b = decode(num_seqs, context)
+    summed = math.fsum(cost.step_time_s(grown(b, i)) for i in range(steps))
+    assert cost.run_time_s(b, steps) == pytest.approx(summed, rel=1e-9, abs=1e-12)
+    if summed_run_time_s is not None:  # the simulator's own default gives the same
+        assert cost.run_time_s(b, steps) == pytest.approx(summed_run_time_s(cost, b, steps), rel=1e-9)
+
+
+def test_run_that_crosses_regimes_is_not_a_single_line():
+    cost = RooflineCost(get_model("Llama-3.1-8B"), get_gpu("h100"), step_overhead_s=0.0, flops_efficiency=0.05)
+    b = decode(512, 100)
+    first, last = cost.step_time_s(b), cost.step_time_s(grown(b, 19_999))
+    mem0, mem_slope, comp0, comp_slope = cost._lines(b)
+    assert comp0 > mem0 and mem0 + 19_999 * mem_slope > comp0 + 19_999 * comp_slope  # it does cross
+    assert min(first, last) < cost.run_time_s(b, 20_000) / 20_000 < max(first, last)
+
+
+def test_mla_and_moe_use_latent_bytes_and_active_params():
+    ds = RooflineCost(get_model("DeepSeek-V2-Lite"), get_gpu("h100"), step_overhead_s=0.0)
+    assert ds.kv_bytes_per_token == 31_104
+    assert ds.flops_per_token == 2 * 2_661_150_208
+
+
+def test_roofline_satisfies_the_simulator_protocol():
+    if CostModel is None:
+        pytest.skip("simulator.cost not on this branch yet")
+    assert isinstance(RooflineCost(get_model("OPT-13B"), get_gpu("a100-40")), CostModel)
+
+
+def test_bad_arguments_are_rejected():
+    with pytest.raises(ValueError, match=r"flops_efficiency must be in \(0, 1\], got 0"):
+        RooflineCost(get_model("OPT-13B"), get_gpu("a100"), flops_efficiency=0)
+    with pytest.raises(ValueError, match=r"num_steps must be >= 0, got -1"):
+        RooflineCost(get_model("OPT-13B"), get_gpu("a100")).run_time_s(decode(1, 1), -1)

@@ -1,0 +1,70 @@
+"""Plotly figures for ``kvsim plan`` sweeps (HTML report; the dashboard can reuse them).
+
+Every builder takes the sweep's results table (a pandas DataFrame, one row per grid point) and
+returns a ``plotly.graph_objects.Figure``; none computes anything the table does not hold.
+"""
+from __future__ import annotations
+
+import html
+from collections.abc import Sequence
+
+import pandas as pd
+import plotly.express as px
+import plotly.graph_objects as go
+
+
+def _label(df: pd.DataFrame, keys: Sequence[str]) -> pd.Series:
+    if not keys:
+        return pd.Series(["all"] * len(df), index=df.index)
+    return df[list(keys)].astype(str).agg(", ".join, axis=1)
+
+
+def sweep_metric_figure(df: pd.DataFrame, x: str, metric: str, group_by: Sequence[str] = (),
+                        title: str | None = None) -> go.Figure:
+    """``metric`` against sweep axis ``x``, one line per combination of the ``group_by`` axes.
+
+    Rows with an error (impossible configurations) are left out.
+    """
+    ok = df[df["error"].isna()] if "error" in df else df
+    ok = ok.sort_values(x)
+    fig = px.line(ok.assign(group=_label(ok, group_by)), x=x, y=metric, color="group", markers=True,
+                  title=title or f"{metric} vs {x}")
+    fig.update_layout(legend_title_text=", ".join(group_by) or None, template="plotly_white",
+                      showlegend=bool(group_by))
+    if pd.api.types.is_numeric_dtype(ok[x]) and ok[x].nunique() > 2 and (ok[x] > 0).all() and \
+            ok[x].max() / max(ok[x].min(), 1e-12) >= 8:
+        # block sizes, rates: powers of two read best on a log axis, ticked at the swept values
+        values = sorted(ok[x].unique())
+        fig.update_xaxes(type="log", tickvals=values, ticktext=[f"{v:g}" for v in values])
+    return fig
+
+
+def slo_scatter_figure(df: pd.DataFrame, x: str, y: str, cheapest_point: int | None = None) -> go.Figure:
+    """Each point's ``y`` against ``x`` (e.g. cost vs p99 TTFT), coloured by whether it meets the
+    SLO; the cheapest qualifying point is ringed."""
+    ok = df[df["error"].isna()] if "error" in df else df
+    status = ok["meets_slo"].map({True: "meets SLO", False: "misses SLO"}) if "meets_slo" in ok else "n/a"
+    fig = px.scatter(ok.assign(status=status), x=x, y=y, color="status", hover_data=["point"],
+                     color_discrete_map={"meets SLO": "#2ca02c", "misses SLO": "#d62728"},
+                     title=f"{y} vs {x}")
+    if cheapest_point is not None and (ok["point"] == cheapest_point).any():
+        best = ok[ok["point"] == cheapest_point]
+        fig.add_trace(go.Scatter(x=best[x], y=best[y], mode="markers", name="cheapest",
+                                 marker=dict(size=18, symbol="circle-open", line=dict(width=3, color="black"))))
+    fig.update_layout(template="plotly_white")
+    return fig
+
+
+def report_html(title: str, figures: Sequence[go.Figure], table: pd.DataFrame, notes: Sequence[str] = ()) -> str:
+    """One self-contained HTML page: notes, figures (plotly.js inlined once), the results table."""
+    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+             "<style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse;font-size:12px}"
+             "td,th{border:1px solid #ccc;padding:2px 6px;text-align:right}</style></head><body>",
+             f"<h1>{html.escape(title)}</h1>"]
+    parts += [f"<p>{html.escape(n)}</p>" for n in notes]
+    for i, fig in enumerate(figures):
+        parts.append(fig.to_html(full_html=False, include_plotlyjs=(i == 0)))
+    parts.append("<h2>Results</h2>")
+    parts.append(table.to_html(index=False, na_rep="", float_format=lambda v: f"{v:.4g}"))
+    parts.append("</body></html>")
+    return "\n".join(parts)

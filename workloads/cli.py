@@ -1,0 +1,64 @@
+"""``kvsim workload``: statistics of a trace file or synthetic spec (and a check that it loads)."""
+from __future__ import annotations
+
+import argparse
+import json
+
+from workloads import FORMATS, load
+from workloads.stats import workload_stats
+
+
+def register(subparsers) -> None:
+    """Add the ``workload`` subcommand to the ``kvsim`` parser."""
+    p = subparsers.add_parser(
+        "workload", help="load a trace or synthetic spec and print its statistics",
+        description="Load a trace file (format sniffed from content) or a synthetic spec such "
+                    "as 'sharegpt:rate=2,n=1000,seed=0' and print count, duration, rate, "
+                    "length percentiles, shareable tokens and ideal prefix reuse.")
+    p.add_argument("source", help="trace file or spec (sharegpt:..., alpaca:..., synthetic:...)")
+    p.add_argument("--format", default=None,
+                   help=f"trace format ({', '.join(FORMATS)}, generic:arrival=COL,...); "
+                        "default: sniffed")
+    p.add_argument("--max-requests", type=int, default=None, help="stop after N requests")
+    p.add_argument("--time-window", type=float, default=None, metavar="SECONDS",
+                   help="keep requests arriving in [0, SECONDS)")
+    p.add_argument("--rate", type=float, default=None,
+                   help="arrivals/s for sources without timestamps (ShareGPT length files, "
+                        "specs without rate=)")
+    p.add_argument("--seed", type=int, default=0, help="seed of generated arrivals/lengths")
+    p.add_argument("--block-size", type=int, default=16,
+                   help="block size of the prefix-reuse figure (tokens, default 16)")
+    p.add_argument("--json", action="store_true", help="print the statistics as JSON")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Print the statistics; InputError propagates to the CLI (one line, exit 2)."""
+    if args.block_size < 1:
+        raise ValueError(f"--block-size must be >= 1, got {args.block_size}")
+    requests = load(args.source, format=args.format, max_requests=args.max_requests,
+                    time_window_s=args.time_window, rate=args.rate, seed=args.seed)
+    stats = workload_stats(requests, block_size=args.block_size)
+    if args.json:
+        print(json.dumps({"source": args.source, **stats}, sort_keys=True))
+        return 0
+    rate = f"{stats['rate_per_s']:.3f} req/s" if stats["rate_per_s"] is not None else "n/a"
+    conv = f" in {stats['num_conversations']} conversations" if stats["num_conversations"] else ""
+    lines = [
+        ("workload", args.source),
+        ("requests", f"{stats['num_requests']}{conv}"),
+        ("duration", f"{stats['duration_s']:.1f} s (mean rate {rate})"),
+    ]
+    for name in ("prompt", "output"):
+        lines.append((f"{name} tokens",
+                      f"mean {stats[f'{name}_mean_tokens']:.1f}  p50 "
+                      f"{stats[f'{name}_p50_tokens']:.0f}  p99 {stats[f'{name}_p99_tokens']:.0f}"
+                      f"  max {stats[f'{name}_max_tokens']}"))
+    lines.append(("shareable", f"{100 * stats['shareable_fraction']:.1f}% of prompt+output "
+                               "tokens"))
+    lines.append(("prefix reuse", f"{100 * stats['prefix_hit_fraction']:.1f}% of prompt tokens "
+                                  f"(unlimited cache, block {stats['block_size']})"))
+    width = max(len(k) for k, _ in lines)
+    for key, value in lines:
+        print(f"{key:<{width}}  {value}")
+    return 0
