@@ -365,12 +365,13 @@ class OutputPow2Allocator(ContiguousAllocator):
         super().__init__(capacity_tokens, policy="oracle", max_model_len=max_model_len,
                          placement=placement)
 
-    def _check_request(self, num_tokens: int, final_num_tokens: int) -> int:
-        # the one place ContiguousAllocator sizes a reservation (allocate and can_allocate)
-        super()._check_request(num_tokens, final_num_tokens)   # validation, oracle size
+    def _check_request(self, num_tokens: int, final_num_tokens: int) -> tuple[int, int, int]:
+        # the one place ContiguousAllocator sizes a reservation (allocate and can_allocate);
+        # a private hook, so tests/test_reproduce.py pins the sizes it must produce
+        num_tokens, final_num_tokens, _ = super()._check_request(num_tokens, final_num_tokens)
         output = final_num_tokens - num_tokens
         reserved = num_tokens + (1 << (output - 1).bit_length()) if output > 0 else final_num_tokens
-        return max(final_num_tokens, min(reserved, self.max_model_len))
+        return num_tokens, final_num_tokens, max(final_num_tokens, min(reserved, self.max_model_len))
 
 
 def run_simulation(requests: Sequence, system: str, config: ReproConfig, cost, *,
