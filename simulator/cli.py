@@ -18,6 +18,7 @@ SUBCOMMAND_MODULES: list[str] = [
     "workloads.cli",
     "planner.capacity_cmd",
     "planner.plan_cmd",
+    "planner.reproduce_cmd",
     "kernels.validate_cmd",
     "app_pages.dashboard_cmd",
 ]
