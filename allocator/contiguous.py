@@ -4,14 +4,24 @@ The baselines of the vLLM paper (section 1, Figure 2). A sequence cannot grow in
 extent, so the whole extent is reserved when it is admitted, sized by a policy:
 
 * ``max``: max_model_len tokens, whatever the request;
-* ``pow2``: prompt + output rounded up to a power of two;
+* ``pow2``: the prompt plus the output length rounded up to a power of two, capped at
+  max_model_len -- the vLLM paper's "Orca (Pow2)", which "over-reserves the space for outputs by at
+  most 2x. For example, if the true output length is 25, it reserves 32 positions for outputs"
+  (section 6.1). Only the output is rounded: rounding prompt + output instead would, on a buddy
+  arena, hand out exactly Oracle's extent and make the two baselines indistinguishable;
 * ``oracle``: exactly prompt + output (knows the future: a lower bound on waste).
 
 and placed by an arena: ``buddy`` (rounded up to a power of two) or ``first-fit`` (exact size).
+The prompt length is passed as ``num_prompt_tokens`` (default: the tokens present at admission);
+it is not the first prefill chunk, which may be smaller, nor, for a preempted sequence that is
+recomputed, the prompt plus the tokens it had generated.
 Accounting of one extent (``final`` = prompt + output tokens)::
 
     [ token states | reservation     | internal fragmentation | external (buddy rounding) ]
     0          num_tokens          final                   reserved                  extent
+
+so the over-reservation of the output by ``pow2`` or ``max`` is internal fragmentation and the
+buddy rounding on top of it external fragmentation.
 """
 from __future__ import annotations
 
@@ -66,25 +76,53 @@ class ContiguousAllocator:
         self._num_tokens = self._num_final_tokens = self._num_reserved = self._num_extent = 0
 
     # ---- queries ---------------------------------------------------------------------------
-    def reservation_tokens(self, final_num_tokens: int) -> int:
-        """Tokens the policy reserves for a request of ``final_num_tokens`` (prompt + output)."""
+    def reservation_tokens(self, final_num_tokens: int, *,
+                           num_prompt_tokens: int | None = None) -> int:
+        """Tokens the policy reserves for a request.
+
+        Args:
+            final_num_tokens: prompt + output tokens the request will reach.
+            num_prompt_tokens: its prompt tokens (only ``pow2`` reads it: it rounds the output
+                ``final_num_tokens - num_prompt_tokens`` up to a power of two). None: the whole
+                request is prompt (nothing to round).
+        Returns:
+            max_model_len (``max``); num_prompt_tokens + next_pow2(output), capped at
+            max_model_len (``pow2``); final_num_tokens (``oracle``). Never below final_num_tokens.
+        """
         final_num_tokens = require_int("final_num_tokens", final_num_tokens, 1)
         if final_num_tokens > self.max_model_len:
             raise ValueError(f"final_num_tokens {final_num_tokens} exceeds max_model_len "
                              f"{self.max_model_len}")
+        if num_prompt_tokens is None:
+            num_prompt_tokens = final_num_tokens
+        num_prompt_tokens = require_int("num_prompt_tokens", num_prompt_tokens, 1)
+        if num_prompt_tokens > final_num_tokens:
+            raise ValueError(f"num_prompt_tokens {num_prompt_tokens} exceeds final_num_tokens "
+                             f"{final_num_tokens}")
         if self.policy == "max":
             return self.max_model_len
         if self.policy == "pow2":
-            return 1 << (final_num_tokens - 1).bit_length()
-        return int(final_num_tokens)
+            num_output_tokens = final_num_tokens - num_prompt_tokens
+            if num_output_tokens == 0:
+                return final_num_tokens
+            rounded = num_prompt_tokens + (1 << (num_output_tokens - 1).bit_length())
+            return min(rounded, self.max_model_len)   # >= final: final <= max_model_len
+        return final_num_tokens
 
-    def extent_tokens(self, final_num_tokens: int) -> int:
-        """Slots the arena takes for that request (buddy: reservation rounded to a power of 2)."""
-        return self.arena.extent_slots(self.reservation_tokens(final_num_tokens))
+    def extent_tokens(self, final_num_tokens: int, *,
+                      num_prompt_tokens: int | None = None) -> int:
+        """Slots the arena takes for that request (buddy: reservation rounded to a power of 2).
 
-    def can_allocate(self, num_tokens: int, final_num_tokens: int) -> bool:
+        Args: as reservation_tokens().
+        """
+        return self.arena.extent_slots(
+            self.reservation_tokens(final_num_tokens, num_prompt_tokens=num_prompt_tokens))
+
+    def can_allocate(self, num_tokens: int, final_num_tokens: int, *,
+                     num_prompt_tokens: int | None = None) -> bool:
         """Whether allocate() would succeed now (raises on the same bad arguments)."""
-        return self.arena.can_allocate(self._check_request(num_tokens, final_num_tokens)[2])
+        return self.arena.can_allocate(
+            self._check_request(num_tokens, final_num_tokens, num_prompt_tokens)[2])
 
     @property
     def num_free_tokens(self) -> int:
@@ -112,18 +150,22 @@ class ContiguousAllocator:
         return list(range(ext.offset, ext.offset + ext.num_tokens))
 
     # ---- operations ------------------------------------------------------------------------
-    def allocate(self, seq_id: int, num_tokens: int, final_num_tokens: int) -> bool:
+    def allocate(self, seq_id: int, num_tokens: int, final_num_tokens: int, *,
+                 num_prompt_tokens: int | None = None) -> bool:
         """Reserve an extent for a new sequence holding ``num_tokens`` now.
 
         Args:
             seq_id: new sequence id (int >= 0).
-            num_tokens: tokens the sequence holds now (its prompt).
+            num_tokens: tokens the sequence holds now (its prompt, or a first prefill chunk).
             final_num_tokens: prompt + output tokens it will reach (the policy sizes from it).
+            num_prompt_tokens: its prompt tokens, 1 <= num_prompt_tokens <= final_num_tokens
+                (``pow2`` rounds the output up from there). None: num_tokens.
         Returns:
             False, with nothing changed, if no hole is large enough.
         """
         require_new_seq_id(seq_id, self._seqs)
-        num_tokens, final_num_tokens, reserved = self._check_request(num_tokens, final_num_tokens)
+        num_tokens, final_num_tokens, reserved = self._check_request(
+            num_tokens, final_num_tokens, num_prompt_tokens)
         offset = self.arena.allocate(reserved)
         if offset is None:
             return False
@@ -161,18 +203,21 @@ class ContiguousAllocator:
         self._num_extent -= ext.extent_tokens
 
     # ---- accounting ------------------------------------------------------------------------
-    def breakdown(self, waiting_num_tokens: int | None = None) -> dict[str, int]:
+    def breakdown(self, waiting_num_tokens: int | None = None, *,
+                  waiting_num_prompt_tokens: int | None = None) -> dict[str, int]:
         """Slots per memory class (MEMORY_CLASSES), summing to capacity_tokens.
 
         Args:
             waiting_num_tokens: final tokens (prompt + output) of the request at the head of
                 the waiting queue; free slots in holes too small for the extent it needs are
                 external fragmentation. None: nothing waits, so only rounding waste is.
+            waiting_num_prompt_tokens: that request's prompt tokens (sizes ``pow2``; None:
+                as reservation_tokens()).
         """
         unusable = 0
         if waiting_num_tokens is not None:
-            unusable = self.arena.num_unusable_slots(
-                self.arena.extent_slots(self.reservation_tokens(waiting_num_tokens)))
+            unusable = self.arena.num_unusable_slots(self.extent_tokens(
+                waiting_num_tokens, num_prompt_tokens=waiting_num_prompt_tokens))
         return make_breakdown(
             token_states=self._num_tokens,
             reservation=self._num_final_tokens - self._num_tokens,
@@ -180,15 +225,17 @@ class ContiguousAllocator:
             external_fragmentation=self._num_extent - self._num_reserved + unusable,
             cached=0, free=self.arena.num_free_slots - unusable)
 
-    def snapshot(self, waiting_num_tokens: int | None = None) -> PoolSnapshot:
-        """Per-slot arrays of the pool now (one cell per token slot)."""
+    def snapshot(self, waiting_num_tokens: int | None = None, *,
+                 waiting_num_prompt_tokens: int | None = None) -> PoolSnapshot:
+        """Per-slot arrays of the pool now (one cell per token slot); arguments as breakdown()."""
         n = self.capacity_tokens
         cell_class = np.full(n, FREE, dtype=np.int8)
         owner = np.full(n, -1, dtype=np.int64)
         ref_cnt = np.zeros(n, dtype=np.int32)
         fill = np.zeros(n, dtype=np.int32)
         if waiting_num_tokens is not None:
-            need = self.arena.extent_slots(self.reservation_tokens(waiting_num_tokens))
+            need = self.extent_tokens(waiting_num_tokens,
+                                      num_prompt_tokens=waiting_num_prompt_tokens)
             for offset, size in self.arena.holes():
                 if size < need:
                     cell_class[offset:offset + size] = EXTERNAL
@@ -231,14 +278,17 @@ class ContiguousAllocator:
     def _seq(self, seq_id: int) -> _Extent:
         return require_live(seq_id, self._seqs)
 
-    def _check_request(self, num_tokens: int, final_num_tokens: int) -> tuple[int, int, int]:
+    def _check_request(self, num_tokens: int, final_num_tokens: int,
+                       num_prompt_tokens: int | None) -> tuple[int, int, int]:
         """Validate a request; return (num_tokens, final_num_tokens, reserved tokens) as ints."""
-        reserved = self.reservation_tokens(final_num_tokens)
         num_tokens = require_int("num_tokens", num_tokens)
-        final_num_tokens = int(final_num_tokens)
+        final_num_tokens = require_int("final_num_tokens", final_num_tokens, 1)
         if num_tokens > final_num_tokens:
             raise ValueError(f"num_tokens {num_tokens} exceeds final_num_tokens "
                              f"{final_num_tokens}")
+        reserved = self.reservation_tokens(
+            final_num_tokens, num_prompt_tokens=num_tokens if num_prompt_tokens is None
+            else num_prompt_tokens)
         if self.arena.extent_slots(reserved) > self.capacity_tokens:
             raise ValueError(f"a request of {final_num_tokens} tokens reserves "
                              f"{self.arena.extent_slots(reserved)} slots ({self.policy}, "

@@ -208,7 +208,8 @@ class Simulation:
         rep.sched.sync_allocator()
         if rep.sched.paged:
             return rep.allocator.snapshot()
-        return rep.allocator.snapshot(self._waiting_final_tokens(rep))
+        return rep.allocator.snapshot(self._waiting_final_tokens(rep),
+                                      waiting_num_prompt_tokens=self._waiting_prompt_tokens(rep))
 
     def state(self) -> dict:
         """Live figures for a dashboard: time, running, waiting, finished, usage, breakdown."""
@@ -302,7 +303,9 @@ class Simulation:
             if -(-(final - 1) // cfg.block_size) > usable:
                 return "needs more blocks than the pool has"
         else:
-            if width * self.replicas[0].allocator.extent_tokens(final) > cfg.pool_tokens:
+            extent = self.replicas[0].allocator.extent_tokens(
+                final, num_prompt_tokens=req.prompt_tokens)
+            if width * extent > cfg.pool_tokens:
                 return "reservation larger than the pool"
         return ""
 
@@ -452,12 +455,17 @@ class Simulation:
         head = rep.sched.waiting[0]
         return head.num_prompt_tokens + head.max_output_tokens
 
+    def _waiting_prompt_tokens(self, rep: _Replica):
+        # the pow2 policy sizes the head's extent from its prompt, not only its final length
+        return rep.sched.waiting[0].num_prompt_tokens if rep.sched.waiting else None
+
     def _breakdown(self, rep: _Replica) -> list[int]:
         sched = rep.sched
         if sched.paged:
             bd = rep.allocator.breakdown(None)
         else:
-            bd = rep.allocator.breakdown(self._waiting_final_tokens(rep))
+            bd = rep.allocator.breakdown(self._waiting_final_tokens(rep),
+                                         waiting_num_prompt_tokens=self._waiting_prompt_tokens(rep))
         vals = [bd[c] for c in MEMORY_CLASSES]
         pending = sched.num_pending_tokens
         if pending:

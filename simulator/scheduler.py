@@ -373,9 +373,9 @@ class Scheduler:
             if n > token_budget:
                 n = token_budget
             final = seq.num_prompt_tokens + seq.max_output_tokens
-            if not alloc.can_allocate(n, final):
+            if not alloc.can_allocate(n, final, num_prompt_tokens=seq.num_prompt_tokens):
                 return False
-            ok = alloc.allocate(seq.seq_id, n, final)
+            ok = alloc.allocate(seq.seq_id, n, final, num_prompt_tokens=seq.num_prompt_tokens)
             assert ok, "contiguous allocate failed after can_allocate"
             first = n
         seq.num_alloc_tokens = first
@@ -575,7 +575,8 @@ class Scheduler:
             lpt = cfg.long_prefill_token_threshold
             if 0 < lpt < num_new:
                 num_new = lpt
-            return not alloc.can_allocate(num_new, seq.num_prompt_tokens + seq.max_output_tokens)
+            return not alloc.can_allocate(num_new, seq.num_prompt_tokens + seq.max_output_tokens,
+                                          num_prompt_tokens=seq.num_prompt_tokens)
         keys = self._keys(seq)
         free = alloc.num_free_blocks - first_step_blocks
         wm = self.watermark_blocks  # something runs

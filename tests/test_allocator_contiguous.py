@@ -4,10 +4,11 @@ import pytest
 from allocator import BuddyArena, ContiguousAllocator, FirstFitArena
 
 
-@pytest.mark.parametrize("policy, reserved", [("max", 2048), ("pow2", 512), ("oracle", 300)])
+# prompt 100 + output 200: pow2 rounds the output only, 100 + 256
+@pytest.mark.parametrize("policy, reserved", [("max", 2048), ("pow2", 356), ("oracle", 300)])
 def test_each_policy_reserves_its_extent(policy, reserved):
     c = ContiguousAllocator(8192, policy, max_model_len=2048, placement="first-fit")
-    assert c.reservation_tokens(300) == reserved
+    assert c.reservation_tokens(300, num_prompt_tokens=100) == reserved
     assert c.allocate(0, 100, 300)
     assert c.breakdown() == {"token_states": 100, "reservation": 200,
                              "internal_fragmentation": reserved - 300,
@@ -34,10 +35,10 @@ def test_append_grows_inside_the_reservation_only():
     assert not c.append(0, 1)                       # oracle: no room past the true length
     assert c.num_tokens(0) == 12
     p = ContiguousAllocator(4096, "pow2", max_model_len=2048, placement="first-fit")
-    p.allocate(0, 10, 12)                           # reserves 16
-    assert p.append(0, 6) and not p.append(0, 1)
+    p.allocate(0, 10, 13)                           # output 3 -> 4: reserves 14
+    assert p.append(0, 4) and not p.append(0, 1)
     # ran past the announced final length: the overrun is token states, not fragmentation
-    assert p.breakdown()["internal_fragmentation"] == 0 and p.breakdown()["token_states"] == 16
+    assert p.breakdown()["internal_fragmentation"] == 0 and p.breakdown()["token_states"] == 14
     p.check_invariants()
 
 
@@ -122,8 +123,8 @@ def test_bad_arguments_raise_with_the_numbers():
     with pytest.raises(ValueError, match="placement"):
         ContiguousAllocator(4096, placement="best-fit")
     c = ContiguousAllocator(1000, "pow2", max_model_len=2048, placement="first-fit")
-    with pytest.raises(ValueError, match="reserves 1024 slots .* the pool has 1000"):
-        c.allocate(0, 10, 600)
+    with pytest.raises(ValueError, match="reserves 1034 slots .* the pool has 1000"):
+        c.allocate(0, 10, 600)                      # 10 + next_pow2(590)
     with pytest.raises(ValueError, match="exceeds max_model_len 2048"):
         c.allocate(0, 10, 3000)
     with pytest.raises(ValueError, match="num_tokens 30 exceeds final_num_tokens 20"):
@@ -135,3 +136,52 @@ def test_bad_arguments_raise_with_the_numbers():
         c.free(4)
     with pytest.raises(ValueError, match="got -1"):
         c.append(0, -1)
+
+
+def test_pow2_rounds_the_output_not_prompt_plus_output():
+    # vLLM paper 6.1: "if the true output length is 25, it reserves 32 positions for outputs"
+    c = ContiguousAllocator(4096, "pow2", max_model_len=2048, placement="buddy")
+    assert c.reservation_tokens(125, num_prompt_tokens=100) == 132     # 100 + 32
+    assert c.extent_tokens(125, num_prompt_tokens=100) == 256          # buddy: 132 -> 256
+    oracle = ContiguousAllocator(4096, "oracle", max_model_len=2048, placement="buddy")
+    assert oracle.extent_tokens(125) == 128                            # so Pow2 != Oracle
+    assert c.allocate(0, 100, 125)                  # num_prompt_tokens defaults to num_tokens
+    assert c.breakdown() == {"token_states": 100, "reservation": 25,
+                             "internal_fragmentation": 7,              # 132 - 125: output rounding
+                             "external_fragmentation": 124,            # 256 - 132: buddy rounding
+                             "cached": 0, "free": 4096 - 256}
+    assert c.breakdown(125, waiting_num_prompt_tokens=100)["external_fragmentation"] == 124
+    c.check_invariants()
+
+
+def test_pow2_first_chunk_does_not_change_the_reservation():
+    c = ContiguousAllocator(4096, "pow2", max_model_len=2048, placement="first-fit")
+    assert c.can_allocate(16, 125, num_prompt_tokens=100)
+    assert c.allocate(0, 16, 125, num_prompt_tokens=100)   # chunked prefill: 16 of 100 first
+    assert c.breakdown()["internal_fragmentation"] == 7 and c.num_free_tokens == 4096 - 132
+    assert c.append(0, 84 + 32) and not c.append(0, 1)      # room for 100 + 32, no more
+    # a recomputed preempted sequence holds prompt + generated tokens, reserved as before
+    assert c.allocate(1, 110, 125, num_prompt_tokens=100)
+    assert c.num_free_tokens == 4096 - 2 * 132
+    c.check_invariants()
+
+
+def test_pow2_is_capped_at_max_model_len_and_never_below_final():
+    c = ContiguousAllocator(4096, "pow2", max_model_len=200, placement="first-fit")
+    assert c.reservation_tokens(190, num_prompt_tokens=100) == 200     # 100 + 128 capped
+    assert c.reservation_tokens(200, num_prompt_tokens=72) == 200      # 72 + 128 exactly
+    assert c.reservation_tokens(100, num_prompt_tokens=100) == 100     # no output to round
+    assert c.reservation_tokens(101, num_prompt_tokens=100) == 101     # output 1 -> 1
+
+
+def test_num_prompt_tokens_is_validated():
+    c = ContiguousAllocator(4096, "pow2", max_model_len=2048, placement="buddy")
+    with pytest.raises(ValueError, match="num_prompt_tokens 130 exceeds final_num_tokens 125"):
+        c.allocate(0, 100, 125, num_prompt_tokens=130)
+    with pytest.raises(ValueError, match="num_prompt_tokens must be an integer >= 1, got 0"):
+        c.can_allocate(0, 125, num_prompt_tokens=0)
+    with pytest.raises(ValueError, match="num_prompt_tokens must be an integer >= 1, got 2.5"):
+        c.extent_tokens(125, num_prompt_tokens=2.5)
+    with pytest.raises(ValueError, match="num_prompt_tokens must be an integer >= 1, got 0"):
+        c.allocate(0, 0, 125)                       # None means num_tokens, here 0
+    assert c.seq_ids == [] and c.num_free_tokens == 4096

@@ -260,11 +260,12 @@ def test_contiguous_allocator_invariants(data, capacity, policy, placement):
         op = data.draw(st.sampled_from(["new"] + ["append", "free"] * bool(live)))
         if op == "new":
             final = data.draw(st.integers(1, max_model_len))
-            prompt = data.draw(st.integers(0, final))
-            if alloc.extent_tokens(final) > capacity:
+            prompt = data.draw(st.integers(1, final))
+            first = data.draw(st.integers(0, final))   # a first chunk, or a recomputed sequence
+            if alloc.extent_tokens(final, num_prompt_tokens=prompt) > capacity:
                 continue
-            fits = alloc.can_allocate(prompt, final)
-            assert alloc.allocate(step, prompt, final) == fits
+            fits = alloc.can_allocate(first, final, num_prompt_tokens=prompt)
+            assert alloc.allocate(step, first, final, num_prompt_tokens=prompt) == fits
             if fits:
                 live.add(step)
         else:
@@ -280,9 +281,10 @@ def test_contiguous_allocator_invariants(data, capacity, policy, placement):
         alloc.check_invariants()
         assert_breakdown_matches_snapshot(alloc)
         waiting = data.draw(st.integers(1, max_model_len))
-        bd = alloc.breakdown(waiting)
+        waiting_prompt = data.draw(st.integers(1, waiting))
+        bd = alloc.breakdown(waiting, waiting_num_prompt_tokens=waiting_prompt)
         assert sum(bd.values()) == capacity
-        snap = alloc.snapshot(waiting)
+        snap = alloc.snapshot(waiting, waiting_num_prompt_tokens=waiting_prompt)
         assert bd == snap.class_counts()
     for seq_id in sorted(live):
         alloc.free(seq_id)
