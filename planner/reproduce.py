@@ -30,7 +30,7 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from allocator import MEMORY_CLASSES, ContiguousAllocator
+from allocator import MEMORY_CLASSES
 
 # names and labels are shared with the figure builders (viz sits below planner)
 from viz.repro_figures import FIG2_CLASSES, FIG2_LABELS, SYSTEM_LABELS, SYSTEMS  # noqa: F401
@@ -110,8 +110,6 @@ class ReproConfig:
     max_num_batched_tokens: int = 2560   # vLLM 0.1 default (vLLM only: Orca's prompts are never split)
     watermark: float = 0.01              # vLLM 0.1.x BlockSpaceManager's admission watermark
     placement: str = "buddy"             # "We assume Orca uses the buddy allocation algorithm"
-    pow2_rule: str = "output"            # "output": prompt + next_pow2(output), the paper's rule;
-                                         # "total": kvsim's allocator policy next_pow2(prompt + output)
     model: str = "OPT-13B"
     gpu: str = "A100-40GB"
     step_time_scale: float = 1.0         # multiplies the roofline step time (sensitivity knob)
@@ -141,9 +139,6 @@ class ReproConfig:
         if self.fig15_workload not in WORKLOADS:
             raise ValueError(f"ReproConfig: fig15_workload must be one of {WORKLOADS}, "
                              f"got {self.fig15_workload!r}")
-        if self.pow2_rule not in ("output", "total"):
-            raise ValueError(f"ReproConfig: pow2_rule must be 'output' or 'total', "
-                             f"got {self.pow2_rule!r}")
         if self.placement not in ("buddy", "first-fit"):
             raise ValueError(f"ReproConfig: placement must be 'buddy' or 'first-fit', "
                              f"got {self.placement!r}")
@@ -337,60 +332,22 @@ def engine_config(system: str, config: ReproConfig):
                             max_num_batched_tokens=config.max_num_batched_tokens, **common)
     # Orca batches whole prompts (selective batching, no chunked prefill) and is limited by its
     # batch size, not by a token budget: a budget no step can exhaust keeps every prompt whole
-    allocator = "oracle" if system == "orca_pow2" and config.pow2_rule == "output" \
-        else SYSTEM_ALLOCATOR[system]
-    return EngineConfig(allocator=allocator, placement=config.placement,
+    return EngineConfig(allocator=SYSTEM_ALLOCATOR[system], placement=config.placement,
                         capacity_tokens=config.capacity_tokens,
                         max_num_batched_tokens=config.max_num_seqs * config.max_model_len, **common)
-
-
-class OutputPow2Allocator(ContiguousAllocator):
-    """Orca (Pow2) as the paper defines it: prompt + next_pow2(output), then the arena's rounding.
-
-    Paper, section 6.1: "the system over-reserves the space for outputs by at most 2x. For
-    example, if the true output length is 25, it reserves 32 positions for outputs". kvsim's
-    ``policy="pow2"`` rounds prompt + output instead, which on a buddy arena takes exactly
-    Oracle's extent (next_pow2(prompt + output)), so the two baselines would admit the same
-    requests. Only the sizing differs from the ``oracle`` policy; the accounting follows from it
-    (the output's over-reservation is internal fragmentation, the buddy rounding external).
-
-    The prompt is the ``num_tokens`` of the admission: the reproduction gives Orca a token budget
-    no step exhausts (``engine_config``), so a prompt is never split into chunks.
-
-    Args:
-        capacity_tokens, max_model_len, placement: as ContiguousAllocator.
-    """
-
-    def __init__(self, capacity_tokens: int, max_model_len: int = 2048, placement: str = "buddy"):
-        super().__init__(capacity_tokens, policy="oracle", max_model_len=max_model_len,
-                         placement=placement)
-
-    def _check_request(self, num_tokens: int, final_num_tokens: int) -> tuple[int, int, int]:
-        # the one place ContiguousAllocator sizes a reservation (allocate and can_allocate);
-        # a private hook, so tests/test_reproduce.py pins the sizes it must produce
-        num_tokens, final_num_tokens, _ = super()._check_request(num_tokens, final_num_tokens)
-        output = final_num_tokens - num_tokens
-        reserved = num_tokens + (1 << (output - 1).bit_length()) if output > 0 else final_num_tokens
-        return num_tokens, final_num_tokens, max(final_num_tokens, min(reserved, self.max_model_len))
 
 
 def run_simulation(requests: Sequence, system: str, config: ReproConfig, cost, *,
                    snapshot_times_s: Sequence[float] = ()):
     """One simulation of ``system`` (simulator.Simulation), returning its Result.
 
-    For Orca (Pow2) with ``config.pow2_rule == "output"`` the replica's allocator is replaced,
-    before anything runs, by ``OutputPow2Allocator`` (the simulator builds allocators from an
-    EngineConfig, whose policies have no paper-style Pow2).
+    Orca (Pow2) is the allocator's ``pow2`` policy: prompt + next_pow2(output), the paper's rule.
     """
     from simulator import Simulation
 
     sim = Simulation(requests, engine_config(system, config), cost,
                      sample_interval_s=config.sample_interval_s, snapshot_times_s=snapshot_times_s,
                      seed=config.seed, progress=False)
-    if system == "orca_pow2" and config.pow2_rule == "output":
-        for rep in sim.replicas:
-            rep.allocator = rep.sched.allocator = OutputPow2Allocator(
-                config.capacity_tokens, config.max_model_len, config.placement)
     return sim.run()
 
 
@@ -560,7 +517,6 @@ class Run:
     n: int = 1
     step_time_scale: float | None = None
     placement: str | None = None
-    pow2_rule: str | None = None
 
 
 def plan_runs(config: ReproConfig, have_real_trace: bool) -> list[Run]:
@@ -589,9 +545,6 @@ def plan_runs(config: ReproConfig, have_real_trace: bool) -> list[Run]:
         for mode in FIG15_MODES:
             runs += [Run(f"sharegpt@{config.fig15_sharegpt_rate:g}/vllm/{mode}{n}", "sharegpt",
                          config.fig15_sharegpt_rate, "vllm", mode, n) for n in FIG15_NS]
-        other_rule = "total" if config.pow2_rule == "output" else "output"
-        runs.append(Run(f"sharegpt@{config.sharegpt_rate:g}/orca_pow2/pow2_{other_rule}", "sharegpt",
-                        config.sharegpt_rate, "orca_pow2", pow2_rule=other_rule))
         other = "first-fit" if config.placement == "buddy" else "buddy"
         runs += [Run(f"sharegpt@{config.sharegpt_rate:g}/{s}/{other}", "sharegpt",
                      config.sharegpt_rate, s, placement=other)
@@ -648,8 +601,6 @@ def run_reproduction(config: ReproConfig, *, progress: bool = True) -> dict[str,
         cfg = config
         if run.placement is not None:
             cfg = replace(cfg, placement=run.placement)
-        if run.pow2_rule is not None:
-            cfg = replace(cfg, pow2_rule=run.pow2_rule)
         result = run_simulation(reqs, run.system, cfg, cost_model(config, run.step_time_scale),
                                 snapshot_times_s=snapshot_times if run.mode != "basic" else ())
         metrics[run.key] = measure(result, run.system, config)
@@ -724,13 +675,6 @@ def assemble_results(config: ReproConfig, runs: Sequence[Run], metrics: dict[str
             table.setdefault(f"{r.step_time_scale:g}", {}).setdefault(r.workload, {})[r.system] = {
                 "mean_running": _r(m.mean_running), "token_states": _r(m.shares_pct["token_states"])}
         sens["step_time_scale"] = table
-    rule_runs = [r for r in runs if r.pow2_rule is not None]
-    if rule_runs:
-        def _pow2_row(m: RunMetrics) -> dict[str, Any]:
-            return {**{c: _r(m.shares_pct[c]) for c in FIG2_CLASSES}, "mean_running": _r(m.mean_running)}
-        sens["pow2_rule"] = {config.pow2_rule: _pow2_row(metrics[f"sharegpt@{sg:g}/orca_pow2"])}
-        for r in rule_runs:
-            sens["pow2_rule"][r.pow2_rule] = _pow2_row(metrics[r.key])
     place_runs = [r for r in runs if r.placement is not None]
     if place_runs:
         sens["placement"] = {}

@@ -153,12 +153,6 @@ def render_markdown(results: dict[str, Any]) -> str:
                 for wl, by_s in by_wl.items() for s, v in by_s.items()]
         out += ["Step time (roofline x factor): batched requests and token-state share:", "",
                 _md_table(["step time x", "workload", "system", "batched requests", "token states %"], rows), ""]
-    rule = sens.get("pow2_rule")
-    if rule:
-        rows = [[k, *(_f(v[c]) for c in FIG2_CLASSES), _f(v["mean_running"], 2)] for k, v in rule.items()]
-        out += ["Orca (Pow2) sizing rule, ShareGPT: `output` = prompt + next_pow2(output) (the paper's), "
-                "`total` = next_pow2(prompt + output) (kvsim's allocator policy):", "",
-                _md_table(["rule", *(FIG2_LABELS[c] + " %" for c in FIG2_CLASSES), "batched requests"], rows), ""]
     place = sens.get("placement")
     if place:
         rows = [[p, SYSTEM_LABELS[s], _f(v["token_states"]), _f(v["external_and_other"]), _f(v["mean_running"], 2)]
