@@ -13,8 +13,8 @@ class EngineConfig:
 
     Args:
         allocator: "paged" (vLLM blocks + prefix cache) or a contiguous reservation policy
-            ("max": max_model_len, "pow2": next power of two of the final length, "oracle": the
-            exact final length), as in the vLLM paper's baselines.
+            ("max": max_model_len, "pow2": the prompt plus the output rounded up to a power of
+            two, "oracle": the exact final length), as in the vLLM paper's baselines.
         placement: contiguous allocators only: "buddy" or "first-fit".
         block_size: tokens per block (paged) / per cell (contiguous accounting).
         num_blocks: pool size in blocks (vLLM's num_gpu_blocks). With ``null_block`` the first is
