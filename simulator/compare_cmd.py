@@ -12,7 +12,7 @@ import json
 
 from simulator.config import ALLOCATORS
 from simulator.replay_cmd import add_workload_and_engine_args, run_one
-from simulator.result import _clean, _json_default
+from simulator.result import _clean, _json_default, prepare_output
 
 # (label, getter) rows of the table
 ROWS = (
@@ -87,6 +87,8 @@ def register(subparsers) -> None:
 
 def run(args) -> int:
     names = parse_allocators(args.allocators)
+    if args.json:
+        prepare_output(args.json)
     summaries = {name: run_one(args, name, record_requests=False).summary for name in names}
     print(format_table(summaries))
     if args.json:

@@ -23,6 +23,7 @@ import workloads
 from simulator.config import ALLOCATORS, PLACEMENTS, EngineConfig
 from simulator.cost import FixedStepCost, TableCost
 from simulator.engine import ROUTERS, simulate
+from simulator.result import prepare_output
 
 DEFAULT_MODEL = "Llama-3.1-8B"
 DEFAULT_GPU = "H100-80GB-SXM"
@@ -195,9 +196,11 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
+    # check every output before the run: minutes of simulation must not be lost at the end
+    prepare_output(args.out)
     for path in (args.timeseries, args.requests):
-        if path and not path.endswith((".csv", ".parquet")):
-            raise ValueError(f"{path}: unknown table format (use .csv or .parquet)")
+        if path:
+            prepare_output(path, (".csv", ".parquet"))
     result = run_one(args, args.allocator, record_requests=bool(args.requests))
     result.write_json(args.out)
     if args.timeseries:

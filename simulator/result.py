@@ -75,6 +75,33 @@ class Result:
         _write_table(self.requests, path)
 
 
+
+def prepare_output(path, suffixes: tuple[str, ...] = ()) -> str:
+    """Check an output path before a long run, so that no result is lost at the end.
+
+    Creates missing parent directories; raises ValueError (one line, exit 2 from the CLI) if
+    the path is a directory, has a suffix outside ``suffixes`` (when given), or cannot be
+    written.
+
+    Args:
+        path: the file the run will write.
+        suffixes: accepted endings, e.g. (".csv", ".parquet"); empty = any.
+    Returns:
+        ``path`` unchanged.
+    """
+    if suffixes and not str(path).endswith(suffixes):
+        raise ValueError(f"{path}: unknown file type (use {' or '.join(suffixes)})")
+    if os.path.isdir(path):
+        raise ValueError(f"{path}: is a directory, expected a file name")
+    parent = os.path.dirname(os.path.abspath(path))
+    try:
+        os.makedirs(parent, exist_ok=True)
+    except OSError as err:
+        raise ValueError(f"{path}: cannot create its directory ({err.strerror})") from None
+    if not os.access(parent, os.W_OK):
+        raise ValueError(f"{path}: directory {parent} is not writable")
+    return path
+
 def _write_table(df: pd.DataFrame, path) -> None:
     path = os.fspath(path)
     if path.endswith(".parquet"):

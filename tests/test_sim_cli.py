@@ -114,3 +114,21 @@ def test_fixed_step_cost():
     assert cost.run_time_s(StepBatch(num_seqs=3), 4) == 2.0
     with pytest.raises(ValueError):
         FixedStepCost(0)
+
+
+def test_outputs_are_checked_before_the_run_and_directories_created(tmp_path, capsys):
+    from simulator.cli import main
+
+    spec = "sharegpt:rate=2,n=20,seed=0"
+    out = tmp_path / "new" / "dir" / "r.json"
+    assert main(["replay", spec, "--allocator", "paged", "--num-blocks", "500", "--quiet",
+                 "--out", str(out), "--requests", str(tmp_path / "x" / "req.csv")]) == 0
+    assert out.is_file() and (tmp_path / "x" / "req.csv").is_file()
+    # a directory where a file is expected fails at once, in one line, before simulating
+    assert main(["replay", spec, "--allocator", "paged", "--num-blocks", "500", "--quiet",
+                 "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "is a directory" in err and len(err.strip().splitlines()) == 1
+    assert main(["replay", spec, "--allocator", "paged", "--num-blocks", "500", "--quiet",
+                 "--out", str(out), "--timeseries", str(tmp_path / "ts.txt")]) == 2
+    assert "unknown file type" in capsys.readouterr().err
