@@ -386,7 +386,8 @@ class PagedAllocator:
 
     def _find_hits(self, block_hashes: Sequence[int] | None, num_tokens: int) -> list[int]:
         """Longest run of cached blocks from the start, capped at num_tokens - 1 tokens."""
-        if block_hashes is None or not self.enable_prefix_caching or num_tokens <= 1:
+        if block_hashes is None or not self.enable_prefix_caching or num_tokens <= 1 \
+                or not self.pool.has_keys:
             return []
         get = self.pool.get_cached_block
         hits = []
