@@ -230,6 +230,58 @@ class PagedAllocator:
             self._register_full_blocks(seq)
         return True
 
+    def append_many(self, appends: Sequence[tuple[int, int]]) -> bool:
+        """``append(seq_id, num_tokens)`` for each pair in order, all or nothing.
+
+        A decode run of the simulator makes many sequences cross a block boundary at once;
+        their new blocks are taken from the free queue in one slice instead of one ``pop`` per
+        sequence. The blocks each sequence gets, and the whole pool state, are the same as
+        with the appends one by one (the queue hands out the same blocks in the same order;
+        evictions and registrations touch different blocks). Sequences whose shared partial
+        last block must be copied first (CoW) take the one-by-one path.
+
+        Returns:
+            False, with nothing changed, if the free blocks do not suffice for all of them.
+        """
+        if not appends:
+            return True
+        pool, size, seqs = self.pool, self.block_size, self._seqs
+        ref = pool.ref_cnt
+        grown = []                      # (seq, new_num_tokens, num_new_blocks)
+        total_new_blocks = 0
+        # a sequence listed twice grows from its already grown length: one by one
+        one_by_one = len({seq_id for seq_id, _ in appends}) < len(appends)
+        for seq_id, num_tokens in appends:
+            seq = seqs.get(seq_id)
+            if seq is None or type(num_tokens) is not int or num_tokens < 0:
+                one_by_one = True       # let append() raise its error
+                break
+            new_num_tokens = seq.num_tokens + num_tokens
+            num_new_blocks = -(-new_num_tokens // size) - len(seq.block_table)
+            if num_tokens and seq.num_tokens % size and ref[seq.block_table[-1]] > 1:
+                one_by_one = True       # copy-on-write: keep append()'s order of pops
+                num_new_blocks += 1
+            total_new_blocks += num_new_blocks
+            grown.append((seq, new_num_tokens, num_new_blocks))
+        if total_new_blocks > pool.num_free_blocks:
+            return False
+        if one_by_one:
+            for seq_id, num_tokens in appends:
+                ok = self.append(seq_id, num_tokens)
+                assert ok, "an append failed although the total fitted"
+            return True
+        new_blocks = pool.pop(total_new_blocks)
+        start = 0
+        for seq, new_num_tokens, num_new_blocks in grown:
+            if num_new_blocks:
+                seq.block_table += new_blocks[start:start + num_new_blocks]
+                start += num_new_blocks
+            self._num_filled_slots += new_num_tokens - seq.num_tokens
+            seq.num_tokens = new_num_tokens
+            if seq.num_keyed_blocks < seq.num_shareable_blocks:   # private blocks wait (doc)
+                self._register_full_blocks(seq)
+        return True
+
     def fork(self, parent_id: int, child_id: int,
              block_hashes: Sequence[int] | None = None) -> None:
         """New sequence ``child_id`` sharing every block of ``parent_id`` (ref counts + 1).

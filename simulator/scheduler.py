@@ -612,9 +612,9 @@ class Scheduler:
         Allocator calls: one append per request that crossed a block boundary (or has shareable
         output blocks); everyone else stays pending until it needs a block."""
         B = self.block_size
-        append = self.allocator.append
         paged = self.paged
         pending_delta = 0
+        appends = []            # told to the allocator together: one pop for all new blocks
         for seq in self.running:
             c = seq.num_computed_tokens
             c2 = c + k
@@ -624,12 +624,14 @@ class Scheduler:
             # a new block is needed iff cdiv(c2, B) > cdiv(c, B)
             if paged and (seq.eager or (c2 - 1) // B >= -(-c // B)):
                 pending = c2 - seq.num_alloc_tokens
-                ok = append(seq.seq_id, pending)
-                assert ok, "decode run append failed: plan_decode_run miscounted blocks"
+                appends.append((seq.seq_id, pending))
                 pending_delta -= pending - k
                 seq.num_alloc_tokens = c2
             else:
                 pending_delta += k
+        if appends:
+            ok = self.allocator.append_many(appends)
+            assert ok, "decode run append failed: plan_decode_run miscounted blocks"
         self.num_pending_tokens += pending_delta
         self.num_generated_tokens += k * len(self.running)
         self._run_min_remaining -= k

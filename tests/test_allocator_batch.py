@@ -1,0 +1,68 @@
+"""Batched allocator operations give exactly the state of the one-by-one operations."""
+import numpy as np
+from hypothesis import given, settings, strategies as st
+
+from allocator import PagedAllocator, SegmentKeys
+
+B = 4
+
+
+def _state(alloc):
+    snap = alloc.snapshot()
+    return (snap.cell_class.tolist(), snap.ref_cnt.tolist(), snap.block_key.tolist(),
+            snap.fill.tolist(), {k: v.tolist() for k, v in snap.block_tables.items()},
+            alloc.pool.free_queue(), alloc.breakdown())
+
+
+@settings(max_examples=150, deadline=None)
+@given(data=st.data(), num_blocks=st.integers(4, 40), caching=st.booleans())
+def test_append_many_equals_appends_one_by_one(data, num_blocks, caching):
+    one = PagedAllocator(num_blocks=num_blocks, block_size=B, enable_prefix_caching=caching)
+    many = PagedAllocator(num_blocks=num_blocks, block_size=B, enable_prefix_caching=caching)
+    live = []
+    for step in range(data.draw(st.integers(1, 30))):
+        op = data.draw(st.sampled_from(["new", "fork"] * bool(live) + ["new", "grow", "free"]))
+        if op == "new":
+            total = data.draw(st.integers(1, 24))
+            shared = data.draw(st.integers(0, total + 20))
+            keys = SegmentKeys([(1000 + data.draw(st.integers(0, 1)), total),
+                                (10_000 + step, 20)], B, num_shareable_tokens=shared)
+            n = data.draw(st.integers(1, min(total, num_blocks * B)))
+            ok = one.allocate(step, n, keys)
+            assert many.allocate(step, n, keys) == ok
+            if ok:
+                live.append(step)
+        elif op == "fork":
+            parent = data.draw(st.sampled_from(live))
+            one.fork(parent, step)
+            many.fork(parent, step)
+            live.append(step)
+        elif op == "free" and live:
+            seq_id = data.draw(st.sampled_from(live))
+            preempted = data.draw(st.booleans())
+            one.free(seq_id, preempted)
+            many.free(seq_id, preempted)
+            live.remove(seq_id)
+        elif op == "grow" and live:
+            chosen = data.draw(st.lists(st.sampled_from(live), max_size=len(live), unique=True))
+            appends = [(seq_id, data.draw(st.integers(0, 9))) for seq_id in chosen]
+            before = _state(one)
+            fits = many.append_many(appends)
+            if fits:
+                for seq_id, num_tokens in appends:
+                    assert one.append(seq_id, num_tokens)
+            else:   # all or nothing
+                assert _state(many) == before
+        many.check_invariants()
+        assert _state(many) == _state(one)
+        assert [many.block_table(s) for s in live] == [one.block_table(s) for s in live]
+
+
+def test_append_many_is_all_or_nothing():
+    alloc = PagedAllocator(num_blocks=4, block_size=B, enable_prefix_caching=False)
+    assert alloc.allocate(0, 4) and alloc.allocate(1, 4)
+    assert not alloc.append_many([(0, 4), (1, 8)])     # 3 new blocks, 2 free
+    assert alloc.block_table(0) == [0] and alloc.block_table(1) == [1]
+    assert alloc.append_many([(0, 4), (1, 1)])
+    assert alloc.block_table(0) == [0, 2] and alloc.block_table(1) == [1, 3]
+    assert alloc.num_free_blocks == 0 and np.sum(alloc.snapshot().fill) == 13
