@@ -409,12 +409,13 @@ class Scheduler:
         """
         finished = out.finished
         reselect = []
+        num_sampled = 0
         for seq, _n in out.scheduled:
             if seq.num_computed_tokens < seq.num_tokens:
                 continue  # a partial prefill chunk samples nothing
             seq.num_output_tokens += 1
             seq.num_tokens += 1
-            self.num_generated_tokens += 1
+            num_sampled += 1
             if seq.first_token_ns < 0:
                 seq.first_token_ns = end_ns
                 seq.first_token_step = step_index
@@ -425,6 +426,8 @@ class Scheduler:
                     self._fork_samples(seq)
                 elif seq.group.kind == "beam" and seq.num_computed_tokens % self.block_size == 0:
                     reselect.append(seq.group)
+        # one addition per step (an integer total: forks adding theirs inside the loop is fine)
+        self.num_generated_tokens += num_sampled
         for group in reselect:   # after every beam got this step's token: lockstep again
             self._reselect_beams(group)
         if finished:
@@ -528,13 +531,14 @@ class Scheduler:
             ctx += c
             # decoding = one token behind with an output already (a prompt's last token is a
             # prefill step that samples the first token)
-            if c != seq.num_tokens - 1 or not seq.num_output_tokens or seq.group is not None:
+            out_tokens = seq.num_output_tokens
+            if c != seq.num_tokens - 1 or not out_tokens or seq.group is not None:
                 return 0
-            r = seq.max_output_tokens - seq.num_output_tokens
+            r = seq.max_output_tokens - out_tokens
             if r < min_remaining:
                 min_remaining = r
             if paged:
-                hist[(-c) % B + 1] += 1
+                hist[-c % B + 1] += 1
                 if seq.eager:
                     # end the run when a shareable block fills: later admissions may hit it
                     full_end = (c // B + 1) * B
