@@ -244,13 +244,15 @@ class Scheduler:
         preempted_any = False
         block_size = self.block_size
 
-        # 1) RUNNING requests, in admission order
-        req_index = 0
+        # 1) RUNNING requests, in admission order. A preemption pops victims off the end of
+        # ``running`` while we iterate: the list iterator then simply stops earlier (vLLM's
+        # ``while req_index < len(self.running)``).
         slow = []                  # scheduled outside the decode fast path, updated below
-        num_fast = fast_ctx = 0    # decodes inside a held block: updated inline
+        fast_ctx = 0               # decodes inside a held block: updated inline
         lazy = self.paged          # paged decodes are told to the allocator lazily
-        while req_index < len(running) and token_budget > 0:
-            seq = running[req_index]
+        for seq in running:
+            if token_budget <= 0:
+                break
             c = seq.num_computed_tokens
             n = seq.num_tokens - c
             if n == 1 and c % block_size and lazy and seq.plain and c >= seq.num_prompt_tokens:
@@ -258,10 +260,8 @@ class Scheduler:
                 # (the threshold and the max_model_len cap cannot bind for one token)
                 seq.num_computed_tokens = c + 1
                 fast_ctx += c + 1
-                num_fast += 1
                 scheduled.append((seq, 1))
                 token_budget -= 1
-                req_index += 1
                 continue
             if 0 < lpt < n:
                 n = lpt
@@ -271,7 +271,6 @@ class Scheduler:
             if n > cap:
                 n = cap
             if n <= 0:
-                req_index += 1
                 continue
             ok = True
             while not self._grow(seq, n):
@@ -287,7 +286,7 @@ class Scheduler:
             scheduled.append((seq, n))
             slow.append((seq, n))
             token_budget -= n
-            req_index += 1
+        num_fast = len(scheduled) - len(slow)
         self.num_pending_tokens += num_fast
 
         # 2) WAITING requests, FCFS, only if nobody was preempted in this step
