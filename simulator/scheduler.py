@@ -614,27 +614,32 @@ class Scheduler:
         """Apply ``k`` planned decode steps at once (``plan_decode_run`` said they are identical).
         Allocator calls: one append per request that crossed a block boundary (or has shareable
         output blocks); everyone else stays pending until it needs a block."""
-        B = self.block_size
-        paged = self.paged
-        pending_delta = 0
+        running = self.running
         appends = []            # told to the allocator together: one pop for all new blocks
-        for seq in self.running:
-            c = seq.num_computed_tokens
-            c2 = c + k
-            seq.num_computed_tokens = c2
-            seq.num_output_tokens += k
-            seq.num_tokens += k
-            # a new block is needed iff cdiv(c2, B) > cdiv(c, B)
-            if paged and (seq.eager or (c2 - 1) // B >= -(-c // B)):
-                pending = c2 - seq.num_alloc_tokens
-                appends.append((seq.seq_id, pending))
-                pending_delta -= pending - k
-                seq.num_alloc_tokens = c2
-            else:
-                pending_delta += k
+        num_told = 0            # pending tokens the appends hand over
+        if self.paged:
+            B = self.block_size
+            for seq in running:
+                c = seq.num_computed_tokens
+                c2 = c + k
+                seq.num_computed_tokens = c2
+                seq.num_output_tokens += k
+                seq.num_tokens += k
+                # -c % B tokens fit in the held blocks: a new block iff k > that
+                # (cdiv(c2, B) > cdiv(c, B)); eager requests register output blocks as they fill
+                if seq.eager or -c % B < k:
+                    pending = c2 - seq.num_alloc_tokens
+                    appends.append((seq.seq_id, pending))
+                    num_told += pending
+                    seq.num_alloc_tokens = c2
+        else:
+            for seq in running:
+                seq.num_computed_tokens += k
+                seq.num_output_tokens += k
+                seq.num_tokens += k
         if appends:
             ok = self.allocator.append_many(appends)
             assert ok, "decode run append failed: plan_decode_run miscounted blocks"
-        self.num_pending_tokens += pending_delta
+        self.num_pending_tokens += k * len(running) - num_told
         self.num_generated_tokens += k * len(self.running)
         self._run_min_remaining -= k
