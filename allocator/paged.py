@@ -247,22 +247,24 @@ class PagedAllocator:
             return True
         pool, size, seqs = self.pool, self.block_size, self._seqs
         ref = pool.ref_cnt
-        grown = []                      # (seq, new_num_tokens, num_new_blocks)
-        total_new_blocks = 0
-        # a sequence listed twice grows from its already grown length: one by one
-        one_by_one = len({seq_id for seq_id, _ in appends}) < len(appends)
+        if len({seq_id for seq_id, _ in appends}) < len(appends):
+            raise ValueError("append_many: a sequence is listed twice")
+        grown = []                      # the sequences, in the given order
+        total_new_blocks = total_new_tokens = 0
+        one_by_one = False
         for seq_id, num_tokens in appends:
             seq = seqs.get(seq_id)
             if seq is None or type(num_tokens) is not int or num_tokens < 0:
                 one_by_one = True       # let append() raise its error
                 break
-            new_num_tokens = seq.num_tokens + num_tokens
-            num_new_blocks = -(-new_num_tokens // size) - len(seq.block_table)
-            if num_tokens and seq.num_tokens % size and ref[seq.block_table[-1]] > 1:
+            old_num_tokens = seq.num_tokens
+            table = seq.block_table
+            total_new_blocks += (old_num_tokens + num_tokens + size - 1) // size - len(table)
+            if num_tokens and old_num_tokens % size and ref[table[-1]] > 1:
                 one_by_one = True       # copy-on-write: keep append()'s order of pops
-                num_new_blocks += 1
-            total_new_blocks += num_new_blocks
-            grown.append((seq, new_num_tokens, num_new_blocks))
+                total_new_blocks += 1
+            total_new_tokens += num_tokens
+            grown.append(seq)
         if total_new_blocks > pool.num_free_blocks:
             return False
         if one_by_one:
@@ -272,14 +274,17 @@ class PagedAllocator:
             return True
         new_blocks = pool.pop(total_new_blocks)
         start = 0
-        for seq, new_num_tokens, num_new_blocks in grown:
-            if num_new_blocks:
-                seq.block_table += new_blocks[start:start + num_new_blocks]
-                start += num_new_blocks
-            self._num_filled_slots += new_num_tokens - seq.num_tokens
+        for seq, (_, num_tokens) in zip(grown, appends):
+            new_num_tokens = seq.num_tokens + num_tokens
             seq.num_tokens = new_num_tokens
+            table = seq.block_table
+            end = start + (new_num_tokens + size - 1) // size - len(table)
+            if end > start:
+                table += new_blocks[start:end]
+                start = end
             if seq.num_keyed_blocks < seq.num_shareable_blocks:   # private blocks wait (doc)
                 self._register_full_blocks(seq)
+        self._num_filled_slots += total_new_tokens
         return True
 
     def fork(self, parent_id: int, child_id: int,

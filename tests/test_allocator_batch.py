@@ -1,5 +1,6 @@
 """Batched allocator operations give exactly the state of the one-by-one operations."""
 import numpy as np
+import pytest
 from hypothesis import given, settings, strategies as st
 
 from allocator import PagedAllocator, SegmentKeys
@@ -66,3 +67,5 @@ def test_append_many_is_all_or_nothing():
     assert alloc.append_many([(0, 4), (1, 1)])
     assert alloc.block_table(0) == [0, 2] and alloc.block_table(1) == [1, 3]
     assert alloc.num_free_blocks == 0 and np.sum(alloc.snapshot().fill) == 13
+    with pytest.raises(ValueError, match="listed twice"):
+        alloc.append_many([(0, 1), (0, 1)])
