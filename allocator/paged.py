@@ -35,8 +35,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from allocator.accounting import (CACHED, FREE, INTERNAL, TOKEN_STATES, PoolSnapshot,
-                                  check_breakdown, make_breakdown)
+from allocator.accounting import (CACHED, FREE, INTERNAL, MEMORY_CLASSES, TOKEN_STATES,
+                                  PoolSnapshot, check_breakdown)
 from allocator.block_pool import BlockPool
 from allocator.checks import require_int, require_live, require_new_seq_id
 
@@ -350,14 +350,17 @@ class PagedAllocator:
 
         Paged pools have no external fragmentation: any free block serves any request.
         """
-        size = self.block_size
-        num_cached = self.pool.num_cached_blocks
+        return dict(zip(MEMORY_CLASSES, self.breakdown_slots()))
+
+    def breakdown_slots(self) -> list[int]:
+        """``breakdown()`` values as a list in MEMORY_CLASSES order (no dict: a simulator
+        integrates the breakdown at every event)."""
+        size, pool = self.block_size, self.pool
+        num_cached = pool.num_cached_blocks
         filled = self._num_filled_slots
-        return make_breakdown(
-            token_states=filled, reservation=0,
-            internal_fragmentation=(self.num_used_blocks + self.null_block) * size - filled,
-            external_fragmentation=0, cached=num_cached * size,
-            free=(self.pool.num_free_blocks - num_cached) * size)
+        num_used = self.num_usable_blocks - pool.num_free_blocks
+        return [filled, 0, (num_used + self.null_block) * size - filled, 0, num_cached * size,
+                (pool.num_free_blocks - num_cached) * size]
 
     def snapshot(self) -> PoolSnapshot:
         """Per-block arrays of the pool now (see PoolSnapshot)."""

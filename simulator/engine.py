@@ -455,10 +455,10 @@ class Simulation:
     def _breakdown(self, rep: _Replica) -> list[int]:
         sched = rep.sched
         if sched.paged:
-            bd = rep.allocator.breakdown(None)
+            vals = rep.allocator.breakdown_slots()
         else:
             bd = rep.allocator.breakdown(self._waiting_final_tokens(rep))
-        vals = [bd[c] for c in MEMORY_CLASSES]
+            vals = [bd[c] for c in MEMORY_CLASSES]
         pending = sched.num_pending_tokens
         if pending:
             # tokens scheduled but not yet told to the allocator sit in held slots
