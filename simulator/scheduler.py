@@ -521,7 +521,6 @@ class Scheduler:
             return 0
         k = max_steps
         B = self.block_size
-        hist = [0] * (B + 1)   # hist[j]: requests that need a new block at step j (1..B)
         paged = self.paged
         ctx = 0
         min_remaining = max_steps
@@ -536,34 +535,49 @@ class Scheduler:
             r = seq.max_output_tokens - out_tokens
             if r < min_remaining:
                 min_remaining = r
-            if paged:
-                hist[-c % B + 1] += 1
-                if seq.eager:
-                    # end the run when a shareable block fills: later admissions may hit it
-                    full_end = (c // B + 1) * B
-                    if full_end <= seq.req.num_shareable_tokens and full_end - c < k:
-                        k = full_end - c
+            if paged and seq.eager:
+                # end the run when a shareable block fills: later admissions may hit it
+                full_end = (c // B + 1) * B
+                if full_end <= seq.req.num_shareable_tokens and full_end - c < k:
+                    k = full_end - c
         if min_remaining < k:
             k = min_remaining
         # for decode_run_batch / finish_decode_run
         self._run_ctx = ctx + n
         self._run_min_remaining = min_remaining
-        if self.paged:
+        first_step_blocks = 0
+        if paged:
             free = self.allocator.num_free_blocks
             cycles, rem = divmod(free, n)
-            r = 0
-            acc = 0
-            while r < B - 1 and acc + hist[r + 1] <= rem:
-                r += 1
-                acc += hist[r]
-            kb = cycles * B + r
-            if kb < k:
-                k = kb
+            # every request takes at most one block per B steps, so the free blocks last at
+            # least cycles * B steps; only a run longer than that (or a waiting head, which
+            # needs the first step's blocks) needs the step-by-step count
+            if cycles * B < k or self.waiting:
+                hist = self.crossing_histogram()
+                r = 0
+                acc = 0
+                while r < B - 1 and acc + hist[r + 1] <= rem:
+                    r += 1
+                    acc += hist[r]
+                kb = cycles * B + r
+                if kb < k:
+                    k = kb
+                first_step_blocks = hist[1]
             if k <= 0:
                 return 0
-        if self.waiting and not self._head_blocked(hist[1] if self.paged else 0):
+        if self.waiting and not self._head_blocked(first_step_blocks):
             return 0
         return k
+
+    def crossing_histogram(self) -> list[int]:
+        """``hist[j]`` (j = 1..B): running requests that need a new block in decode step j from
+        now (decoding requests; all zero for a contiguous pool)."""
+        B = self.block_size
+        hist = [0] * (B + 1)
+        if self.paged:
+            for seq in self.running:
+                hist[-seq.num_computed_tokens % B + 1] += 1
+        return hist
 
     def _head_blocked(self, first_step_blocks: int) -> bool:
         """Whether the waiting head cannot be admitted after the first decode step's allocations."""
