@@ -141,6 +141,7 @@ class BlockPool:
         self.num_free_blocks = num_blocks   # allocatable now, evictable cached blocks included
         self.num_cached_blocks = 0          # free blocks that have a key (evictable)
         self.num_popped_blocks = 0          # blocks handed out since start-up (allocations)
+        self.map_version = 0                # bumped whenever the hash map changes
         self.null_block = None
         if reserve_null_block:        # never freed, never counted (vLLM keeps no ref_cnt on it)
             self.null_block = self._free_queue.popleft(1)[0]
@@ -162,6 +163,7 @@ class BlockPool:
         if self.block_key[block_id] is not None:
             return
         self.block_key[block_id] = key
+        self.map_version += 1
         present = self._key_to_block.get(key)
         if present is None:
             self._key_to_block[key] = block_id
@@ -176,6 +178,7 @@ class BlockPool:
         if key is None:
             return
         self.block_key[block_id] = None
+        self.map_version += 1
         present = self._key_to_block[key]
         if type(present) is list:
             present.remove(block_id)

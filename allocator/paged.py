@@ -86,6 +86,9 @@ class PagedAllocator:
         self.num_queried_tokens = self.num_hit_tokens = 0
         self.num_preempted_queried_tokens = self.num_preempted_hit_tokens = 0
         self._preempted_seq_ids: set[int] = set()
+        # last prefix scan (admission asks lookup, blocks_needed and allocate in a row):
+        # (block_hashes, pool.map_version, blocks scanned, hits)
+        self._last_scan: tuple | None = None
 
     # ---- queries ---------------------------------------------------------------------------
     @property
@@ -449,14 +452,25 @@ class PagedAllocator:
         if block_hashes is None or not self.enable_prefix_caching or num_tokens <= 1 \
                 or not self.pool.has_keys:
             return []
+        limit = min((num_tokens - 1) // self.block_size, len(block_hashes))
+        last = self._last_scan
+        if last is not None and last[0] is block_hashes and last[1] == self.pool.map_version:
+            # same keys, unchanged hash map: the earlier scan answers if it went far enough
+            # or stopped at a miss before ``limit``
+            _, _, scanned, hits = last
+            if limit <= len(hits):
+                return hits[:limit]
+            if len(hits) < scanned:
+                return list(hits)
         get = self.pool.get_cached_block
         hits = []
-        for i in range(min((num_tokens - 1) // self.block_size, len(block_hashes))):
+        for i in range(limit):
             block_id = get(block_hashes[i])
             if block_id is None:
                 break    # keys chain: once one block misses, every later block misses
             hits.append(block_id)
-        return hits
+        self._last_scan = (block_hashes, self.pool.map_version, limit, hits)
+        return list(hits)
 
     def _register_full_blocks(self, seq: _Seq) -> None:
         """Register blocks that just became full (shareable ones only: see module doc)."""

@@ -1,4 +1,4 @@
-"""Batched allocator operations give exactly the state of the one-by-one operations."""
+"""Fast paths of the allocator give exactly the answers and state of the plain paths."""
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -69,3 +69,21 @@ def test_append_many_is_all_or_nothing():
     assert alloc.num_free_blocks == 0 and np.sum(alloc.snapshot().fill) == 13
     with pytest.raises(ValueError, match="listed twice"):
         alloc.append_many([(0, 1), (0, 1)])
+
+
+def test_repeated_lookups_see_hash_map_changes():
+    """Admission asks lookup / blocks_needed / allocate with the same keys in a row (the scan
+    is reused); any change to the hash map in between must show."""
+    alloc = PagedAllocator(num_blocks=8, block_size=B, enable_prefix_caching=True)
+    assert alloc.allocate(1, 4)                        # block 0, unique content
+    keys = SegmentKeys([(7, 12), (8, 4)], B)
+    assert alloc.allocate(0, 12, keys)                 # blocks 1-3, registered
+    other = SegmentKeys([(7, 12), (9, 4)], B)
+    assert alloc.lookup(other, 16) == 12 and alloc.lookup(other, 9) == 8
+    assert alloc.blocks_needed(16, other) == 1
+    alloc.free(0)                                      # cached, evictable
+    assert alloc.blocks_needed(16, other) == 4         # hits now cost free blocks
+    # growing seq 1 to 6 blocks takes the 4 never used, then evicts seq 0's tail block (LRU)
+    assert alloc.append(1, 20)
+    assert alloc.lookup(other, 16) == 8
+    assert alloc.blocks_needed(16, other) == 4 - 2 + 2
