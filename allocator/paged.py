@@ -327,9 +327,10 @@ class PagedAllocator:
         if self.enable_prefix_caching:
             if preempted:
                 self._preempted_seq_ids.add(seq_id)
-                hashes = seq.block_hashes
-                for i in range(seq.num_shareable_blocks, min(num_full, seq.num_hashes)):
-                    pool.register(table[i], hashes[i])
+                start, stop = seq.num_shareable_blocks, min(num_full, seq.num_hashes)
+                if start < stop:
+                    for block_id, key in zip(table[start:stop], seq.block_hashes[start:stop]):
+                        pool.register(block_id, key)
             else:
                 # private blocks keyed by a hit after an earlier preemption: nobody else can
                 # use them, so once released they count as free (same LRU place)
@@ -478,7 +479,10 @@ class PagedAllocator:
         start = seq.num_keyed_blocks
         if num_full <= start:
             return
-        hashes, table, register = seq.block_hashes, seq.block_table, self.pool.register
-        for i in range(start, min(num_full, seq.num_shareable_blocks)):
-            register(table[i], hashes[i])
+        stop = min(num_full, seq.num_shareable_blocks)
+        if start < stop:
+            register = self.pool.register
+            # one slice of keys (SegmentKeys computes a run of keys in one walk)
+            for block_id, key in zip(seq.block_table[start:stop], seq.block_hashes[start:stop]):
+                register(block_id, key)
         seq.num_keyed_blocks = num_full

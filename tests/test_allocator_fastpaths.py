@@ -87,3 +87,15 @@ def test_repeated_lookups_see_hash_map_changes():
     assert alloc.append(1, 20)
     assert alloc.lookup(other, 16) == 8
     assert alloc.blocks_needed(16, other) == 4 - 2 + 2
+
+
+@settings(max_examples=200, deadline=None)
+@given(lengths=st.lists(st.integers(1, 40), min_size=1, max_size=8),
+       block_size=st.sampled_from([1, 2, 4, 16]), data=st.data())
+def test_segment_key_slices_equal_keys_one_by_one(lengths, block_size, data):
+    keys = SegmentKeys([(100 + i, n) for i, n in enumerate(lengths)], block_size)
+    start = data.draw(st.integers(-len(keys) - 2, len(keys) + 2))
+    stop = data.draw(st.integers(-len(keys) - 2, len(keys) + 2))
+    expected = [keys[i] for i in range(len(keys))][start:stop]
+    assert keys[start:stop] == expected
+    assert keys[:] == [keys[i] for i in range(len(keys))]
