@@ -160,17 +160,24 @@ class BlockPool:
 
     def register(self, block_id: int, key: int) -> None:
         """Enter a full, in-use block into the hash map (no-op if it already has a key)."""
-        if self.block_key[block_id] is not None:
-            return
-        self.block_key[block_id] = key
+        self.register_many((block_id,), (key,))
+
+    def register_many(self, block_ids: Iterable[int], keys: Iterable[int]) -> None:
+        """``register`` each block under its key, in order (a prefill fills many blocks at once:
+        one call instead of one per block)."""
+        block_key, key_to_block = self.block_key, self._key_to_block
+        for block_id, key in zip(block_ids, keys):
+            if block_key[block_id] is not None:
+                continue
+            block_key[block_id] = key
+            present = key_to_block.get(key)
+            if present is None:
+                key_to_block[key] = block_id
+            elif type(present) is list:
+                present.append(block_id)
+            else:
+                key_to_block[key] = [present, block_id]
         self.map_version += 1
-        present = self._key_to_block.get(key)
-        if present is None:
-            self._key_to_block[key] = block_id
-        elif type(present) is list:
-            present.append(block_id)
-        else:
-            self._key_to_block[key] = [present, block_id]
 
     def unregister(self, block_id: int) -> None:
         """Remove a block's key from the hash map (eviction, or retiring a private block)."""
@@ -238,10 +245,12 @@ class BlockPool:
         if self._key_to_block:        # some block has a key: note where cached ones queue
             end = self._free_queue.end()
             queue_pos = self._queue_pos
+            num_cached = 0
             for i, block_id in enumerate(reuse_last):
                 if key[block_id] is not None:   # cached: a prefix hit may take it back out
                     queue_pos[block_id] = end + i
-                    self.num_cached_blocks += 1
+                    num_cached += 1
+            self.num_cached_blocks += num_cached
         self._free_queue.prepend(reuse_first)
         self._free_queue.append(reuse_last)
         self.num_free_blocks += len(reuse_first) + len(reuse_last)

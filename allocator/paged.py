@@ -329,8 +329,7 @@ class PagedAllocator:
                 self._preempted_seq_ids.add(seq_id)
                 start, stop = seq.num_shareable_blocks, min(num_full, seq.num_hashes)
                 if start < stop:
-                    for block_id, key in zip(table[start:stop], seq.block_hashes[start:stop]):
-                        pool.register(block_id, key)
+                    pool.register_many(table[start:stop], seq.block_hashes[start:stop])
             else:
                 # private blocks keyed by a hit after an earlier preemption: nobody else can
                 # use them, so once released they count as free (same LRU place)
@@ -480,9 +479,6 @@ class PagedAllocator:
         if num_full <= start:
             return
         stop = min(num_full, seq.num_shareable_blocks)
-        if start < stop:
-            register = self.pool.register
-            # one slice of keys (SegmentKeys computes a run of keys in one walk)
-            for block_id, key in zip(seq.block_table[start:stop], seq.block_hashes[start:stop]):
-                register(block_id, key)
+        if start < stop:   # one slice of keys (SegmentKeys computes a run in one walk)
+            self.pool.register_many(seq.block_table[start:stop], seq.block_hashes[start:stop])
         seq.num_keyed_blocks = num_full
