@@ -59,6 +59,20 @@ class FreeBlockQueue:
 
     def popleft(self, n: int) -> list[int]:
         """The n blocks at the front (caller checked len)."""
+        if not self._num_stale:       # no tombstones to skip: the n blocks are one slice
+            start = self._head
+            out = self._entries[start:start + n]
+            self._head = start + n
+        else:
+            out = self._popleft_skipping_tombstones(n)
+        if self._head > 2 * self.trim_after and 2 * self._head > len(self._entries):
+            cut = self._head - self.trim_after    # amortised O(1) per entry
+            del self._entries[:cut]
+            self._base += cut
+            self._head -= cut
+        return out
+
+    def _popleft_skipping_tombstones(self, n: int) -> list[int]:
         out: list[int] = []
         while len(out) < n:
             start = self._head
@@ -69,11 +83,6 @@ class FreeBlockQueue:
                 self._num_stale -= len(chunk) - len(live)
                 chunk = live
             out += chunk
-        if self._head > 2 * self.trim_after and 2 * self._head > len(self._entries):
-            cut = self._head - self.trim_after    # amortised O(1) per entry
-            del self._entries[:cut]
-            self._base += cut
-            self._head -= cut
         return out
 
     def prepend(self, blocks: list[int]) -> None:
@@ -132,6 +141,7 @@ class BlockPool:
         self.num_free_blocks = num_blocks   # allocatable now, evictable cached blocks included
         self.num_cached_blocks = 0          # free blocks that have a key (evictable)
         self.num_popped_blocks = 0          # blocks handed out since start-up (allocations)
+        self.map_version = 0                # bumped whenever the hash map changes
         self.null_block = None
         if reserve_null_block:        # never freed, never counted (vLLM keeps no ref_cnt on it)
             self.null_block = self._free_queue.popleft(1)[0]
@@ -143,18 +153,31 @@ class BlockPool:
         hit = self._key_to_block.get(key)
         return hit[0] if type(hit) is list else hit
 
+    @property
+    def has_keys(self) -> bool:
+        """Whether any block is registered (if not, every prefix lookup misses)."""
+        return bool(self._key_to_block)
+
     def register(self, block_id: int, key: int) -> None:
         """Enter a full, in-use block into the hash map (no-op if it already has a key)."""
-        if self.block_key[block_id] is not None:
-            return
-        self.block_key[block_id] = key
-        present = self._key_to_block.get(key)
-        if present is None:
-            self._key_to_block[key] = block_id
-        elif type(present) is list:
-            present.append(block_id)
-        else:
-            self._key_to_block[key] = [present, block_id]
+        self.register_many((block_id,), (key,))
+
+    def register_many(self, block_ids: Iterable[int], keys: Iterable[int]) -> None:
+        """``register`` each block under its key, in order (a prefill fills many blocks at once:
+        one call instead of one per block)."""
+        block_key, key_to_block = self.block_key, self._key_to_block
+        for block_id, key in zip(block_ids, keys):
+            if block_key[block_id] is not None:
+                continue
+            block_key[block_id] = key
+            present = key_to_block.get(key)
+            if present is None:
+                key_to_block[key] = block_id
+            elif type(present) is list:
+                present.append(block_id)
+            else:
+                key_to_block[key] = [present, block_id]
+        self.map_version += 1
 
     def unregister(self, block_id: int) -> None:
         """Remove a block's key from the hash map (eviction, or retiring a private block)."""
@@ -162,6 +185,7 @@ class BlockPool:
         if key is None:
             return
         self.block_key[block_id] = None
+        self.map_version += 1
         present = self._key_to_block[key]
         if type(present) is list:
             present.remove(block_id)
@@ -212,19 +236,21 @@ class BlockPool:
                 the queue; the rest go to the back, in the given order (LRU).
         """
         ref, key = self.ref_cnt, self.block_key
-        reuse_first, reuse_last = [], []
-        for block_id in blocks_tail_first[:num_reuse_first]:
+        # a block appears at most once in the list, so decrement everything first and then
+        # keep those that reached zero (two tight loops instead of one with appends)
+        for block_id in blocks_tail_first:
             ref[block_id] -= 1
-            if not ref[block_id]:
-                reuse_first.append(block_id)
-        end = self._free_queue.end()
-        for block_id in blocks_tail_first[num_reuse_first:]:
-            ref[block_id] -= 1
-            if not ref[block_id]:
+        reuse_first = [b for b in blocks_tail_first[:num_reuse_first] if not ref[b]]
+        reuse_last = [b for b in blocks_tail_first[num_reuse_first:] if not ref[b]]
+        if self._key_to_block:        # some block has a key: note where cached ones queue
+            end = self._free_queue.end()
+            queue_pos = self._queue_pos
+            num_cached = 0
+            for i, block_id in enumerate(reuse_last):
                 if key[block_id] is not None:   # cached: a prefix hit may take it back out
-                    self._queue_pos[block_id] = end + len(reuse_last)
-                    self.num_cached_blocks += 1
-                reuse_last.append(block_id)
+                    queue_pos[block_id] = end + i
+                    num_cached += 1
+            self.num_cached_blocks += num_cached
         self._free_queue.prepend(reuse_first)
         self._free_queue.append(reuse_last)
         self.num_free_blocks += len(reuse_first) + len(reuse_last)

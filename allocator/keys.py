@@ -103,7 +103,10 @@ class SegmentKeys(Sequence):
 
     def __getitem__(self, i):  # type: ignore[override]
         if isinstance(i, slice):
-            return [self[j] for j in range(*i.indices(len(self)))]
+            start, stop, step = i.indices(len(self))
+            if step != 1:
+                return [self[j] for j in range(start, stop, step)]
+            return self._key_range(start, stop)
         n = len(self)
         if i < 0:
             i += n
@@ -112,6 +115,24 @@ class SegmentKeys(Sequence):
         t = (i + 1) * self.block_size - 1
         s = bisect_right(self._starts, t) - 1
         return mix64(self._chains[s] ^ ((t - self._starts[s]) << 1 | 1))
+
+    def _key_range(self, start: int, stop: int) -> list[int]:
+        """Keys of blocks ``start..stop-1`` in one walk over the segments (a slice: registering
+        a prefill's blocks asks for many consecutive keys; no bisect per key)."""
+        if start >= stop:
+            return []
+        size, starts, chains = self.block_size, self._starts, self._chains
+        first_t = (start + 1) * size - 1
+        s = bisect_right(starts, first_t) - 1
+        num_segments = len(starts)
+        next_start = starts[s + 1] if s + 1 < num_segments else None
+        out = []
+        for t in range(first_t, stop * size, size):      # t: the block's last token
+            while next_start is not None and t >= next_start:
+                s += 1
+                next_start = starts[s + 1] if s + 1 < num_segments else None
+            out.append(mix64(chains[s] ^ ((t - starts[s]) << 1 | 1)))
+        return out
 
 
 def rekey_blocks(block_ids: Sequence[int], key_block_tokens: int, num_tokens: int,

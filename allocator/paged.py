@@ -35,8 +35,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from allocator.accounting import (CACHED, FREE, INTERNAL, TOKEN_STATES, PoolSnapshot,
-                                  check_breakdown, make_breakdown)
+from allocator.accounting import (CACHED, FREE, INTERNAL, MEMORY_CLASSES, TOKEN_STATES,
+                                  PoolSnapshot, check_breakdown)
 from allocator.block_pool import BlockPool
 from allocator.checks import require_int, require_live, require_new_seq_id
 
@@ -86,6 +86,9 @@ class PagedAllocator:
         self.num_queried_tokens = self.num_hit_tokens = 0
         self.num_preempted_queried_tokens = self.num_preempted_hit_tokens = 0
         self._preempted_seq_ids: set[int] = set()
+        # last prefix scan (admission asks lookup, blocks_needed and allocate in a row):
+        # (block_hashes, pool.map_version, blocks scanned, hits)
+        self._last_scan: tuple | None = None
 
     # ---- queries ---------------------------------------------------------------------------
     @property
@@ -230,6 +233,63 @@ class PagedAllocator:
             self._register_full_blocks(seq)
         return True
 
+    def append_many(self, appends: Sequence[tuple[int, int]]) -> bool:
+        """``append(seq_id, num_tokens)`` for each pair in order, all or nothing.
+
+        A decode run of the simulator makes many sequences cross a block boundary at once;
+        their new blocks are taken from the free queue in one slice instead of one ``pop`` per
+        sequence. The blocks each sequence gets, and the whole pool state, are the same as
+        with the appends one by one (the queue hands out the same blocks in the same order;
+        evictions and registrations touch different blocks). Sequences whose shared partial
+        last block must be copied first (CoW) take the one-by-one path.
+
+        Returns:
+            False, with nothing changed, if the free blocks do not suffice for all of them.
+        """
+        if not appends:
+            return True
+        pool, size, seqs = self.pool, self.block_size, self._seqs
+        ref = pool.ref_cnt
+        if len({seq_id for seq_id, _ in appends}) < len(appends):
+            raise ValueError("append_many: a sequence is listed twice")
+        grown = []                      # the sequences, in the given order
+        total_new_blocks = total_new_tokens = 0
+        one_by_one = False
+        for seq_id, num_tokens in appends:
+            seq = seqs.get(seq_id)
+            if seq is None or type(num_tokens) is not int or num_tokens < 0:
+                one_by_one = True       # let append() raise its error
+                break
+            old_num_tokens = seq.num_tokens
+            table = seq.block_table
+            total_new_blocks += (old_num_tokens + num_tokens + size - 1) // size - len(table)
+            if num_tokens and old_num_tokens % size and ref[table[-1]] > 1:
+                one_by_one = True       # copy-on-write: keep append()'s order of pops
+                total_new_blocks += 1
+            total_new_tokens += num_tokens
+            grown.append(seq)
+        if total_new_blocks > pool.num_free_blocks:
+            return False
+        if one_by_one:
+            for seq_id, num_tokens in appends:
+                ok = self.append(seq_id, num_tokens)
+                assert ok, "an append failed although the total fitted"
+            return True
+        new_blocks = pool.pop(total_new_blocks)
+        start = 0
+        for seq, (_, num_tokens) in zip(grown, appends):
+            new_num_tokens = seq.num_tokens + num_tokens
+            seq.num_tokens = new_num_tokens
+            table = seq.block_table
+            end = start + (new_num_tokens + size - 1) // size - len(table)
+            if end > start:
+                table += new_blocks[start:end]
+                start = end
+            if seq.num_keyed_blocks < seq.num_shareable_blocks:   # private blocks wait (doc)
+                self._register_full_blocks(seq)
+        self._num_filled_slots += total_new_tokens
+        return True
+
     def fork(self, parent_id: int, child_id: int,
              block_hashes: Sequence[int] | None = None) -> None:
         """New sequence ``child_id`` sharing every block of ``parent_id`` (ref counts + 1).
@@ -267,9 +327,9 @@ class PagedAllocator:
         if self.enable_prefix_caching:
             if preempted:
                 self._preempted_seq_ids.add(seq_id)
-                hashes = seq.block_hashes
-                for i in range(seq.num_shareable_blocks, min(num_full, seq.num_hashes)):
-                    pool.register(table[i], hashes[i])
+                start, stop = seq.num_shareable_blocks, min(num_full, seq.num_hashes)
+                if start < stop:
+                    pool.register_many(table[start:stop], seq.block_hashes[start:stop])
             else:
                 # private blocks keyed by a hit after an earlier preemption: nobody else can
                 # use them, so once released they count as free (same LRU place)
@@ -293,14 +353,17 @@ class PagedAllocator:
 
         Paged pools have no external fragmentation: any free block serves any request.
         """
-        size = self.block_size
-        num_cached = self.pool.num_cached_blocks
+        return dict(zip(MEMORY_CLASSES, self.breakdown_slots()))
+
+    def breakdown_slots(self) -> list[int]:
+        """``breakdown()`` values as a list in MEMORY_CLASSES order (no dict: a simulator
+        integrates the breakdown at every event)."""
+        size, pool = self.block_size, self.pool
+        num_cached = pool.num_cached_blocks
         filled = self._num_filled_slots
-        return make_breakdown(
-            token_states=filled, reservation=0,
-            internal_fragmentation=(self.num_used_blocks + self.null_block) * size - filled,
-            external_fragmentation=0, cached=num_cached * size,
-            free=(self.pool.num_free_blocks - num_cached) * size)
+        num_used = self.num_usable_blocks - pool.num_free_blocks
+        return [filled, 0, (num_used + self.null_block) * size - filled, 0, num_cached * size,
+                (pool.num_free_blocks - num_cached) * size]
 
     def snapshot(self) -> PoolSnapshot:
         """Per-block arrays of the pool now (see PoolSnapshot)."""
@@ -386,16 +449,28 @@ class PagedAllocator:
 
     def _find_hits(self, block_hashes: Sequence[int] | None, num_tokens: int) -> list[int]:
         """Longest run of cached blocks from the start, capped at num_tokens - 1 tokens."""
-        if block_hashes is None or not self.enable_prefix_caching or num_tokens <= 1:
+        if block_hashes is None or not self.enable_prefix_caching or num_tokens <= 1 \
+                or not self.pool.has_keys:
             return []
+        limit = min((num_tokens - 1) // self.block_size, len(block_hashes))
+        last = self._last_scan
+        if last is not None and last[0] is block_hashes and last[1] == self.pool.map_version:
+            # same keys, unchanged hash map: the earlier scan answers if it went far enough
+            # or stopped at a miss before ``limit``
+            _, _, scanned, hits = last
+            if limit <= len(hits):
+                return hits[:limit]
+            if len(hits) < scanned:
+                return list(hits)
         get = self.pool.get_cached_block
         hits = []
-        for i in range(min((num_tokens - 1) // self.block_size, len(block_hashes))):
+        for i in range(limit):
             block_id = get(block_hashes[i])
             if block_id is None:
                 break    # keys chain: once one block misses, every later block misses
             hits.append(block_id)
-        return hits
+        self._last_scan = (block_hashes, self.pool.map_version, limit, hits)
+        return list(hits)
 
     def _register_full_blocks(self, seq: _Seq) -> None:
         """Register blocks that just became full (shareable ones only: see module doc)."""
@@ -403,7 +478,7 @@ class PagedAllocator:
         start = seq.num_keyed_blocks
         if num_full <= start:
             return
-        hashes, table, register = seq.block_hashes, seq.block_table, self.pool.register
-        for i in range(start, min(num_full, seq.num_shareable_blocks)):
-            register(table[i], hashes[i])
+        stop = min(num_full, seq.num_shareable_blocks)
+        if start < stop:   # one slice of keys (SegmentKeys computes a run in one walk)
+            self.pool.register_many(seq.block_table[start:stop], seq.block_hashes[start:stop])
         seq.num_keyed_blocks = num_full

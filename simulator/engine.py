@@ -342,7 +342,7 @@ class Simulation:
                 rep.max_running = max(rep.max_running, n)
                 rep.last_batch_tokens = n
                 if self.batching:
-                    hist = self._crossing_hist(sched) if record_steps else None
+                    hist = sched.crossing_histogram() if record_steps else None
                     used0 = sched.allocator.num_used_blocks if record_steps and sched.paged \
                         else 0
                     sched.advance_decode_run(k)
@@ -462,11 +462,11 @@ class Simulation:
     def _breakdown(self, rep: _Replica) -> list[int]:
         sched = rep.sched
         if sched.paged:
-            bd = rep.allocator.breakdown(None)
+            vals = rep.allocator.breakdown_slots()
         else:
             bd = rep.allocator.breakdown(self._waiting_final_tokens(rep),
                                          waiting_num_prompt_tokens=self._waiting_prompt_tokens(rep))
-        vals = [bd[c] for c in MEMORY_CLASSES]
+            vals = [bd[c] for c in MEMORY_CLASSES]
         pending = sched.num_pending_tokens
         if pending:
             # tokens scheduled but not yet told to the allocator sit in held slots
@@ -529,14 +529,6 @@ class Simulation:
         while rep.next_sample_ns <= now:
             self.samples.add((rep.next_sample_ns / NS_PER_S, rep.index) + row_tail)
             rep.next_sample_ns += self.sample_ns
-
-    def _crossing_hist(self, sched) -> list[int]:
-        B = sched.block_size
-        hist = [0] * (B + 1)
-        if sched.paged:
-            for s in sched.running:
-                hist[(-s.num_computed_tokens) % B + 1] += 1
-        return hist
 
     def _decode_rows(self, rep, step0, k, n, hist, used0, finished) -> None:
         """Per-step oracle rows of a batched decode run (same values as stepping one by one)."""

@@ -244,13 +244,15 @@ class Scheduler:
         preempted_any = False
         block_size = self.block_size
 
-        # 1) RUNNING requests, in admission order
-        req_index = 0
+        # 1) RUNNING requests, in admission order. A preemption pops victims off the end of
+        # ``running`` while we iterate: the list iterator then simply stops earlier (vLLM's
+        # ``while req_index < len(self.running)``).
         slow = []                  # scheduled outside the decode fast path, updated below
-        num_fast = fast_ctx = 0    # decodes inside a held block: updated inline
+        fast_ctx = 0               # decodes inside a held block: updated inline
         lazy = self.paged          # paged decodes are told to the allocator lazily
-        while req_index < len(running) and token_budget > 0:
-            seq = running[req_index]
+        for seq in running:
+            if token_budget <= 0:
+                break
             c = seq.num_computed_tokens
             n = seq.num_tokens - c
             if n == 1 and c % block_size and lazy and seq.plain and c >= seq.num_prompt_tokens:
@@ -258,10 +260,8 @@ class Scheduler:
                 # (the threshold and the max_model_len cap cannot bind for one token)
                 seq.num_computed_tokens = c + 1
                 fast_ctx += c + 1
-                num_fast += 1
                 scheduled.append((seq, 1))
                 token_budget -= 1
-                req_index += 1
                 continue
             if 0 < lpt < n:
                 n = lpt
@@ -271,7 +271,6 @@ class Scheduler:
             if n > cap:
                 n = cap
             if n <= 0:
-                req_index += 1
                 continue
             ok = True
             while not self._grow(seq, n):
@@ -287,7 +286,7 @@ class Scheduler:
             scheduled.append((seq, n))
             slow.append((seq, n))
             token_budget -= n
-            req_index += 1
+        num_fast = len(scheduled) - len(slow)
         self.num_pending_tokens += num_fast
 
         # 2) WAITING requests, FCFS, only if nobody was preempted in this step
@@ -409,12 +408,13 @@ class Scheduler:
         """
         finished = out.finished
         reselect = []
+        num_sampled = 0
         for seq, _n in out.scheduled:
             if seq.num_computed_tokens < seq.num_tokens:
                 continue  # a partial prefill chunk samples nothing
             seq.num_output_tokens += 1
             seq.num_tokens += 1
-            self.num_generated_tokens += 1
+            num_sampled += 1
             if seq.first_token_ns < 0:
                 seq.first_token_ns = end_ns
                 seq.first_token_step = step_index
@@ -425,6 +425,8 @@ class Scheduler:
                     self._fork_samples(seq)
                 elif seq.group.kind == "beam" and seq.num_computed_tokens % self.block_size == 0:
                     reselect.append(seq.group)
+        # one addition per step (an integer total: forks adding theirs inside the loop is fine)
+        self.num_generated_tokens += num_sampled
         for group in reselect:   # after every beam got this step's token: lockstep again
             self._reselect_beams(group)
         if finished:
@@ -519,7 +521,6 @@ class Scheduler:
             return 0
         k = max_steps
         B = self.block_size
-        hist = [0] * (B + 1)   # hist[j]: requests that need a new block at step j (1..B)
         paged = self.paged
         ctx = 0
         min_remaining = max_steps
@@ -528,39 +529,55 @@ class Scheduler:
             ctx += c
             # decoding = one token behind with an output already (a prompt's last token is a
             # prefill step that samples the first token)
-            if c != seq.num_tokens - 1 or not seq.num_output_tokens or seq.group is not None:
+            out_tokens = seq.num_output_tokens
+            if c != seq.num_tokens - 1 or not out_tokens or seq.group is not None:
                 return 0
-            r = seq.max_output_tokens - seq.num_output_tokens
+            r = seq.max_output_tokens - out_tokens
             if r < min_remaining:
                 min_remaining = r
-            if paged:
-                hist[(-c) % B + 1] += 1
-                if seq.eager:
-                    # end the run when a shareable block fills: later admissions may hit it
-                    full_end = (c // B + 1) * B
-                    if full_end <= seq.req.num_shareable_tokens and full_end - c < k:
-                        k = full_end - c
+            if paged and seq.eager:
+                # end the run when a shareable block fills: later admissions may hit it
+                full_end = (c // B + 1) * B
+                if full_end <= seq.req.num_shareable_tokens and full_end - c < k:
+                    k = full_end - c
         if min_remaining < k:
             k = min_remaining
         # for decode_run_batch / finish_decode_run
         self._run_ctx = ctx + n
         self._run_min_remaining = min_remaining
-        if self.paged:
+        first_step_blocks = 0
+        if paged:
             free = self.allocator.num_free_blocks
             cycles, rem = divmod(free, n)
-            r = 0
-            acc = 0
-            while r < B - 1 and acc + hist[r + 1] <= rem:
-                r += 1
-                acc += hist[r]
-            kb = cycles * B + r
-            if kb < k:
-                k = kb
+            # every request takes at most one block per B steps, so the free blocks last at
+            # least cycles * B steps; only a run longer than that (or a waiting head, which
+            # needs the first step's blocks) needs the step-by-step count
+            if cycles * B < k or self.waiting:
+                hist = self.crossing_histogram()
+                r = 0
+                acc = 0
+                while r < B - 1 and acc + hist[r + 1] <= rem:
+                    r += 1
+                    acc += hist[r]
+                kb = cycles * B + r
+                if kb < k:
+                    k = kb
+                first_step_blocks = hist[1]
             if k <= 0:
                 return 0
-        if self.waiting and not self._head_blocked(hist[1] if self.paged else 0):
+        if self.waiting and not self._head_blocked(first_step_blocks):
             return 0
         return k
+
+    def crossing_histogram(self) -> list[int]:
+        """``hist[j]`` (j = 1..B): running requests that need a new block in decode step j from
+        now (decoding requests; all zero for a contiguous pool)."""
+        B = self.block_size
+        hist = [0] * (B + 1)
+        if self.paged:
+            for seq in self.running:
+                hist[-seq.num_computed_tokens % B + 1] += 1
+        return hist
 
     def _head_blocked(self, first_step_blocks: int) -> bool:
         """Whether the waiting head cannot be admitted after the first decode step's allocations."""
@@ -612,25 +629,32 @@ class Scheduler:
         """Apply ``k`` planned decode steps at once (``plan_decode_run`` said they are identical).
         Allocator calls: one append per request that crossed a block boundary (or has shareable
         output blocks); everyone else stays pending until it needs a block."""
-        B = self.block_size
-        append = self.allocator.append
-        paged = self.paged
-        pending_delta = 0
-        for seq in self.running:
-            c = seq.num_computed_tokens
-            c2 = c + k
-            seq.num_computed_tokens = c2
-            seq.num_output_tokens += k
-            seq.num_tokens += k
-            # a new block is needed iff cdiv(c2, B) > cdiv(c, B)
-            if paged and (seq.eager or (c2 - 1) // B >= -(-c // B)):
-                pending = c2 - seq.num_alloc_tokens
-                ok = append(seq.seq_id, pending)
-                assert ok, "decode run append failed: plan_decode_run miscounted blocks"
-                pending_delta -= pending - k
-                seq.num_alloc_tokens = c2
-            else:
-                pending_delta += k
-        self.num_pending_tokens += pending_delta
+        running = self.running
+        appends = []            # told to the allocator together: one pop for all new blocks
+        num_told = 0            # pending tokens the appends hand over
+        if self.paged:
+            B = self.block_size
+            for seq in running:
+                c = seq.num_computed_tokens
+                c2 = c + k
+                seq.num_computed_tokens = c2
+                seq.num_output_tokens += k
+                seq.num_tokens += k
+                # -c % B tokens fit in the held blocks: a new block iff k > that
+                # (cdiv(c2, B) > cdiv(c, B)); eager requests register output blocks as they fill
+                if seq.eager or -c % B < k:
+                    pending = c2 - seq.num_alloc_tokens
+                    appends.append((seq.seq_id, pending))
+                    num_told += pending
+                    seq.num_alloc_tokens = c2
+        else:
+            for seq in running:
+                seq.num_computed_tokens += k
+                seq.num_output_tokens += k
+                seq.num_tokens += k
+        if appends:
+            ok = self.allocator.append_many(appends)
+            assert ok, "decode run append failed: plan_decode_run miscounted blocks"
+        self.num_pending_tokens += k * len(running) - num_told
         self.num_generated_tokens += k * len(self.running)
         self._run_min_remaining -= k
