@@ -9,7 +9,9 @@ from allocator.block_pool import BlockPool
 from allocator.buddy import BuddyArena
 from allocator.contiguous import ContiguousAllocator
 from allocator.first_fit import FirstFitArena
-from allocator.keys import SegmentKeys, hash_token_blocks, mix64, rekey_blocks
+# content keys live with the workloads that describe content (DESIGN.md "Content identity");
+# re-exported here because every allocator caller needs them
+from workloads.keys import SegmentKeys, hash_token_blocks, mix64, rekey_blocks
 from allocator.paged import PagedAllocator
 
 __all__ = ["MEMORY_CLASSES", "BlockPool", "BuddyArena", "ContiguousAllocator", "FirstFitArena",

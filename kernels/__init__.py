@@ -3,7 +3,7 @@ over the flat and vLLM cache layouts, a float64 torch reference, and a bridge fr
 snapshots. Imports torch and triton, never the simulator.
 
 Set TRITON_INTERPRET=1 before the first use of a kernel to run on CPU tensors. Names are imported
-lazily, so that ``import kernels.validate_cmd`` (the CLI) stays light and can still set it.
+lazily, so that ``import simulator.validate_cmd`` (the CLI) stays light and can still set it.
 """
 from __future__ import annotations
 

@@ -19,7 +19,7 @@ SUBCOMMAND_MODULES: list[str] = [
     "planner.capacity_cmd",
     "planner.plan_cmd",
     "planner.reproduce_cmd",
-    "kernels.validate_cmd",
+    "simulator.validate_cmd",
     "app_pages.dashboard_cmd",
 ]
 

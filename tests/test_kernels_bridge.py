@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import kernels.attention
-from kernels import validate_cmd
+from simulator import validate_cmd
 from kernels.bridge import (block_seeds, load_snapshot, pool_arrays, save_snapshot, token_kv,
                             validate_snapshot)
 

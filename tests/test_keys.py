@@ -1,6 +1,6 @@
 from hypothesis import given, strategies as st
 
-from allocator.keys import SegmentKeys, hash_token_blocks, rekey_blocks
+from workloads.keys import SegmentKeys, hash_token_blocks, rekey_blocks
 
 
 def test_token_keys_chain_over_the_whole_prefix():

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from allocator.keys import SegmentKeys
+from workloads.keys import SegmentKeys
 from workloads import InputError, load, sniff_format
 from workloads.loaders import parse_datetime_ticks
 from workloads.stats import PrefixReuse

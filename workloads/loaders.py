@@ -6,7 +6,7 @@ Formats (../shared/traces/SOURCES.md has the real files):
                 ``hash_ids`` (one prefix-chained id per 512 prompt tokens, so
                 ``len(hash_ids) == ceil(input_length / 512)``). The prompt becomes one segment per
                 id (the last one partial), which maps the ids to any block size as
-                ``allocator.keys.rekey_blocks`` does; the whole prompt is shareable.
+                ``workloads.keys.rekey_blocks`` does; the whole prompt is shareable.
 ``azure``       CSV ``TIMESTAMP,ContextTokens,GeneratedTokens`` (Azure LLM inference traces
                 2023/2024). TIMESTAMP is ``YYYY-MM-DD HH:MM:SS[.fffffff]``; fractions of any
                 length are kept exactly (as integer 100 ns ticks) so equal or close times keep

@@ -3,7 +3,7 @@
 Content identity (DESIGN.md): a request's prompt is described as runs of content,
 ``segments = ((segment_id, num_tokens), ...)``; a segment id names a run of tokens that is
 identical wherever that id appears after the same earlier segments. ``block_keys`` turns the
-prompt segments plus the output into lazy chained block keys (``allocator.keys.SegmentKeys``) at
+prompt segments plus the output into lazy chained block keys (``workloads.keys.SegmentKeys``) at
 any block size, so a request costs memory proportional to its segments, never to its tokens::
 
     prompt                                             output (sample j)
@@ -19,7 +19,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
-from allocator.keys import SegmentKeys, mix64
+from workloads.keys import SegmentKeys, mix64
 
 # namespaces of derived segment ids (arbitrary distinct constants)
 NS_PROMPT = 0x70726F6D7074      # unique prompt content of a request

@@ -16,7 +16,7 @@ class PrefixReuse:
     request (prompt and output: vLLM caches generated blocks too) in a set and counting each
     new prompt's leading full blocks found there, but it works on segments instead of blocks:
     a trie over (segment id, length) paths, storing per node the longest run of each next
-    segment id seen. Equal keys mean equal segment prefixes (``allocator.keys``), so the common
+    segment id seen. Equal keys mean equal segment prefixes (``workloads.keys``), so the common
     prefix with any earlier request is found in O(segments), not O(tokens / block_size).
     As vLLM does, the last prompt token is always recomputed: a prompt of P tokens can hit at
     most ``(P - 1) // block_size`` blocks.

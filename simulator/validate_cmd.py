@@ -5,7 +5,7 @@
                    [--save-snapshot pool.npz]
 
 The first form reads a snapshot saved with ``kernels.bridge.save_snapshot``; the second simulates
-WORKLOAD (through ``simulator.replay_cmd``, when the simulator is installed) and takes the pool at
+WORKLOAD (through ``simulator.replay_cmd``) and takes the pool at
 SECONDS. Runs on CUDA when present, else on CPU through the Triton interpreter (head sizes scaled
 down). Prints one row per sequence (worst first); exit code 0 when every sequence matches within the
 dtype's tolerance and is bitwise equal to the identity-table run, 1 otherwise, 2 on bad input.
@@ -52,13 +52,9 @@ def register(subparsers) -> None:
 
 def _simulated_snapshot(args):
     """PoolSnapshot at args.at from simulating args.workload (reuses the replay command's options)."""
-    try:
-        import argparse
+    import argparse
 
-        from simulator.replay_cmd import add_workload_and_engine_args, run_one
-    except ImportError:
-        raise ValueError("validate WORKLOAD --at needs the simulator package, which is not installed; "
-                         "use --snapshot FILE") from None
+    from simulator.replay_cmd import add_workload_and_engine_args, run_one
     if args.num_blocks is None:
         raise ValueError("validate WORKLOAD: give --num-blocks")
     parser = argparse.ArgumentParser(prog="kvsim validate")
