@@ -1,4 +1,4 @@
-"""Summarise bench/kernels.py's CSV as markdown (the tables of docs/BENCHMARKS-kern.md).
+"""Summarise bench/kernels.py's CSV as markdown (the tables of docs/BENCHMARKS.md, "Kernels").
 
     python bench/kernels_report.py bench/results/kernels_h200.csv
 """

@@ -22,7 +22,7 @@ Dispatch (``plan_launch``, ``plan_partitions``): v1 gives num_seqs * num_kv_head
 that is under ``TARGET_WAVES`` waves of the GPU's multiprocessors, the sequence is split into a
 power of two of partitions so that the launch fills about ``TARGET_WAVES`` waves. Small batch x
 long context (batch 1, 128k tokens: 4-32 programs unsplit) is thereby carried by split-KV.
-Constants were tuned on an H200 (bench/kernels.py, docs/BENCHMARKS-kern.md).
+Constants were tuned on an H200 (bench/kernels.py, docs/BENCHMARKS.md, "Kernels").
 
 Tiles: full tiles run without token masks and one masked tile takes the tail (large flat v1
 launches mask every tile: measured faster there). Tokens past seq_len are never loaded into the
@@ -129,7 +129,7 @@ def num_sms(device: torch.device) -> int:
 
 def plan_partitions(num_seqs: int, num_kv_heads: int, max_seq_len: int, tile_tokens: int,
                     num_sms_: int) -> int | None:
-    """The dispatch rule between v1 and v2 (measured on an H200, docs/BENCHMARKS-kern.md).
+    """The dispatch rule between v1 and v2 (measured on an H200, docs/BENCHMARKS.md, "Kernels").
 
     v1 launches num_seqs * num_kv_heads programs. Below TARGET_WAVES waves of the multiprocessors
     the GPU cannot keep enough loads in flight, so the sequence is split into the largest power of
