@@ -485,15 +485,7 @@ class Simulation:
                 rep.next_snapshot >= len(self.snapshot_ns) or
                 self.snapshot_ns[rep.next_snapshot] > now):
             return None   # nothing to integrate or record here
-        bd = self._breakdown(rep)
-        usage = rep.allocator.usage
-        if now > rep.last_t:
-            # nothing ran since the last segment: the pool stayed as it is now
-            rep.cur_running = 0
-            rep.cur_waiting = len(rep.sched.waiting)
-            self._integrate(rep, bd, bd, usage, usage, rep.last_t, now)
-        if rep.next_sample_ns <= now and not self.record_steps:
-            self._sample(rep, now, bd, usage)
+        bd = self._close_idle_gap(rep, now)
         while rep.next_snapshot < len(self.snapshot_ns) and \
                 self.snapshot_ns[rep.next_snapshot] <= now:
             t = self.snapshot_ns[rep.next_snapshot]
@@ -639,15 +631,20 @@ class Simulation:
 
     def env_now_boundary(self, rep: _Replica) -> None:
         """Close a replica's integrals and samples at the end of the simulation."""
-        now = self.end_ns
+        self._close_idle_gap(rep, self.end_ns)
+
+    def _close_idle_gap(self, rep: _Replica, now: int) -> list[int]:
+        """Integrate the time since the replica's last segment (nothing ran: the pool stayed as
+        it is now) and take a due sample. Returns the breakdown now."""
         bd = self._breakdown(rep)
         usage = rep.allocator.usage
         if now > rep.last_t:
             rep.cur_running = 0
             rep.cur_waiting = len(rep.sched.waiting)
             self._integrate(rep, bd, bd, usage, usage, rep.last_t, now)
-        if not self.record_steps and rep.next_sample_ns <= now:
+        if rep.next_sample_ns <= now and not self.record_steps:
             self._sample(rep, now, bd, usage)
+        return bd
 
     def _summary(self) -> dict:
         cfg = self.config

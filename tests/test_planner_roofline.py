@@ -1,25 +1,12 @@
 """Roofline step cost: hand-computed steps, monotonicity, closed-form runs equal summed steps."""
 import math
-from dataclasses import dataclass
 
 import pytest
 
 from planner.presets import get_gpu, get_model
 from planner.roofline import RooflineCost
 
-try:  # the simulator's types once branch sim is merged; the same fields otherwise (TEAM.md)
-    from simulator.cost import CostModel, StepBatch, summed_run_time_s
-except ImportError:
-    CostModel = summed_run_time_s = None
-
-    @dataclass(slots=True)
-    class StepBatch:
-        num_seqs: int = 0
-        num_prefill_tokens: int = 0
-        num_decode_tokens: int = 0
-        num_scheduled_tokens: int = 0
-        kv_read_tokens: int = 0
-        attn_token_pairs: int = 0
+from simulator.cost import CostModel, StepBatch, summed_run_time_s
 
 
 def decode(num_seqs, context_tokens):
@@ -79,8 +66,8 @@ def test_closed_form_run_equals_summed_steps(num_seqs, context, steps):
     b = decode(num_seqs, context)
     summed = math.fsum(cost.step_time_s(grown(b, i)) for i in range(steps))
     assert cost.run_time_s(b, steps) == pytest.approx(summed, rel=1e-9, abs=1e-12)
-    if summed_run_time_s is not None:  # the simulator's own default gives the same
-        assert cost.run_time_s(b, steps) == pytest.approx(summed_run_time_s(cost, b, steps), rel=1e-9)
+    # the simulator's own default (sum of single steps) gives the same
+    assert cost.run_time_s(b, steps) == pytest.approx(summed_run_time_s(cost, b, steps), rel=1e-9)
 
 
 def test_run_that_crosses_regimes_is_not_a_single_line():
@@ -99,8 +86,6 @@ def test_mla_and_moe_use_latent_bytes_and_active_params():
 
 
 def test_roofline_satisfies_the_simulator_protocol():
-    if CostModel is None:
-        pytest.skip("simulator.cost not on this branch yet")
     assert isinstance(RooflineCost(get_model("OPT-13B"), get_gpu("a100-40")), CostModel)
 
 
