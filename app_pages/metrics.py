@@ -1,5 +1,4 @@
 """Page 3: the two runs compared over time and per request; downloads."""
-import pandas as pd
 import streamlit as st
 
 from app_pages import _state as S

@@ -312,7 +312,6 @@ class Simulation:
     def _engine(self, rep: _Replica):
         env = self.env
         sched = rep.sched
-        cost = self.cost
         record_steps = self.record_steps
         while True:
             if not sched.running and not sched.waiting:
