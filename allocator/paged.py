@@ -233,62 +233,27 @@ class PagedAllocator:
             self._register_full_blocks(seq)
         return True
 
-    def append_many(self, appends: Sequence[tuple[int, int]]) -> bool:
-        """``append(seq_id, num_tokens)`` for each pair in order, all or nothing.
+    def append_blocks(self, seq_ids: Sequence[int]) -> None:
+        """One new block from the free queue for each listed sequence, in list order.
 
-        A decode run of the simulator makes many sequences cross a block boundary at once;
-        their new blocks are taken from the free queue in one slice instead of one ``pop`` per
-        sequence. The blocks each sequence gets, and the whole pool state, are the same as
-        with the appends one by one (the queue hands out the same blocks in the same order;
-        evictions and registrations touch different blocks). Sequences whose shared partial
-        last block must be copied first (CoW) take the one-by-one path.
+        For a simulator stepping decodes: a sequence whose next token starts a block takes the
+        block now (the free queue hands blocks out in the order vLLM allocates them) and tells
+        the tokens later with ``append``, which then needs no block. Until then a table is one
+        block ahead of its tokens (``check_invariants`` expects the tokens told); the block
+        counts as in use, its empty slots as unfilled.
 
-        Returns:
-            False, with nothing changed, if the free blocks do not suffice for all of them.
+        Raises:
+            ValueError: the free blocks do not suffice (nothing changed).
         """
-        if not appends:
-            return True
-        pool, size, seqs = self.pool, self.block_size, self._seqs
-        ref = pool.ref_cnt
-        if len({seq_id for seq_id, _ in appends}) < len(appends):
-            raise ValueError("append_many: a sequence is listed twice")
-        grown = []                      # the sequences, in the given order
-        total_new_blocks = total_new_tokens = 0
-        one_by_one = False
-        for seq_id, num_tokens in appends:
-            seq = seqs.get(seq_id)
-            if seq is None or type(num_tokens) is not int or num_tokens < 0:
-                one_by_one = True       # let append() raise its error
-                break
-            old_num_tokens = seq.num_tokens
-            table = seq.block_table
-            total_new_blocks += (old_num_tokens + num_tokens + size - 1) // size - len(table)
-            if num_tokens and old_num_tokens % size and ref[table[-1]] > 1:
-                one_by_one = True       # copy-on-write: keep append()'s order of pops
-                total_new_blocks += 1
-            total_new_tokens += num_tokens
-            grown.append(seq)
-        if total_new_blocks > pool.num_free_blocks:
-            return False
-        if one_by_one:
-            for seq_id, num_tokens in appends:
-                ok = self.append(seq_id, num_tokens)
-                assert ok, "an append failed although the total fitted"
-            return True
-        new_blocks = pool.pop(total_new_blocks)
-        start = 0
-        for seq, (_, num_tokens) in zip(grown, appends):
-            new_num_tokens = seq.num_tokens + num_tokens
-            seq.num_tokens = new_num_tokens
-            table = seq.block_table
-            end = start + (new_num_tokens + size - 1) // size - len(table)
-            if end > start:
-                table += new_blocks[start:end]
-                start = end
-            if seq.num_keyed_blocks < seq.num_shareable_blocks:   # private blocks wait (doc)
-                self._register_full_blocks(seq)
-        self._num_filled_slots += total_new_tokens
-        return True
+        pool, seqs = self.pool, self._seqs
+        for seq_id in seq_ids:
+            if seq_id not in seqs:
+                raise ValueError(f"append_blocks: sequence {seq_id} is not allocated")
+        if len(seq_ids) > pool.num_free_blocks:
+            raise ValueError(f"append_blocks: {len(seq_ids)} blocks wanted, "
+                             f"{pool.num_free_blocks} free")
+        for seq_id, block_id in zip(seq_ids, pool.pop(len(seq_ids))):
+            seqs[seq_id].block_table.append(block_id)
 
     def fork(self, parent_id: int, child_id: int,
              block_hashes: Sequence[int] | None = None) -> None:

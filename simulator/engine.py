@@ -393,7 +393,7 @@ class Simulation:
                                 now, end)
                 yield _urgent_timeout(env, end - now)
                 continue
-            batch = StepBatch(len(out.scheduled), out.num_prefill_tokens, out.num_decode_seqs,
+            batch = StepBatch(out.num_seqs, out.num_prefill_tokens, out.num_decode_seqs,
                               out.num_scheduled_tokens, out.kv_read_tokens, out.attn_token_pairs)
             rep.last_batch_tokens = out.num_scheduled_tokens
             row_state = self._row_state(sched) if record_steps else None
@@ -510,8 +510,7 @@ class Simulation:
         sched = rep.sched
         saved = 0
         if sched.paged:
-            B = sched.block_size
-            logical = sum(-(-s.num_computed_tokens // B) for s in sched.running)
+            logical = sched.num_logical_blocks()
             saved = max(0, logical - rep.allocator.num_used_blocks)
         rep.saved_samples.append(saved)
         row_tail = (len(sched.running), len(sched.waiting), rep.last_batch_tokens,
@@ -562,7 +561,7 @@ class Simulation:
         arrived = rep.arrived_since_step
         rep.arrived_since_step = 0
         self.steps.rows.append((
-            idx, arrived, len(out.scheduled), out.num_scheduled_tokens, out.num_prefill_tokens,
+            idx, arrived, out.num_seqs, out.num_scheduled_tokens, out.num_prefill_tokens,
             # vLLM 0.33's V2 model runner reports resumed requests among the new ones
             out.num_decode_seqs, out.num_new + out.num_resumed, 0, running, waiting, round(usage, 6),
             used, out.num_preempted, cum[0], out.pc_queries, out.pc_hits, cum[1], cum[2],

@@ -35,9 +35,12 @@ many identical decode steps at once. Decisions are the same as stepping one by o
 """
 from __future__ import annotations
 
+import heapq
 import random
+from bisect import bisect_left
 from collections import deque
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 from simulator.config import EngineConfig
 
@@ -73,6 +76,14 @@ class SeqState:
     finish_step: int = -1
     cached_tokens_first: int = -1
     num_cached_tokens_total: int = 0  # prefix-hit tokens over all admissions
+    # decode clock (see Scheduler): while ``clocked``, the three token counters above are as of
+    # the scheduler's clocks ``base_c`` / ``base_o``; the true values add the clocks' advance since
+    order: int = 0                    # admission counter: ``running`` is sorted by it
+    clocked: bool = False
+    base_c: int = 0
+    base_o: int = 0
+    fin: int = 0                      # output clock at which it has all its tokens
+    bucket: int = 0                   # crossing bucket: needs a block when clock_c % B == bucket
 
 
 @dataclass(slots=True)
@@ -89,9 +100,14 @@ class ForkGroup:
 
 @dataclass(slots=True)
 class StepOutput:
-    """What one scheduling step decided (vLLM's SchedulerOutput, reduced to what we record)."""
+    """What one scheduling step decided (vLLM's SchedulerOutput, reduced to what we record).
 
-    scheduled: list                   # [(SeqState, num_new_tokens)] in vLLM's dict order
+    ``entries`` are the sequences the step handles one by one, in vLLM's order; the
+    ``num_clocked`` decoding sequences on the decode clock each got one token without being
+    listed (``scheduled`` rebuilds the full list when asked)."""
+
+    entries: list                     # [(SeqState, num_new_tokens)]
+    num_clocked: int = 0
     num_scheduled_tokens: int = 0
     num_prefill_tokens: int = 0
     num_decode_seqs: int = 0
@@ -105,6 +121,32 @@ class StepOutput:
     pc_preempted_queries: int = 0
     pc_preempted_hits: int = 0
     finished: list = field(default_factory=list)
+    view: list | None = None          # clocked step: ``running`` when it was scheduled
+    view_loose: frozenset = frozenset()  # ids of the unclocked sequences among ``view``
+    num_view_entries: int = 0         # entries that belong to ``view`` (the rest were admitted)
+
+    @property
+    def num_seqs(self) -> int:
+        """Sequences scheduled in this step."""
+        return len(self.entries) + self.num_clocked
+
+    @property
+    def scheduled(self) -> list:
+        """Every scheduled (SeqState, num_new_tokens) in vLLM's order (running, then admitted)."""
+        if self.view is None:
+            return self.entries
+        listed = {id(s): n for s, n in self.entries[:self.num_view_entries]}
+        full = []
+        for seq in self.view:
+            key = id(seq)
+            if key in listed:
+                full.append((seq, listed[key]))
+            elif key not in self.view_loose:
+                full.append((seq, 1))
+        return full + self.entries[self.num_view_entries:]
+
+
+_ORDER = attrgetter("order")
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -144,6 +186,17 @@ class Scheduler:
         self.num_pending_tokens = 0
         self._run_ctx = 0               # context tokens of the planned run's first step
         self._run_min_remaining = 0     # fewest outputs left among running, at plan time
+        # decode clock: plain decoding requests advance together without being visited
+        self.clock_enabled = True       # off for good once a forked request arrives
+        self.clock_c = 0                # decode steps scheduled (computed tokens advance)
+        self.clock_o = 0                # decode steps completed (tokens sampled)
+        self.num_clocked = 0
+        self.ctx_off = 0                # sum over clocked of num_computed_tokens - base_c
+        # bucket r: {order: seq_id} of clocked requests that need a block when clock_c % B == r
+        self.buckets: list[dict] = [{} for _ in range(self.block_size)] if self.paged else []
+        self.fin_heap: list = []        # (fin, order, SeqState) of clocked requests
+        self.loose: list[SeqState] = []  # running requests off the clock, in running order
+        self.next_order = 0
 
     # ------------------------------------------------------------------ admission of arrivals
     def add_request(self, req, arrival_ns: int) -> SeqState:
@@ -157,6 +210,11 @@ class Scheduler:
             seq.plain = False
         width = max(getattr(req, "n", 1) or 1, getattr(req, "beam_width", 1) or 1)
         if width > 1:
+            if self.clock_enabled:
+                # forks insert sequences in the middle of ``running`` and share blocks: step
+                # every sequence one by one from now on
+                self._unclock_all()
+                self.clock_enabled = False
             kind = "beam" if (getattr(req, "beam_width", 1) or 1) > 1 else "sample"
             seq.group = ForkGroup(req.request_id, kind, width, [seq],
                                   random.Random(self.seed * 1_000_003 + req.request_id))
@@ -188,6 +246,8 @@ class Scheduler:
         """Make the allocator's view exact (before breakdowns and snapshots)."""
         if self.num_pending_tokens:
             for seq in self.running:
+                if seq.clocked:
+                    self._materialize(seq)
                 self._sync(seq)
 
     def _grow(self, seq: SeqState, num_new_tokens: int) -> bool:
@@ -230,16 +290,204 @@ class Scheduler:
         self.allocator.free(seq.seq_id, preempted=preempted)
         seq.num_alloc_tokens = 0
 
+    # ------------------------------------------------------------------ decode clock
+    # A plain request that decodes (one token per step into its own blocks) joins the decode
+    # clock: its counters stop being updated one by one and are read as offsets from the
+    # scheduler's clocks (``clock_c`` advances when a step is scheduled, ``clock_o`` when it
+    # completes). What the clocked requests need from a step is kept in aggregates: ``ctx_off``
+    # (their context tokens), ``buckets`` (which of them need a new block at which step: a
+    # request whose computed tokens are a multiple of B when ``clock_c % B == bucket``) and
+    # ``fin_heap`` (when each finishes). A step or a run of steps then costs the requests that
+    # cross a block boundary, finish, or are off the clock (prefilling, eager), not every running
+    # request. Whenever a step could bind (token budget, free blocks: preemption), every request
+    # leaves the clock and the step is scheduled one request at a time, as vLLM does.
+
+    def _materialize(self, seq: SeqState) -> None:
+        """Bring a clocked request's counters up to date (it stays on the clock)."""
+        dc = self.clock_c - seq.base_c
+        if dc:
+            seq.num_computed_tokens += dc
+            seq.base_c = self.clock_c
+        do = self.clock_o - seq.base_o
+        if do:
+            seq.num_output_tokens += do
+            seq.num_tokens += do
+            seq.base_o = self.clock_o
+
+    def _clockable(self, seq: SeqState) -> bool:
+        out = seq.num_output_tokens
+        return (seq.plain and seq.status == RUNNING and out >= 1 and out < seq.max_output_tokens
+                and seq.num_computed_tokens == seq.num_tokens - 1)
+
+    def _clock_in(self, seq: SeqState) -> None:
+        """Put a decoding request (counters up to date) on the clock."""
+        seq.clocked = True
+        seq.base_c = self.clock_c
+        seq.base_o = self.clock_o
+        c = seq.num_computed_tokens
+        self.ctx_off += c - self.clock_c
+        seq.fin = seq.max_output_tokens - seq.num_output_tokens + self.clock_o
+        heapq.heappush(self.fin_heap, (seq.fin, seq.order, seq))
+        if self.paged:
+            seq.bucket = (self.clock_c - c) % self.block_size
+            self.buckets[seq.bucket][seq.order] = seq.seq_id
+        self.num_clocked += 1
+
+    def _clock_out(self, seq: SeqState) -> None:
+        """Take a finishing request off the clock (the caller popped it from ``fin_heap``)."""
+        self._materialize(seq)
+        seq.clocked = False
+        self.ctx_off -= seq.num_computed_tokens - self.clock_c
+        if self.paged:
+            del self.buckets[seq.bucket][seq.order]
+        self.num_clocked -= 1
+
+    def _unclock_all(self) -> None:
+        """Every request off the clock, counters up to date (before a step that may bind)."""
+        if self.num_clocked:
+            for seq in self.running:
+                if seq.clocked:
+                    self._materialize(seq)
+                    seq.clocked = False
+            for bucket in self.buckets:
+                bucket.clear()
+            self.fin_heap.clear()
+            self.num_clocked = 0
+            self.ctx_off = 0
+        self.loose = list(self.running)
+
+    def _clock_in_decoders(self, entries: list) -> None:
+        """After a step: requests it handled one by one that now decode join the clock."""
+        if not self.clock_enabled:
+            return
+        joined = False
+        for seq, _n in entries:
+            if not seq.clocked and self._clockable(seq):
+                self._clock_in(seq)
+                joined = True
+        if joined:
+            self.loose = [s for s in self.loose if not s.clocked]
+
+    def _pop_finished_clocked(self, finished: list) -> None:
+        """Clocked requests that have all their tokens (by ``clock_o``) join ``finished``."""
+        heap = self.fin_heap
+        if heap and heap[0][0] <= self.clock_o:
+            while heap and heap[0][0] <= self.clock_o:
+                seq = heapq.heappop(heap)[2]
+                self._clock_out(seq)
+                finished.append(seq)
+            finished.sort(key=_ORDER)    # freed in scheduling (= running) order
+
+    def _retire(self, finished: list, end_ns: int, step_index: int) -> None:
+        """Finish and free requests (in the given order) and drop them from running."""
+        for seq in finished:
+            seq.status = FINISHED
+            seq.finish_ns = end_ns
+            seq.finish_step = step_index
+            self._free(seq, preempted=False)
+        running = self.running
+        if self.clock_enabled and len(finished) * 8 < len(running):
+            for seq in finished:   # running is sorted by admission order
+                del running[bisect_left(running, seq.order, key=_ORDER)]
+        else:
+            self.running = [s for s in running if s.status != FINISHED]
+        if self.loose:
+            self.loose = [s for s in self.loose if s.status != FINISHED]
+
+    def num_logical_blocks(self) -> int:
+        """Blocks the running requests would hold without sharing (their computed tokens)."""
+        B = self.block_size
+        total = 0
+        for seq in self.running:
+            c = seq.num_computed_tokens
+            if seq.clocked:
+                c += self.clock_c - seq.base_c
+            total += -(-c // B)
+        return total
+
     # ------------------------------------------------------------------ one step
     def schedule(self, now_ns: int, step_index: int) -> StepOutput:
         """Decide one step (vLLM Scheduler.schedule). Computed tokens advance immediately."""
+        if self.clock_enabled:
+            out = self._schedule_clocked(now_ns, step_index)
+            if out is not None:
+                return out
+            self._unclock_all()
+        out = self._schedule_each(now_ns, step_index)
+        self.loose = list(self.running)
+        return out
+
+    def _lpt(self) -> int:
+        # the threshold only applies when someone else could use the budget
+        if len(self.running) + len(self.waiting) > 1:
+            return self.config.long_prefill_token_threshold
+        return 0
+
+    def _schedule_clocked(self, now_ns: int, step_index: int) -> StepOutput | None:
+        """A step in which no running request can be cut short: the running requests' tokens fit
+        the budget and their new blocks are free, so every one is scheduled in full (clocked
+        ones: one token each, visited only if they cross a block boundary). None otherwise."""
         cfg = self.config
-        out = StepOutput(scheduled=[])
-        scheduled = out.scheduled
+        B = self.block_size
+        paged = self.paged
+        lpt = self._lpt()
+        max_model_len = cfg.max_model_len
+        demand = self.num_clocked
+        crossing = self.buckets[self.clock_c % B] if paged else {}
+        need = len(crossing)
+        plan = []
+        for seq in self.loose:
+            c = seq.num_computed_tokens
+            n = seq.num_tokens - c
+            if 0 < lpt < n:
+                n = lpt
+            if n > max_model_len - c - 1:
+                n = max_model_len - c - 1
+            if n <= 0:
+                continue
+            demand += n
+            if paged:
+                need += _cdiv(c + n, B) - _cdiv(c, B)
+            plan.append((seq.order, 1, seq, n))
+        if demand > cfg.max_num_batched_tokens or (paged and need > self.allocator.num_free_blocks):
+            return None
+        out = StepOutput(entries=[], num_clocked=self.num_clocked, view=list(self.running),
+                         view_loose=frozenset(map(id, self.loose)), num_view_entries=len(plan))
+        entries = out.entries
+        # allocator calls in running order (it fixes which block ids each request gets); a
+        # clocked request only takes its block (its tokens are told when it is next synced)
+        if crossing:
+            plan.extend((order, 0, seq_id, 0) for order, seq_id in crossing.items())
+            plan.sort()
+        takers = []
+        for _order, listed, seq, n in plan:
+            if listed:
+                if takers:
+                    self.allocator.append_blocks(takers)
+                    takers = []
+                ok = self._grow(seq, n)
+                assert ok, "growth failed although the step's blocks were counted free"
+                entries.append((seq, n))
+            else:
+                takers.append(seq)      # a seq_id
+        if takers:
+            self.allocator.append_blocks(takers)
+        num_clocked = self.num_clocked
+        self.num_pending_tokens += num_clocked
+        ctx = self.ctx_off + num_clocked * self.clock_c + num_clocked   # after this token
+        self.clock_c += 1
+        self._admit_waiting(out, cfg.max_num_batched_tokens - demand, lpt, now_ns, step_index)
+        self._update_after_schedule(out, entries, num_clocked, ctx)
+        return out
+
+    def _schedule_each(self, now_ns: int, step_index: int) -> StepOutput:
+        """A step scheduled one request at a time (nobody on the decode clock)."""
+        cfg = self.config
+        out = StepOutput(entries=[])
+        scheduled = out.entries
         token_budget = cfg.max_num_batched_tokens
         running = self.running
-        # the threshold only applies when someone else could use the budget
-        lpt = cfg.long_prefill_token_threshold if len(running) + len(self.waiting) > 1 else 0
+        lpt = self._lpt()
         max_model_len = cfg.max_model_len
         preempted_any = False
         block_size = self.block_size
@@ -291,20 +539,35 @@ class Scheduler:
 
         # 2) WAITING requests, FCFS, only if nobody was preempted in this step
         if not preempted_any:
-            waiting = self.waiting
-            while token_budget > 0 and waiting:
-                if len(running) >= cfg.max_num_seqs:
-                    break
-                seq = waiting[0]
-                if not self._admit(seq, token_budget, lpt, out, now_ns, step_index):
-                    break
-                waiting.popleft()
-                running.append(seq)
-                n = scheduled[-1][1]
-                slow.append(scheduled[-1])
-                token_budget -= n
+            num_before = len(scheduled)
+            self._admit_waiting(out, token_budget, lpt, now_ns, step_index)
+            slow.extend(scheduled[num_before:])
+        self._update_after_schedule(out, slow, num_fast, fast_ctx)
+        return out
 
-        # vLLM _update_after_schedule: computed tokens advance at schedule time
+    def _admit_waiting(self, out: StepOutput, token_budget: int, lpt: int, now_ns: int,
+                       step_index: int) -> None:
+        """vLLM's waiting loop: admit FCFS while budget and ``max_num_seqs`` allow."""
+        waiting = self.waiting
+        running = self.running
+        max_num_seqs = self.config.max_num_seqs
+        while token_budget > 0 and waiting:
+            if len(running) >= max_num_seqs:
+                break
+            seq = waiting[0]
+            if not self._admit(seq, token_budget, lpt, out, now_ns, step_index):
+                break
+            waiting.popleft()
+            seq.order = self.next_order
+            self.next_order += 1
+            running.append(seq)
+            self.loose.append(seq)
+            token_budget -= out.entries[-1][1]
+
+    def _update_after_schedule(self, out: StepOutput, slow: list, num_fast: int,
+                               fast_ctx: int) -> None:
+        """vLLM _update_after_schedule: computed tokens advance at schedule time; the step's
+        totals. ``num_fast`` decodes were already advanced, with ``fast_ctx`` context tokens."""
         num_tokens_total = num_fast
         out.kv_read_tokens = out.attn_token_pairs = fast_ctx
         out.num_decode_seqs = num_fast
@@ -321,7 +584,6 @@ class Scheduler:
                 out.num_prefill_tokens += n
         out.num_scheduled_tokens = num_tokens_total
         self.num_prompt_tokens_computed += out.num_prefill_tokens
-        return out
 
     def _admit(self, seq: SeqState, token_budget: int, lpt: int, out: StepOutput,
                now_ns: int, step_index: int) -> bool:
@@ -388,7 +650,7 @@ class Scheduler:
             seq.first_sched_step = step_index
             seq.cached_tokens_first = hit
         seq.status = RUNNING
-        out.scheduled.append((seq, n))
+        out.entries.append((seq, n))
         return True
 
     def _preempt(self, seq: SeqState, now_ns: int) -> None:
@@ -408,8 +670,10 @@ class Scheduler:
         """
         finished = out.finished
         reselect = []
-        num_sampled = 0
-        for seq, _n in out.scheduled:
+        num_sampled = out.num_clocked
+        if num_sampled:
+            self.clock_o += 1
+        for seq, _n in out.entries:
             if seq.num_computed_tokens < seq.num_tokens:
                 continue  # a partial prefill chunk samples nothing
             seq.num_output_tokens += 1
@@ -429,15 +693,10 @@ class Scheduler:
         self.num_generated_tokens += num_sampled
         for group in reselect:   # after every beam got this step's token: lockstep again
             self._reselect_beams(group)
+        self._pop_finished_clocked(finished)
         if finished:
-            gone = set()
-            for seq in finished:
-                seq.status = FINISHED
-                seq.finish_ns = end_ns
-                seq.finish_step = step_index
-                self._free(seq, preempted=False)
-                gone.add(id(seq))
-            self.running = [s for s in self.running if id(s) not in gone]
+            self._retire(finished, end_ns, step_index)
+        self._clock_in_decoders(out.entries)
         return finished
 
     # ------------------------------------------------------------------ forks
@@ -465,12 +724,14 @@ class Scheduler:
                              first_token_ns=parent.first_token_ns,
                              first_sched_step=parent.first_sched_step,
                              first_token_step=parent.first_token_step,
-                             cached_tokens_first=parent.cached_tokens_first)
+                             cached_tokens_first=parent.cached_tokens_first,
+                             order=parent.order)
             if self.prefix_caching:
                 child.keys = parent.req.block_keys(self.block_size, s)
             self.allocator.fork(parent.seq_id, child.seq_id, block_hashes=child.keys)
             group.members.append(child)
             self.running.insert(idx + s, child)
+            self.loose.insert(self.loose.index(parent) + s, child)
             self.num_generated_tokens += 1   # each sample draws its own first token
 
     def _reselect_beams(self, group: ForkGroup) -> None:
@@ -512,11 +773,13 @@ class Scheduler:
         cfg = self.config
         if n > cfg.max_num_batched_tokens:
             return 0
+        loose = self.loose
         # cheap exits first: the newest request is the likeliest to be prefilling, and a head
         # that fits even if every running request takes a block in step 1 will be admitted
-        last = running[-1]
-        if last.num_computed_tokens != last.num_tokens - 1 or not last.num_output_tokens:
-            return 0
+        if loose:
+            last = loose[-1]
+            if last.num_computed_tokens != last.num_tokens - 1 or not last.num_output_tokens:
+                return 0
         if self.waiting and not self._head_blocked(n):
             return 0
         k = max_steps
@@ -524,7 +787,7 @@ class Scheduler:
         paged = self.paged
         ctx = 0
         min_remaining = max_steps
-        for seq in running:
+        for seq in loose:
             c = seq.num_computed_tokens
             ctx += c
             # decoding = one token behind with an output already (a prompt's last token is a
@@ -540,6 +803,11 @@ class Scheduler:
                 full_end = (c // B + 1) * B
                 if full_end <= seq.req.num_shareable_tokens and full_end - c < k:
                     k = full_end - c
+        if self.num_clocked:
+            ctx += self.ctx_off + self.num_clocked * self.clock_c
+            r = self.fin_heap[0][0] - self.clock_o
+            if r < min_remaining:
+                min_remaining = r
         if min_remaining < k:
             k = min_remaining
         # for decode_run_batch / finish_decode_run
@@ -575,8 +843,13 @@ class Scheduler:
         B = self.block_size
         hist = [0] * (B + 1)
         if self.paged:
-            for seq in self.running:
+            for seq in self.loose:
                 hist[-seq.num_computed_tokens % B + 1] += 1
+            if self.num_clocked:
+                clock = self.clock_c
+                for r, bucket in enumerate(self.buckets):
+                    if bucket:
+                        hist[(r - clock) % B + 1] += len(bucket)
         return hist
 
     def _head_blocked(self, first_step_blocks: int) -> bool:
@@ -611,14 +884,10 @@ class Scheduler:
         """Completions at the end of a decode run (only its last step can finish requests)."""
         if self._run_min_remaining > 0:
             return []   # the run stopped before anyone's last token
-        finished = [s for s in self.running if s.num_output_tokens >= s.max_output_tokens]
+        finished = [s for s in self.loose if s.num_output_tokens >= s.max_output_tokens]
+        self._pop_finished_clocked(finished)
         if finished:
-            for seq in finished:
-                seq.status = FINISHED
-                seq.finish_ns = end_ns
-                seq.finish_step = step_index
-                self._free(seq, preempted=False)
-            self.running = [s for s in self.running if s.status != FINISHED]
+            self._retire(finished, end_ns, step_index)
         return finished
 
     def decode_run_batch(self) -> tuple[int, int]:
@@ -627,34 +896,82 @@ class Scheduler:
 
     def advance_decode_run(self, k: int) -> None:
         """Apply ``k`` planned decode steps at once (``plan_decode_run`` said they are identical).
-        Allocator calls: one append per request that crossed a block boundary (or has shareable
-        output blocks); everyone else stays pending until it needs a block."""
-        running = self.running
-        appends = []            # told to the allocator together: one pop for all new blocks
-        num_told = 0            # pending tokens the appends hand over
+
+        Blocks are taken as stepping one by one would take them: step by step, and within a
+        step in running order. A clocked request crossing a block boundary only takes its block;
+        a request off the clock that crosses one (or has shareable output blocks) is told its
+        tokens; everyone else stays pending until it needs a block."""
+        num_running = len(self.running)
+        clock = self.clock_c
+        self.clock_c += k
+        self.clock_o += k
+        num_told = 0            # pending tokens handed to the allocator
         if self.paged:
             B = self.block_size
-            for seq in running:
+            crossings = []      # (step in the run, order, seq_id or SeqState)
+            told = []           # requests off the clock told their tokens at the end
+            for seq in self.loose:
                 c = seq.num_computed_tokens
-                c2 = c + k
-                seq.num_computed_tokens = c2
+                seq.num_computed_tokens = c + k
                 seq.num_output_tokens += k
                 seq.num_tokens += k
-                # -c % B tokens fit in the held blocks: a new block iff k > that
-                # (cdiv(c2, B) > cdiv(c, B)); eager requests register output blocks as they fill
-                if seq.eager or -c % B < k:
-                    pending = c2 - seq.num_alloc_tokens
-                    appends.append((seq.seq_id, pending))
+                # its token c + j starts a block in step j = -c % B (+ B, ...)
+                j = -c % B
+                if j < k:
+                    crossings.extend((step, seq.order, seq) for step in range(j, k, B))
+                    told.append(seq)
+                elif seq.eager:   # registers its output blocks as they fill
+                    told.append(seq)
+            alloc = self.allocator
+            if self.num_clocked:
+                buckets = self.buckets
+                if crossings:
+                    for r, bucket in enumerate(buckets):
+                        if bucket:
+                            for order, seq_id in bucket.items():
+                                crossings.extend(
+                                    (step, order, seq_id) for step in range((r - clock) % B, k, B))
+                else:
+                    # the usual run: only clocked requests cross; step j takes bucket
+                    # (clock + j) % B in running order, round after round when k > B
+                    per_step = []
+                    for j in range(min(k, B)):
+                        bucket = buckets[(clock + j) % B]
+                        per_step.append([bucket[o] for o in sorted(bucket)] if bucket else ())
+                    ids = [sid for j in range(k) for sid in per_step[j % B]] if k > B else \
+                        [sid for step_ids in per_step for sid in step_ids]
+                    if ids:
+                        alloc.append_blocks(ids)
+            if crossings:
+                crossings.sort(key=lambda x: (x[0], x[1]))
+                ids = []
+                for step, _order, who in crossings:
+                    if type(who) is int:
+                        ids.append(who)
+                        continue
+                    if ids:
+                        alloc.append_blocks(ids)
+                        ids = []
+                    # tokens up to the one that starts the new block
+                    upto = who.num_computed_tokens - k + step + 1
+                    ok = alloc.append(who.seq_id, upto - who.num_alloc_tokens)
+                    assert ok, "decode run append failed: plan_decode_run miscounted blocks"
+                    num_told += upto - who.num_alloc_tokens
+                    who.num_alloc_tokens = upto
+                if ids:
+                    alloc.append_blocks(ids)
+            for seq in told:
+                pending = seq.num_computed_tokens - seq.num_alloc_tokens
+                if pending:
+                    ok = alloc.append(seq.seq_id, pending)
+                    assert ok, "telling a decode run's tokens needs no new block"
                     num_told += pending
-                    seq.num_alloc_tokens = c2
+                    seq.num_alloc_tokens = seq.num_computed_tokens
         else:
-            for seq in running:
+            for seq in self.loose:
                 seq.num_computed_tokens += k
                 seq.num_output_tokens += k
                 seq.num_tokens += k
-        if appends:
-            ok = self.allocator.append_many(appends)
-            assert ok, "decode run append failed: plan_decode_run miscounted blocks"
-        self.num_pending_tokens += k * len(running) - num_told
-        self.num_generated_tokens += k * len(self.running)
+        self.num_pending_tokens += k * num_running - num_told
+        self.num_generated_tokens += k * num_running
         self._run_min_remaining -= k

@@ -17,7 +17,9 @@ def _state(alloc):
 
 @settings(max_examples=150, deadline=None)
 @given(data=st.data(), num_blocks=st.integers(4, 40), caching=st.booleans())
-def test_append_many_equals_appends_one_by_one(data, num_blocks, caching):
+def test_append_blocks_equals_appends_one_by_one(data, num_blocks, caching):
+    """A decode step's boundary crossings take their blocks with one ``append_blocks`` and tell
+    their tokens later: the same blocks and state as appending one token each, in order."""
     one = PagedAllocator(num_blocks=num_blocks, block_size=B, enable_prefix_caching=caching)
     many = PagedAllocator(num_blocks=num_blocks, block_size=B, enable_prefix_caching=caching)
     live = []
@@ -46,29 +48,41 @@ def test_append_many_equals_appends_one_by_one(data, num_blocks, caching):
             live.remove(seq_id)
         elif op == "grow" and live:
             chosen = data.draw(st.lists(st.sampled_from(live), max_size=len(live), unique=True))
-            appends = [(seq_id, data.draw(st.integers(0, 9))) for seq_id in chosen]
+            # sequences at a block boundary cross it with their next token
+            crossing = [s for s in chosen if one.num_tokens(s) % B == 0]
+            tokens = {s: data.draw(st.integers(1, B)) for s in crossing}
             before = _state(one)
-            fits = many.append_many(appends)
-            if fits:
-                for seq_id, num_tokens in appends:
-                    assert one.append(seq_id, num_tokens)
-            else:   # all or nothing
-                assert _state(many) == before
+            if len(crossing) > many.num_free_blocks:
+                with pytest.raises(ValueError, match="blocks wanted"):
+                    many.append_blocks(crossing)
+                assert _state(many) == before     # nothing changed
+                continue
+            many.append_blocks(crossing)
+            for seq_id in crossing:
+                assert one.append(seq_id, 1)
+            for seq_id in crossing:
+                assert many.append(seq_id, tokens[seq_id])
+                assert one.append(seq_id, tokens[seq_id] - 1)
         many.check_invariants()
         assert _state(many) == _state(one)
         assert [many.block_table(s) for s in live] == [one.block_table(s) for s in live]
 
 
-def test_append_many_is_all_or_nothing():
-    alloc = PagedAllocator(num_blocks=4, block_size=B, enable_prefix_caching=False)
-    assert alloc.allocate(0, 4) and alloc.allocate(1, 4)
-    assert not alloc.append_many([(0, 4), (1, 8)])     # 3 new blocks, 2 free
-    assert alloc.block_table(0) == [0] and alloc.block_table(1) == [1]
-    assert alloc.append_many([(0, 4), (1, 1)])
-    assert alloc.block_table(0) == [0, 2] and alloc.block_table(1) == [1, 3]
-    assert alloc.num_free_blocks == 0 and np.sum(alloc.snapshot().fill) == 13
-    with pytest.raises(ValueError, match="listed twice"):
-        alloc.append_many([(0, 1), (0, 1)])
+def test_append_blocks_hands_out_the_queue_front_in_order():
+    alloc = PagedAllocator(num_blocks=5, block_size=B, enable_prefix_caching=False)
+    assert alloc.allocate(0, 4) and alloc.allocate(1, 8)
+    with pytest.raises(ValueError, match="sequence 7 is not allocated"):
+        alloc.append_blocks([0, 7])
+    with pytest.raises(ValueError, match="3 blocks wanted, 2 free"):
+        alloc.append_blocks([1, 0, 1])
+    assert alloc.block_table(0) == [0] and alloc.num_free_blocks == 2
+    alloc.append_blocks([1, 0])
+    assert alloc.block_table(1) == [1, 2, 3] and alloc.block_table(0) == [0, 4]
+    # the blocks count as in use, their slots empty until the tokens are told
+    assert alloc.breakdown_slots()[:3] == [12, 0, 8]
+    assert alloc.append(0, 1) and alloc.append(1, 3)   # no new block needed
+    alloc.check_invariants()
+    assert alloc.num_free_blocks == 0 and int(np.sum(alloc.snapshot().fill)) == 16
 
 
 def test_repeated_lookups_see_hash_map_changes():

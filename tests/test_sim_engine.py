@@ -90,6 +90,15 @@ def test_batched_decode_runs_identical_to_single_steps(case):
     assert fast.summary_json(include_wall_clock=False) == slow.summary_json(include_wall_clock=False)
     pd.testing.assert_frame_equal(fast.timeseries, slow.timeseries)
     pd.testing.assert_frame_equal(fast.requests, slow.requests)
+    # the pools too, block for block: a run takes blocks step by step, in running order
+    assert len(fast.snapshots) == len(slow.snapshots) > 0
+    for (t_a, rep_a, a), (t_b, rep_b, b) in zip(fast.snapshots, slow.snapshots):
+        assert (t_a, rep_a) == (t_b, rep_b)
+        for name in ("cell_class", "owner", "ref_cnt", "fill", "block_key"):
+            np.testing.assert_array_equal(getattr(a, name), getattr(b, name), err_msg=name)
+        assert a.seq_lens == b.seq_lens and a.block_tables.keys() == b.block_tables.keys()
+        for seq_id, table in a.block_tables.items():
+            np.testing.assert_array_equal(table, b.block_tables[seq_id])
     assert fast.summary["num_steps"] > 200
     if "paged" in case:
         assert fast.summary["num_preemptions"] > 0

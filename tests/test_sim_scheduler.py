@@ -161,3 +161,52 @@ def test_config_validation_messages(bad):
     kw.update(bad)
     with pytest.raises(ValueError):
         EngineConfig(**kw)
+
+
+def _pool_state(sched, alloc):
+    sched.sync_allocator()
+    alloc.check_invariants()
+    return {sid: list(alloc.block_table(sid)) for sid in alloc.seq_ids}, alloc.pool.free_queue()
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_decode_clock_decides_exactly_like_stepping_each_request(seed):
+    """The decode clock is an optimisation: with it switched off every request is scheduled one
+    by one. Both must schedule the same tokens, preempt and finish the same requests, and hand out
+    the same blocks (ids included), step for step, through preemptions and prefix hits."""
+    import random
+    rng = random.Random(seed)
+    reqs = []
+    for i in range(40):
+        prompt, output = rng.randint(1, 60), rng.randint(1, 40)
+        shared = min(prompt, 8 * rng.randint(1, 4)) if rng.random() < 0.5 else 0
+        segments = ((rng.randint(0, 3), shared), (1000 + i, prompt - shared))
+        # a quarter share their outputs too (a conversation's next turn would): off the clock
+        shareable = prompt + output if rng.random() < 0.25 else shared
+        reqs.append(Request(i, 0.0, prompt, output, segments=tuple(s for s in segments if s[1]),
+                            num_shareable_tokens=shareable))
+    kw = dict(num_blocks=rng.choice([30, 60, 200]), max_num_batched_tokens=rng.choice([16, 64]),
+              long_prefill_token_threshold=rng.choice([0, 8]))
+    (clocked, a1), (each, a2) = _sched(**kw), _sched(**kw)
+    each.clock_enabled = False
+    arrivals = sorted(rng.sample(range(120), len(reqs)))
+    engaged = 0
+    t = 0
+    while t < 2000 and (arrivals or clocked.running or clocked.waiting):
+        while arrivals and arrivals[0] <= t:
+            req = reqs[len(reqs) - len(arrivals)]
+            arrivals.pop(0)
+            clocked.add_request(req, t)
+            each.add_request(req, t)
+        engaged += clocked.num_clocked
+        o1, o2 = clocked.schedule(t, t), each.schedule(t, t)
+        assert [(s.seq_id, n) for s, n in o1.scheduled] == [(s.seq_id, n) for s, n in o2.scheduled]
+        assert (o1.num_scheduled_tokens, o1.num_decode_seqs, o1.kv_read_tokens, o1.num_preempted) \
+            == (o2.num_scheduled_tokens, o2.num_decode_seqs, o2.kv_read_tokens, o2.num_preempted)
+        f1, f2 = clocked.finish_step(o1, t + 1, t), each.finish_step(o2, t + 1, t)
+        assert [s.seq_id for s in f1] == [s.seq_id for s in f2]
+        assert _pool_state(clocked, a1) == _pool_state(each, a2)
+        t += 1
+    assert not clocked.running and not clocked.waiting and t < 2000
+    assert clocked.num_preemptions == each.num_preemptions
+    assert engaged > 0 and each.num_clocked == 0   # the clock did run in one and not the other
