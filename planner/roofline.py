@@ -53,13 +53,18 @@ class RooflineCost:
         self.attn_flops_per_pair = model.attn_flops_per_token_pair / tp
         self.bandwidth_bytes_per_s = gpu.memory_bandwidth_bytes_per_s * bandwidth_efficiency
         self.peak_flops_per_s = gpu.peak_flops_per_s(model.dtype) * flops_efficiency
+        self._last_lines = (None, None)
 
     def __repr__(self) -> str:
         return (f"RooflineCost({self.model.name}, {self.gpu.name}, tp={self.tp}, "
                 f"overhead={self.step_overhead_s}s)")
 
     def _lines(self, batch) -> tuple[float, float, float, float]:
-        """Memory and compute time of the batch and their growth per decode step (seconds)."""
+        """Memory and compute time of the batch and their growth per decode step (seconds).
+        The last batch's lines are kept: a simulator prices one run several times."""
+        cached = self._last_lines
+        if cached[0] is batch:
+            return cached[1]
         scheduled = batch.num_scheduled_tokens
         mem0 = (self.weight_bytes + (batch.kv_read_tokens + scheduled) * self.kv_bytes_per_token) \
             / self.bandwidth_bytes_per_s
@@ -69,7 +74,9 @@ class RooflineCost:
         # token of KV and its (single) new token attends to one more position
         mem_slope = batch.num_seqs * self.kv_bytes_per_token / self.bandwidth_bytes_per_s
         comp_slope = batch.num_seqs * self.attn_flops_per_pair / self.peak_flops_per_s
-        return mem0, mem_slope, comp0, comp_slope
+        lines = (mem0, mem_slope, comp0, comp_slope)
+        self._last_lines = (batch, lines)
+        return lines
 
     def step_time_s(self, batch) -> float:
         """Duration of one step (0 for a step that schedules no tokens)."""
@@ -90,21 +97,22 @@ class RooflineCost:
             return 0.0
         a, b, c, d = self._lines(batch)
         last = num_steps - 1
-
-        def line_sum(intercept: float, slope: float, lo: int, hi: int) -> float:
-            if hi < lo:
-                return 0.0
-            n = hi - lo + 1
-            return n * intercept + slope * (lo + hi) * n / 2.0
-
         if b == d:  # parallel lines: one dominates throughout
-            total = line_sum(a, b, 0, last) if a >= c else line_sum(c, d, 0, last)
+            total = _line_sum(a, b, 0, last) if a >= c else _line_sum(c, d, 0, last)
         else:
             cross = (c - a) / (b - d)  # memory line >= compute line for j >= cross when b > d
             if b > d:
                 split = min(max(math.ceil(cross), 0), num_steps)  # first j where memory dominates
-                total = line_sum(c, d, 0, split - 1) + line_sum(a, b, split, last)
+                total = _line_sum(c, d, 0, split - 1) + _line_sum(a, b, split, last)
             else:
                 split = min(max(math.floor(cross) + 1, 0), num_steps)  # first j where compute dominates
-                total = line_sum(a, b, 0, split - 1) + line_sum(c, d, split, last)
+                total = _line_sum(a, b, 0, split - 1) + _line_sum(c, d, split, last)
         return total + num_steps * self.step_overhead_s
+
+
+def _line_sum(intercept: float, slope: float, lo: int, hi: int) -> float:
+    """Sum of intercept + slope * j over j = lo..hi (0 for an empty range)."""
+    if hi < lo:
+        return 0.0
+    n = hi - lo + 1
+    return n * intercept + slope * (lo + hi) * n / 2.0

@@ -169,6 +169,7 @@ class Simulation:
         self.arrivals_done = False
         self.end_ns = 0
         self.wall_s = 0.0
+        self._last_run = (None, 0, 0)     # (first-step batch, k, run ns) of the last run priced
         self._finalised = False
         self._progress = None
         if progress:
@@ -419,7 +420,12 @@ class Simulation:
     def _run_ns(self, b0: StepBatch, k: int) -> int:
         if self.fixed_step_ns is not None:
             return self.fixed_step_ns * k
-        return max(k, _ns(self.cost.run_time_s(b0, k)))
+        cached = self._last_run
+        if cached[0] is b0 and cached[1] == k:
+            return cached[2]
+        ns = max(k, int(round(self.cost.run_time_s(b0, k) * NS_PER_S)))
+        self._last_run = (b0, k, ns)
+        return ns
 
     def _steps_to_reach(self, b0: StepBatch, now: int, bound: int, k_max: int) -> int:
         """Smallest k >= 1 whose run ends at or after ``bound`` (capped at k_max)."""
@@ -432,6 +438,8 @@ class Simulation:
         first = max(1, self._step_ns(b0))
         guess = min(k_max, max(1, -(-(bound - now) // first)))
         if guess == 1 or now + self._run_ns(b0, guess - 1) < bound:
+            if guess < k_max:
+                self._run_ns(b0, guess)   # the run's end, cached for the caller
             return guess
         hi = 1
         while hi < k_max and now + self._run_ns(b0, hi) < bound:
@@ -583,8 +591,17 @@ class Simulation:
         head = members[0]
         req = head.req
         arrival = head.arrival_ns
-        finish = max(m.finish_ns for m in members)
-        first_token = min(m.first_token_ns for m in members)
+        if group is None:
+            finish, first_token = seq.finish_ns, seq.first_token_ns
+            num_preemptions, cached_total = seq.num_preemptions, seq.num_cached_tokens_total
+            first_token_step, finish_step = seq.first_token_step, seq.finish_step
+        else:
+            finish = max(m.finish_ns for m in members)
+            first_token = min(m.first_token_ns for m in members)
+            num_preemptions = sum(m.num_preemptions for m in members)
+            cached_total = sum(m.num_cached_tokens_total for m in members)
+            first_token_step = min(m.first_token_step for m in members)
+            finish_step = max(m.finish_step for m in members)
         num_output = head.num_output_tokens
         ttft = (first_token - arrival) / NS_PER_S
         tpot = (finish - first_token) / NS_PER_S / (num_output - 1) if num_output > 1 else math.nan
@@ -594,13 +611,11 @@ class Simulation:
             finish_s=finish / NS_PER_S, ttft_s=ttft, tpot_s=tpot,
             e2e_s=(finish - arrival) / NS_PER_S, prompt_tokens=req.prompt_tokens,
             output_tokens=req.output_tokens, num_output=num_output, num_samples=len(members),
-            num_preemptions=sum(m.num_preemptions for m in members),
-            cached_tokens_first=head.cached_tokens_first,
-            cached_tokens_total=sum(m.num_cached_tokens_total for m in members),
+            num_preemptions=num_preemptions, cached_tokens_first=head.cached_tokens_first,
+            cached_tokens_total=cached_total,
             arrival_step=req.arrival_step if req.arrival_step is not None else -1,
-            first_sched_step=head.first_sched_step,
-            first_token_step=min(m.first_token_step for m in members),
-            finish_step=max(m.finish_step for m in members), rejected=0)
+            first_sched_step=head.first_sched_step, first_token_step=first_token_step,
+            finish_step=finish_step, rejected=0)
 
     def _record_rejected(self, rep: _Replica, req, t_ns: int) -> None:
         nan = math.nan
