@@ -203,14 +203,16 @@ class BlockPool:
         Cached blocks popped this way are evicted: their key leaves the hash map.
         """
         blocks = self._free_queue.popleft(n)
+        ref = self.ref_cnt
         if self.num_cached_blocks:
             key = self.block_key
             for block_id in blocks:
                 if key[block_id] is not None:   # a cached block: its content is gone
                     self.unregister(block_id)
-        ref = self.ref_cnt
-        for block_id in blocks:
-            ref[block_id] = 1
+                ref[block_id] = 1
+        else:
+            for block_id in blocks:
+                ref[block_id] = 1
         self.num_free_blocks -= n
         self.num_popped_blocks += n
         return blocks

@@ -131,7 +131,8 @@ class PagedAllocator:
 
     def lookup(self, block_hashes: Sequence[int] | None, num_tokens: int) -> int:
         """Tokens a new sequence of ``num_tokens`` would get from the cache (no side effect)."""
-        num_tokens = require_int("num_tokens", num_tokens)
+        if type(num_tokens) is not int or num_tokens < 0:
+            num_tokens = require_int("num_tokens", num_tokens)
         return len(self._find_hits(block_hashes, num_tokens)) * self.block_size
 
     def blocks_needed(self, num_tokens: int, block_hashes: Sequence[int] | None = None) -> int:
@@ -140,8 +141,11 @@ class PagedAllocator:
         A hit on a cached block nobody uses (ref_cnt 0) takes it out of the free queue, so it
         costs a free block too (vLLM's get_num_blocks_to_allocate).
         """
-        num_tokens = require_int("num_tokens", num_tokens)
+        if type(num_tokens) is not int or num_tokens < 0:
+            num_tokens = require_int("num_tokens", num_tokens)
         hits = self._find_hits(block_hashes, num_tokens)
+        if not hits:
+            return -(-num_tokens // self.block_size)
         ref = self.pool.ref_cnt
         return -(-num_tokens // self.block_size) - len(hits) + sum(ref[b] == 0 for b in hits)
 
@@ -163,7 +167,8 @@ class PagedAllocator:
             False, with nothing changed, if the free blocks do not suffice.
         """
         require_new_seq_id(seq_id, self._seqs)
-        num_tokens = require_int("num_tokens", num_tokens)
+        if type(num_tokens) is not int or num_tokens < 0:
+            num_tokens = require_int("num_tokens", num_tokens)
         size = self.block_size
         num_check_tokens = num_tokens
         if num_reserve_tokens is not None:
@@ -246,14 +251,15 @@ class PagedAllocator:
             ValueError: the free blocks do not suffice (nothing changed).
         """
         pool, seqs = self.pool, self._seqs
-        for seq_id in seq_ids:
-            if seq_id not in seqs:
-                raise ValueError(f"append_blocks: sequence {seq_id} is not allocated")
-        if len(seq_ids) > pool.num_free_blocks:
-            raise ValueError(f"append_blocks: {len(seq_ids)} blocks wanted, "
+        try:
+            tables = [seqs[seq_id].block_table for seq_id in seq_ids]
+        except KeyError as err:
+            raise ValueError(f"append_blocks: sequence {err.args[0]} is not allocated") from None
+        if len(tables) > pool.num_free_blocks:
+            raise ValueError(f"append_blocks: {len(tables)} blocks wanted, "
                              f"{pool.num_free_blocks} free")
-        for seq_id, block_id in zip(seq_ids, pool.pop(len(seq_ids))):
-            seqs[seq_id].block_table.append(block_id)
+        for table, block_id in zip(tables, pool.pop(len(tables))):
+            table.append(block_id)
 
     def fork(self, parent_id: int, child_id: int,
              block_hashes: Sequence[int] | None = None) -> None:

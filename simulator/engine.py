@@ -314,16 +314,22 @@ class Simulation:
         env = self.env
         sched = rep.sched
         record_steps = self.record_steps
+        # ``now`` is the replica's time. It runs ahead of SimPy's across step ends that nothing
+        # can observe (``_unobserved``): such a step is finished at once and the next one
+        # scheduled, without a round trip through the event queue.
+        now = env.now
         while True:
             if not sched.running and not sched.waiting:
-                self._boundary(rep)
+                if now > env.now:
+                    yield _urgent_timeout(env, now - env.now)
+                self._boundary(rep, now)
                 rep.wake = env.event()
                 yield rep.wake
                 rep.wake = None
-            if self.next_arrival_ns == env.now:
+                now = env.now
+            if self.next_arrival_ns == now:
                 yield env.timeout(0)   # arrivals due now land before this step is scheduled
-            now = env.now
-            bd_start = self._boundary(rep)
+            bd_start = self._boundary(rep, now)
             step_index = now // NS_PER_S if self.step_clock else rep.num_steps
             k = sched.plan_decode_run(_NEVER)
             if k > 0:
@@ -349,16 +355,18 @@ class Simulation:
                     end = now + self._run_ns(b0, k)
                     self._integrate(rep, bd_start, self._breakdown(rep), usage_start,
                                     rep.allocator.usage, now, end)
-                    yield _urgent_timeout(env, end - now)
+                    if not self._unobserved(rep, end):
+                        yield _urgent_timeout(env, end - env.now)
                     last_index = step_index + k - 1 if self.step_clock else rep.num_steps + k - 1
                     finished = sched.finish_decode_run(end, last_index)
                     if record_steps:
                         self._decode_rows(rep, step_index, k, n, hist, used0, finished)
                 else:
                     finished = []
+                    t = now
                     for j in range(k):
                         idx = step_index + j
-                        out = sched.schedule(env.now, idx)
+                        out = sched.schedule(t, idx)
                         assert out.num_decode_seqs == n and out.num_scheduled_tokens == n \
                             and not out.num_preempted and not out.num_new, \
                             "a planned decode step was not a pure decode step"
@@ -368,6 +376,7 @@ class Simulation:
                             self._integrate(rep, bd_start, self._breakdown(rep), usage_start,
                                             rep.allocator.usage, now, end)
                         yield _urgent_timeout(env, end - env.now)
+                        t = end
                         finished = sched.finish_step(out, end, idx)
                         assert not finished or j == k - 1, "a request finished inside a decode run"
                         if record_steps:
@@ -376,6 +385,7 @@ class Simulation:
                 sched.num_steps += k
                 for seq in finished:
                     self._on_finished(rep, seq)
+                now = end
                 continue
 
             out = sched.schedule(now, step_index)
@@ -392,7 +402,8 @@ class Simulation:
                 bd_step = self._breakdown(rep)
                 self._integrate(rep, bd_step, bd_step, rep.allocator.usage, rep.allocator.usage,
                                 now, end)
-                yield _urgent_timeout(env, end - now)
+                yield _urgent_timeout(env, end - env.now)
+                now = end
                 continue
             batch = StepBatch(out.num_seqs, out.num_prefill_tokens, out.num_decode_seqs,
                               out.num_scheduled_tokens, out.kv_read_tokens, out.attn_token_pairs)
@@ -402,7 +413,8 @@ class Simulation:
             bd_step = self._breakdown(rep)
             self._integrate(rep, bd_step, bd_step, rep.allocator.usage, rep.allocator.usage,
                             now, end)
-            yield _urgent_timeout(env, end - now)
+            if not self._unobserved(rep, end):
+                yield _urgent_timeout(env, end - env.now)
             finished = sched.finish_step(out, end, step_index)
             rep.num_steps += 1
             sched.num_steps += 1
@@ -410,6 +422,15 @@ class Simulation:
                 self._step_row(rep, step_index, out, finished, row_state)
             for seq in finished:
                 self._on_finished(rep, seq)
+            now = end
+
+    def _unobserved(self, rep: _Replica, end: int) -> bool:
+        """Whether nothing can happen or be looked at from now until the replica's step end
+        ``end``: no arrival (the router reads replica states, the scheduler its queue), sample,
+        snapshot or stop (``run_until``) up to and including ``end``."""
+        return end < self.next_arrival_ns and end < rep.next_sample_ns and end < self.stop_ns \
+            and (rep.next_snapshot >= len(self.snapshot_ns) or
+                 end < self.snapshot_ns[rep.next_snapshot])
 
     # ------------------------------------------------------------------ time helpers
     def _step_ns(self, batch: StepBatch) -> int:
@@ -481,11 +502,10 @@ class Simulation:
             vals[2 if sched.paged else 1] -= pending
         return vals
 
-    def _boundary(self, rep: _Replica) -> list[int] | None:
-        """At a step boundary: integrate any idle gap, then take due samples and snapshots.
-        Returns the breakdown now (before this boundary's schedule), or None if it was not
-        needed."""
-        now = self.env.now
+    def _boundary(self, rep: _Replica, now: int) -> list[int] | None:
+        """At a step boundary (time ``now``): integrate any idle gap, then take due samples and
+        snapshots. Returns the breakdown now (before this boundary's schedule), or None if it
+        was not needed."""
         if now > self.end_ns:
             self.end_ns = now
         if now <= rep.last_t and rep.next_sample_ns > now and (
