@@ -411,8 +411,8 @@ class Simulation:
             row_state = self._row_state(sched) if record_steps else None
             end = now + max(1, self._step_ns(batch))
             bd_step = self._breakdown(rep)
-            self._integrate(rep, bd_step, bd_step, rep.allocator.usage, rep.allocator.usage,
-                            now, end)
+            usage = rep.allocator.usage
+            self._integrate(rep, bd_step, bd_step, usage, usage, now, end)
             if not self._unobserved(rep, end):
                 yield _urgent_timeout(env, end - env.now)
             finished = sched.finish_step(out, end, step_index)

@@ -149,6 +149,39 @@ class StepOutput:
 _ORDER = attrgetter("order")
 
 
+class _Crossers:
+    """The clocked requests of one crossing bucket in running order: parallel lists of their
+    admission orders and seq ids (a step's crossers are handed out without sorting)."""
+
+    __slots__ = ("orders", "seq_ids")
+
+    def __init__(self):
+        self.orders: list[int] = []
+        self.seq_ids: list[int] = []
+
+    def __len__(self) -> int:
+        return len(self.orders)
+
+    def add(self, order: int, seq_id: int) -> None:
+        orders = self.orders
+        if not orders or order > orders[-1]:    # the usual case: clocked in admission order
+            orders.append(order)
+            self.seq_ids.append(seq_id)
+        else:
+            i = bisect_left(orders, order)
+            orders.insert(i, order)
+            self.seq_ids.insert(i, seq_id)
+
+    def remove(self, order: int) -> None:
+        i = bisect_left(self.orders, order)
+        del self.orders[i]
+        del self.seq_ids[i]
+
+    def clear(self) -> None:
+        self.orders.clear()
+        self.seq_ids.clear()
+
+
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
@@ -192,8 +225,8 @@ class Scheduler:
         self.clock_o = 0                # decode steps completed (tokens sampled)
         self.num_clocked = 0
         self.ctx_off = 0                # sum over clocked of num_computed_tokens - base_c
-        # bucket r: {order: seq_id} of clocked requests that need a block when clock_c % B == r
-        self.buckets: list[dict] = [{} for _ in range(self.block_size)] if self.paged else []
+        # bucket r: clocked requests that need a block when clock_c % B == r
+        self.buckets = [_Crossers() for _ in range(self.block_size)] if self.paged else []
         self.fin_heap: list = []        # (fin, order, SeqState) of clocked requests
         self.loose: list[SeqState] = []  # running requests off the clock, in running order
         self.next_order = 0
@@ -330,7 +363,7 @@ class Scheduler:
         heapq.heappush(self.fin_heap, (seq.fin, seq.order, seq))
         if self.paged:
             seq.bucket = (self.clock_c - c) % self.block_size
-            self.buckets[seq.bucket][seq.order] = seq.seq_id
+            self.buckets[seq.bucket].add(seq.order, seq.seq_id)
         self.num_clocked += 1
 
     def _clock_out(self, seq: SeqState) -> None:
@@ -339,7 +372,7 @@ class Scheduler:
         seq.clocked = False
         self.ctx_off -= seq.num_computed_tokens - self.clock_c
         if self.paged:
-            del self.buckets[seq.bucket][seq.order]
+            self.buckets[seq.bucket].remove(seq.order)
         self.num_clocked -= 1
 
     def _unclock_all(self) -> None:
@@ -433,7 +466,7 @@ class Scheduler:
         lpt = self._lpt()
         max_model_len = cfg.max_model_len
         demand = self.num_clocked
-        crossing = self.buckets[self.clock_c % B] if paged else {}
+        crossing = self.buckets[self.clock_c % B] if paged else ()
         need = len(crossing)
         plan = []
         for seq in self.loose:
@@ -456,8 +489,11 @@ class Scheduler:
         entries = out.entries
         # allocator calls in running order (it fixes which block ids each request gets); a
         # clocked request only takes its block (its tokens are told when it is next synced)
-        if crossing:
-            plan.extend((order, 0, seq_id, 0) for order, seq_id in crossing.items())
+        if crossing and not plan:
+            self.allocator.append_blocks(crossing.seq_ids)
+        elif crossing:
+            plan.extend((order, 0, seq_id, 0)
+                        for order, seq_id in zip(crossing.orders, crossing.seq_ids))
             plan.sort()
         takers = []
         for _order, listed, seq, n in plan:
@@ -928,18 +964,15 @@ class Scheduler:
                 if crossings:
                     for r, bucket in enumerate(buckets):
                         if bucket:
-                            for order, seq_id in bucket.items():
+                            for order, seq_id in zip(bucket.orders, bucket.seq_ids):
                                 crossings.extend(
                                     (step, order, seq_id) for step in range((r - clock) % B, k, B))
                 else:
                     # the usual run: only clocked requests cross; step j takes bucket
                     # (clock + j) % B in running order, round after round when k > B
-                    per_step = []
-                    for j in range(min(k, B)):
-                        bucket = buckets[(clock + j) % B]
-                        per_step.append([bucket[o] for o in sorted(bucket)] if bucket else ())
-                    ids = [sid for j in range(k) for sid in per_step[j % B]] if k > B else \
-                        [sid for step_ids in per_step for sid in step_ids]
+                    ids = []
+                    for j in range(k):
+                        ids += buckets[(clock + j) % B].seq_ids
                     if ids:
                         alloc.append_blocks(ids)
             if crossings:

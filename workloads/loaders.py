@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import csv
 import datetime
+import functools
 import json
 import re
 from collections.abc import Iterator
@@ -61,6 +62,13 @@ _DATETIME = re.compile(
 
 
 # ----------------------------------------------------------------------------- helpers
+@functools.lru_cache(maxsize=64)
+def _day_ordinal(year: str, month: str, day: str) -> int:
+    """Proleptic Gregorian ordinal of a date (ValueError if it does not exist); a trace's rows
+    share a few dates, so they are computed once each."""
+    return datetime.date(int(year), int(month), int(day)).toordinal()
+
+
 def parse_datetime_ticks(text: str, *, file: str, line: int, field: str) -> int:
     """``YYYY-MM-DD HH:MM:SS[.fraction]`` (no zone) as integer 100 ns ticks.
 
@@ -73,7 +81,7 @@ def parse_datetime_ticks(text: str, *, file: str, line: int, field: str) -> int:
                          file=file, line=line, field=field)
     y, mo, d, h, mi, s, frac = m.groups()
     try:
-        days = datetime.date(int(y), int(mo), int(d)).toordinal()
+        days = _day_ordinal(y, mo, d)
     except ValueError as err:
         raise InputError(f"bad timestamp {text!r}: {err}", file=file, line=line,
                          field=field) from None
