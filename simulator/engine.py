@@ -342,7 +342,7 @@ class Simulation:
                 bound = min(self.next_arrival_ns, rep.next_sample_ns, self.stop_ns,
                             self.snapshot_ns[rep.next_snapshot]
                             if rep.next_snapshot < len(self.snapshot_ns) else _NEVER)
-                if bound < _NEVER:
+                if bound < _NEVER and now + self._run_ns(b0, k) >= bound:
                     k = min(k, self._steps_to_reach(b0, now, bound, k))
                 rep.cur_running, rep.cur_waiting = n, len(sched.waiting)
                 rep.max_running = max(rep.max_running, n)
@@ -625,11 +625,15 @@ class Simulation:
         num_output = head.num_output_tokens
         ttft = (first_token - arrival) / NS_PER_S
         tpot = (finish - first_token) / NS_PER_S / (num_output - 1) if num_output > 1 else math.nan
+        e2e = (finish - arrival) / NS_PER_S
+        if not self.requests.keep_rows:   # no per-request table: what the summary needs
+            self.requests.add_finished(ttft, tpot, e2e, req.prompt_tokens, num_preemptions)
+            return
         self.requests.add(
             request_id=req.request_id, replica=rep.index, arrival_s=arrival / NS_PER_S,
             first_sched_s=head.first_sched_ns / NS_PER_S, first_token_s=first_token / NS_PER_S,
             finish_s=finish / NS_PER_S, ttft_s=ttft, tpot_s=tpot,
-            e2e_s=(finish - arrival) / NS_PER_S, prompt_tokens=req.prompt_tokens,
+            e2e_s=e2e, prompt_tokens=req.prompt_tokens,
             output_tokens=req.output_tokens, num_output=num_output, num_samples=len(members),
             num_preemptions=num_preemptions, cached_tokens_first=head.cached_tokens_first,
             cached_tokens_total=cached_total,

@@ -60,15 +60,34 @@ class RequestLog:
         self.num_preempted_requests = 0   # finished requests preempted at least once
 
     def add(self, **row) -> None:
+        """A row with every REQUEST_COLUMNS value."""
+        if not self.keep_rows:
+            if row["rejected"]:
+                self.num_rows += 1
+            else:
+                self.add_finished(row["ttft_s"], row["tpot_s"], row["e2e_s"],
+                                  row["prompt_tokens"], row["num_preemptions"])
+            return
         self.num_rows += 1
         if not row["rejected"]:
-            self.num_finished += 1
-            self.num_prompt_tokens += row["prompt_tokens"]
-            self.num_preempted_requests += row["num_preemptions"] > 0
-        elif not self.keep_rows:
-            return
+            self._count(row["prompt_tokens"], row["num_preemptions"])
         for name, col in self.cols.items():
             col.append(row[name])
+
+    def add_finished(self, ttft_s: float, tpot_s: float, e2e_s: float, prompt_tokens: int,
+                     num_preemptions: int) -> None:
+        """A finished request when rows are not kept: its latencies and the running totals."""
+        self.num_rows += 1
+        self._count(prompt_tokens, num_preemptions)
+        cols = self.cols
+        cols["ttft_s"].append(ttft_s)
+        cols["tpot_s"].append(tpot_s)
+        cols["e2e_s"].append(e2e_s)
+
+    def _count(self, prompt_tokens: int, num_preemptions: int) -> None:
+        self.num_finished += 1
+        self.num_prompt_tokens += prompt_tokens
+        self.num_preempted_requests += num_preemptions > 0
 
     def __len__(self) -> int:
         return self.num_rows
