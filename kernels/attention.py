@@ -55,6 +55,8 @@ SPLIT_MIN_CONTEXT_TOKENS = 4096
 # launch order: the programs of one sequence's KV heads side by side (they read neighbouring bytes
 # of the same blocks in the flat layout); measured no different from sequence-fastest on the H200
 HEAD_FASTEST_GRID = True
+MERGE_TILE_ELEMS = 4096
+MERGE_TWO_LEVEL_ROWS = 64
 
 
 @dataclass(frozen=True)
@@ -64,6 +66,7 @@ class KernelConfig:
     num_warps: int = 4
     num_stages: int = 2
     unmasked_full_tiles: bool = True  # False: every tile masked (measured faster for large v1 launches)
+    fused_reduce: bool = True  # split-KV: the last partition program merges (False: a second launch)
 
     def __post_init__(self):
         if self.tile_tokens < 16 or self.tile_tokens & (self.tile_tokens - 1):
@@ -118,6 +121,56 @@ def plan_launch(num_seqs: int, num_kv_heads: int, max_seq_len: int, head_size: i
     # there (H200, 512 programs, block 128) while unmasked full tiles win everywhere else
     return partition_size, KernelConfig(base.tile_tokens, base.num_warps, base.num_stages,
                                         unmasked_full_tiles=partition_size is not None)
+
+
+def merge_tile_elems(device: torch.device) -> int:
+    """Elements of partial results the merge loads per step (partitions x group heads x head size):
+    16 KB of fp32 on GPU; the interpreter pays per step, not per element, so it takes everything."""
+    return MERGE_TILE_ELEMS if device.type == "cuda" else 1 << 20
+
+
+def merge_chunk(num_parts: int, group: int) -> int:
+    """Partitions per first-level merge of the fused split-KV reduce (>= num_parts: one level).
+
+    One program merging num_parts x group partial rows alone runs one L2 round trip per step of
+    MERGE_TILE_ELEMS; above MERGE_TWO_LEVEL_ROWS rows the merge goes in two levels of about
+    sqrt(num_parts) partitions each (a power of two)."""
+    if num_parts * group <= MERGE_TWO_LEVEL_ROWS:
+        return triton.next_power_of_2(num_parts)
+    return triton.next_power_of_2(math.isqrt(num_parts - 1) + 1)
+
+
+_COUNTERS: dict[torch.device, torch.Tensor] = {}
+
+
+def attention_workspace(num_seqs: int, num_kv_heads: int, device: torch.device | str) -> torch.Tensor:
+    """Arrival counters for the fused split-KV merge of up to num_seqs sequences (int32 zeros).
+
+    Args:
+        num_seqs, num_kv_heads: the largest batch the workspace serves.
+        device: where the kernel runs.
+    Returns:
+        int32 zeros [num_seqs * num_kv_heads]; paged_attention leaves them at zero.
+    """
+    return torch.zeros(num_seqs * num_kv_heads, dtype=torch.int32, device=device)
+
+
+def _counters(workspace: torch.Tensor | None, num_counters: int, device: torch.device) -> torch.Tensor:
+    if workspace is not None:
+        if workspace.dtype != torch.int32 or workspace.device != device or workspace.numel() < num_counters:
+            raise ValueError(f"workspace must be int32 on {device} with at least {num_counters} elements "
+                             f"(num_seqs * num_kv_heads), got {workspace.dtype} on {workspace.device} with "
+                             f"{workspace.numel()}")
+        return workspace
+    buf = _COUNTERS.get(device)
+    if buf is None or buf.numel() < num_counters:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            # a buffer allocated during capture would belong to the graph's memory pool
+            raise ValueError(f"the fused split-KV merge needs {num_counters} counters: call once before "
+                             "capturing a CUDA graph, or pass workspace=attention_workspace(...)")
+        buf = attention_workspace(max(num_counters, 1024), 1, device)
+        _COUNTERS[device] = buf
+    return buf
 
 
 def num_sms(device: torch.device) -> int:
@@ -220,12 +273,14 @@ def _attend_tile(q, m_i, l_i, acc, t0, end, bt_row, k_base, v_base, k_d, v_d, d_
 
 @triton.jit
 def _paged_attention_kernel(
-    out_ptr, m_ptr, l_ptr,
+    out_ptr, tmp_ptr, m_ptr, l_ptr, counters_ptr,
     q_ptr, k_ptr, v_ptr, block_tables_ptr, seq_lens_ptr,
     qk_scale, partition_size,
     stride_q_seq, stride_q_head,
-    stride_o_seq, stride_o_head, stride_o_part,
+    stride_o_seq, stride_o_head,
+    stride_t_seq, stride_t_head, stride_t_part,
     stride_ml_seq, stride_ml_head,
+    stride_c_seq, stride_c_head,
     stride_bt_seq,
     k_stride_block, k_stride_token, k_stride_head, k_stride_dx, k_stride_x,
     v_stride_block, v_stride_token, v_stride_head, v_stride_dx, v_stride_x,
@@ -233,6 +288,8 @@ def _paged_attention_kernel(
     BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr, K_X: tl.constexpr, V_X: tl.constexpr,
     V_TOKENS_CONTIGUOUS: tl.constexpr, RUN: tl.constexpr, SPLIT: tl.constexpr, UPCAST_DOT: tl.constexpr,
     IEEE: tl.constexpr, HEAD_FASTEST: tl.constexpr, UNMASKED_FULL_TILES: tl.constexpr,
+    FUSED: tl.constexpr, GROUP_P2: tl.constexpr, PARTS_PER_STEP: tl.constexpr, CHUNK: tl.constexpr,
+    TWO_LEVEL: tl.constexpr,
 ):
     if HEAD_FASTEST:
         kv_head = tl.program_id(0)
@@ -295,16 +352,132 @@ def _paged_attention_kernel(
                 HEAD_SIZE, BLOCK_D, BLOCK_SIZE, TILE, V_TOKENS_CONTIGUOUS, RUN, UPCAST_DOT, IEEE, True)
 
     out_mask = row_ok[:, None] & d_ok[None, :]
-    out_offs = seq.to(tl.int64) * stride_o_seq + heads[:, None] * stride_o_head + d[None, :]
     if SPLIT:
-        # unnormalised partial result; the reduce kernel merges partitions
-        tl.store(out_ptr + out_offs + part * stride_o_part, acc, mask=out_mask)
-        ml_offs = seq.to(tl.int64) * stride_ml_seq + heads * stride_ml_head + part
-        tl.store(m_ptr + ml_offs, m_i, mask=row_ok)
-        tl.store(l_ptr + ml_offs, l_i, mask=row_ok)
+        num_parts = tl.cdiv(seq_len, partition_size)
+        if part < num_parts:  # a partition past this sequence's end has no tokens: nothing to merge
+            # unnormalised partial result (acc, m, l), merged in partition order (below, or by
+            # _reduce_partitions_kernel)
+            t_offs = seq.to(tl.int64) * stride_t_seq + heads[:, None] * stride_t_head + d[None, :]
+            tl.store(tmp_ptr + t_offs + part * stride_t_part, acc, mask=out_mask)
+            ml_offs = seq.to(tl.int64) * stride_ml_seq + heads * stride_ml_head + part
+            tl.store(m_ptr + ml_offs, m_i, mask=row_ok)
+            tl.store(l_ptr + ml_offs, l_i, mask=row_ok)
+            if FUSED:
+                # The last partition program of (seq, kv_head) to arrive merges them all; with
+                # CHUNK < num_parts in two levels (a fixed tree, so the result does not depend on
+                # arrival order): the last program of each chunk of CHUNK partitions merges the
+                # chunk into its first slot, then the last chunk merges the chunks. Each barrier
+                # orders every thread's stores before the release of a ticket (taken by one thread);
+                # the ticket's acquire makes the other programs' stores visible to this one.
+                counter = counters_ptr + seq * stride_c_seq + kv_head * stride_c_head
+                tl.debug_barrier()
+                if TWO_LEVEL:
+                    chunk = part // CHUNK
+                    first = chunk * CHUNK
+                    chunk_len = tl.minimum(CHUNK, num_parts - first)
+                    ticket = tl.atomic_add(counter + 1 + chunk, 1, sem="acq_rel", scope="gpu")
+                    if ticket == chunk_len - 1:
+                        cm, cl, cacc = _merge_partitions(tmp_ptr, m_ptr, l_ptr, seq, kv_head, first, chunk_len, 1,
+                                                         stride_t_seq, stride_t_head, stride_t_part,
+                                                         stride_ml_seq, stride_ml_head, GROUP, GROUP_P2,
+                                                         HEAD_SIZE, BLOCK_D, PARTS_PER_STEP, ".cg")
+                        tl.store(counter + 1 + chunk, 0)
+                        _store_partial(tmp_ptr, m_ptr, l_ptr, seq, kv_head, first, cm, cl, cacc,
+                                       stride_t_seq, stride_t_head, stride_t_part, stride_ml_seq,
+                                       stride_ml_head, GROUP, GROUP_P2, HEAD_SIZE, BLOCK_D)
+                        tl.debug_barrier()
+                        num_chunks = tl.cdiv(num_parts, CHUNK)
+                        ticket = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
+                        if ticket == num_chunks - 1:
+                            fm, fl, facc = _merge_partitions(tmp_ptr, m_ptr, l_ptr, seq, kv_head, 0, num_chunks,
+                                                             CHUNK, stride_t_seq, stride_t_head, stride_t_part,
+                                                             stride_ml_seq, stride_ml_head, GROUP, GROUP_P2,
+                                                             HEAD_SIZE, BLOCK_D, PARTS_PER_STEP, ".cg")
+                            tl.store(counter, 0)
+                            _store_output(out_ptr, seq, kv_head, fl, facc, stride_o_seq, stride_o_head,
+                                          GROUP, GROUP_P2, HEAD_SIZE, BLOCK_D)
+                else:
+                    ticket = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
+                    if ticket == num_parts - 1:
+                        fm, fl, facc = _merge_partitions(tmp_ptr, m_ptr, l_ptr, seq, kv_head, 0, num_parts, 1,
+                                                         stride_t_seq, stride_t_head, stride_t_part,
+                                                         stride_ml_seq, stride_ml_head, GROUP, GROUP_P2,
+                                                         HEAD_SIZE, BLOCK_D, PARTS_PER_STEP, ".cg")
+                        # every program of (seq, kv_head) has taken its ticket: reset for the next call
+                        tl.store(counter, 0)
+                        _store_output(out_ptr, seq, kv_head, fl, facc, stride_o_seq, stride_o_head,
+                                      GROUP, GROUP_P2, HEAD_SIZE, BLOCK_D)
     else:
+        out_offs = seq.to(tl.int64) * stride_o_seq + heads[:, None] * stride_o_head + d[None, :]
         out = acc / l_i[:, None]
         tl.store(out_ptr + out_offs, out.to(out_ptr.dtype.element_ty), mask=out_mask)
+
+
+@triton.jit
+def _merge_partitions(tmp_ptr, m_ptr, l_ptr, seq, kv_head, first, count, step,
+                      stride_t_seq, stride_t_head, stride_t_part, stride_ml_seq, stride_ml_head,
+                      GROUP: tl.constexpr, GROUP_P2: tl.constexpr, HEAD_SIZE: tl.constexpr,
+                      BLOCK_D: tl.constexpr, PARTS_PER_STEP: tl.constexpr, CACHE: tl.constexpr):
+    """Merge the partial results (acc, m, l) in slots first, first + step, ... (count of them) of the
+    GROUP query heads of (seq, kv_head), in slot order, so that the result never depends on which
+    program finished last:  M = max_p m_p;  L = sum_p l_p 2^(m_p - M);  A = sum_p acc_p 2^(m_p - M).
+    CACHE: load cache modifier (".cg": read from L2, where other programs wrote the partials).
+    Returns (M, L, A), [GROUP_P2] and [GROUP_P2, BLOCK_D] (padding rows: M = 0, L = 0, A = 0)."""
+    g = tl.arange(0, GROUP_P2)
+    g_ok = g < GROUP
+    heads = kv_head * GROUP + g
+    d = tl.arange(0, BLOCK_D)
+    d_ok = d < HEAD_SIZE
+    pp = tl.arange(0, PARTS_PER_STEP)
+    ml_base = seq.to(tl.int64) * stride_ml_seq + heads * stride_ml_head
+    t_base = seq.to(tl.int64) * stride_t_seq + heads * stride_t_head
+    big_m = tl.full([GROUP_P2], float("-inf"), dtype=tl.float32)
+    big_l = tl.zeros([GROUP_P2], dtype=tl.float32)
+    acc = tl.zeros([GROUP_P2, BLOCK_D], dtype=tl.float32)
+    for i0 in range(0, count, PARTS_PER_STEP):
+        i = i0 + pp
+        p = first + i * step
+        ok = g_ok[:, None] & (i < count)[None, :]
+        m_p = tl.load(m_ptr + ml_base[:, None] + p[None, :], mask=ok, other=float("-inf"), cache_modifier=CACHE)
+        l_p = tl.load(l_ptr + ml_base[:, None] + p[None, :], mask=ok, other=0.0, cache_modifier=CACHE)
+        a_p = tl.load(tmp_ptr + t_base[:, None, None] + p[None, :, None] * stride_t_part + d[None, None, :],
+                      mask=ok[:, :, None] & d_ok[None, None, :], other=0.0, cache_modifier=CACHE)
+        # finite for the group's heads (slot `first` always holds a token); padding rows stay at 0
+        m_new = tl.where(g_ok, tl.maximum(big_m, tl.max(m_p, 1)), 0.0)
+        rescale_old = tl.math.exp2(big_m - m_new)
+        w_p = tl.math.exp2(m_p - m_new[:, None])
+        big_l = big_l * rescale_old + tl.sum(l_p * w_p, 1)
+        acc = acc * rescale_old[:, None] + tl.sum(a_p * w_p[:, :, None], 1)
+        big_m = m_new
+    return big_m, big_l, acc
+
+
+@triton.jit
+def _store_partial(tmp_ptr, m_ptr, l_ptr, seq, kv_head, slot, m, l, acc,
+                   stride_t_seq, stride_t_head, stride_t_part, stride_ml_seq, stride_ml_head,
+                   GROUP: tl.constexpr, GROUP_P2: tl.constexpr, HEAD_SIZE: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Store a merged partial result (m, l, acc) of the GROUP heads of (seq, kv_head) in ``slot``."""
+    g = tl.arange(0, GROUP_P2)
+    heads = kv_head * GROUP + g
+    d = tl.arange(0, BLOCK_D)
+    ml_offs = seq.to(tl.int64) * stride_ml_seq + heads * stride_ml_head + slot
+    tl.store(tmp_ptr + seq.to(tl.int64) * stride_t_seq + heads[:, None] * stride_t_head + slot * stride_t_part
+             + d[None, :], acc, mask=(g < GROUP)[:, None] & (d < HEAD_SIZE)[None, :])
+    tl.store(m_ptr + ml_offs, m, mask=g < GROUP)
+    tl.store(l_ptr + ml_offs, l, mask=g < GROUP)
+
+
+@triton.jit
+def _store_output(out_ptr, seq, kv_head, l, acc, stride_o_seq, stride_o_head,
+                  GROUP: tl.constexpr, GROUP_P2: tl.constexpr, HEAD_SIZE: tl.constexpr, BLOCK_D: tl.constexpr):
+    """out = acc / l for the GROUP heads of (seq, kv_head)."""
+    g = tl.arange(0, GROUP_P2)
+    g_ok = g < GROUP
+    heads = kv_head * GROUP + g
+    d = tl.arange(0, BLOCK_D)
+    out = acc / tl.where(g_ok, l, 1.0)[:, None]
+    tl.store(out_ptr + seq.to(tl.int64) * stride_o_seq + heads[:, None] * stride_o_head + d[None, :],
+             out.to(out_ptr.dtype.element_ty), mask=g_ok[:, None] & (d < HEAD_SIZE)[None, :])
 
 
 @triton.jit
@@ -315,34 +488,15 @@ def _reduce_partitions_kernel(
     stride_ml_seq, stride_ml_head,
     HEAD_SIZE: tl.constexpr, BLOCK_D: tl.constexpr, PARTS_PER_STEP: tl.constexpr,
 ):
+    """The unfused merge: one program per (seq, query head), launched after the attention kernel."""
     seq = tl.program_id(0)
     head = tl.program_id(1)
-    seq_len = tl.load(seq_lens_ptr + seq).to(tl.int32)
-    num_parts = tl.cdiv(seq_len, partition_size)
-    d = tl.arange(0, BLOCK_D)
-    d_ok = d < HEAD_SIZE
-    ml_base = seq.to(tl.int64) * stride_ml_seq + head * stride_ml_head
-    t_base = tmp_ptr + seq.to(tl.int64) * stride_t_seq + head * stride_t_head
-
-    big_m = tl.full([1], float("-inf"), dtype=tl.float32)
-    big_l = tl.zeros([1], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_D], dtype=tl.float32)
-    for p0 in range(0, num_parts, PARTS_PER_STEP):
-        p = p0 + tl.arange(0, PARTS_PER_STEP)
-        p_ok = p < num_parts
-        m_p = tl.load(m_ptr + ml_base + p, mask=p_ok, other=float("-inf"))
-        l_p = tl.load(l_ptr + ml_base + p, mask=p_ok, other=0.0)
-        a_p = tl.load(t_base + p[:, None] * stride_t_part + d[None, :],
-                      mask=p_ok[:, None] & d_ok[None, :], other=0.0)
-        m_new = tl.maximum(big_m, tl.max(m_p, 0))  # finite: partition 0 always holds a token
-        rescale_old = tl.math.exp2(big_m - m_new)
-        w_p = tl.math.exp2(m_p - m_new)
-        big_l = big_l * rescale_old + tl.sum(l_p * w_p, 0)
-        acc = acc * rescale_old + tl.sum(a_p * w_p[:, None], 0)
-        big_m = m_new
-    out = acc / big_l
-    tl.store(out_ptr + seq.to(tl.int64) * stride_o_seq + head * stride_o_head + d,
-             out.to(out_ptr.dtype.element_ty), mask=d_ok)
+    num_parts = tl.cdiv(tl.load(seq_lens_ptr + seq).to(tl.int32), partition_size)
+    # one query head = a "group" of one head whose "kv_head" is the head itself
+    m, l, acc = _merge_partitions(tmp_ptr, m_ptr, l_ptr, seq, head, 0, num_parts, 1,
+                                  stride_t_seq, stride_t_head, stride_t_part, stride_ml_seq, stride_ml_head,
+                                  1, 2, HEAD_SIZE, BLOCK_D, PARTS_PER_STEP, "")
+    _store_output(out_ptr, seq, head, l, acc, stride_o_seq, stride_o_head, 1, 2, HEAD_SIZE, BLOCK_D)
 
 
 def _check_inputs(query, key_cache, value_cache, block_tables, seq_lens, layout, validate):
@@ -399,7 +553,8 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
                     block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float,
                     layout: str = "flat", partition_size: int | None = None, *,
                     max_seq_len: int | None = None, validate: bool = True,
-                    config: KernelConfig | None = None) -> torch.Tensor:
+                    config: KernelConfig | None = None,
+                    workspace: torch.Tensor | None = None) -> torch.Tensor:
     """Decode attention of one query token per sequence over its paged KV.
 
     Args:
@@ -417,6 +572,11 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
         validate: check seq_lens and the block table range on the host (a device sync; benchmarks
             validate once, then pass False).
         config: kernel launch configuration; None = ``plan_launch``'s choice.
+        workspace: split-KV with the fused merge only: int32 zeros, at least num_seqs * num_kv_heads
+            of them (``attention_workspace``), the arrival counters of the partitions; the kernel
+            leaves them at zero, so one workspace serves every call, CUDA-graph replays included.
+            None = a per-device buffer kept by this module (then calls running concurrently on
+            several streams of one device must each pass their own).
     Returns:
         [num_seqs, num_heads, head_size] in query's dtype.
     Raises:
@@ -457,22 +617,41 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
     if partition_size is None:
         grid = (geom.num_kv_heads, num_seqs, 1) if HEAD_FASTEST_GRID else (num_seqs, geom.num_kv_heads, 1)
         _paged_attention_kernel[grid](
-            out, out, out, *args_tail, out.stride(0), out.stride(1), 0, 0, 0,
-            block_tables.stride(0), *kv_strides, SPLIT=False, **common)
+            out, out, out, out, out, *args_tail, out.stride(0), out.stride(1), 0, 0, 0, 0, 0, 0, 0,
+            block_tables.stride(0), *kv_strides, SPLIT=False, FUSED=False, GROUP_P2=1, PARTS_PER_STEP=1,
+            CHUNK=1, TWO_LEVEL=False, **common)
         return out
 
     num_parts = triton.cdiv(max_seq_len, partition_size)
     tmp = torch.empty((num_seqs, num_heads, num_parts, head_size), dtype=torch.float32, device=query.device)
     m = torch.empty((num_seqs, num_heads, num_parts), dtype=torch.float32, device=query.device)
     l = torch.empty_like(m)
+    block_d = common["BLOCK_D"]
     grid = ((geom.num_kv_heads, num_seqs, num_parts) if HEAD_FASTEST_GRID
             else (num_seqs, geom.num_kv_heads, num_parts))
+    ml_strides = (tmp.stride(0), tmp.stride(1), tmp.stride(2), m.stride(0), m.stride(1))
+    if config.fused_reduce:
+        chunk = merge_chunk(num_parts, group)
+        num_chunks = triton.cdiv(num_parts, chunk)
+        # per (seq, kv_head): the final counter, then one per chunk (two levels only)
+        per_head = 1 + (num_chunks if num_chunks > 1 else 0)
+        counters = _counters(workspace, num_seqs * geom.num_kv_heads * per_head, query.device)
+        # at least 2 rows and 2 partitions per merge step: Triton tensors of one element are avoided
+        group_p2 = max(2, triton.next_power_of_2(group))
+        _paged_attention_kernel[grid](
+            out, tmp, m, l, counters, *args_tail, out.stride(0), out.stride(1), *ml_strides,
+            geom.num_kv_heads * per_head, per_head, block_tables.stride(0), *kv_strides, SPLIT=True, FUSED=True,
+            GROUP_P2=group_p2, CHUNK=chunk, TWO_LEVEL=num_chunks > 1,
+            PARTS_PER_STEP=max(2, min(triton.next_power_of_2(min(chunk, num_parts)),
+                                      merge_tile_elems(query.device) // (group_p2 * block_d))),
+            **common)
+        return out
     _paged_attention_kernel[grid](
-        tmp, m, l, *args_tail, tmp.stride(0), tmp.stride(1), tmp.stride(2), m.stride(0), m.stride(1),
-        block_tables.stride(0), *kv_strides, SPLIT=True, **common)
+        out, tmp, m, l, out, *args_tail, out.stride(0), out.stride(1), *ml_strides, 0, 0,
+        block_tables.stride(0), *kv_strides, SPLIT=True, FUSED=False, GROUP_P2=1, CHUNK=1, TWO_LEVEL=False,
+        PARTS_PER_STEP=1, **common)
     _reduce_partitions_kernel[(num_seqs, num_heads)](
-        out, tmp, m, l, seq_lens, partition_size, out.stride(0), out.stride(1), tmp.stride(0), tmp.stride(1),
-        tmp.stride(2), m.stride(0), m.stride(1), HEAD_SIZE=head_size, BLOCK_D=common["BLOCK_D"],
-        PARTS_PER_STEP=min(128, max(2, triton.next_power_of_2(num_parts))),
+        out, tmp, m, l, seq_lens, partition_size, out.stride(0), out.stride(1), *ml_strides,
+        HEAD_SIZE=head_size, BLOCK_D=block_d, PARTS_PER_STEP=min(128, max(2, triton.next_power_of_2(num_parts))),
         num_warps=(8 if num_parts > 32 else 4) if query.device.type == "cuda" else 1)
     return out
