@@ -51,12 +51,11 @@ LOG2E = 1.4426950408889634
 
 # dispatch constants (see module docstring); tuned on an H200, 132 SMs
 TARGET_WAVES = 4
-SPLIT_MIN_CONTEXT_TOKENS = 4096
+FUSED_MERGE_MAX_ROWS = 64
 # launch order: the programs of one sequence's KV heads side by side (they read neighbouring bytes
 # of the same blocks in the flat layout); measured no different from sequence-fastest on the H200
 HEAD_FASTEST_GRID = True
 MERGE_TILE_ELEMS = 4096
-MERGE_TWO_LEVEL_ROWS = 64
 
 
 @dataclass(frozen=True)
@@ -89,7 +88,7 @@ def default_config(head_size: int, device: torch.device) -> KernelConfig:
 
 def plan_launch(num_seqs: int, num_kv_heads: int, max_seq_len: int, head_size: int, layout: str,
                 device: torch.device, partition_size: int | None = None,
-                config: KernelConfig | None = None) -> tuple[int | None, KernelConfig]:
+                config: KernelConfig | None = None, num_queries_per_kv: int = 1) -> tuple[int | None, KernelConfig]:
     """Choose v1 or v2 and the kernel configuration (the whole dispatch rule in one place).
 
     On GPU, with no explicit config: the base tile (``default_config``) for v2 and for large v1
@@ -98,12 +97,16 @@ def plan_launch(num_seqs: int, num_kv_heads: int, max_seq_len: int, head_size: i
     (its 16-byte runs along tokens want long tiles: 2.6x faster than 64-token tiles there). Full
     tiles run without token masks (7-10% faster on split and small launches, 15% on the vLLM
     layout), except for large flat v1 launches, where masking every tile measured faster.
+    Split-KV merges its partitions inside the attention kernel (fused) when one program merges at
+    most FUSED_MERGE_MAX_ROWS partial rows (partitions x query heads per KV head); above that a
+    separate reduce launch, one program per query head, spreads the merge and measured faster.
 
     Args:
         num_seqs, num_kv_heads, max_seq_len, head_size, layout: the problem.
         device: where it runs.
         partition_size: None = ``plan_partitions`` (GPU) or v1 (interpreter); else forced v2.
         config: an explicit configuration (kept as given; partitions are planned with its tile).
+        num_queries_per_kv: query heads per KV head (GQA group), for the choice of merge.
     Returns:
         (partition_size or None for v1, KernelConfig).
     """
@@ -114,13 +117,16 @@ def plan_launch(num_seqs: int, num_kv_heads: int, max_seq_len: int, head_size: i
         partition_size = None  # one partition: v1 computes the same thing without the reduce
     if config is not None or device.type != "cuda":
         return partition_size, base
+    fused = (partition_size is None
+             or math.ceil(max_seq_len / partition_size) * num_queries_per_kv <= FUSED_MERGE_MAX_ROWS)
     few_programs = partition_size is None and num_seqs * num_kv_heads <= 2 * num_sms(device)
     if layout == "vllm" or few_programs:
-        return partition_size, KernelConfig(2 * base.tile_tokens, base.num_warps, base.num_stages)
+        return partition_size, KernelConfig(2 * base.tile_tokens, base.num_warps, base.num_stages,
+                                            fused_reduce=fused)
     # a v1 launch of more than two waves, flat layout: masking every tile measured up to 25% faster
     # there (H200, 512 programs, block 128) while unmasked full tiles win everywhere else
     return partition_size, KernelConfig(base.tile_tokens, base.num_warps, base.num_stages,
-                                        unmasked_full_tiles=partition_size is not None)
+                                        unmasked_full_tiles=partition_size is not None, fused_reduce=fused)
 
 
 def merge_tile_elems(device: torch.device) -> int:
@@ -129,25 +135,14 @@ def merge_tile_elems(device: torch.device) -> int:
     return MERGE_TILE_ELEMS if device.type == "cuda" else 1 << 20
 
 
-def merge_chunk(num_parts: int, group: int) -> int:
-    """Partitions per first-level merge of the fused split-KV reduce (>= num_parts: one level).
-
-    One program merging num_parts x group partial rows alone runs one L2 round trip per step of
-    MERGE_TILE_ELEMS; above MERGE_TWO_LEVEL_ROWS rows the merge goes in two levels of about
-    sqrt(num_parts) partitions each (a power of two)."""
-    if num_parts * group <= MERGE_TWO_LEVEL_ROWS:
-        return triton.next_power_of_2(num_parts)
-    return triton.next_power_of_2(math.isqrt(num_parts - 1) + 1)
-
-
 _COUNTERS: dict[torch.device, torch.Tensor] = {}
 
 
 def attention_workspace(num_seqs: int, num_kv_heads: int, device: torch.device | str) -> torch.Tensor:
-    """Arrival counters for the fused split-KV merge of up to num_seqs sequences (int32 zeros).
+    """Arrival counters for the fused split-KV merge (int32 zeros), to pass as ``workspace=``.
 
     Args:
-        num_seqs, num_kv_heads: the largest batch the workspace serves.
+        num_seqs, num_kv_heads: the largest batch the workspace serves (one counter per pair).
         device: where the kernel runs.
     Returns:
         int32 zeros [num_seqs * num_kv_heads]; paged_attention leaves them at zero.
@@ -168,7 +163,7 @@ def _counters(workspace: torch.Tensor | None, num_counters: int, device: torch.d
             # a buffer allocated during capture would belong to the graph's memory pool
             raise ValueError(f"the fused split-KV merge needs {num_counters} counters: call once before "
                              "capturing a CUDA graph, or pass workspace=attention_workspace(...)")
-        buf = attention_workspace(max(num_counters, 1024), 1, device)
+        buf = torch.zeros(max(num_counters, 1 << 16), dtype=torch.int32, device=device)
         _COUNTERS[device] = buf
     return buf
 
@@ -184,12 +179,12 @@ def plan_partitions(num_seqs: int, num_kv_heads: int, max_seq_len: int, tile_tok
                     num_sms_: int) -> int | None:
     """The dispatch rule between v1 and v2 (measured on an H200, docs/BENCHMARKS.md, "Kernels").
 
-    v1 launches num_seqs * num_kv_heads programs. Below TARGET_WAVES waves of the multiprocessors
-    the GPU cannot keep enough loads in flight, so the sequence is split into the largest power of
-    two of partitions that keeps the launch within TARGET_WAVES waves (powers of two measured
-    better than exact fills: 3 partitions of a 256-program launch ran 30% slower than 2), with at
-    least one tile per partition. A launch that already fills a wave is split only for contexts of
-    at least SPLIT_MIN_CONTEXT_TOKENS: for shorter ones the reduce's fixed cost outweighs the gain.
+    v1 launches num_seqs * num_kv_heads programs. Below one wave of the multiprocessors the GPU
+    cannot keep enough loads in flight, so the sequence is split into the largest power of two of
+    partitions that keeps the launch within TARGET_WAVES waves (powers of two measured better than
+    exact fills), with at least one tile per partition. A launch that already fills a wave runs
+    v1: splitting it measured no faster at any context (2 partitions of a 256-program launch ran
+    up to 25% slower).
 
     Args:
         num_seqs, num_kv_heads: v1 launches one program per (sequence, KV head).
@@ -200,10 +195,10 @@ def plan_partitions(num_seqs: int, num_kv_heads: int, max_seq_len: int, tile_tok
         None for v1, else the partition size in tokens for v2.
     """
     num_programs = num_seqs * num_kv_heads
-    if num_programs >= num_sms_ and max_seq_len < SPLIT_MIN_CONTEXT_TOKENS:
+    if num_programs >= num_sms_:
         return None
     fill = TARGET_WAVES * num_sms_ // num_programs
-    num_parts = min(1 << (fill.bit_length() - 1) if fill else 0, max_seq_len // tile_tokens)
+    num_parts = min(1 << (fill.bit_length() - 1), max_seq_len // tile_tokens)
     if num_parts < 2:
         return None
     return tile_tokens * math.ceil(max_seq_len / num_parts / tile_tokens)
@@ -280,7 +275,7 @@ def _paged_attention_kernel(
     stride_o_seq, stride_o_head,
     stride_t_seq, stride_t_head, stride_t_part,
     stride_ml_seq, stride_ml_head,
-    stride_c_seq, stride_c_head,
+    stride_c_seq,
     stride_bt_seq,
     k_stride_block, k_stride_token, k_stride_head, k_stride_dx, k_stride_x,
     v_stride_block, v_stride_token, v_stride_head, v_stride_dx, v_stride_x,
@@ -288,8 +283,7 @@ def _paged_attention_kernel(
     BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr, K_X: tl.constexpr, V_X: tl.constexpr,
     V_TOKENS_CONTIGUOUS: tl.constexpr, RUN: tl.constexpr, SPLIT: tl.constexpr, UPCAST_DOT: tl.constexpr,
     IEEE: tl.constexpr, HEAD_FASTEST: tl.constexpr, UNMASKED_FULL_TILES: tl.constexpr,
-    FUSED: tl.constexpr, GROUP_P2: tl.constexpr, PARTS_PER_STEP: tl.constexpr, CHUNK: tl.constexpr,
-    TWO_LEVEL: tl.constexpr,
+    FUSED: tl.constexpr, GROUP_P2: tl.constexpr, PARTS_PER_STEP: tl.constexpr,
 ):
     if HEAD_FASTEST:
         kv_head = tl.program_id(0)
@@ -363,50 +357,22 @@ def _paged_attention_kernel(
             tl.store(m_ptr + ml_offs, m_i, mask=row_ok)
             tl.store(l_ptr + ml_offs, l_i, mask=row_ok)
             if FUSED:
-                # The last partition program of (seq, kv_head) to arrive merges them all; with
-                # CHUNK < num_parts in two levels (a fixed tree, so the result does not depend on
-                # arrival order): the last program of each chunk of CHUNK partitions merges the
-                # chunk into its first slot, then the last chunk merges the chunks. Each barrier
-                # orders every thread's stores before the release of a ticket (taken by one thread);
-                # the ticket's acquire makes the other programs' stores visible to this one.
-                counter = counters_ptr + seq * stride_c_seq + kv_head * stride_c_head
+                # the last partition program of (seq, kv_head) to arrive merges them all, in
+                # partition order. The barrier orders every thread's stores above before the release
+                # of the ticket (taken by one thread); the ticket's acquire makes the other
+                # programs' partials visible to this one.
                 tl.debug_barrier()
-                if TWO_LEVEL:
-                    chunk = part // CHUNK
-                    first = chunk * CHUNK
-                    chunk_len = tl.minimum(CHUNK, num_parts - first)
-                    ticket = tl.atomic_add(counter + 1 + chunk, 1, sem="acq_rel", scope="gpu")
-                    if ticket == chunk_len - 1:
-                        cm, cl, cacc = _merge_partitions(tmp_ptr, m_ptr, l_ptr, seq, kv_head, first, chunk_len, 1,
-                                                         stride_t_seq, stride_t_head, stride_t_part,
-                                                         stride_ml_seq, stride_ml_head, GROUP, GROUP_P2,
-                                                         HEAD_SIZE, BLOCK_D, PARTS_PER_STEP, ".cg")
-                        tl.store(counter + 1 + chunk, 0)
-                        _store_partial(tmp_ptr, m_ptr, l_ptr, seq, kv_head, first, cm, cl, cacc,
-                                       stride_t_seq, stride_t_head, stride_t_part, stride_ml_seq,
-                                       stride_ml_head, GROUP, GROUP_P2, HEAD_SIZE, BLOCK_D)
-                        tl.debug_barrier()
-                        num_chunks = tl.cdiv(num_parts, CHUNK)
-                        ticket = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
-                        if ticket == num_chunks - 1:
-                            fm, fl, facc = _merge_partitions(tmp_ptr, m_ptr, l_ptr, seq, kv_head, 0, num_chunks,
-                                                             CHUNK, stride_t_seq, stride_t_head, stride_t_part,
-                                                             stride_ml_seq, stride_ml_head, GROUP, GROUP_P2,
-                                                             HEAD_SIZE, BLOCK_D, PARTS_PER_STEP, ".cg")
-                            tl.store(counter, 0)
-                            _store_output(out_ptr, seq, kv_head, fl, facc, stride_o_seq, stride_o_head,
-                                          GROUP, GROUP_P2, HEAD_SIZE, BLOCK_D)
-                else:
-                    ticket = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
-                    if ticket == num_parts - 1:
-                        fm, fl, facc = _merge_partitions(tmp_ptr, m_ptr, l_ptr, seq, kv_head, 0, num_parts, 1,
-                                                         stride_t_seq, stride_t_head, stride_t_part,
-                                                         stride_ml_seq, stride_ml_head, GROUP, GROUP_P2,
-                                                         HEAD_SIZE, BLOCK_D, PARTS_PER_STEP, ".cg")
-                        # every program of (seq, kv_head) has taken its ticket: reset for the next call
-                        tl.store(counter, 0)
-                        _store_output(out_ptr, seq, kv_head, fl, facc, stride_o_seq, stride_o_head,
-                                      GROUP, GROUP_P2, HEAD_SIZE, BLOCK_D)
+                counter = counters_ptr + seq * stride_c_seq + kv_head
+                ticket = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
+                if ticket == num_parts - 1:
+                    _, big_l, big_acc = _merge_partitions(
+                        tmp_ptr, m_ptr, l_ptr, seq, kv_head, num_parts, stride_t_seq, stride_t_head,
+                        stride_t_part, stride_ml_seq, stride_ml_head, GROUP, GROUP_P2, HEAD_SIZE, BLOCK_D,
+                        PARTS_PER_STEP, ".cg")
+                    # every program of (seq, kv_head) has taken its ticket: reset for the next call
+                    tl.store(counter, 0)
+                    _store_output(out_ptr, seq, kv_head, big_l, big_acc, stride_o_seq, stride_o_head,
+                                  GROUP, GROUP_P2, HEAD_SIZE, BLOCK_D)
     else:
         out_offs = seq.to(tl.int64) * stride_o_seq + heads[:, None] * stride_o_head + d[None, :]
         out = acc / l_i[:, None]
@@ -414,13 +380,13 @@ def _paged_attention_kernel(
 
 
 @triton.jit
-def _merge_partitions(tmp_ptr, m_ptr, l_ptr, seq, kv_head, first, count, step,
+def _merge_partitions(tmp_ptr, m_ptr, l_ptr, seq, kv_head, num_parts,
                       stride_t_seq, stride_t_head, stride_t_part, stride_ml_seq, stride_ml_head,
                       GROUP: tl.constexpr, GROUP_P2: tl.constexpr, HEAD_SIZE: tl.constexpr,
                       BLOCK_D: tl.constexpr, PARTS_PER_STEP: tl.constexpr, CACHE: tl.constexpr):
-    """Merge the partial results (acc, m, l) in slots first, first + step, ... (count of them) of the
-    GROUP query heads of (seq, kv_head), in slot order, so that the result never depends on which
-    program finished last:  M = max_p m_p;  L = sum_p l_p 2^(m_p - M);  A = sum_p acc_p 2^(m_p - M).
+    """Merge the partial results (acc, m, l) of partitions 0 .. num_parts - 1 of the GROUP query
+    heads of (seq, kv_head), in partition order, so that the result never depends on which program
+    finished last:  M = max_p m_p;  L = sum_p l_p 2^(m_p - M);  A = sum_p acc_p 2^(m_p - M).
     CACHE: load cache modifier (".cg": read from L2, where other programs wrote the partials).
     Returns (M, L, A), [GROUP_P2] and [GROUP_P2, BLOCK_D] (padding rows: M = 0, L = 0, A = 0)."""
     g = tl.arange(0, GROUP_P2)
@@ -434,15 +400,14 @@ def _merge_partitions(tmp_ptr, m_ptr, l_ptr, seq, kv_head, first, count, step,
     big_m = tl.full([GROUP_P2], float("-inf"), dtype=tl.float32)
     big_l = tl.zeros([GROUP_P2], dtype=tl.float32)
     acc = tl.zeros([GROUP_P2, BLOCK_D], dtype=tl.float32)
-    for i0 in range(0, count, PARTS_PER_STEP):
-        i = i0 + pp
-        p = first + i * step
-        ok = g_ok[:, None] & (i < count)[None, :]
+    for p0 in range(0, num_parts, PARTS_PER_STEP):
+        p = p0 + pp
+        ok = g_ok[:, None] & (p < num_parts)[None, :]
         m_p = tl.load(m_ptr + ml_base[:, None] + p[None, :], mask=ok, other=float("-inf"), cache_modifier=CACHE)
         l_p = tl.load(l_ptr + ml_base[:, None] + p[None, :], mask=ok, other=0.0, cache_modifier=CACHE)
         a_p = tl.load(tmp_ptr + t_base[:, None, None] + p[None, :, None] * stride_t_part + d[None, None, :],
                       mask=ok[:, :, None] & d_ok[None, None, :], other=0.0, cache_modifier=CACHE)
-        # finite for the group's heads (slot `first` always holds a token); padding rows stay at 0
+        # finite for the group's heads (partition 0 always holds a token); padding rows stay at 0
         m_new = tl.where(g_ok, tl.maximum(big_m, tl.max(m_p, 1)), 0.0)
         rescale_old = tl.math.exp2(big_m - m_new)
         w_p = tl.math.exp2(m_p - m_new[:, None])
@@ -450,21 +415,6 @@ def _merge_partitions(tmp_ptr, m_ptr, l_ptr, seq, kv_head, first, count, step,
         acc = acc * rescale_old[:, None] + tl.sum(a_p * w_p[:, :, None], 1)
         big_m = m_new
     return big_m, big_l, acc
-
-
-@triton.jit
-def _store_partial(tmp_ptr, m_ptr, l_ptr, seq, kv_head, slot, m, l, acc,
-                   stride_t_seq, stride_t_head, stride_t_part, stride_ml_seq, stride_ml_head,
-                   GROUP: tl.constexpr, GROUP_P2: tl.constexpr, HEAD_SIZE: tl.constexpr, BLOCK_D: tl.constexpr):
-    """Store a merged partial result (m, l, acc) of the GROUP heads of (seq, kv_head) in ``slot``."""
-    g = tl.arange(0, GROUP_P2)
-    heads = kv_head * GROUP + g
-    d = tl.arange(0, BLOCK_D)
-    ml_offs = seq.to(tl.int64) * stride_ml_seq + heads * stride_ml_head + slot
-    tl.store(tmp_ptr + seq.to(tl.int64) * stride_t_seq + heads[:, None] * stride_t_head + slot * stride_t_part
-             + d[None, :], acc, mask=(g < GROUP)[:, None] & (d < HEAD_SIZE)[None, :])
-    tl.store(m_ptr + ml_offs, m, mask=g < GROUP)
-    tl.store(l_ptr + ml_offs, l, mask=g < GROUP)
 
 
 @triton.jit
@@ -493,7 +443,7 @@ def _reduce_partitions_kernel(
     head = tl.program_id(1)
     num_parts = tl.cdiv(tl.load(seq_lens_ptr + seq).to(tl.int32), partition_size)
     # one query head = a "group" of one head whose "kv_head" is the head itself
-    m, l, acc = _merge_partitions(tmp_ptr, m_ptr, l_ptr, seq, head, 0, num_parts, 1,
+    _, l, acc = _merge_partitions(tmp_ptr, m_ptr, l_ptr, seq, head, num_parts,
                                   stride_t_seq, stride_t_head, stride_t_part, stride_ml_seq, stride_ml_head,
                                   1, 2, HEAD_SIZE, BLOCK_D, PARTS_PER_STEP, "")
     _store_output(out_ptr, seq, head, l, acc, stride_o_seq, stride_o_head, 1, 2, HEAD_SIZE, BLOCK_D)
@@ -572,11 +522,11 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
         validate: check seq_lens and the block table range on the host (a device sync; benchmarks
             validate once, then pass False).
         config: kernel launch configuration; None = ``plan_launch``'s choice.
-        workspace: split-KV with the fused merge only: int32 zeros, at least num_seqs * num_kv_heads
-            of them (``attention_workspace``), the arrival counters of the partitions; the kernel
-            leaves them at zero, so one workspace serves every call, CUDA-graph replays included.
-            None = a per-device buffer kept by this module (then calls running concurrently on
-            several streams of one device must each pass their own).
+        workspace: split-KV only: the int32 zeros that count arriving partitions for the fused
+            merge (``attention_workspace``); the kernel leaves them at zero, so one workspace
+            serves every call, CUDA-graph replays included. None = a per-device buffer kept by
+            this module (calls running concurrently on several streams of one device must then
+            each pass their own).
     Returns:
         [num_seqs, num_heads, head_size] in query's dtype.
     Raises:
@@ -593,7 +543,7 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
     if partition_size is not None and (partition_size < 16 or partition_size % 16):
         raise ValueError(f"partition_size must be a positive multiple of 16, got {partition_size}")
     partition_size, config = plan_launch(num_seqs, geom.num_kv_heads, max_seq_len, head_size, layout,
-                                         query.device, partition_size, config)
+                                         query.device, partition_size, config, num_heads // geom.num_kv_heads)
     tile = config.tile_tokens
     if partition_size is not None:
         # the tile must divide the partition so that no tile straddles two partitions
@@ -617,9 +567,9 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
     if partition_size is None:
         grid = (geom.num_kv_heads, num_seqs, 1) if HEAD_FASTEST_GRID else (num_seqs, geom.num_kv_heads, 1)
         _paged_attention_kernel[grid](
-            out, out, out, out, out, *args_tail, out.stride(0), out.stride(1), 0, 0, 0, 0, 0, 0, 0,
+            out, out, out, out, out, *args_tail, out.stride(0), out.stride(1), 0, 0, 0, 0, 0, 0,
             block_tables.stride(0), *kv_strides, SPLIT=False, FUSED=False, GROUP_P2=1, PARTS_PER_STEP=1,
-            CHUNK=1, TWO_LEVEL=False, **common)
+            **common)
         return out
 
     num_parts = triton.cdiv(max_seq_len, partition_size)
@@ -631,25 +581,19 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
             else (num_seqs, geom.num_kv_heads, num_parts))
     ml_strides = (tmp.stride(0), tmp.stride(1), tmp.stride(2), m.stride(0), m.stride(1))
     if config.fused_reduce:
-        chunk = merge_chunk(num_parts, group)
-        num_chunks = triton.cdiv(num_parts, chunk)
-        # per (seq, kv_head): the final counter, then one per chunk (two levels only)
-        per_head = 1 + (num_chunks if num_chunks > 1 else 0)
-        counters = _counters(workspace, num_seqs * geom.num_kv_heads * per_head, query.device)
+        counters = _counters(workspace, num_seqs * geom.num_kv_heads, query.device)
         # at least 2 rows and 2 partitions per merge step: Triton tensors of one element are avoided
         group_p2 = max(2, triton.next_power_of_2(group))
         _paged_attention_kernel[grid](
             out, tmp, m, l, counters, *args_tail, out.stride(0), out.stride(1), *ml_strides,
-            geom.num_kv_heads * per_head, per_head, block_tables.stride(0), *kv_strides, SPLIT=True, FUSED=True,
-            GROUP_P2=group_p2, CHUNK=chunk, TWO_LEVEL=num_chunks > 1,
-            PARTS_PER_STEP=max(2, min(triton.next_power_of_2(min(chunk, num_parts)),
+            geom.num_kv_heads, block_tables.stride(0), *kv_strides, SPLIT=True, FUSED=True, GROUP_P2=group_p2,
+            PARTS_PER_STEP=max(2, min(triton.next_power_of_2(num_parts),
                                       merge_tile_elems(query.device) // (group_p2 * block_d))),
             **common)
         return out
     _paged_attention_kernel[grid](
-        out, tmp, m, l, out, *args_tail, out.stride(0), out.stride(1), *ml_strides, 0, 0,
-        block_tables.stride(0), *kv_strides, SPLIT=True, FUSED=False, GROUP_P2=1, CHUNK=1, TWO_LEVEL=False,
-        PARTS_PER_STEP=1, **common)
+        out, tmp, m, l, out, *args_tail, out.stride(0), out.stride(1), *ml_strides, 0,
+        block_tables.stride(0), *kv_strides, SPLIT=True, FUSED=False, GROUP_P2=1, PARTS_PER_STEP=1, **common)
     _reduce_partitions_kernel[(num_seqs, num_heads)](
         out, tmp, m, l, seq_lens, partition_size, out.stride(0), out.stride(1), *ml_strides,
         HEAD_SIZE=head_size, BLOCK_D=block_d, PARTS_PER_STEP=min(128, max(2, triton.next_power_of_2(num_parts))),
