@@ -11,6 +11,7 @@ compiling is slow), and gather-then-SDPA (torch indexing builds contiguous KV, t
 Usage (on the GPU machine)::
 
     python bench/kernels.py --tune --out DIR       # a few points + tuning sweeps (minutes)
+    python bench/kernels.py --tune-split --no-flex --out DIR   # split-KV partitions, fused vs separate merge
     python bench/kernels.py --out DIR              # the full grid -> DIR/kernels_h200.csv
 
 Prints a summary table last; writes CSV rows as they are measured so a run cut short keeps them.

@@ -1,4 +1,4 @@
-"""Paged decode attention in Triton: v1 (one pass per sequence) and v2 (split-KV plus a reduce).
+"""Paged decode attention in Triton: v1 (one pass per sequence) and v2 (split-KV plus a merge).
 
 One query token per sequence attends to the ``seq_len`` tokens of its KV, which live in blocks of
 ``block_size`` slots scattered over a pool; ``block_tables[seq, i]`` names the physical block that
@@ -15,14 +15,26 @@ Work decomposition (both versions)::
                               several small blocks or part of a large one)
                               S = Q K^T * scale; online softmax in fp32 (running max m, sum l, acc)
       v1: out = acc / l
-      v2: store (acc, m, l) per partition; the reduce merges partitions:
+      v2: store (acc, m, l) per partition; merge the partitions in partition order:
           M = max_p m_p;  out = sum_p acc_p 2^(m_p - M) / sum_p l_p 2^(m_p - M)
 
-Dispatch (``plan_launch``, ``plan_partitions``): v1 gives num_seqs * num_kv_heads programs. When
-that is under ``TARGET_WAVES`` waves of the GPU's multiprocessors, the sequence is split into a
-power of two of partitions so that the launch fills about ``TARGET_WAVES`` waves. Small batch x
-long context (batch 1, 128k tokens: 4-32 programs unsplit) is thereby carried by split-KV.
-Constants were tuned on an H200 (bench/kernels.py, docs/BENCHMARKS.md, "Kernels").
+The v2 merge runs in one of two places:
+- fused (one launch): after storing its partial result, each partition program takes a ticket from
+  an int32 counter of its (seq, kv_head) (``tl.atomic_add``, acq_rel, GPU scope, after a barrier so
+  that all of the program's stores are released with it). The program that draws the last ticket
+  merges all partitions, reading them back from memory in partition order, so the result never
+  depends on arrival order. It then writes the output and resets the counter to zero, so one
+  counter buffer serves every call and CUDA-graph replay. Under TRITON_INTERPRET=1 programs run one
+  after another, and the last one in launch order merges.
+- separate (``_reduce_partitions_kernel``, a second launch of one program per query head): chosen
+  when one program would merge more than FUSED_MERGE_MAX_ROWS partial rows (partitions x GROUP),
+  where spreading the merge over the query heads measured faster.
+
+Dispatch (``plan_launch``, ``plan_partitions``): v1 gives num_seqs * num_kv_heads programs. Under
+one wave of the GPU's multiprocessors, the sequence is split into a power of two of partitions so
+that the launch fills at most ``TARGET_WAVES`` waves. Small batch x long context is therefore carried
+by split-KV (batch 1 at 128k tokens has 4-32 programs unsplit). Constants were tuned on an H200
+(bench/kernels.py, docs/BENCHMARKS.md, "Kernels").
 
 Tiles: full tiles run without token masks and one masked tile takes the tail (large flat v1
 launches mask every tile: measured faster there). Tokens past seq_len are never loaded into the
@@ -51,11 +63,11 @@ LOG2E = 1.4426950408889634
 
 # dispatch constants (see module docstring); tuned on an H200, 132 SMs
 TARGET_WAVES = 4
-FUSED_MERGE_MAX_ROWS = 64
+FUSED_MERGE_MAX_ROWS = 64  # partitions x query heads per KV head that one program merges, at most
 # launch order: the programs of one sequence's KV heads side by side (they read neighbouring bytes
 # of the same blocks in the flat layout); measured no different from sequence-fastest on the H200
 HEAD_FASTEST_GRID = True
-MERGE_TILE_ELEMS = 4096
+MERGE_TILE_ELEMS = 4096  # fp32 partial-result elements one merge step loads on GPU (16 KB)
 
 
 @dataclass(frozen=True)
