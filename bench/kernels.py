@@ -11,6 +11,7 @@ compiling is slow), and gather-then-SDPA (torch indexing builds contiguous KV, t
 Usage (on the GPU machine)::
 
     python bench/kernels.py --tune --out DIR       # a few points + tuning sweeps (minutes)
+    python bench/kernels.py --tune-split --no-flex --out DIR   # split-KV partitions, fused vs separate merge
     python bench/kernels.py --out DIR              # the full grid -> DIR/kernels_h200.csv
 
 Prints a summary table last; writes CSV rows as they are measured so a run cut short keeps them.
@@ -23,6 +24,7 @@ import math
 import platform
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -31,7 +33,7 @@ import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from kernels import KernelConfig, allocate_kv_cache, paged_attention, reshape_and_cache  # noqa: E402
-from kernels.attention import num_sms, plan_launch, plan_partitions  # noqa: E402
+from kernels.attention import attention_workspace, num_sms, plan_launch, plan_partitions  # noqa: E402
 from kernels.reference import gather_kv  # noqa: E402
 
 NUM_HEADS = 32
@@ -160,12 +162,16 @@ def ours(w, q, kc, vc, tables, lens, layout, meta, copy_peak, same_copy, partiti
                                        lens[r * batch:(r + 1) * batch], scale, layout, partition_size,
                                        max_seq_len=ctx, validate=False, config=config)
            for r in range(q.shape[0] // batch)]
-    ps, cfg = plan_launch(batch, meta["num_kv_heads"], ctx, HEAD_SIZE, layout, q.device, partition_size, config)
+    ps, cfg = plan_launch(batch, meta["num_kv_heads"], ctx, HEAD_SIZE, layout, q.device, partition_size, config,
+                          meta["gqa"])
     if ps is not None:
-        cfg = KernelConfig(min(cfg.tile_tokens, ps & -ps), cfg.num_warps, cfg.num_stages)
+        cfg = replace(cfg, tile_tokens=min(cfg.tile_tokens, ps & -ps))
     t, how = bench_us(fns)
     tb = meta["kv_bytes"] / t / 1e6
-    w.add(kind="paged", impl=impl, layout=layout, note=how + ("" if cfg.unmasked_full_tiles else "; all tiles masked"), partition_size=ps or 0, tile=cfg.tile_tokens,
+    note = how + ("" if cfg.unmasked_full_tiles else "; all tiles masked")
+    if ps is not None and not cfg.fused_reduce:
+        note += "; separate reduce launch"
+    w.add(kind="paged", impl=impl, layout=layout, note=note, partition_size=ps or 0, tile=cfg.tile_tokens,
           warps=cfg.num_warps, stages=cfg.num_stages, time_us=round(t, 2), tbps=round(tb, 4),
           pct_copy=round(100 * tb / copy_peak, 2), pct_copy_same_bytes=round(100 * tb / same_copy, 2),
           **meta)
@@ -195,12 +201,17 @@ def sdpa_fn(q, k, v, backend):
     return fn
 
 
-def correctness(out_dir: Path) -> list[str]:
-    """GPU correctness: fp32/fp16/bf16 vs float64, both layouts, v1/v2, shuffled vs identity bitwise."""
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def correctness(out_dir: Path, dtypes=DTYPES) -> list[str]:
+    """GPU correctness: fp32/fp16/bf16 vs float64, both layouts, v1/v2, shuffled vs identity bitwise,
+    the fused split-KV merge bitwise equal to the separate reduce launch, counters back to zero."""
     lines = []
     torch.manual_seed(1)
+    tols = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
     for layout in ("flat", "vllm"):
-        for dtype, tol in ((torch.float32, 1e-5), (torch.float16, 2e-3), (torch.bfloat16, 1e-2)):
+        for dtype, tol in ((d, tols[d]) for d in dtypes):
             for block_size, gqa, part in ((16, 4, None), (128, 8, 256), (16, 1, 128), (256, 4, 512)):
                 hkv = NUM_HEADS // gqa
                 lens = torch.tensor([1, 17, 700, 2500, 4096, 3], device="cuda", dtype=torch.int32)
@@ -217,7 +228,16 @@ def correctness(out_dir: Path) -> list[str]:
                 reshape_and_cache(k, v, kc, vc, slots, layout)
                 q = torch.randn(len(lens), NUM_HEADS, HEAD_SIZE, device="cuda").to(dtype)
                 scale = HEAD_SIZE ** -0.5
-                out = paged_attention(q, kc, vc, tables, lens, scale, layout, part)
+                workspace = attention_workspace(len(lens), hkv, "cuda")
+                out = paged_attention(q, kc, vc, tables, lens, scale, layout, part, workspace=workspace)
+                again = paged_attention(q, kc, vc, tables, lens, scale, layout, part, workspace=workspace)
+                fused_ok = torch.equal(out, again) and not workspace.any()
+                if part is not None:  # the merge fused and as a separate launch (other merge steps: rounding)
+                    ps, cfg = plan_launch(len(lens), hkv, int(lens.max()), HEAD_SIZE, layout, q.device, part)
+                    for fused in (True, False):
+                        other = paged_attention(q, kc, vc, tables, lens, scale, layout, part,
+                                                config=replace(cfg, fused_reduce=fused)).double()
+                        fused_ok &= bool((out.double() - other).norm() <= tol * other.norm())
                 # identity table: the same sequences' blocks copied contiguously, same kernel
                 ident_k, ident_v = allocate_kv_cache(len(lens) * bps, block_size, hkv, HEAD_SIZE, dtype,
                                                      "cuda", layout)
@@ -237,10 +257,11 @@ def correctness(out_dir: Path) -> list[str]:
                         vv.double().transpose(0, 1)[None], scale=scale, enable_gqa=True)[0, :, 0]
                     for o in (out, out_masked):
                         worst = max(worst, ((o[i].double() - ref).norm() / ref.norm()).item())
-                ok = worst <= tol and torch.equal(out, out_ident) and not torch.isnan(out).any()
+                ok = worst <= tol and torch.equal(out, out_ident) and not torch.isnan(out).any() and fused_ok
                 lines.append(f"{'PASS' if ok else 'FAIL'} {layout} {str(dtype)[6:]} bs={block_size} gqa={gqa} "
                              f"part={part} max_rel_err={worst:.2e} (tol {tol:.0e}) "
-                             f"bitwise_vs_identity={torch.equal(out, out_ident)}")
+                             f"bitwise_vs_identity={torch.equal(out, out_ident)} "
+                             f"fused_and_separate_merge_agree={fused_ok}")
     (out_dir / "kernels_h200_correctness.txt").write_text("\n".join(lines) + "\n")
     return lines
 
@@ -297,18 +318,20 @@ def main() -> int:
     ap.add_argument("--budget-s", type=float, default=540.0, help="stop measuring after this")
     ap.add_argument("--no-flex", action="store_true")
     ap.add_argument("--no-correctness", action="store_true")
-    ap.add_argument("--tune2", action="store_true", help="grid order, stages and short-context splits")
+    ap.add_argument("--tune-split", action="store_true",
+                    help="split-KV partition sweep, fused merge vs a separate reduce launch (small shapes)")
     args = ap.parse_args()
     t_start = time.time()
     args.out.mkdir(parents=True, exist_ok=True)
-    w = Writer(args.out / ("kernels_h200_tune.csv" if args.tune else "kernels_h200.csv"))
+    name = "kernels_h200_tune.csv" if args.tune else "kernels_h200_tune5.csv" if args.tune_split else "kernels_h200.csv"
+    w = Writer(args.out / name)
     dev = torch.cuda.get_device_properties(0)
     env = (f"# {dev.name}, {dev.multi_processor_count} SMs, torch {torch.__version__}, triton {triton.__version__}, "
            f"python {platform.python_version()}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
     print(env, flush=True)
     (args.out / "env.txt").write_text(env + "\n")
     if not args.no_correctness:
-        for line in correctness(args.out):
+        for line in correctness(args.out, (torch.bfloat16,) if args.tune_split else DTYPES):
             print(line, flush=True)
         print(f"correctness done at {time.time() - t_start:.0f}s", flush=True)
 
@@ -318,8 +341,8 @@ def main() -> int:
     print(f"copy: {copy_peak:.3f} TB/s", flush=True)
     same_copy_cache: dict[int, float] = {}
     dense_done: dict[tuple, dict] = {}
-    if args.tune2:
-        return tune2(w, args, t_start)
+    if args.tune_split:
+        return tune_split(w, args, t_start, copy_peak)
     grid = TUNE_POINTS if args.tune else list(full_grid())
     for batch, ctx, block_size, gqa in grid:
         if time.time() - t_start > args.budget_s:
@@ -411,42 +434,40 @@ def main() -> int:
     return 0
 
 
-def tune2(w, args, t_start) -> int:
+SPLIT_POINTS = [(1, ctx, 16, gqa) for ctx in (512, 2048, 8192, 32768, 131072) for gqa in (1, 4, 8)] + \
+    [(8, ctx, 16, gqa) for ctx in (512, 2048, 8192, 32768) for gqa in (1, 4, 8)] + \
+    [(64, ctx, 16, gqa) for ctx in (512, 2048) for gqa in (1, 4, 8)] + [(64, 8192, 16, 8), (256, 512, 16, 8)]
+
+
+def tune_split(w, args, t_start, copy_peak) -> int:
+    """The split-KV dispatch: per point, v1, the dispatch rule, and every power of two of partitions
+    (>= 32 tokens each) with the merge fused into the attention kernel and as a separate launch."""
     import kernels.attention as attn
-    _, copy_peak = copy_bw(4 << 30)
-    points = [(64, 8192, 128, 4), (256, 2048, 128, 4), (64, 32768, 128, 4), (64, 8192, 16, 4),
-              (64, 2048, 16, 8), (8, 2048, 16, 1), (64, 512, 16, 8), (8, 512, 16, 1), (8, 2048, 16, 8),
-              (1, 8192, 16, 4), (8, 512, 16, 4)]
-    for batch, ctx, block_size, gqa in points:
+    for batch, ctx, block_size, gqa in SPLIT_POINTS:
         if time.time() - t_start > args.budget_s:
-            break
+            print("budget reached; stopping", flush=True)
+            return 0
         hkv, kv_bytes, meta = point_meta(batch, ctx, block_size, gqa)
         sets = num_sets(kv_bytes)
         same = copy_bw(kv_bytes)[1]
         q, kc, vc, tables, lens = make_shape(batch, ctx, block_size, hkv, sets=sets)
-        line = []
-        for head_fastest in (True, False):
-            attn.HEAD_FASTEST_GRID = head_fastest
-            tag = "hf" if head_fastest else "sf"
-            for ps_name, ps in (("auto", None), ("v1", 1 << 30), ("p2", ctx // 2), ("p4", ctx // 4)):
-                for stages in (2, 3):
-                    if ps_name != "auto" and stages == 3 and head_fastest is False:
-                        continue
-                    t = ours(w, q, kc, vc, tables, lens, "flat", meta, copy_peak, same, partition_size=ps,
-                             config=KernelConfig(64, 4, stages), impl=f"t2-{tag}-{ps_name}-s{stages}")
-                    line.append(f"{tag}/{ps_name}/s{stages}={t:.1f}")
-        attn.HEAD_FASTEST_GRID = True
-        for tile, warps, stages in ((32, 2, 2), (32, 4, 3), (128, 4, 2), (64, 4, 4)):
-            t = ours(w, q, kc, vc, tables, lens, "flat", meta, copy_peak, same,
-                     config=KernelConfig(tile, warps, stages), impl=f"t2-tile{tile}w{warps}s{stages}")
-            line.append(f"t{tile}w{warps}s{stages}={t:.1f}")
-        del kc, vc
-        q, kc, vc, tables, lens = make_shape(batch, ctx, block_size, hkv, layout="vllm", sets=sets)
-        for tile, warps, stages in ((64, 4, 2), (32, 4, 2), (128, 4, 2), (64, 8, 2)):
-            t = ours(w, q, kc, vc, tables, lens, "vllm", meta, copy_peak, same,
-                     config=KernelConfig(tile, warps, stages), impl=f"t2-vllm-tile{tile}w{warps}s{stages}")
-            line.append(f"vllm-t{tile}w{warps}={t:.1f}")
-        print(f"B={batch} L={ctx} bs={block_size} gqa={gqa}: " + " ".join(line), flush=True)
+
+        def run(impl, ps=None, config=None, shape=(q, kc, vc, tables, lens), meta=meta, same=same):
+            return ours(w, *shape, "flat", meta, copy_peak, same, partition_size=ps, config=config, impl=impl)
+        line = {"v1": run("ts-v1", 1 << 30), "rule": run("ts-rule")}
+        nparts = 2
+        while nparts <= 512 and ctx // nparts >= 32:
+            ps = ctx // nparts
+            cfg = plan_launch(batch, hkv, ctx, HEAD_SIZE, "flat", q.device, ps)[1]
+            for fused in (True, False):
+                tag = f"p{nparts}{'f' if fused else 's'}"
+                line[tag] = run(f"ts-{tag}", ps, replace(cfg, fused_reduce=fused))
+            nparts *= 2
+        if (batch, ctx) in {(1, 131072), (1, 32768)}:
+            attn.MERGE_TILE_ELEMS *= 2
+            line["merge-step-x2"] = run("ts-merge-step-x2")
+            attn.MERGE_TILE_ELEMS //= 2
+        print(f"B={batch} L={ctx} gqa={gqa}: " + " ".join(f"{k}={v:.1f}" for k, v in line.items()), flush=True)
         del kc, vc
         torch.cuda.empty_cache()
     return 0

@@ -12,6 +12,7 @@ import importlib
 _EXPORTS = {
     "paged_attention": "kernels.attention", "plan_partitions": "kernels.attention",
     "plan_launch": "kernels.attention", "KernelConfig": "kernels.attention", "default_config": "kernels.attention",
+    "attention_workspace": "kernels.attention",
     "reshape_and_cache": "kernels.cache",
     "LAYOUTS": "kernels.layout", "allocate_kv_cache": "kernels.layout", "cache_shapes": "kernels.layout",
     "x_for": "kernels.layout",

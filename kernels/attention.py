@@ -1,4 +1,4 @@
-"""Paged decode attention in Triton: v1 (one pass per sequence) and v2 (split-KV plus a reduce).
+"""Paged decode attention in Triton: v1 (one pass per sequence) and v2 (split-KV plus a merge).
 
 One query token per sequence attends to the ``seq_len`` tokens of its KV, which live in blocks of
 ``block_size`` slots scattered over a pool; ``block_tables[seq, i]`` names the physical block that
@@ -15,14 +15,26 @@ Work decomposition (both versions)::
                               several small blocks or part of a large one)
                               S = Q K^T * scale; online softmax in fp32 (running max m, sum l, acc)
       v1: out = acc / l
-      v2: store (acc, m, l) per partition; the reduce merges partitions:
+      v2: store (acc, m, l) per partition; merge the partitions in partition order:
           M = max_p m_p;  out = sum_p acc_p 2^(m_p - M) / sum_p l_p 2^(m_p - M)
 
-Dispatch (``plan_launch``, ``plan_partitions``): v1 gives num_seqs * num_kv_heads programs. When
-that is under ``TARGET_WAVES`` waves of the GPU's multiprocessors, the sequence is split into a
-power of two of partitions so that the launch fills about ``TARGET_WAVES`` waves. Small batch x
-long context (batch 1, 128k tokens: 4-32 programs unsplit) is thereby carried by split-KV.
-Constants were tuned on an H200 (bench/kernels.py, docs/BENCHMARKS.md, "Kernels").
+The v2 merge runs in one of two places:
+- fused (one launch): after storing its partial result, each partition program takes a ticket from
+  an int32 counter of its (seq, kv_head) (``tl.atomic_add``, acq_rel, GPU scope, after a barrier so
+  that all of the program's stores are released with it). The program that draws the last ticket
+  merges all partitions, reading them back from memory in partition order, so the result never
+  depends on arrival order. It then writes the output and resets the counter to zero, so one
+  counter buffer serves every call and CUDA-graph replay. Under TRITON_INTERPRET=1 programs run one
+  after another, and the last one in launch order merges.
+- separate (``_reduce_partitions_kernel``, a second launch of one program per query head): chosen
+  when one program would merge more than FUSED_MERGE_MAX_ROWS partial rows (partitions x GROUP),
+  where spreading the merge over the query heads measured faster.
+
+Dispatch (``plan_launch``, ``plan_partitions``): v1 gives num_seqs * num_kv_heads programs. Under
+one wave of the GPU's multiprocessors, the sequence is split into a power of two of partitions so
+that the launch fills at most ``TARGET_WAVES`` waves. Small batch x long context is therefore carried
+by split-KV (batch 1 at 128k tokens has 4-32 programs unsplit). Constants were tuned on an H200
+(bench/kernels.py, docs/BENCHMARKS.md, "Kernels").
 
 Tiles: full tiles run without token masks and one masked tile takes the tail (large flat v1
 launches mask every tile: measured faster there). Tokens past seq_len are never loaded into the
@@ -51,10 +63,11 @@ LOG2E = 1.4426950408889634
 
 # dispatch constants (see module docstring); tuned on an H200, 132 SMs
 TARGET_WAVES = 4
-SPLIT_MIN_CONTEXT_TOKENS = 4096
+FUSED_MERGE_MAX_ROWS = 64  # partitions x query heads per KV head that one program merges, at most
 # launch order: the programs of one sequence's KV heads side by side (they read neighbouring bytes
 # of the same blocks in the flat layout); measured no different from sequence-fastest on the H200
 HEAD_FASTEST_GRID = True
+MERGE_TILE_ELEMS = 4096  # fp32 partial-result elements one merge step loads on GPU (16 KB)
 
 
 @dataclass(frozen=True)
@@ -64,6 +77,7 @@ class KernelConfig:
     num_warps: int = 4
     num_stages: int = 2
     unmasked_full_tiles: bool = True  # False: every tile masked (measured faster for large v1 launches)
+    fused_reduce: bool = True  # split-KV: the last partition program merges (False: a second launch)
 
     def __post_init__(self):
         if self.tile_tokens < 16 or self.tile_tokens & (self.tile_tokens - 1):
@@ -86,7 +100,7 @@ def default_config(head_size: int, device: torch.device) -> KernelConfig:
 
 def plan_launch(num_seqs: int, num_kv_heads: int, max_seq_len: int, head_size: int, layout: str,
                 device: torch.device, partition_size: int | None = None,
-                config: KernelConfig | None = None) -> tuple[int | None, KernelConfig]:
+                config: KernelConfig | None = None, num_queries_per_kv: int = 1) -> tuple[int | None, KernelConfig]:
     """Choose v1 or v2 and the kernel configuration (the whole dispatch rule in one place).
 
     On GPU, with no explicit config: the base tile (``default_config``) for v2 and for large v1
@@ -95,12 +109,16 @@ def plan_launch(num_seqs: int, num_kv_heads: int, max_seq_len: int, head_size: i
     (its 16-byte runs along tokens want long tiles: 2.6x faster than 64-token tiles there). Full
     tiles run without token masks (7-10% faster on split and small launches, 15% on the vLLM
     layout), except for large flat v1 launches, where masking every tile measured faster.
+    Split-KV merges its partitions inside the attention kernel (fused) when one program merges at
+    most FUSED_MERGE_MAX_ROWS partial rows (partitions x query heads per KV head); above that a
+    separate reduce launch, one program per query head, spreads the merge and measured faster.
 
     Args:
         num_seqs, num_kv_heads, max_seq_len, head_size, layout: the problem.
         device: where it runs.
         partition_size: None = ``plan_partitions`` (GPU) or v1 (interpreter); else forced v2.
         config: an explicit configuration (kept as given; partitions are planned with its tile).
+        num_queries_per_kv: query heads per KV head (GQA group), for the choice of merge.
     Returns:
         (partition_size or None for v1, KernelConfig).
     """
@@ -111,13 +129,55 @@ def plan_launch(num_seqs: int, num_kv_heads: int, max_seq_len: int, head_size: i
         partition_size = None  # one partition: v1 computes the same thing without the reduce
     if config is not None or device.type != "cuda":
         return partition_size, base
+    fused = (partition_size is None
+             or math.ceil(max_seq_len / partition_size) * num_queries_per_kv <= FUSED_MERGE_MAX_ROWS)
     few_programs = partition_size is None and num_seqs * num_kv_heads <= 2 * num_sms(device)
     if layout == "vllm" or few_programs:
-        return partition_size, KernelConfig(2 * base.tile_tokens, base.num_warps, base.num_stages)
+        return partition_size, KernelConfig(2 * base.tile_tokens, base.num_warps, base.num_stages,
+                                            fused_reduce=fused)
     # a v1 launch of more than two waves, flat layout: masking every tile measured up to 25% faster
     # there (H200, 512 programs, block 128) while unmasked full tiles win everywhere else
     return partition_size, KernelConfig(base.tile_tokens, base.num_warps, base.num_stages,
-                                        unmasked_full_tiles=partition_size is not None)
+                                        unmasked_full_tiles=partition_size is not None, fused_reduce=fused)
+
+
+def merge_tile_elems(device: torch.device) -> int:
+    """Elements of partial results the merge loads per step (partitions x group heads x head size):
+    16 KB of fp32 on GPU; the interpreter pays per step, not per element, so it takes everything."""
+    return MERGE_TILE_ELEMS if device.type == "cuda" else 1 << 20
+
+
+_COUNTERS: dict[torch.device, torch.Tensor] = {}
+
+
+def attention_workspace(num_seqs: int, num_kv_heads: int, device: torch.device | str) -> torch.Tensor:
+    """Arrival counters for the fused split-KV merge (int32 zeros), to pass as ``workspace=``.
+
+    Args:
+        num_seqs, num_kv_heads: the largest batch the workspace serves (one counter per pair).
+        device: where the kernel runs.
+    Returns:
+        int32 zeros [num_seqs * num_kv_heads]; paged_attention leaves them at zero.
+    """
+    return torch.zeros(num_seqs * num_kv_heads, dtype=torch.int32, device=device)
+
+
+def _counters(workspace: torch.Tensor | None, num_counters: int, device: torch.device) -> torch.Tensor:
+    if workspace is not None:
+        if workspace.dtype != torch.int32 or workspace.device != device or workspace.numel() < num_counters:
+            raise ValueError(f"workspace must be int32 on {device} with at least {num_counters} elements "
+                             f"(num_seqs * num_kv_heads), got {workspace.dtype} on {workspace.device} with "
+                             f"{workspace.numel()}")
+        return workspace
+    buf = _COUNTERS.get(device)
+    if buf is None or buf.numel() < num_counters:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            # a buffer allocated during capture would belong to the graph's memory pool
+            raise ValueError(f"the fused split-KV merge needs {num_counters} counters: call once before "
+                             "capturing a CUDA graph, or pass workspace=attention_workspace(...)")
+        buf = torch.zeros(max(num_counters, 1 << 16), dtype=torch.int32, device=device)
+        _COUNTERS[device] = buf
+    return buf
 
 
 def num_sms(device: torch.device) -> int:
@@ -131,12 +191,12 @@ def plan_partitions(num_seqs: int, num_kv_heads: int, max_seq_len: int, tile_tok
                     num_sms_: int) -> int | None:
     """The dispatch rule between v1 and v2 (measured on an H200, docs/BENCHMARKS.md, "Kernels").
 
-    v1 launches num_seqs * num_kv_heads programs. Below TARGET_WAVES waves of the multiprocessors
-    the GPU cannot keep enough loads in flight, so the sequence is split into the largest power of
-    two of partitions that keeps the launch within TARGET_WAVES waves (powers of two measured
-    better than exact fills: 3 partitions of a 256-program launch ran 30% slower than 2), with at
-    least one tile per partition. A launch that already fills a wave is split only for contexts of
-    at least SPLIT_MIN_CONTEXT_TOKENS: for shorter ones the reduce's fixed cost outweighs the gain.
+    v1 launches num_seqs * num_kv_heads programs. Below one wave of the multiprocessors the GPU
+    cannot keep enough loads in flight, so the sequence is split into the largest power of two of
+    partitions that keeps the launch within TARGET_WAVES waves (powers of two measured better than
+    exact fills), with at least one tile per partition. A launch that already fills a wave runs
+    v1: splitting it measured no faster at any context (2 partitions of a 256-program launch ran
+    up to 25% slower).
 
     Args:
         num_seqs, num_kv_heads: v1 launches one program per (sequence, KV head).
@@ -147,10 +207,10 @@ def plan_partitions(num_seqs: int, num_kv_heads: int, max_seq_len: int, tile_tok
         None for v1, else the partition size in tokens for v2.
     """
     num_programs = num_seqs * num_kv_heads
-    if num_programs >= num_sms_ and max_seq_len < SPLIT_MIN_CONTEXT_TOKENS:
+    if num_programs >= num_sms_:
         return None
     fill = TARGET_WAVES * num_sms_ // num_programs
-    num_parts = min(1 << (fill.bit_length() - 1) if fill else 0, max_seq_len // tile_tokens)
+    num_parts = min(1 << (fill.bit_length() - 1), max_seq_len // tile_tokens)
     if num_parts < 2:
         return None
     return tile_tokens * math.ceil(max_seq_len / num_parts / tile_tokens)
@@ -220,12 +280,14 @@ def _attend_tile(q, m_i, l_i, acc, t0, end, bt_row, k_base, v_base, k_d, v_d, d_
 
 @triton.jit
 def _paged_attention_kernel(
-    out_ptr, m_ptr, l_ptr,
+    out_ptr, tmp_ptr, m_ptr, l_ptr, counters_ptr,
     q_ptr, k_ptr, v_ptr, block_tables_ptr, seq_lens_ptr,
     qk_scale, partition_size,
     stride_q_seq, stride_q_head,
-    stride_o_seq, stride_o_head, stride_o_part,
+    stride_o_seq, stride_o_head,
+    stride_t_seq, stride_t_head, stride_t_part,
     stride_ml_seq, stride_ml_head,
+    stride_c_seq,
     stride_bt_seq,
     k_stride_block, k_stride_token, k_stride_head, k_stride_dx, k_stride_x,
     v_stride_block, v_stride_token, v_stride_head, v_stride_dx, v_stride_x,
@@ -233,6 +295,7 @@ def _paged_attention_kernel(
     BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr, K_X: tl.constexpr, V_X: tl.constexpr,
     V_TOKENS_CONTIGUOUS: tl.constexpr, RUN: tl.constexpr, SPLIT: tl.constexpr, UPCAST_DOT: tl.constexpr,
     IEEE: tl.constexpr, HEAD_FASTEST: tl.constexpr, UNMASKED_FULL_TILES: tl.constexpr,
+    FUSED: tl.constexpr, GROUP_P2: tl.constexpr, PARTS_PER_STEP: tl.constexpr,
 ):
     if HEAD_FASTEST:
         kv_head = tl.program_id(0)
@@ -295,16 +358,88 @@ def _paged_attention_kernel(
                 HEAD_SIZE, BLOCK_D, BLOCK_SIZE, TILE, V_TOKENS_CONTIGUOUS, RUN, UPCAST_DOT, IEEE, True)
 
     out_mask = row_ok[:, None] & d_ok[None, :]
-    out_offs = seq.to(tl.int64) * stride_o_seq + heads[:, None] * stride_o_head + d[None, :]
     if SPLIT:
-        # unnormalised partial result; the reduce kernel merges partitions
-        tl.store(out_ptr + out_offs + part * stride_o_part, acc, mask=out_mask)
-        ml_offs = seq.to(tl.int64) * stride_ml_seq + heads * stride_ml_head + part
-        tl.store(m_ptr + ml_offs, m_i, mask=row_ok)
-        tl.store(l_ptr + ml_offs, l_i, mask=row_ok)
+        num_parts = tl.cdiv(seq_len, partition_size)
+        if part < num_parts:  # a partition past this sequence's end has no tokens: nothing to merge
+            # unnormalised partial result (acc, m, l), merged in partition order (below, or by
+            # _reduce_partitions_kernel)
+            t_offs = seq.to(tl.int64) * stride_t_seq + heads[:, None] * stride_t_head + d[None, :]
+            tl.store(tmp_ptr + t_offs + part * stride_t_part, acc, mask=out_mask)
+            ml_offs = seq.to(tl.int64) * stride_ml_seq + heads * stride_ml_head + part
+            tl.store(m_ptr + ml_offs, m_i, mask=row_ok)
+            tl.store(l_ptr + ml_offs, l_i, mask=row_ok)
+            if FUSED:
+                # the last partition program of (seq, kv_head) to arrive merges them all, in
+                # partition order. The barrier orders every thread's stores above before the release
+                # of the ticket (taken by one thread); the ticket's acquire makes the other
+                # programs' partials visible to this one.
+                tl.debug_barrier()
+                counter = counters_ptr + seq * stride_c_seq + kv_head
+                ticket = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
+                if ticket == num_parts - 1:
+                    _, big_l, big_acc = _merge_partitions(
+                        tmp_ptr, m_ptr, l_ptr, seq, kv_head, num_parts, stride_t_seq, stride_t_head,
+                        stride_t_part, stride_ml_seq, stride_ml_head, GROUP, GROUP_P2, HEAD_SIZE, BLOCK_D,
+                        PARTS_PER_STEP, ".cg")
+                    # every program of (seq, kv_head) has taken its ticket: reset for the next call
+                    tl.store(counter, 0)
+                    _store_output(out_ptr, seq, kv_head, big_l, big_acc, stride_o_seq, stride_o_head,
+                                  GROUP, GROUP_P2, HEAD_SIZE, BLOCK_D)
     else:
+        out_offs = seq.to(tl.int64) * stride_o_seq + heads[:, None] * stride_o_head + d[None, :]
         out = acc / l_i[:, None]
         tl.store(out_ptr + out_offs, out.to(out_ptr.dtype.element_ty), mask=out_mask)
+
+
+@triton.jit
+def _merge_partitions(tmp_ptr, m_ptr, l_ptr, seq, kv_head, num_parts,
+                      stride_t_seq, stride_t_head, stride_t_part, stride_ml_seq, stride_ml_head,
+                      GROUP: tl.constexpr, GROUP_P2: tl.constexpr, HEAD_SIZE: tl.constexpr,
+                      BLOCK_D: tl.constexpr, PARTS_PER_STEP: tl.constexpr, CACHE: tl.constexpr):
+    """Merge the partial results (acc, m, l) of partitions 0 .. num_parts - 1 of the GROUP query
+    heads of (seq, kv_head), in partition order, so that the result never depends on which program
+    finished last:  M = max_p m_p;  L = sum_p l_p 2^(m_p - M);  A = sum_p acc_p 2^(m_p - M).
+    CACHE: load cache modifier (".cg": read from L2, where other programs wrote the partials).
+    Returns (M, L, A), [GROUP_P2] and [GROUP_P2, BLOCK_D] (padding rows: M = 0, L = 0, A = 0)."""
+    g = tl.arange(0, GROUP_P2)
+    g_ok = g < GROUP
+    heads = kv_head * GROUP + g
+    d = tl.arange(0, BLOCK_D)
+    d_ok = d < HEAD_SIZE
+    pp = tl.arange(0, PARTS_PER_STEP)
+    ml_base = seq.to(tl.int64) * stride_ml_seq + heads * stride_ml_head
+    t_base = seq.to(tl.int64) * stride_t_seq + heads * stride_t_head
+    big_m = tl.full([GROUP_P2], float("-inf"), dtype=tl.float32)
+    big_l = tl.zeros([GROUP_P2], dtype=tl.float32)
+    acc = tl.zeros([GROUP_P2, BLOCK_D], dtype=tl.float32)
+    for p0 in range(0, num_parts, PARTS_PER_STEP):
+        p = p0 + pp
+        ok = g_ok[:, None] & (p < num_parts)[None, :]
+        m_p = tl.load(m_ptr + ml_base[:, None] + p[None, :], mask=ok, other=float("-inf"), cache_modifier=CACHE)
+        l_p = tl.load(l_ptr + ml_base[:, None] + p[None, :], mask=ok, other=0.0, cache_modifier=CACHE)
+        a_p = tl.load(tmp_ptr + t_base[:, None, None] + p[None, :, None] * stride_t_part + d[None, None, :],
+                      mask=ok[:, :, None] & d_ok[None, None, :], other=0.0, cache_modifier=CACHE)
+        # finite for the group's heads (partition 0 always holds a token); padding rows stay at 0
+        m_new = tl.where(g_ok, tl.maximum(big_m, tl.max(m_p, 1)), 0.0)
+        rescale_old = tl.math.exp2(big_m - m_new)
+        w_p = tl.math.exp2(m_p - m_new[:, None])
+        big_l = big_l * rescale_old + tl.sum(l_p * w_p, 1)
+        acc = acc * rescale_old[:, None] + tl.sum(a_p * w_p[:, :, None], 1)
+        big_m = m_new
+    return big_m, big_l, acc
+
+
+@triton.jit
+def _store_output(out_ptr, seq, kv_head, l, acc, stride_o_seq, stride_o_head,
+                  GROUP: tl.constexpr, GROUP_P2: tl.constexpr, HEAD_SIZE: tl.constexpr, BLOCK_D: tl.constexpr):
+    """out = acc / l for the GROUP heads of (seq, kv_head)."""
+    g = tl.arange(0, GROUP_P2)
+    g_ok = g < GROUP
+    heads = kv_head * GROUP + g
+    d = tl.arange(0, BLOCK_D)
+    out = acc / tl.where(g_ok, l, 1.0)[:, None]
+    tl.store(out_ptr + seq.to(tl.int64) * stride_o_seq + heads[:, None] * stride_o_head + d[None, :],
+             out.to(out_ptr.dtype.element_ty), mask=g_ok[:, None] & (d < HEAD_SIZE)[None, :])
 
 
 @triton.jit
@@ -315,34 +450,15 @@ def _reduce_partitions_kernel(
     stride_ml_seq, stride_ml_head,
     HEAD_SIZE: tl.constexpr, BLOCK_D: tl.constexpr, PARTS_PER_STEP: tl.constexpr,
 ):
+    """The unfused merge: one program per (seq, query head), launched after the attention kernel."""
     seq = tl.program_id(0)
     head = tl.program_id(1)
-    seq_len = tl.load(seq_lens_ptr + seq).to(tl.int32)
-    num_parts = tl.cdiv(seq_len, partition_size)
-    d = tl.arange(0, BLOCK_D)
-    d_ok = d < HEAD_SIZE
-    ml_base = seq.to(tl.int64) * stride_ml_seq + head * stride_ml_head
-    t_base = tmp_ptr + seq.to(tl.int64) * stride_t_seq + head * stride_t_head
-
-    big_m = tl.full([1], float("-inf"), dtype=tl.float32)
-    big_l = tl.zeros([1], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_D], dtype=tl.float32)
-    for p0 in range(0, num_parts, PARTS_PER_STEP):
-        p = p0 + tl.arange(0, PARTS_PER_STEP)
-        p_ok = p < num_parts
-        m_p = tl.load(m_ptr + ml_base + p, mask=p_ok, other=float("-inf"))
-        l_p = tl.load(l_ptr + ml_base + p, mask=p_ok, other=0.0)
-        a_p = tl.load(t_base + p[:, None] * stride_t_part + d[None, :],
-                      mask=p_ok[:, None] & d_ok[None, :], other=0.0)
-        m_new = tl.maximum(big_m, tl.max(m_p, 0))  # finite: partition 0 always holds a token
-        rescale_old = tl.math.exp2(big_m - m_new)
-        w_p = tl.math.exp2(m_p - m_new)
-        big_l = big_l * rescale_old + tl.sum(l_p * w_p, 0)
-        acc = acc * rescale_old + tl.sum(a_p * w_p[:, None], 0)
-        big_m = m_new
-    out = acc / big_l
-    tl.store(out_ptr + seq.to(tl.int64) * stride_o_seq + head * stride_o_head + d,
-             out.to(out_ptr.dtype.element_ty), mask=d_ok)
+    num_parts = tl.cdiv(tl.load(seq_lens_ptr + seq).to(tl.int32), partition_size)
+    # one query head = a "group" of one head whose "kv_head" is the head itself
+    _, l, acc = _merge_partitions(tmp_ptr, m_ptr, l_ptr, seq, head, num_parts,
+                                  stride_t_seq, stride_t_head, stride_t_part, stride_ml_seq, stride_ml_head,
+                                  1, 2, HEAD_SIZE, BLOCK_D, PARTS_PER_STEP, "")
+    _store_output(out_ptr, seq, head, l, acc, stride_o_seq, stride_o_head, 1, 2, HEAD_SIZE, BLOCK_D)
 
 
 def _check_inputs(query, key_cache, value_cache, block_tables, seq_lens, layout, validate):
@@ -399,7 +515,8 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
                     block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float,
                     layout: str = "flat", partition_size: int | None = None, *,
                     max_seq_len: int | None = None, validate: bool = True,
-                    config: KernelConfig | None = None) -> torch.Tensor:
+                    config: KernelConfig | None = None,
+                    workspace: torch.Tensor | None = None) -> torch.Tensor:
     """Decode attention of one query token per sequence over its paged KV.
 
     Args:
@@ -417,6 +534,11 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
         validate: check seq_lens and the block table range on the host (a device sync; benchmarks
             validate once, then pass False).
         config: kernel launch configuration; None = ``plan_launch``'s choice.
+        workspace: split-KV only: the int32 zeros that count arriving partitions for the fused
+            merge (``attention_workspace``); the kernel leaves them at zero, so one workspace
+            serves every call, CUDA-graph replays included. None = a per-device buffer kept by
+            this module (calls running concurrently on several streams of one device must then
+            each pass their own).
     Returns:
         [num_seqs, num_heads, head_size] in query's dtype.
     Raises:
@@ -433,7 +555,7 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
     if partition_size is not None and (partition_size < 16 or partition_size % 16):
         raise ValueError(f"partition_size must be a positive multiple of 16, got {partition_size}")
     partition_size, config = plan_launch(num_seqs, geom.num_kv_heads, max_seq_len, head_size, layout,
-                                         query.device, partition_size, config)
+                                         query.device, partition_size, config, num_heads // geom.num_kv_heads)
     tile = config.tile_tokens
     if partition_size is not None:
         # the tile must divide the partition so that no tile straddles two partitions
@@ -457,22 +579,35 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
     if partition_size is None:
         grid = (geom.num_kv_heads, num_seqs, 1) if HEAD_FASTEST_GRID else (num_seqs, geom.num_kv_heads, 1)
         _paged_attention_kernel[grid](
-            out, out, out, *args_tail, out.stride(0), out.stride(1), 0, 0, 0,
-            block_tables.stride(0), *kv_strides, SPLIT=False, **common)
+            out, out, out, out, out, *args_tail, out.stride(0), out.stride(1), 0, 0, 0, 0, 0, 0,
+            block_tables.stride(0), *kv_strides, SPLIT=False, FUSED=False, GROUP_P2=1, PARTS_PER_STEP=1,
+            **common)
         return out
 
     num_parts = triton.cdiv(max_seq_len, partition_size)
     tmp = torch.empty((num_seqs, num_heads, num_parts, head_size), dtype=torch.float32, device=query.device)
     m = torch.empty((num_seqs, num_heads, num_parts), dtype=torch.float32, device=query.device)
     l = torch.empty_like(m)
+    block_d = common["BLOCK_D"]
     grid = ((geom.num_kv_heads, num_seqs, num_parts) if HEAD_FASTEST_GRID
             else (num_seqs, geom.num_kv_heads, num_parts))
+    ml_strides = (tmp.stride(0), tmp.stride(1), tmp.stride(2), m.stride(0), m.stride(1))
+    if config.fused_reduce:
+        counters = _counters(workspace, num_seqs * geom.num_kv_heads, query.device)
+        # at least 2 rows and 2 partitions per merge step: Triton tensors of one element are avoided
+        group_p2 = max(2, triton.next_power_of_2(group))
+        _paged_attention_kernel[grid](
+            out, tmp, m, l, counters, *args_tail, out.stride(0), out.stride(1), *ml_strides,
+            geom.num_kv_heads, block_tables.stride(0), *kv_strides, SPLIT=True, FUSED=True, GROUP_P2=group_p2,
+            PARTS_PER_STEP=max(2, min(triton.next_power_of_2(num_parts),
+                                      merge_tile_elems(query.device) // (group_p2 * block_d))),
+            **common)
+        return out
     _paged_attention_kernel[grid](
-        tmp, m, l, *args_tail, tmp.stride(0), tmp.stride(1), tmp.stride(2), m.stride(0), m.stride(1),
-        block_tables.stride(0), *kv_strides, SPLIT=True, **common)
+        out, tmp, m, l, out, *args_tail, out.stride(0), out.stride(1), *ml_strides, 0,
+        block_tables.stride(0), *kv_strides, SPLIT=True, FUSED=False, GROUP_P2=1, PARTS_PER_STEP=1, **common)
     _reduce_partitions_kernel[(num_seqs, num_heads)](
-        out, tmp, m, l, seq_lens, partition_size, out.stride(0), out.stride(1), tmp.stride(0), tmp.stride(1),
-        tmp.stride(2), m.stride(0), m.stride(1), HEAD_SIZE=head_size, BLOCK_D=common["BLOCK_D"],
-        PARTS_PER_STEP=min(128, max(2, triton.next_power_of_2(num_parts))),
+        out, tmp, m, l, seq_lens, partition_size, out.stride(0), out.stride(1), *ml_strides,
+        HEAD_SIZE=head_size, BLOCK_D=block_d, PARTS_PER_STEP=min(128, max(2, triton.next_power_of_2(num_parts))),
         num_warps=(8 if num_parts > 32 else 4) if query.device.type == "cuda" else 1)
     return out

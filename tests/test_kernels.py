@@ -6,8 +6,8 @@ import math
 import pytest
 import torch
 
-from kernels import (KernelConfig, allocate_kv_cache, dense_attention, gather_kv, paged_attention, plan_launch,
-                     plan_partitions, reshape_and_cache)
+from kernels import (KernelConfig, allocate_kv_cache, attention_workspace, dense_attention, gather_kv,
+                     paged_attention, plan_launch, plan_partitions, reshape_and_cache)
 from kernels.layout import to_flat
 
 TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
@@ -164,20 +164,75 @@ def test_dispatch_rule():
     ps = plan_partitions(1, 4, 131072, 64, sms)
     assert ps == 1024 and 131072 // ps == 128
     assert plan_partitions(1, 4, 512, 64, sms) == 64
-    # a launch that already fills the GPU: v1
+    # a launch that already fills a wave: v1, whatever the context
     assert plan_partitions(256, 32, 2048, 64, sms) is None
-    assert plan_partitions(64, 8, 4096, 64, sms) is None
-    # about one wave: split only long contexts (2 partitions), not short ones
-    assert plan_partitions(64, 4, 32768, 64, sms) == 16384
-    assert plan_partitions(64, 4, 2048, 64, sms) is None
+    assert plan_partitions(64, 4, 32768, 64, sms) is None
+    assert plan_partitions(8, 32, 32768, 64, sms) is None
     for args in [(1, 1, 1000), (3, 8, 5000), (8, 4, 8192), (2, 2, 70)]:
         ps = plan_partitions(*args, 64, sms)
         if ps is not None:
             num_parts = math.ceil(args[2] / ps)
             assert ps % 64 == 0 and num_parts >= 2 and args[0] * args[1] * num_parts <= 4 * sms
-    # the interpreter: v1 unless asked, big tiles
+    # the interpreter: v1 unless asked, big tiles, fused merge
     ps, config = plan_launch(1, 4, 131072, 128, "flat", torch.device("cpu"))
-    assert ps is None and config.tile_tokens == 256 and config.unmasked_full_tiles
+    assert ps is None and config.tile_tokens == 256 and config.unmasked_full_tiles and config.fused_reduce
+
+
+def test_merge_choice_fused_for_few_partial_rows():
+    # GPU dispatch without a GPU: the rule only reads the multiprocessor count
+    cuda = torch.device("cuda")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("kernels.attention.num_sms", lambda device: 132)
+        # batch 1, 512 tokens, 8 partitions: merged in the kernel for groups up to 8 (64 rows)
+        ps, config = plan_launch(1, 4, 512, 128, "flat", cuda, num_queries_per_kv=8)
+        assert ps == 64 and config.fused_reduce
+        # batch 1, 32k tokens, GQA 8: 128 partitions x 8 heads -> a separate reduce launch
+        ps, config = plan_launch(1, 4, 32768, 128, "flat", cuda, num_queries_per_kv=8)
+        assert 32768 // ps == 128 and not config.fused_reduce
+        ps, config = plan_launch(1, 32, 32768, 128, "flat", cuda, num_queries_per_kv=1)
+        assert 32768 // ps == 16 and config.fused_reduce
+
+
+def fused_case(dtype=torch.float32, layout="flat", seed=6):
+    # ragged lengths: sequences with fewer partitions than the launch's maximum, partial tails
+    return make_case(layout, dtype, seq_lens=(1, 40, 129, 300), num_heads=6, num_kv_heads=2, seed=seed)
+
+
+def run_merge(case, partition_size, fused, workspace=None):
+    return paged_attention(case["query"], case["key_cache"], case["value_cache"], case["block_tables"],
+                           case["seq_lens"], case["scale"], case["layout"], partition_size,
+                           config=KernelConfig(32, fused_reduce=fused), workspace=workspace)
+
+
+@pytest.mark.parametrize("layout", ["flat", "vllm"])
+def test_fused_merge_equals_separate_reduce_and_v1(layout):
+    # group of 3 query heads (padded to 4 rows in the merge); NaN in free and tail slots
+    case = fused_case(torch.float16, layout)
+    fused = run_merge(case, 32, True)
+    assert torch.equal(fused, run_merge(case, 32, False))  # same merge steps here: same bits
+    assert_matches_reference(case, fused, TOL[torch.float16])
+    v1 = run(case)
+    assert (fused.float() - v1.float()).abs().max() <= 2e-3 * v1.float().abs().max()
+
+
+def test_fused_merge_leaves_counters_at_zero_and_repeats():
+    case = fused_case()
+    workspace = attention_workspace(4, 2, "cpu")
+    outs = [run_merge(case, partition_size, True, workspace) for partition_size in (16, 48, 16)]
+    assert not workspace.any()  # reset by the last program of every (sequence, KV head)
+    assert torch.equal(outs[0], outs[2])  # the same workspace serves the next call
+    assert (outs[1] - outs[0]).abs().max() <= 1e-6 * outs[0].abs().max()
+
+
+def test_fused_merge_bitwise_equal_on_identity_table():
+    case = fused_case(torch.float16, seed=7)
+    assert torch.equal(run_merge(case, 32, True), run_merge(identity_case(case), 32, True))
+
+
+def test_workspace_checked():
+    case = fused_case()
+    with pytest.raises(ValueError, match="workspace must be int32 on cpu with at least 8 elements"):
+        run_merge(case, 32, True, torch.zeros(7, dtype=torch.int32))
 
 
 BAD_CALLS = [
