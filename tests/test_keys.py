@@ -1,3 +1,4 @@
+import pytest
 from hypothesis import given, strategies as st
 
 from workloads.keys import SegmentKeys, hash_token_blocks, rekey_blocks
@@ -35,3 +36,23 @@ def test_rekey_at_key_granularity_is_injective_on_ids(ids, bs):
     n = 16 * (len(ids) - 1) // bs
     assert list(k1)[:n] == list(k2)[:n]
     assert k1[-1] != k2[-1]
+
+
+def test_deferred_keys_equal_eager_ones_and_are_made_on_first_read():
+    segments = ((7, 40), (9, 25), (11, 3))
+    calls = []
+
+    def make():
+        calls.append(1)
+        return segments
+
+    eager = SegmentKeys(segments, 16, num_shareable_tokens=50)
+    lazy = SegmentKeys.deferred(make, 68, 16, num_shareable_tokens=50)
+    # lengths need no segments
+    assert (len(lazy), lazy.num_shareable_blocks) == (len(eager), eager.num_shareable_blocks) == (4, 3)
+    assert not calls
+    assert lazy[1:3] == eager[1:3] and list(lazy) == list(eager) and lazy[-1] == eager[-1]
+    assert len(calls) == 1          # made once
+    wrong = SegmentKeys.deferred(lambda: segments, 70, 16, num_shareable_tokens=0)
+    with pytest.raises(ValueError, match="cover 68 tokens, expected 70"):
+        wrong[0]

@@ -68,12 +68,36 @@ class SegmentKeys(Sequence):
     ``len(keys)`` is the number of full blocks; ``keys[i]`` the key of block ``i``.
     """
 
-    __slots__ = ("block_size", "num_tokens", "num_shareable_tokens", "_starts", "_chains")
+    __slots__ = ("block_size", "num_tokens", "num_shareable_tokens", "_starts", "_chains",
+                 "_make_segments")
 
     def __init__(self, segments: Sequence[tuple[int, int]], block_size: int,
                  num_shareable_tokens: int | None = None):
         if block_size <= 0:
             raise ValueError(f"block_size must be positive, got {block_size}")
+        self.block_size = block_size
+        self._make_segments = None
+        self._build(segments)
+        self.num_shareable_tokens = self.num_tokens if num_shareable_tokens is None else min(
+            self.num_tokens, num_shareable_tokens)
+
+    @classmethod
+    def deferred(cls, make_segments, num_tokens: int, block_size: int,
+                 num_shareable_tokens: int) -> "SegmentKeys":
+        """Keys whose segments are made (``make_segments()``, which must cover ``num_tokens``)
+        only when a key is first read: a simulator asks most sequences for their lengths only
+        (nothing is cached yet, or their content is unique)."""
+        if block_size <= 0:
+            raise ValueError(f"block_size must be positive, got {block_size}")
+        keys = cls.__new__(cls)
+        keys.block_size = block_size
+        keys.num_tokens = num_tokens
+        keys.num_shareable_tokens = min(num_tokens, num_shareable_tokens)
+        keys._starts = keys._chains = None
+        keys._make_segments = make_segments
+        return keys
+
+    def _build(self, segments: Sequence[tuple[int, int]]) -> None:
         starts: list[int] = []
         chains: list[int] = []
         pos = 0
@@ -87,12 +111,16 @@ class SegmentKeys(Sequence):
             chains.append(chain)
             chain = mix64(chain ^ length)
             pos += length
-        self.block_size = block_size
         self.num_tokens = pos
-        self.num_shareable_tokens = pos if num_shareable_tokens is None else min(
-            pos, num_shareable_tokens)
         self._starts = starts
         self._chains = chains
+
+    def _build_deferred(self) -> None:
+        num_tokens = self.num_tokens
+        self._build(self._make_segments())
+        self._make_segments = None
+        if self.num_tokens != num_tokens:
+            raise ValueError(f"segments cover {self.num_tokens} tokens, expected {num_tokens}")
 
     def __len__(self) -> int:
         return self.num_tokens // self.block_size
@@ -112,6 +140,8 @@ class SegmentKeys(Sequence):
             i += n
         if not 0 <= i < n:
             raise IndexError(f"block {i} out of range for {n} full blocks")
+        if self._chains is None:
+            self._build_deferred()
         t = (i + 1) * self.block_size - 1
         s = bisect_right(self._starts, t) - 1
         return mix64(self._chains[s] ^ ((t - self._starts[s]) << 1 | 1))
@@ -121,6 +151,8 @@ class SegmentKeys(Sequence):
         a prefill's blocks asks for many consecutive keys; no bisect per key)."""
         if start >= stop:
             return []
+        if self._chains is None:
+            self._build_deferred()
         size, starts, chains = self.block_size, self._starts, self._chains
         first_t = (start + 1) * size - 1
         s = bisect_right(starts, first_t) - 1

@@ -103,11 +103,12 @@ class Request:
             sample: which parallel sample / beam (0-based); its output content differs from
                 the other samples', its prompt is the same.
         Returns:
-            ``SegmentKeys`` of ``prompt_tokens + output_tokens`` tokens, lazily computed, with
-            ``num_shareable_tokens`` set.
+            ``SegmentKeys`` of ``prompt_tokens + output_tokens`` tokens, with
+            ``num_shareable_tokens`` set; its segments are made when a key is first read.
         """
         if not 0 <= sample < max(self.n, self.beam_width):
             raise ValueError(f"request {self.request_id}: sample {sample} out of range for "
                              f"n={self.n}, beam_width={self.beam_width}")
-        segments = self.prompt_segments() + ((self.output_segment(sample), self.output_tokens),)
-        return SegmentKeys(segments, block_size, self.num_shareable_tokens)
+        return SegmentKeys.deferred(
+            lambda: self.prompt_segments() + ((self.output_segment(sample), self.output_tokens),),
+            self.prompt_tokens + self.output_tokens, block_size, self.num_shareable_tokens)
