@@ -10,7 +10,7 @@ max_num_batched_tokens 8192, one replica, time series sampled every 10 s, per-re
 off (only the latencies for the summary's percentiles are kept, as `kvsim replay` without
 --requests).
 
-    python bench/replay_speed.py [--cases azure-conv,sharegpt-10k] [--profile CASE]
+    python bench/replay_speed.py [--cases azure-conv,sharegpt-10k] [--profile CASE | --sample CASE]
 
 Prints one line per case and a Markdown table. Targets (issue 8, one core): azure-conv < 1 s,
 sharegpt-1m < 2 min, peak memory not growing with trace length beyond recorded samples.
@@ -80,12 +80,55 @@ def run_case(name: str, profile: bool = False) -> dict:
             "num_gpu_blocks": report.num_gpu_blocks}
 
 
+def sample_case(name: str, interval_s: float = 0.0002, top: int = 40) -> None:
+    """Run one case under a SIGPROF sampling profiler; print, per function, the share of samples
+    in which it is on the stack (inclusive) and on top (self). Unlike cProfile it does not
+    inflate the cost of small functions, so the shares are those of a normal run."""
+    import collections
+    import signal
+    on_stack, on_top, count = collections.Counter(), collections.Counter(), [0]
+
+    def handler(_sig, frame):
+        count[0] += 1
+        on_top[(frame.f_code.co_filename, frame.f_code.co_name)] += 1
+        seen = set()
+        while frame is not None:
+            key = (frame.f_code.co_filename, frame.f_code.co_name)
+            if key not in seen:
+                seen.add(key)
+                on_stack[key] += 1
+            frame = frame.f_back
+
+    sys.path.insert(0, str(ROOT))
+    import planner.capacity  # noqa: F401  (imported before sampling: run_case's own imports
+    import planner.roofline  # noqa: F401   are then free, and the shares are the replay's)
+    import simulator  # noqa: F401
+    import workloads  # noqa: F401
+    signal.signal(signal.SIGPROF, handler)
+    signal.setitimer(signal.ITIMER_PROF, interval_s, interval_s)
+    try:
+        row = run_case(name)
+    finally:
+        signal.setitimer(signal.ITIMER_PROF, 0, 0)
+    print(json.dumps(row))
+    total = max(1, count[0])
+    print(f"{count[0]} samples; inclusive % | self % | function")
+    for key, n in on_stack.most_common(top):
+        where = os.path.relpath(key[0], ROOT) if key[0].startswith(str(ROOT)) else \
+            os.path.basename(key[0])
+        print(f"{100 * n / total:6.1f} | {100 * on_top[key] / total:5.1f} | {where}:{key[1]}")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cases", default=",".join(CASES))
     ap.add_argument("--one", help=argparse.SUPPRESS)   # child process: run one case
     ap.add_argument("--profile", help="run one case under cProfile (stderr)")
+    ap.add_argument("--sample", help="run one case under a sampling profiler (shares per function)")
     args = ap.parse_args()
+    if args.sample:
+        sample_case(args.sample)
+        return 0
     if args.one or args.profile:
         print(json.dumps(run_case(args.one or args.profile, profile=bool(args.profile))))
         return 0
