@@ -30,8 +30,11 @@ Forks (``Request.n`` > 1 parallel samples, ``beam_width`` > 1 beam search) are m
 
 Speed: the allocator is told about decode tokens lazily (``SeqState.num_alloc_tokens`` lags
 ``num_computed_tokens``) and only called when a request needs a new block, when it is freed or
-when the pool is observed (``sync_allocator``); ``plan_decode_run`` / ``advance_decode_run`` apply
-many identical decode steps at once. Decisions are the same as stepping one by one (tested).
+when the pool is observed (``sync_allocator``); decoding requests ride a decode clock (see
+"decode clock" below) so that a step costs only the requests that cross a block boundary,
+finish, or are off the clock; ``plan_decode_run`` / ``advance_decode_run`` apply many identical
+decode steps at once. Decisions and block ids are the same as stepping every request one by one
+(tested).
 """
 from __future__ import annotations
 
@@ -76,8 +79,9 @@ class SeqState:
     finish_step: int = -1
     cached_tokens_first: int = -1
     num_cached_tokens_total: int = 0  # prefix-hit tokens over all admissions
-    # decode clock (see Scheduler): while ``clocked``, the three token counters above are as of
-    # the scheduler's clocks ``base_c`` / ``base_o``; the true values add the clocks' advance since
+    # decode clock (see Scheduler): while ``clocked``, num_computed_tokens is as of the scheduler's
+    # clock_c == base_c and num_output_tokens / num_tokens as of clock_o == base_o; the true
+    # values add how far those clocks have moved since
     order: int = 0                    # admission counter: ``running`` is sorted by it
     clocked: bool = False
     base_c: int = 0
