@@ -28,6 +28,9 @@ class StepBatch:
     kv_read_tokens: sum over scheduled requests of the context attended (tokens already in the KV
         cache plus the new ones): the KV bytes read scale with it.
     attn_token_pairs: sum over scheduled requests of new_tokens * context, for attention FLOPs.
+
+    Treated as immutable once built: the engine prices one run several times with the same
+    batch, and a cost model may keep what it derived from the last batch it saw (by identity).
     """
 
     num_seqs: int = 0
