@@ -163,9 +163,6 @@ class _Crossers:
         self.orders: list[int] = []
         self.seq_ids: list[int] = []
 
-    def __len__(self) -> int:
-        return len(self.orders)
-
     def add(self, order: int, seq_id: int) -> None:
         orders = self.orders
         if not orders or order > orders[-1]:    # the usual case: clocked in admission order
@@ -470,7 +467,8 @@ class Scheduler:
         lpt = self._lpt()
         max_model_len = cfg.max_model_len
         demand = self.num_clocked
-        crossing = self.buckets[self.clock_c % B] if paged else ()
+        # clocked requests that start a new block in this step (none in a contiguous pool)
+        crossing = self.buckets[self.clock_c % B].seq_ids if paged else ()
         need = len(crossing)
         plan = []
         for seq in self.loose:
@@ -494,10 +492,10 @@ class Scheduler:
         # allocator calls in running order (it fixes which block ids each request gets); a
         # clocked request only takes its block (its tokens are told when it is next synced)
         if crossing and not plan:
-            self.allocator.append_blocks(crossing.seq_ids)
+            self.allocator.append_blocks(crossing)
         elif crossing:
-            plan.extend((order, 0, seq_id, 0)
-                        for order, seq_id in zip(crossing.orders, crossing.seq_ids))
+            plan.extend((order, 0, seq_id, 0) for order, seq_id in
+                        zip(self.buckets[self.clock_c % B].orders, crossing))
             plan.sort()
         takers = []
         for _order, listed, seq, n in plan:
@@ -888,8 +886,8 @@ class Scheduler:
             if self.num_clocked:
                 clock = self.clock_c
                 for r, bucket in enumerate(self.buckets):
-                    if bucket:
-                        hist[(r - clock) % B + 1] += len(bucket)
+                    if bucket.orders:
+                        hist[(r - clock) % B + 1] += len(bucket.orders)
         return hist
 
     def _head_blocked(self, first_step_blocks: int) -> bool:
@@ -967,7 +965,7 @@ class Scheduler:
                 buckets = self.buckets
                 if crossings:
                     for r, bucket in enumerate(buckets):
-                        if bucket:
+                        if bucket.orders:
                             for order, seq_id in zip(bucket.orders, bucket.seq_ids):
                                 crossings.extend(
                                     (step, order, seq_id) for step in range((r - clock) % B, k, B))
