@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
 TRACES = ROOT.parent / "shared" / "traces"
 CASES = {
     "azure-conv": str(TRACES / "azure_llm_2023" / "AzureLLMInferenceTrace_conv.csv"),
@@ -40,7 +41,6 @@ MODEL, GPU = "Llama-3.1-8B", "A100-80GB"
 
 
 def run_case(name: str, profile: bool = False) -> dict:
-    sys.path.insert(0, str(ROOT))
     import workloads
     from planner.capacity import compute_capacity
     from planner.presets import get_gpu, get_model
@@ -99,7 +99,6 @@ def sample_case(name: str, interval_s: float = 0.0002, top: int = 40) -> None:
                 on_stack[key] += 1
             frame = frame.f_back
 
-    sys.path.insert(0, str(ROOT))
     import planner.capacity  # noqa: F401  (imported before sampling: run_case's own imports
     import planner.roofline  # noqa: F401   are then free, and the shares are the replay's)
     import simulator  # noqa: F401
@@ -119,24 +118,34 @@ def sample_case(name: str, interval_s: float = 0.0002, top: int = 40) -> None:
         print(f"{100 * n / total:6.1f} | {100 * on_top[key] / total:5.1f} | {where}:{key[1]}")
 
 
+def _absent(name: str) -> bool:
+    """A trace case whose file is not there (../shared/traces missing)."""
+    return ":" not in CASES[name] and not os.path.exists(CASES[name])
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cases", default=",".join(CASES))
-    ap.add_argument("--one", help=argparse.SUPPRESS)   # child process: run one case
-    ap.add_argument("--profile", help="run one case under cProfile (stderr)")
-    ap.add_argument("--sample", help="run one case under a sampling profiler (shares per function)")
+    ap.add_argument("--one", choices=CASES, help=argparse.SUPPRESS)   # child process: one case
+    ap.add_argument("--profile", choices=CASES, metavar="CASE",
+                    help="run one case under cProfile (stderr)")
+    ap.add_argument("--sample", choices=CASES, metavar="CASE",
+                    help="run one case under a sampling profiler (shares per function)")
     args = ap.parse_args()
+    single = args.sample or args.one or args.profile
+    if single and _absent(single):
+        ap.error(f"case {single}: {CASES[single]} is absent")
     if args.sample:
         sample_case(args.sample)
         return 0
-    if args.one or args.profile:
-        print(json.dumps(run_case(args.one or args.profile, profile=bool(args.profile))))
+    if single:
+        print(json.dumps(run_case(single, profile=bool(args.profile))))
         return 0
     rows = []
     for name in args.cases.split(","):
         if name not in CASES:
             ap.error(f"unknown case {name!r}; choose from {', '.join(CASES)}")
-        if not CASES[name].count(":") and not os.path.exists(CASES[name]):
+        if _absent(name):
             print(f"{name}: skipped ({CASES[name]} is absent)")
             continue
         out = subprocess.run([sys.executable, __file__, "--one", name], capture_output=True,
