@@ -1,7 +1,7 @@
 """kvsim dashboard entry point: routes only; pages live in app_pages/, logic in viz/ and _state."""
 import streamlit as st
 
-from app_pages._state import keep_widget_state
+from kvsim.app_pages._state import keep_widget_state
 
 st.set_page_config(page_title="kvsim · KV-cache memory", page_icon=":material/grid_view:",
                    layout="wide")

@@ -4,15 +4,15 @@ Read in this order: block_pool.py (free queue + hash map), paged.py (block table
 copy-on-write), buddy.py / first_fit.py (arenas), contiguous.py (reservation policies),
 accounting.py (the six memory classes every slot belongs to).
 """
-from allocator.accounting import MEMORY_CLASSES, PoolSnapshot
-from allocator.block_pool import BlockPool
-from allocator.buddy import BuddyArena
-from allocator.contiguous import ContiguousAllocator
-from allocator.first_fit import FirstFitArena
+from kvsim.allocator.accounting import MEMORY_CLASSES, PoolSnapshot
+from kvsim.allocator.block_pool import BlockPool
+from kvsim.allocator.buddy import BuddyArena
+from kvsim.allocator.contiguous import ContiguousAllocator
+from kvsim.allocator.first_fit import FirstFitArena
 # content keys live with the workloads that describe content (DESIGN.md "Content identity");
 # re-exported here because every allocator caller needs them
-from workloads.keys import SegmentKeys, hash_token_blocks, mix64, rekey_blocks
-from allocator.paged import PagedAllocator
+from kvsim.workloads.keys import SegmentKeys, hash_token_blocks, mix64, rekey_blocks
+from kvsim.allocator.paged import PagedAllocator
 
 __all__ = ["MEMORY_CLASSES", "BlockPool", "BuddyArena", "ContiguousAllocator", "FirstFitArena",
            "PagedAllocator", "PoolSnapshot", "SegmentKeys", "hash_token_blocks", "mix64",

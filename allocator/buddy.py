@@ -16,7 +16,7 @@ Free extents are kept in one set per order, so the free space by order is O(1) t
 """
 from __future__ import annotations
 
-from allocator.checks import require_int
+from kvsim.allocator.checks import require_int
 
 
 def ceil_log2(n: int) -> int:

@@ -27,11 +27,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from allocator.accounting import (EXTERNAL, FREE, INTERNAL, RESERVATION, TOKEN_STATES,
+from kvsim.allocator.accounting import (EXTERNAL, FREE, INTERNAL, RESERVATION, TOKEN_STATES,
                                   PoolSnapshot, check_breakdown, make_breakdown)
-from allocator.buddy import BuddyArena
-from allocator.checks import require_int, require_live, require_new_seq_id
-from allocator.first_fit import FirstFitArena
+from kvsim.allocator.buddy import BuddyArena
+from kvsim.allocator.checks import require_int, require_live, require_new_seq_id
+from kvsim.allocator.first_fit import FirstFitArena
 
 POLICIES = ("max", "pow2", "oracle")
 PLACEMENTS = {"buddy": BuddyArena, "first-fit": FirstFitArena}

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from bisect import bisect_left, insort
 
-from allocator.checks import require_int
+from kvsim.allocator.checks import require_int
 
 
 class FirstFitArena:

@@ -35,10 +35,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from allocator.accounting import (CACHED, FREE, INTERNAL, MEMORY_CLASSES, TOKEN_STATES,
+from kvsim.allocator.accounting import (CACHED, FREE, INTERNAL, MEMORY_CLASSES, TOKEN_STATES,
                                   PoolSnapshot, check_breakdown)
-from allocator.block_pool import BlockPool
-from allocator.checks import require_int, require_live, require_new_seq_id
+from kvsim.allocator.block_pool import BlockPool
+from kvsim.allocator.checks import require_int, require_live, require_new_seq_id
 
 
 class _Seq:

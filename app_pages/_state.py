@@ -217,7 +217,7 @@ def run_scenario(scenario: Scenario) -> tuple[Run, Run]:
     time scrubber moves both pools through the same moment.
     """
     simulator = importlib.import_module("simulator")
-    cost = importlib.import_module("simulator.cost").FixedStepCost(scenario.step_s)
+    cost = importlib.import_module("kvsim.simulator.cost").FixedStepCost(scenario.step_s)
     requests = load_requests(scenario.workload)
     configs = [engine_config(scenario, a) for a in scenario.allocators]
     # a first pass finds when each run ends; the second takes the snapshots
@@ -312,7 +312,7 @@ def fmt_duration(t_s: float) -> str:
 @st.cache_data(max_entries=64, show_spinner=False)
 def pool_figure(scenario: Scenario, side: int, frame: int):
     """The pool heatmap of one side at one frame (cached: scrubbing back costs nothing)."""
-    from viz.pool import pool_heatmap
+    from kvsim.viz.pool import pool_heatmap
     run = run_scenario(scenario)[side]
     frame = min(frame, len(run.snapshots) - 1)
     t_s = float(run.frame_times_s[frame])
@@ -341,7 +341,7 @@ def run_label(i: int, run: Run) -> str:
 
 def flat_summaries(runs) -> dict[str, dict]:
     """run label -> summary flattened to dotted keys (``ttft_s.p90``)."""
-    from planner.sweep import flatten
+    from kvsim.planner.sweep import flatten
     return {run_label(i, r): flatten(r.summary) for i, r in enumerate(runs)}
 
 
@@ -382,8 +382,8 @@ SWEEP_COLUMNS = {"num_gpu_blocks": "KV blocks per GPU", "kv_cache_tokens": "KV t
 
 def capacity(model_name: str, gpu_name: str, **kwargs) -> dict:
     """planner's CapacityReport as a dict; raises ValueError for impossible configurations."""
-    from planner.capacity import compute_capacity
-    from planner.presets import get_gpu, get_model
+    from kvsim.planner.capacity import compute_capacity
+    from kvsim.planner.presets import get_gpu, get_model
     return compute_capacity(get_model(model_name), get_gpu(gpu_name), **kwargs).to_dict()
 
 
@@ -434,7 +434,7 @@ def simulated_sweep(workload: Workload, allocators: tuple[str, ...], param: str,
         one row per (allocator, value): the sweep's row (capacity figures, flattened summary,
         ``error`` None or the reason the point is impossible).
     """
-    from planner.sweep import PlanBase, expand_grid, run_sweep
+    from kvsim.planner.sweep import PlanBase, expand_grid, run_sweep
     plan = PlanBase(workload=workload_source(workload), max_requests=workload.max_requests,
                     rate=workload.rate if needs_rate(workload) else None, **dict(base))
     # max_num_seqs is an engine setting: planner.sweep routes it to EngineConfig per point
@@ -462,9 +462,9 @@ def kernel_device() -> str:
 
 
 def kernel_bridge():
-    """kernels.bridge once the kern branch has landed (None before), imported for kernel_device."""
+    """kvsim.kernels.bridge once the kern branch has landed (None before), imported for kernel_device."""
     kernel_device()
-    return backend("kernels.bridge", "validate_snapshot")
+    return backend("kvsim.kernels.bridge", "validate_snapshot")
 
 
 @st.cache_data(max_entries=16, show_spinner="Running the Triton kernels…")
@@ -480,7 +480,7 @@ def kernel_check(scenario: Scenario, side: int, frame: int, layout: str, dtype: 
 
     import torch
     device = kernel_device()
-    bridge = importlib.import_module("kernels.bridge")
+    bridge = importlib.import_module("kvsim.kernels.bridge")
     snap = run_scenario(scenario)[side].snapshots[frame]
     report = bridge.validate_snapshot(snap, layout=layout, dtype=getattr(torch, dtype),
                                       device=device, max_seqs=max_seqs,

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from app_pages import _state as S
+from kvsim.app_pages import _state as S
 
 
 def scenario_sidebar() -> S.Scenario | None:
@@ -91,7 +91,7 @@ def load_runs(scenario: S.Scenario | None):
                     "it lands.")
             return None
         runs = S.run_scenario(scenario)
-    except ValueError as err:  # workloads.errors.InputError and impossible configurations
+    except ValueError as err:  # kvsim.errors.InputError and impossible configurations
         st.error(S.user_message(err, scenario.workload))
         return None
     for i, run in enumerate(runs):

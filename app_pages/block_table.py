@@ -1,9 +1,9 @@
 """Page 2: one request's block table, slot_mapping and sharing at the current moment."""
 import streamlit as st
 
-from app_pages import _state as S
-from app_pages import _ui
-from viz.block_table import (block_table_figure, block_table_frame, contiguous_extent,
+from kvsim.app_pages import _state as S
+from kvsim.app_pages import _ui
+from kvsim.viz.block_table import (block_table_figure, block_table_frame, contiguous_extent,
                              extent_figure, requests_frame, slot_mapping_runs)
 
 st.title("Block table inspector")

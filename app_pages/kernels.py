@@ -1,9 +1,9 @@
 """Page 5: run the Triton paged-attention kernels on the current snapshot's block tables."""
 import streamlit as st
 
-from app_pages import _state as S
-from app_pages import _ui
-from viz.kernel_checks import kernel_error_figure
+from kvsim.app_pages import _state as S
+from kvsim.app_pages import _ui
+from kvsim.viz.kernel_checks import kernel_error_figure
 
 st.title("Kernel validation")
 st.caption(

@@ -1,9 +1,9 @@
 """Page 1: two KV pools side by side, played through simulated time."""
 import streamlit as st
 
-from app_pages import _state as S
-from app_pages import _ui
-from viz.timeseries import breakdown_area, concurrency_chart
+from kvsim.app_pages import _state as S
+from kvsim.app_pages import _ui
+from kvsim.viz.timeseries import breakdown_area, concurrency_chart
 
 st.title("Live KV-cache pool")
 st.caption(

@@ -1,10 +1,10 @@
 """Page 3: the two runs compared over time and per request; downloads."""
 import streamlit as st
 
-from app_pages import _state as S
-from app_pages import _ui
-from viz.style import SIDE_COLORS
-from viz.timeseries import (breakdown_area, compare_bars, concurrency_chart, latency_cdf,
+from kvsim.app_pages import _state as S
+from kvsim.app_pages import _ui
+from kvsim.viz.style import SIDE_COLORS
+from kvsim.viz.timeseries import (breakdown_area, compare_bars, concurrency_chart, latency_cdf,
                            line_chart)
 
 st.title("Metrics")

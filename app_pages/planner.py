@@ -1,18 +1,18 @@
 """Page 4: model / GPU / dtype / TP / utilisation -> KV capacity; a small sweep."""
 import streamlit as st
 
-from app_pages import _state as S
-from app_pages import _ui
-from viz.capacity import gpu_memory_figure
-from viz.plan_figures import sweep_metric_figure
-from viz.style import color_allocator_traces
+from kvsim.app_pages import _state as S
+from kvsim.app_pages import _ui
+from kvsim.viz.capacity import gpu_memory_figure
+from kvsim.viz.plan_figures import sweep_metric_figure
+from kvsim.viz.style import color_allocator_traces
 
 st.title("Capacity planner")
 st.caption("How many KV blocks a model gets on a GPU, by vLLM's formula: (GPU memory × "
            "gpu_memory_utilization − weights − activation peak − non-PyTorch memory) / bytes per "
            "block. Blocks / blocks per max_model_len request = how many such requests fit at once.")
-presets = S.backend("planner.presets", "MODEL_PRESETS", "GPU_PRESETS")
-if presets is None or S.backend("planner.capacity", "compute_capacity") is None:
+presets = S.backend("kvsim.planner.presets", "MODEL_PRESETS", "GPU_PRESETS")
+if presets is None or S.backend("kvsim.planner.capacity", "compute_capacity") is None:
     st.info("The capacity planner is not available yet (branch plan); this page fills in when "
             "it lands.")
     st.stop()

@@ -24,7 +24,7 @@ import random
 import time
 from pathlib import Path
 
-from allocator import ContiguousAllocator, PagedAllocator, SegmentKeys
+from kvsim.allocator import ContiguousAllocator, PagedAllocator, SegmentKeys
 
 BLOCK_SIZE = 16
 NUM_BLOCKS = 32768

@@ -79,7 +79,7 @@ def kvsim_argv(trace: str | Path, oracle_args: dict, out_dir: str | Path) -> lis
             missing ones take the oracle's defaults.
         out_dir: where kvsim writes result.json, requests.csv and steps.csv.
     Returns:
-        The argument list for `simulator.cli.main`.
+        The argument list for `kvsim.cli.main`.
     """
     unknown = set(oracle_args) - set(ORACLE_DEFAULTS) - {"num_gpu_blocks"}
     if unknown:

@@ -216,14 +216,7 @@ def run_oracle(name: str, trace: Path | None, args: dict,
 
 def run_kvsim(name: str, trace: Path, args: dict) -> tuple[Path | None, str, float]:
     """kvsim's output folder for a case, or None with the reason; and its wall seconds."""
-    try:
-        from simulator import cli
-    except ImportError as err:
-        return None, f"kvsim not importable: {err}", 0.0
-    parser = cli.build_parser()
-    if not any(isinstance(a, argparse._SubParsersAction) and "replay" in a.choices
-               for a in parser._actions):
-        return None, "simulator.cli has no `replay` subcommand yet", 0.0
+    from kvsim import cli
     out = RUNS / "kvsim" / name
     out.mkdir(parents=True, exist_ok=True)
     sync_args = {k: v for k, v in args.items() if k != "async_scheduling"}

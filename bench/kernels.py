@@ -32,9 +32,9 @@ import triton
 import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from kernels import KernelConfig, allocate_kv_cache, paged_attention, reshape_and_cache  # noqa: E402
-from kernels.attention import attention_workspace, num_sms, plan_launch, plan_partitions  # noqa: E402
-from kernels.reference import gather_kv  # noqa: E402
+from kvsim.kernels import KernelConfig, allocate_kv_cache, paged_attention, reshape_and_cache  # noqa: E402
+from kvsim.kernels.attention import attention_workspace, num_sms, plan_launch, plan_partitions  # noqa: E402
+from kvsim.kernels.reference import gather_kv  # noqa: E402
 
 NUM_HEADS = 32
 HEAD_SIZE = 128
@@ -442,7 +442,7 @@ SPLIT_POINTS = [(1, ctx, 16, gqa) for ctx in (512, 2048, 8192, 32768, 131072) fo
 def tune_split(w, args, t_start, copy_peak) -> int:
     """The split-KV dispatch: per point, v1, the dispatch rule, and every power of two of partitions
     (>= 32 tokens each) with the merge fused into the attention kernel and as a separate launch."""
-    import kernels.attention as attn
+    import kvsim.kernels.attention as attn
     for batch, ctx, block_size, gqa in SPLIT_POINTS:
         if time.time() - t_start > args.budget_s:
             print("budget reached; stopping", flush=True)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from workloads import load  # noqa: E402
+from kvsim.workloads import load  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 TRACES = {

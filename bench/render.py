@@ -15,8 +15,8 @@ import time
 
 import plotly.io as pio
 
-from viz.pool import DEFAULT_MAX_CELLS, pool_grid, pool_heatmap
-from viz.synthetic import synthetic_snapshot
+from kvsim.viz.pool import DEFAULT_MAX_CELLS, pool_grid, pool_heatmap
+from kvsim.viz.synthetic import synthetic_snapshot
 
 
 def measure(num_cells: int, kind: str, repeats: int, max_cells: int) -> dict:

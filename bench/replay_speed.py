@@ -41,11 +41,11 @@ MODEL, GPU = "Llama-3.1-8B", "A100-80GB"
 
 
 def run_case(name: str, profile: bool = False) -> dict:
-    import workloads
-    from planner.capacity import compute_capacity
-    from planner.presets import get_gpu, get_model
-    from planner.roofline import RooflineCost
-    from simulator import EngineConfig, simulate
+    from kvsim import workloads
+    from kvsim.planner.capacity import compute_capacity
+    from kvsim.planner.presets import get_gpu, get_model
+    from kvsim.planner.roofline import RooflineCost
+    from kvsim.simulator import EngineConfig, simulate
 
     model, gpu = get_model(MODEL), get_gpu(GPU)
     max_model_len = 32768 if name.startswith("mooncake") else 16384
@@ -99,10 +99,10 @@ def sample_case(name: str, interval_s: float = 0.0002, top: int = 40) -> None:
                 on_stack[key] += 1
             frame = frame.f_back
 
-    import planner.capacity  # noqa: F401  (imported before sampling: run_case's own imports
-    import planner.roofline  # noqa: F401   are then free, and the shares are the replay's)
-    import simulator  # noqa: F401
-    import workloads  # noqa: F401
+    import kvsim.planner.capacity  # noqa: F401  (imported before sampling: run_case's own imports
+    import kvsim.planner.roofline  # noqa: F401   are then free, and the shares are the replay's)
+    from kvsim import simulator  # noqa: F401
+    from kvsim import workloads  # noqa: F401
     signal.signal(signal.SIGPROF, handler)
     signal.setitimer(signal.ITIMER_PROF, interval_s, interval_s)
     try:

@@ -26,8 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from planner.presets import get_gpu, get_model  # noqa: E402
-from planner.roofline import RooflineCost  # noqa: E402
+from kvsim.planner.presets import get_gpu, get_model  # noqa: E402
+from kvsim.planner.roofline import RooflineCost  # noqa: E402
 
 
 def time_cuda(fn, repeat: int = 20, warmup: int = 3) -> float:

@@ -10,16 +10,16 @@ from __future__ import annotations
 import importlib
 
 _EXPORTS = {
-    "paged_attention": "kernels.attention", "plan_partitions": "kernels.attention",
-    "plan_launch": "kernels.attention", "KernelConfig": "kernels.attention", "default_config": "kernels.attention",
-    "attention_workspace": "kernels.attention",
-    "reshape_and_cache": "kernels.cache",
-    "LAYOUTS": "kernels.layout", "allocate_kv_cache": "kernels.layout", "cache_shapes": "kernels.layout",
-    "x_for": "kernels.layout",
-    "dense_attention": "kernels.reference", "gather_kv": "kernels.reference",
-    "reference_paged_attention": "kernels.reference",
-    "validate_snapshot": "kernels.bridge", "save_snapshot": "kernels.bridge", "load_snapshot": "kernels.bridge",
-    "pool_arrays": "kernels.bridge",
+    "paged_attention": "kvsim.kernels.attention", "plan_partitions": "kvsim.kernels.attention",
+    "plan_launch": "kvsim.kernels.attention", "KernelConfig": "kvsim.kernels.attention", "default_config": "kvsim.kernels.attention",
+    "attention_workspace": "kvsim.kernels.attention",
+    "reshape_and_cache": "kvsim.kernels.cache",
+    "LAYOUTS": "kvsim.kernels.layout", "allocate_kv_cache": "kvsim.kernels.layout", "cache_shapes": "kvsim.kernels.layout",
+    "x_for": "kvsim.kernels.layout",
+    "dense_attention": "kvsim.kernels.reference", "gather_kv": "kvsim.kernels.reference",
+    "reference_paged_attention": "kvsim.kernels.reference",
+    "validate_snapshot": "kvsim.kernels.bridge", "save_snapshot": "kvsim.kernels.bridge", "load_snapshot": "kvsim.kernels.bridge",
+    "pool_arrays": "kvsim.kernels.bridge",
 }
 __all__ = sorted(_EXPORTS)
 

@@ -57,7 +57,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.layout import cache_geometry, cache_strides
+from kvsim.kernels.layout import cache_geometry, cache_strides
 
 LOG2E = 1.4426950408889634
 

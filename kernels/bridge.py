@@ -229,7 +229,7 @@ def validate_snapshot(snapshot, *, layout: str = "flat", dtype: torch.dtype = to
     Returns:
         ValidationReport, one SequenceCheck per sequence with tokens.
     """
-    from kernels import allocate_kv_cache, dense_attention, paged_attention, reshape_and_cache
+    from kvsim.kernels import allocate_kv_cache, dense_attention, paged_attention, reshape_and_cache
 
     arrays = pool_arrays(snapshot)
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))

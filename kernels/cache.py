@@ -10,8 +10,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.attention import interpreting
-from kernels.layout import cache_geometry, cache_strides
+from kvsim.kernels.attention import interpreting
+from kvsim.kernels.layout import cache_geometry, cache_strides
 
 
 @triton.jit

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels.layout import to_flat
+from kvsim.kernels.layout import to_flat
 
 
 def dense_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float) -> torch.Tensor:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
-from planner.specs import GIB, GpuSpec, ModelSpec, dtype_bytes
+from kvsim.planner.specs import GIB, GpuSpec, ModelSpec, dtype_bytes
 
 # vLLM's default gpu_memory_utilization in the release our notes read (0.33: 0.92; 0.9 before)
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.92

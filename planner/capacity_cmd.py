@@ -11,11 +11,11 @@ import argparse
 import json
 import sys
 
-from planner.capacity import (DEFAULT_BLOCK_SIZE, DEFAULT_GPU_MEMORY_UTILIZATION, KV_DTYPES,
+from kvsim.planner.capacity import (DEFAULT_BLOCK_SIZE, DEFAULT_GPU_MEMORY_UTILIZATION, KV_DTYPES,
                               CapacityReport, compute_capacity)
-from planner.presets import GPU_PRESETS, MODEL_PRESETS, custom_gpu, get_gpu, get_model, load_hf_config
-from planner.specs import GIB, GpuSpec, ModelSpec
-from workloads.errors import InputError
+from kvsim.planner.presets import GPU_PRESETS, MODEL_PRESETS, custom_gpu, get_gpu, get_model, load_hf_config
+from kvsim.planner.specs import GIB, GpuSpec, ModelSpec
+from kvsim.errors import InputError
 
 
 def add_model_gpu_args(p: argparse.ArgumentParser) -> None:
@@ -96,7 +96,7 @@ def base_from_args(args, gpu: GpuSpec | None = None):
         args: parsed flags; the replay flags only ``plan`` has (rate, allocator, ...) are optional.
         gpu: a GpuSpec to use instead of the --gpu preset (a custom GPU from flags).
     """
-    from planner.sweep import PlanBase
+    from kvsim.planner.sweep import PlanBase
 
     engine = {k: v for k, v in (("max_num_seqs", args.max_num_seqs),
                                 ("max_num_batched_tokens", args.max_num_batched_tokens)) if v is not None}
@@ -114,7 +114,7 @@ def base_from_args(args, gpu: GpuSpec | None = None):
 
 def simulate_workload(args, gpu: GpuSpec) -> dict:
     """Replay the workload through the capacity's pool (paged, vLLM-like); returns the sweep row."""
-    from planner.sweep import PointTask, evaluate_point
+    from kvsim.planner.sweep import PointTask, evaluate_point
 
     row = evaluate_point(PointTask(0, {}, base_from_args(args, gpu)))
     if row.get("error"):
@@ -123,7 +123,7 @@ def simulate_workload(args, gpu: GpuSpec) -> dict:
 
 
 def _sim_figures(row: dict) -> dict:
-    from planner.slo import resolve_metric
+    from kvsim.planner.slo import resolve_metric
 
     out = {}
     for label, metric in (("mean running requests", "mean_running"), ("max running requests", "max_running"),
@@ -147,7 +147,7 @@ def run(args) -> int:
             "tokens": args.concurrency_tokens, "concurrency": report.concurrency_for(args.concurrency_tokens)}
     if args.workload:
         try:
-            from simulator import simulate  # noqa: F401
+            from kvsim.simulator import simulate  # noqa: F401
         except ImportError:
             print(format_report(report) if not args.json else json.dumps(out, indent=2))
             print("kvsim: the simulator is not available in this install; no replay", file=sys.stderr)

@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pandas as pd
 
-from planner.capacity_cmd import add_model_gpu_args, base_from_args, gpu_from_args
-from planner.slo import parse_slo, resolve_metric
-from planner.sweep import (PlanBase, cheapest, expand_grid, load_requests, mark_slo, parse_sweep,
+from kvsim.planner.capacity_cmd import add_model_gpu_args, base_from_args, gpu_from_args
+from kvsim.planner.slo import parse_slo, resolve_metric
+from kvsim.planner.sweep import (PlanBase, cheapest, expand_grid, load_requests, mark_slo, parse_sweep,
                            run_sweep)
-from workloads.errors import InputError
+from kvsim.errors import InputError
 
 FORMATS = ("csv", "parquet", "json")
 # columns shown on the terminal when present (after the swept keys)
@@ -56,7 +56,7 @@ def _terminal_table(df: pd.DataFrame, swept: list[str], has_slo: bool) -> pd.Dat
 
 
 def _figures(df: pd.DataFrame, swept: list[str], best: dict | None, has_slo: bool) -> list:
-    from viz.plan_figures import slo_scatter_figure, sweep_metric_figure
+    from kvsim.viz.plan_figures import slo_scatter_figure, sweep_metric_figure
 
     ok = df[df["error"].isna()]
     if ok.empty:
@@ -76,7 +76,7 @@ def _figures(df: pd.DataFrame, swept: list[str], best: dict | None, has_slo: boo
 
 
 def _aliases(name: str) -> tuple[str, ...]:
-    from planner.slo import METRIC_ALIASES
+    from kvsim.planner.slo import METRIC_ALIASES
 
     return METRIC_ALIASES.get(name, (name,))
 
@@ -92,7 +92,7 @@ def run(args) -> int:
         raise InputError(f"must be >= 1, got {args.jobs}", field="--jobs")
     base = _base_from_args(args)
     try:
-        from simulator import simulate  # noqa: F401
+        from kvsim.simulator import simulate  # noqa: F401
     except ImportError:
         raise ValueError("kvsim plan needs the simulator (simulator.simulate), which this install lacks") from None
     # a bad trace or spec fails here, once, rather than in every point
@@ -136,7 +136,7 @@ def run(args) -> int:
             notes.append("cheapest meeting the SLO (cost = GPUs x price rank): " + (
                 "none" if best is None else
                 f"point {best['point']} " + json.dumps({k: best[k] for k in swept}, default=str)))
-        from viz.plan_figures import report_html
+        from kvsim.viz.plan_figures import report_html
 
         (out / "report.html").write_text(report_html("kvsim plan", _figures(df, swept, best, bool(constraints)),
                                                      results, notes))

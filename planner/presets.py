@@ -10,8 +10,8 @@ import json
 import re
 from pathlib import Path
 
-from planner.specs import GIB, GpuSpec, ModelSpec, dtype_bytes
-from workloads.errors import InputError
+from kvsim.planner.specs import GIB, GpuSpec, ModelSpec, dtype_bytes
+from kvsim.errors import InputError
 
 MIB = 2**20
 TB = 1e12

@@ -30,10 +30,10 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from allocator import MEMORY_CLASSES
+from kvsim.allocator import MEMORY_CLASSES
 
 # names and labels are shared with the figure builders (viz sits below planner)
-from viz.repro_figures import FIG2_CLASSES, FIG2_LABELS, SYSTEM_LABELS, SYSTEMS  # noqa: F401
+from kvsim.viz.repro_figures import FIG2_CLASSES, FIG2_LABELS, SYSTEM_LABELS, SYSTEMS  # noqa: F401
 
 # ---------------------------------------------------------------------------------------------
 # What the paper reports. Keys are those of results.json.
@@ -221,12 +221,12 @@ def synthetic_requests(kind: str, rate: float, config: ReproConfig, seed: int, *
     Returns:
         (filtered requests, filter counts).
     """
-    import workloads
+    from kvsim import workloads
 
     if kind.startswith(SHAPE_PREFIX):
         # the ShareGPT preset with another output spread (log-sd sigma instead of 1.0), its
         # lognormals calibrated like the preset's so that the means stay the paper's
-        from workloads.synthetic import PRESETS, calibrate_pair
+        from kvsim.workloads.synthetic import PRESETS, calibrate_pair
 
         mean_in, sigma_in, mean_out, _, max_len = PRESETS["sharegpt"]
         model = calibrate_pair(mean_in, sigma_in, mean_out, float(kind[len(SHAPE_PREFIX):]), max_len)
@@ -276,7 +276,7 @@ def real_sharegpt_requests(path: Path, rate: float, config: ReproConfig, seed: i
     Raises:
         ValueError: nothing survives the filter, or the file ends before ``config.duration_s``.
     """
-    import workloads
+    from kvsim import workloads
 
     rows = list(workloads.load(str(path), format="sharegpt", rate=1.0, seed=seed))
     kept_all, counts = filter_lengths(rows, config)
@@ -319,7 +319,7 @@ def engine_config(system: str, config: ReproConfig):
     iteration granularity only when the reservation fits. vLLM: paged blocks of 16, prefix
     caching off (vLLM 0.1 had none), whole-prompt admission, recompute preemption.
     """
-    from simulator import EngineConfig
+    from kvsim.simulator import EngineConfig
 
     if system not in SYSTEMS:
         raise ValueError(f"system must be one of {SYSTEMS}, got {system!r}")
@@ -343,7 +343,7 @@ def run_simulation(requests: Sequence, system: str, config: ReproConfig, cost, *
 
     Orca (Pow2) is the allocator's ``pow2`` policy: prompt + next_pow2(output), the paper's rule.
     """
-    from simulator import Simulation
+    from kvsim.simulator import Simulation
 
     sim = Simulation(requests, engine_config(system, config), cost,
                      sample_interval_s=config.sample_interval_s, snapshot_times_s=snapshot_times_s,
@@ -372,8 +372,8 @@ def cost_model(config: ReproConfig, scale: float | None = None):
         config: model and GPU preset names, step_time_scale.
         scale: overrides config.step_time_scale.
     """
-    from planner.presets import get_gpu, get_model
-    from planner.roofline import RooflineCost
+    from kvsim.planner.presets import get_gpu, get_model
+    from kvsim.planner.roofline import RooflineCost
 
     base = RooflineCost(get_model(config.model), get_gpu(config.gpu))
     s = config.step_time_scale if scale is None else scale
@@ -792,7 +792,7 @@ def write_outputs(results: dict[str, Any], out_dir: str | os.PathLike) -> dict[s
     Returns:
         {"json": path, "md": path, "html": path}.
     """
-    from planner.reproduce_report import render_html, render_markdown
+    from kvsim.planner.reproduce_report import render_html, render_markdown
 
     out = check_out_dir(out_dir)
     out.mkdir(parents=True, exist_ok=True)

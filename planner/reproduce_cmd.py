@@ -29,7 +29,7 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from planner.reproduce import (ReproConfig, check_out_dir, differences, ordering_checks,
+    from kvsim.planner.reproduce import (ReproConfig, check_out_dir, differences, ordering_checks,
                                    run_reproduction, write_outputs)
 
     check_out_dir(args.out)   # fail before minutes of simulation, not after

@@ -8,7 +8,7 @@ from __future__ import annotations
 import html
 from typing import Any
 
-from planner.reproduce import (FIG15_MODES, FIG15_NS, FIG2_CLASSES, FIG2_LABELS, SYSTEM_LABELS,
+from kvsim.planner.reproduce import (FIG15_MODES, FIG15_NS, FIG2_CLASSES, FIG2_LABELS, SYSTEM_LABELS,
                                SYSTEMS, differences, ordering_checks)
 
 WORKLOAD_TITLES = {"sharegpt": "ShareGPT-like (synthetic)", "alpaca": "Alpaca-like (synthetic)",
@@ -194,7 +194,7 @@ def render_html(results: dict[str, Any]) -> str:
     """report.html: the charts (plotly, library inlined once, fixed div ids) and the tables."""
     import plotly.io as pio
 
-    from viz.repro_figures import all_figures
+    from kvsim.viz.repro_figures import all_figures
 
     parts = []
     for i, (fig_id, fig) in enumerate(all_figures(results)):

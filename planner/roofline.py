@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import math
 
-from planner.capacity import kv_bytes_per_token
-from planner.specs import GpuSpec, ModelSpec
+from kvsim.planner.capacity import kv_bytes_per_token
+from kvsim.planner.specs import GpuSpec, ModelSpec
 
 # per-step CPU work of a serving engine (scheduling, input preparation, sampling, launch); vLLM v1
 # spends on the order of milliseconds per step. Calibrate with a measured table where it matters.

@@ -12,7 +12,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from workloads.errors import InputError
+from kvsim.errors import InputError
 
 _OPS = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge,
         "=": operator.eq, "==": operator.eq, "!=": operator.ne}

@@ -23,12 +23,12 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 
-from planner.capacity import DEFAULT_BLOCK_SIZE, DEFAULT_GPU_MEMORY_UTILIZATION, compute_capacity
-from planner.presets import get_gpu, get_model, load_hf_config
-from planner.roofline import DEFAULT_STEP_OVERHEAD_S, RooflineCost
-from planner.slo import Constraint, meets, resolve_metric
-from planner.specs import GIB, GpuSpec, ModelSpec
-from workloads.errors import InputError
+from kvsim.planner.capacity import DEFAULT_BLOCK_SIZE, DEFAULT_GPU_MEMORY_UTILIZATION, compute_capacity
+from kvsim.planner.presets import get_gpu, get_model, load_hf_config
+from kvsim.planner.roofline import DEFAULT_STEP_OVERHEAD_S, RooflineCost
+from kvsim.planner.slo import Constraint, meets, resolve_metric
+from kvsim.planner.specs import GIB, GpuSpec, ModelSpec
+from kvsim.errors import InputError
 
 
 def _parse_bool(text: str) -> bool:
@@ -136,7 +136,7 @@ def load_requests(workload: str, *, rate: float | None = None, max_requests: int
     without timestamps (ShareGPT lengths) gets Poisson arrivals at ``rate``; a trace with
     timestamps has its arrival times scaled so that its mean rate (requests / time span) is ``rate``.
     """
-    import workloads
+    from kvsim import workloads
 
     if rate is not None and not rate > 0:
         raise InputError(f"rate must be > 0, got {rate}", field="rate")
@@ -169,7 +169,7 @@ def build_engine_config(num_gpu_blocks: int, block_size: int, max_model_len: int
     vLLM's block 0 is its null block, so a paged pool has null_block=True and num_blocks - 1
     usable blocks; a contiguous allocator gets the same usable memory as capacity_tokens
     ((num_gpu_blocks - 1) * block_size, as ``kvsim replay`` does)."""
-    from simulator import EngineConfig
+    from kvsim.simulator import EngineConfig
 
     names = {f.name for f in dataclasses.fields(EngineConfig)}
     kwargs = dict(allocator=allocator, block_size=block_size, max_model_len=max_model_len)
@@ -185,7 +185,7 @@ def build_engine_config(num_gpu_blocks: int, block_size: int, max_model_len: int
 
 
 def _default_simulate(*args, **kwargs):
-    from simulator import simulate
+    from kvsim.simulator import simulate
 
     return simulate(*args, **kwargs)
 

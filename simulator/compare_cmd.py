@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import json
 
-from simulator.config import ALLOCATORS
-from simulator.replay_cmd import add_workload_and_engine_args, run_one
-from simulator.result import _clean, _json_default, prepare_output
+from kvsim.simulator.config import ALLOCATORS
+from kvsim.simulator.replay_cmd import add_workload_and_engine_args, run_one
+from kvsim.simulator.result import _clean, _json_default, prepare_output
 
 # (label, getter) rows of the table
 ROWS = (

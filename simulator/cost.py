@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-from workloads.errors import InputError
+from kvsim.errors import InputError
 
 
 @dataclass(slots=True)

@@ -26,13 +26,13 @@ import numpy as np
 import simpy
 from simpy.core import URGENT
 
-from allocator import MEMORY_CLASSES, ContiguousAllocator, PagedAllocator, mix64
-from simulator.config import EngineConfig
-from simulator.cost import CostModel, FixedStepCost, StepBatch
-from simulator.recorder import (NS_PER_S, SAMPLE_COLUMNS, RequestLog, StepLog,
+from kvsim.allocator import MEMORY_CLASSES, ContiguousAllocator, PagedAllocator, mix64
+from kvsim.simulator.config import EngineConfig
+from kvsim.simulator.cost import CostModel, FixedStepCost, StepBatch
+from kvsim.simulator.recorder import (NS_PER_S, SAMPLE_COLUMNS, RequestLog, StepLog,
                                 TableLog, percentiles)
-from simulator.result import SUMMARY_KEYS, Result
-from simulator.scheduler import FINISHED, Scheduler
+from kvsim.simulator.result import SUMMARY_KEYS, Result
+from kvsim.simulator.scheduler import FINISHED, Scheduler
 
 ROUTERS = ("round-robin", "least-loaded", "prefix-affinity")
 _NEVER = 1 << 62

@@ -10,7 +10,7 @@ from array import array
 import numpy as np
 import pandas as pd
 
-from allocator import MEMORY_CLASSES
+from kvsim.allocator import MEMORY_CLASSES
 
 NS_PER_S = 1_000_000_000
 

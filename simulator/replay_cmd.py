@@ -19,11 +19,11 @@ from __future__ import annotations
 import argparse
 import sys
 
-import workloads
-from simulator.config import ALLOCATORS, PLACEMENTS, EngineConfig
-from simulator.cost import FixedStepCost, TableCost
-from simulator.engine import ROUTERS, simulate
-from simulator.result import prepare_output
+from kvsim import workloads
+from kvsim.simulator.config import ALLOCATORS, PLACEMENTS, EngineConfig
+from kvsim.simulator.cost import FixedStepCost, TableCost
+from kvsim.simulator.engine import ROUTERS, simulate
+from kvsim.simulator.result import prepare_output
 
 DEFAULT_MODEL = "Llama-3.1-8B"
 DEFAULT_GPU = "H100-80GB-SXM"
@@ -97,7 +97,7 @@ def add_workload_and_engine_args(p: argparse.ArgumentParser, *, allocator: bool 
 def _planner_spec(args):
     """(model, gpu) presets from the planner, or None if it is not installed."""
     try:
-        from planner.presets import get_gpu, get_model
+        from kvsim.planner.presets import get_gpu, get_model
     except ImportError:
         return None
     return get_model(args.model or DEFAULT_MODEL), get_gpu(args.gpu or DEFAULT_GPU)
@@ -120,7 +120,7 @@ def build_config(args, allocator: str):
         if spec is None:
             raise ValueError("give --num-blocks or --kv-tokens (planner/ is not installed for "
                              "--model/--gpu)")
-        from planner.capacity import compute_capacity
+        from kvsim.planner.capacity import compute_capacity
         kwargs = {}
         if args.gpu_memory_utilization is not None:
             kwargs["gpu_memory_utilization"] = args.gpu_memory_utilization
@@ -152,7 +152,7 @@ def build_config(args, allocator: str):
         if spec is None:
             raise ValueError("no step-time model: give --step-clock, --step-s or --cost-table "
                              "(planner/ is not installed for the roofline)")
-        from planner.roofline import RooflineCost
+        from kvsim.planner.roofline import RooflineCost
         cost = RooflineCost(spec[0], spec[1], tp=args.tp)
     return config, cost
 

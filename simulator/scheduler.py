@@ -45,7 +45,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from operator import attrgetter
 
-from simulator.config import EngineConfig
+from kvsim.simulator.config import EngineConfig
 
 WAITING, RUNNING, PREEMPTED, FINISHED = 0, 1, 2, 3
 

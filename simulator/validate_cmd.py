@@ -54,7 +54,7 @@ def _simulated_snapshot(args):
     """PoolSnapshot at args.at from simulating args.workload (reuses the replay command's options)."""
     import argparse
 
-    from simulator.replay_cmd import add_workload_and_engine_args, run_one
+    from kvsim.simulator.replay_cmd import add_workload_and_engine_args, run_one
     if args.num_blocks is None:
         raise ValueError("validate WORKLOAD: give --num-blocks")
     parser = argparse.ArgumentParser(prog="kvsim validate")
@@ -113,11 +113,11 @@ def run(args) -> int:
         raise ValueError("--device cuda: no CUDA device is available")
     if device == "cpu":
         # the interpreter must be chosen before the first kernel module is imported
-        if "kernels.attention" not in __import__("sys").modules:
+        if "kvsim.kernels.attention" not in __import__("sys").modules:
             os.environ["TRITON_INTERPRET"] = "1"
         elif os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
             raise ValueError("--device cpu: the kernels were imported without TRITON_INTERPRET=1")
-    from kernels.bridge import load_snapshot, save_snapshot, validate_snapshot
+    from kvsim.kernels.bridge import load_snapshot, save_snapshot, validate_snapshot
 
     snapshot = load_snapshot(args.snapshot) if args.snapshot is not None else _simulated_snapshot(args)
     if args.save_snapshot is not None:

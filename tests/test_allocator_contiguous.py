@@ -1,7 +1,7 @@
 """Scenario tests of ContiguousAllocator and its buddy / first-fit arenas."""
 import pytest
 
-from allocator import BuddyArena, ContiguousAllocator, FirstFitArena
+from kvsim.allocator import BuddyArena, ContiguousAllocator, FirstFitArena
 
 
 # prompt 100 + output 200: pow2 rounds the output only, 100 + 256

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from allocator import PagedAllocator, SegmentKeys
+from kvsim.allocator import PagedAllocator, SegmentKeys
 
 B = 4
 

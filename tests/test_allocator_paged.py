@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from allocator import MEMORY_CLASSES, PagedAllocator, SegmentKeys, hash_token_blocks
+from kvsim.allocator import MEMORY_CLASSES, PagedAllocator, SegmentKeys, hash_token_blocks
 
 B = 4  # tokens per block in these scenarios
 

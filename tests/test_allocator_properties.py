@@ -7,8 +7,8 @@ free-queue order, hits and "does not fit" answers must agree at every step.
 import numpy as np
 from hypothesis import given, settings, strategies as st
 
-from allocator import MEMORY_CLASSES, ContiguousAllocator, PagedAllocator, SegmentKeys
-from allocator.block_pool import FreeBlockQueue
+from kvsim.allocator import MEMORY_CLASSES, ContiguousAllocator, PagedAllocator, SegmentKeys
+from kvsim.allocator.block_pool import FreeBlockQueue
 
 B = 4
 

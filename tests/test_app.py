@@ -4,7 +4,7 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from app_pages import _state as S
+from kvsim.app_pages import _state as S
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -215,7 +215,7 @@ def test_planner_simulated_sweep_on_demand(small):
 
 
 def test_simulated_sweep_replays_each_allocator_on_the_gpu_pool():
-    import workloads
+    from kvsim import workloads
     w = S.Workload("builtin", workloads.DEFAULT_WORKLOAD, 40)
     base = tuple(sorted(dict(model="Llama-3.1-8B", gpu="A100-40GB", tp=1,
                              max_model_len=4096).items()))
@@ -230,7 +230,7 @@ def test_simulated_sweep_replays_each_allocator_on_the_gpu_pool():
 
 
 def test_kernel_validation_runs_the_triton_kernels_on_the_snapshot(small):
-    pytest.importorskip("kernels.bridge", reason="the kern branch's bridge has not landed")
+    pytest.importorskip("kvsim.kernels.bridge", reason="the kern branch's bridge has not landed")
     # the paged pool at the opening frame, while requests hold memory (other tests move it)
     small.session_state["k_frame"] = S.default_frame(100)
     small.session_state["k_kern_side"] = 0
@@ -257,7 +257,7 @@ def test_traces_without_timestamps_get_generated_arrivals(shared_traces):
 def test_dashboard_subcommand_serves_app_py():
     import argparse
 
-    from app_pages import dashboard_cmd
+    from kvsim.app_pages import dashboard_cmd
     parser = argparse.ArgumentParser()
     dashboard_cmd.register(parser.add_subparsers())
     args = parser.parse_args(["dashboard", "--port", "9000"])
@@ -281,7 +281,7 @@ def test_live_pool_on_a_shared_trace(shared_traces):
 
 
 def test_every_simulator_allocator_is_offered_and_explained():
-    from simulator.config import ALLOCATORS
+    from kvsim.simulator.config import ALLOCATORS
     assert S.ALLOCATORS == ALLOCATORS
     assert set(S.ALLOCATOR_NOTES) == set(ALLOCATORS) == set(S.ALLOCATOR_LABELS)
 

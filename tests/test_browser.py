@@ -18,7 +18,7 @@ import importlib.util
 import pytest
 
 pytestmark = pytest.mark.browser
-HAS_BRIDGE = importlib.util.find_spec("kernels.bridge") is not None
+HAS_BRIDGE = importlib.util.find_spec("kvsim.kernels.bridge") is not None
 
 ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM = "/usr/bin/chromium"

@@ -9,7 +9,6 @@ diverging step and request with both sides' values (docs/FIDELITY.md lists the r
 """
 from __future__ import annotations
 
-import argparse
 import csv
 import json
 import shutil
@@ -31,15 +30,6 @@ from bench.fidelity_diff import (
 
 MANIFEST = json.loads((FIXTURE_DIR / "manifest.json").read_text())
 CASES = sorted(MANIFEST)
-
-
-def _kvsim_has_replay() -> bool:
-    """True once simulator.cli registers a `replay` subcommand (branch sim merged)."""
-    from simulator import cli
-
-    parser = cli.build_parser()  # a broken subcommand module must fail loudly, not skip
-    return any(isinstance(a, argparse._SubParsersAction) and "replay" in a.choices
-               for a in parser._actions)
 
 
 def test_manifest_cases_are_complete():
@@ -146,9 +136,7 @@ def test_load_steps_rejects_missing_columns(tmp_path):
 
 @pytest.mark.parametrize("case", CASES)
 def test_kvsim_reproduces_vllm_decisions(case, tmp_path):
-    if not _kvsim_has_replay():
-        pytest.skip("simulator.cli has no `replay` subcommand yet (branch sim not merged)")
-    from simulator import cli
+    from kvsim import cli
 
     entry = MANIFEST[case]
     trace = tmp_path / "trace.csv"

@@ -6,9 +6,9 @@ import math
 import pytest
 import torch
 
-from kernels import (KernelConfig, allocate_kv_cache, attention_workspace, dense_attention, gather_kv,
+from kvsim.kernels import (KernelConfig, allocate_kv_cache, attention_workspace, dense_attention, gather_kv,
                      paged_attention, plan_launch, plan_partitions, reshape_and_cache)
-from kernels.layout import to_flat
+from kvsim.kernels.layout import to_flat
 
 TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
 
@@ -182,7 +182,7 @@ def test_merge_choice_fused_for_few_partial_rows():
     # GPU dispatch without a GPU: the rule only reads the multiprocessor count
     cuda = torch.device("cuda")
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr("kernels.attention.num_sms", lambda device: 132)
+        mp.setattr("kvsim.kernels.attention.num_sms", lambda device: 132)
         # batch 1, 512 tokens, 8 partitions: merged in the kernel for groups up to 8 (64 rows)
         ps, config = plan_launch(1, 4, 512, 128, "flat", cuda, num_queries_per_kv=8)
         assert ps == 64 and config.fused_reduce

@@ -1,4 +1,4 @@
-"""kernels.bridge and ``kvsim validate --snapshot`` on hand-built pool snapshots (CPU interpreter)."""
+"""kvsim.kernels.bridge and ``kvsim validate --snapshot`` on hand-built pool snapshots (CPU interpreter)."""
 import argparse
 import json
 from types import SimpleNamespace
@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 import torch
 
-import kernels.attention
-from simulator import validate_cmd
-from kernels.bridge import (block_seeds, load_snapshot, pool_arrays, save_snapshot, token_kv,
+import kvsim.kernels.attention
+from kvsim.simulator import validate_cmd
+from kvsim.kernels.bridge import (block_seeds, load_snapshot, pool_arrays, save_snapshot, token_kv,
                             validate_snapshot)
 
 
@@ -56,14 +56,14 @@ def test_equal_keys_give_equal_content():
 
 def test_validation_detects_a_wrong_block_table(monkeypatch):
     # a kernel that reads one wrong block must fail the check: the check can fail
-    real = kernels.attention.paged_attention
+    real = kvsim.kernels.attention.paged_attention
 
     def off_by_one_block(query, key_cache, value_cache, block_tables, *args, **kwargs):
         tables = block_tables.clone()
         tables[0, 0] = tables[0, 1]
         return real(query, key_cache, value_cache, tables, *args, **kwargs)
 
-    monkeypatch.setattr(kernels.attention, "paged_attention", off_by_one_block)
+    monkeypatch.setattr(kvsim.kernels.attention, "paged_attention", off_by_one_block)
     report = validate_snapshot(paged_snapshot())
     assert not report.passed
     assert [c.passed for c in report.checks] == [False, True, True]

@@ -1,7 +1,7 @@
 import pytest
 from hypothesis import given, strategies as st
 
-from workloads.keys import SegmentKeys, hash_token_blocks, rekey_blocks
+from kvsim.workloads.keys import SegmentKeys, hash_token_blocks, rekey_blocks
 
 
 def test_token_keys_chain_over_the_whole_prefix():

@@ -3,10 +3,10 @@ import math
 
 import pytest
 
-from planner.capacity import (compute_capacity, estimate_activation_bytes, kv_bytes_per_token,
+from kvsim.planner.capacity import (compute_capacity, estimate_activation_bytes, kv_bytes_per_token,
                               kv_heads_per_rank, vllm_batch_defaults)
-from planner.presets import GPU_PRESETS, MODEL_PRESETS, get_gpu, get_model
-from planner.specs import ModelSpec
+from kvsim.planner.presets import GPU_PRESETS, MODEL_PRESETS, get_gpu, get_model
+from kvsim.planner.specs import ModelSpec
 
 GIB = 2**30
 MIB = 2**20
@@ -89,7 +89,7 @@ def test_llama8b_h100_8k_concurrency_is_blocks_over_blocks_per_request():
 
 def test_given_non_kv_replaces_the_estimate():
     # 80 GiB GPU x 0.5 = 40 GiB; minus 8 GiB given = 32 GiB = 16,384 blocks of 2 MiB
-    from planner.presets import custom_gpu
+    from kvsim.planner.presets import custom_gpu
     r = compute_capacity(get_model("Llama-3.1-8B"), custom_gpu(80, 3350, 989), gpu_memory_utilization=0.5,
                          max_model_len=8192, non_kv_bytes=8 * GIB)
     assert (r.num_gpu_blocks, r.activation_bytes, r.non_kv_given) == (16_384, 0, True)

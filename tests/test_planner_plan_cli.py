@@ -4,11 +4,11 @@ import json
 import pandas as pd
 import pytest
 
-pytest.importorskip("simulator.engine", reason="needs the simulator (branch sim)")
-pytest.importorskip("workloads.synthetic", reason="needs the workloads package (branch work)")
+pytest.importorskip("kvsim.simulator.engine", reason="needs the simulator (branch sim)")
+pytest.importorskip("kvsim.workloads.synthetic", reason="needs the workloads package (branch work)")
 
-from planner.sweep import PlanBase, expand_grid, run_sweep  # noqa: E402
-from planner.slo import resolve_metric  # noqa: E402
+from kvsim.planner.sweep import PlanBase, expand_grid, run_sweep  # noqa: E402
+from kvsim.planner.slo import resolve_metric  # noqa: E402
 
 # 300 ShareGPT-like requests at 20/s onto a small pool (H100 at 25% memory: ~1,700 blocks)
 WORKLOAD = "sharegpt:rate=20,n=300,seed=3"
@@ -16,8 +16,8 @@ COMMON = ["--model", "Llama-3.1-8B", "--gpu", "h100", "--max-model-len", "4096"]
 
 
 def kvsim(monkeypatch, argv):
-    import simulator.cli as cli
-    monkeypatch.setattr(cli, "SUBCOMMAND_MODULES", ["planner.capacity_cmd", "planner.plan_cmd"])
+    import kvsim.cli as cli
+    monkeypatch.setattr(cli, "SUBCOMMAND_MODULES", ["kvsim.planner.capacity_cmd", "kvsim.planner.plan_cmd"])
     return cli.main(argv)
 
 

@@ -3,9 +3,9 @@ import json
 
 import pytest
 
-from planner.presets import MODEL_PRESETS, estimate_num_params, get_model, load_hf_config
-from planner.specs import GpuSpec, ModelSpec
-from workloads.errors import InputError
+from kvsim.planner.presets import MODEL_PRESETS, estimate_num_params, get_model, load_hf_config
+from kvsim.planner.specs import GpuSpec, ModelSpec
+from kvsim.errors import InputError
 
 # the config.json fields of each preset (as published on the Hugging Face Hub)
 CONFIGS = {
@@ -105,7 +105,7 @@ def test_specs_validate_with_numbers_in_the_message():
 
 
 def test_fp8_peak_is_used_for_one_byte_compute_only_where_the_gpu_has_it():
-    from planner.presets import get_gpu
+    from kvsim.planner.presets import get_gpu
     assert get_gpu("h100").peak_flops_per_s("fp8") == 1978.9e12
     assert get_gpu("h100").peak_flops_per_s("bfloat16") == 989.4e12
     assert get_gpu("a100").peak_flops_per_s("fp8") == 312e12  # no FP8 tensor cores on Ampere

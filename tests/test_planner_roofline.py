@@ -3,10 +3,10 @@ import math
 
 import pytest
 
-from planner.presets import get_gpu, get_model
-from planner.roofline import RooflineCost
+from kvsim.planner.presets import get_gpu, get_model
+from kvsim.planner.roofline import RooflineCost
 
-from simulator.cost import CostModel, StepBatch, summed_run_time_s
+from kvsim.simulator.cost import CostModel, StepBatch, summed_run_time_s
 
 
 def decode(num_seqs, context_tokens):

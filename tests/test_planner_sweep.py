@@ -6,10 +6,10 @@ from dataclasses import dataclass
 import pandas as pd
 import pytest
 
-import planner.sweep as sweep
-from planner.slo import Constraint, parse_slo, resolve_metric
-from planner.sweep import PlanBase, cheapest, expand_grid, mark_slo, parse_sweep, run_sweep
-from workloads.errors import InputError
+import kvsim.planner.sweep as sweep
+from kvsim.planner.slo import Constraint, parse_slo, resolve_metric
+from kvsim.planner.sweep import PlanBase, cheapest, expand_grid, mark_slo, parse_sweep, run_sweep
+from kvsim.errors import InputError
 
 
 # --- grid ----------------------------------------------------------------------------------------
@@ -152,8 +152,8 @@ def test_unknown_backend_and_missing_ray():
 
 # --- CLI: one-line errors, exit code 2 -----------------------------------------------------------
 def kvsim(monkeypatch, argv):
-    import simulator.cli as cli
-    monkeypatch.setattr(cli, "SUBCOMMAND_MODULES", ["planner.capacity_cmd", "planner.plan_cmd"])
+    import kvsim.cli as cli
+    monkeypatch.setattr(cli, "SUBCOMMAND_MODULES", ["kvsim.planner.capacity_cmd", "kvsim.planner.plan_cmd"])
     return cli.main(argv)
 
 

@@ -14,11 +14,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from allocator import MEMORY_CLASSES, PagedAllocator
-from planner import reproduce as rp
-from planner.reproduce_cmd import register
-from planner.reproduce_report import render_html, render_markdown
-from workloads.request import Request
+from kvsim.allocator import MEMORY_CLASSES, PagedAllocator
+from kvsim.planner import reproduce as rp
+from kvsim.planner.reproduce_cmd import register
+from kvsim.planner.reproduce_report import render_html, render_markdown
+from kvsim.workloads.request import Request
 
 
 def _req(i, p, o, t=0.0):
@@ -36,8 +36,8 @@ def test_paper_setup_has_15_7k_slots_and_983_blocks():
 
 
 def test_kv_bytes_per_token_matches_the_opt13b_preset():
-    from planner.capacity import kv_bytes_per_token
-    from planner.presets import get_model
+    from kvsim.planner.capacity import kv_bytes_per_token
+    from kvsim.planner.presets import get_model
 
     assert kv_bytes_per_token(get_model("OPT-13B")) == rp.KV_BYTES_PER_TOKEN_OPT13B == 819200
 
@@ -99,7 +99,7 @@ def test_real_sharegpt_file_is_filtered_and_thinned_to_the_rate(shared_traces):
 
 
 def test_orca_pow2_runs_on_the_papers_rule_in_the_simulator():
-    from simulator import FixedStepCost
+    from kvsim.simulator import FixedStepCost
 
     cfg = rp.ReproConfig(duration_s=10.0, sample_interval_s=1.0)
     reqs = [_req(0, 40, 25)]
@@ -229,7 +229,7 @@ def test_cli_rejects_an_out_path_that_is_a_file(tmp_path, monkeypatch):
     target = tmp_path / "file"
     target.write_text("x")
     args = parser.parse_args(["reproduce", "vllm-paper", "--out", str(target), "--quiet"])
-    assert args.func.__module__ == "planner.reproduce_cmd" and args.quiet and not args.quick
+    assert args.func.__module__ == "kvsim.planner.reproduce_cmd" and args.quiet and not args.quick
     def must_not_run(config, progress):
         raise AssertionError("the simulations ran before --out was checked")
 

@@ -7,16 +7,16 @@ import json
 import pandas as pd
 import pytest
 
-from simulator import compare_cmd, replay_cmd
-from simulator.cost import FixedStepCost, StepBatch, TableCost, summed_run_time_s
-from workloads.errors import InputError
+from kvsim.simulator import compare_cmd, replay_cmd
+from kvsim.simulator.cost import FixedStepCost, StepBatch, TableCost, summed_run_time_s
+from kvsim.errors import InputError
 
 ORACLE_TRACE = ("arrival_step,prompt_tokens,output_tokens,prefix_group,prefix_len\n"
                 "0,40,5,g,32\n0,50,4,g,32\n2,30,6,,\n3,45,3,g,32\n")
 
 
 def _main(argv: list[str]) -> int:
-    """What simulator.cli.main does with our modules registered (ValueError -> exit 2)."""
+    """What kvsim.cli.main does with our modules registered (ValueError -> exit 2)."""
     parser = argparse.ArgumentParser(prog="kvsim")
     sub = parser.add_subparsers(dest="command", required=True)
     replay_cmd.register(sub)
@@ -117,7 +117,7 @@ def test_fixed_step_cost():
 
 
 def test_outputs_are_checked_before_the_run_and_directories_created(tmp_path, capsys):
-    from simulator.cli import main
+    from kvsim.cli import main
 
     spec = "sharegpt:rate=2,n=20,seed=0"
     out = tmp_path / "new" / "dir" / "r.json"

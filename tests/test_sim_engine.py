@@ -7,11 +7,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-import workloads
-from allocator import MEMORY_CLASSES
-from simulator import EngineConfig, FixedStepCost, Simulation, simulate
-from simulator.result import SUMMARY_KEYS
-from workloads import Request
+from kvsim import workloads
+from kvsim.allocator import MEMORY_CLASSES
+from kvsim.simulator import EngineConfig, FixedStepCost, Simulation, simulate
+from kvsim.simulator.result import SUMMARY_KEYS
+from kvsim.workloads import Request
 
 CONV = "sharegpt:rate=4,n=120,seed=3,system=256,system_frac=0.5,turns=uniform(1,4),think_s=5"
 
@@ -109,7 +109,7 @@ def test_batched_identical_with_a_growing_step_time(tmp_path):
     table = tmp_path / "cost.csv"
     table.write_text("num_scheduled_tokens,kv_read_tokens,step_s\n"
                      "1,0,0.010\n1,20000,0.016\n1024,0,0.050\n1024,20000,0.056\n")
-    from simulator import TableCost
+    from kvsim.simulator import TableCost
     cfg = _cfg(num_blocks=250)
     reqs = _reqs(CONV.replace("n=120", "n=40"))
     fast, slow = (simulate(iter(reqs), cfg, TableCost(str(table)), sample_interval_s=0.7,

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import itertools
 
-import workloads
-from simulator import EngineConfig, FixedStepCost, simulate
-from workloads import Request
+from kvsim import workloads
+from kvsim.simulator import EngineConfig, FixedStepCost, simulate
+from kvsim.workloads import Request
 
 
 def _cfg(allocator: str, **kw) -> EngineConfig:

@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import pytest
 
-from allocator import PagedAllocator
-from simulator import EngineConfig
-from simulator.scheduler import PREEMPTED, RUNNING, Scheduler
-from workloads import Request
+from kvsim.allocator import PagedAllocator
+from kvsim.simulator import EngineConfig
+from kvsim.simulator.scheduler import PREEMPTED, RUNNING, Scheduler
+from kvsim.workloads import Request
 
 
 def _sched(num_blocks=12, **kw):
@@ -131,7 +131,7 @@ def test_plan_decode_run_matches_stepping():
 
 
 def test_contiguous_growth_never_fails():
-    from allocator import ContiguousAllocator
+    from kvsim.allocator import ContiguousAllocator
     cfg = EngineConfig(allocator="oracle", capacity_tokens=64, block_size=4, max_model_len=64,
                        max_num_batched_tokens=64)
     alloc = ContiguousAllocator(64, policy="oracle", max_model_len=64)

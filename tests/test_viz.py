@@ -6,15 +6,15 @@ import pandas as pd
 import plotly.io as pio
 import pytest
 
-from allocator import ContiguousAllocator, PoolSnapshot
-from viz.block_table import (block_holders, block_table_figure, block_table_frame,
+from kvsim.allocator import ContiguousAllocator, PoolSnapshot
+from kvsim.viz.block_table import (block_holders, block_table_figure, block_table_frame,
                              contiguous_extent, requests_frame, slot_mapping, slot_mapping_runs)
-from viz.classes import MEMORY_CLASSES
-from viz.pool import (CODE_CACHED, CODE_FREE, CODE_INTERNAL, CODE_OWNER0, CODE_RESERVATION,
+from kvsim.viz.classes import MEMORY_CLASSES
+from kvsim.viz.pool import (CODE_CACHED, CODE_FREE, CODE_INTERNAL, CODE_OWNER0, CODE_RESERVATION,
                       CODE_SHARED, NUM_CODES, cell_codes, code_colors, pool_grid, pool_heatmap)
-from viz.style import OWNER_PALETTE, owner_color
-from viz.synthetic import synthetic_snapshot
-from viz.timeseries import breakdown_area, compare_bars, concurrency_chart, ecdf, latency_cdf
+from kvsim.viz.style import OWNER_PALETTE, owner_color
+from kvsim.viz.synthetic import synthetic_snapshot
+from kvsim.viz.timeseries import breakdown_area, compare_bars, concurrency_chart, ecdf, latency_cdf
 
 C = {n: i for i, n in enumerate(MEMORY_CLASSES)}
 
@@ -190,9 +190,9 @@ def test_concurrency_and_cdf_and_bars():
 
 
 def test_gpu_memory_segments_sum_to_the_gpu():
-    from viz.capacity import gpu_memory_figure, gpu_memory_segments
-    from planner.capacity import compute_capacity
-    from planner.presets import get_gpu, get_model
+    from kvsim.viz.capacity import gpu_memory_figure, gpu_memory_segments
+    from kvsim.planner.capacity import compute_capacity
+    from kvsim.planner.presets import get_gpu, get_model
     rep = compute_capacity(get_model("Llama-3.1-8B"), get_gpu("A100-80GB"),
                            max_model_len=8192).to_dict()
     seg = gpu_memory_segments(rep)
@@ -204,7 +204,7 @@ def test_gpu_memory_segments_sum_to_the_gpu():
 
 def test_allocator_traces_get_their_scheme_colour():
     import plotly.graph_objects as go
-    from viz.style import ALLOCATOR_COLORS, color_allocator_traces
+    from kvsim.viz.style import ALLOCATOR_COLORS, color_allocator_traces
     fig = go.Figure([go.Scatter(name="max", y=[1]), go.Scatter(name="paged", y=[2]),
                      go.Scatter(name="other", y=[3])])
     color_allocator_traces(fig)
@@ -214,7 +214,7 @@ def test_allocator_traces_get_their_scheme_colour():
 
 
 def test_kernel_error_figure_marks_failures_and_tolerance():
-    from viz.kernel_checks import FAIL_COLOR, PASS_COLOR, kernel_error_figure
+    from kvsim.viz.kernel_checks import FAIL_COLOR, PASS_COLOR, kernel_error_figure
     checks = pd.DataFrame({"seq_id": [1, 2, 3], "num_tokens": [10, 20, 30],
                            "num_shared_blocks": [0, 2, 0], "max_abs_err": [0.0, 1e-7, 1e-2],
                            "max_rel_err": [0.0, 2e-7, 5e-2], "bitwise_equal": [True, True, False],
@@ -227,7 +227,7 @@ def test_kernel_error_figure_marks_failures_and_tolerance():
 
 
 def test_extent_figure_shows_the_extent_and_its_neighbours():
-    from viz.block_table import extent_figure
+    from kvsim.viz.block_table import extent_figure
     c = ContiguousAllocator(capacity_tokens=512, policy="oracle", max_model_len=256,
                             placement="first-fit")
     assert c.allocate(0, 10, 40) and c.allocate(1, 20, 100) and c.allocate(2, 5, 50)

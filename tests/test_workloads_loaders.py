@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from workloads.keys import SegmentKeys
-from workloads import InputError, load, sniff_format
-from workloads.loaders import parse_datetime_ticks
-from workloads.stats import PrefixReuse
+from kvsim.workloads.keys import SegmentKeys
+from kvsim.workloads import InputError, load, sniff_format
+from kvsim.workloads.loaders import parse_datetime_ticks
+from kvsim.workloads.stats import PrefixReuse
 
 FIX = Path(__file__).parent / "fixtures" / "workloads"
 BAD = FIX / "bad"

@@ -7,9 +7,9 @@ from pathlib import Path
 
 from hypothesis import given, settings, strategies as st
 
-from workloads import Request
-from workloads.cli import register
-from workloads.stats import PrefixReuse
+from kvsim.workloads import Request
+from kvsim.workloads.cli import register
+from kvsim.workloads.stats import PrefixReuse
 
 FIX = Path(__file__).parent / "fixtures" / "workloads"
 ROOT = Path(__file__).resolve().parent.parent
@@ -47,10 +47,10 @@ def test_segment_trie_equals_block_key_set(specs, block_size):
 
 
 def _kvsim(*args):
-    # simulator/cli.py (lead-owned) lists subcommand modules; wire ours into a parser here
-    code = ("import argparse, sys\n"
-            "from simulator import cli\n"
-            "cli.SUBCOMMAND_MODULES[:] = ['workloads.cli']\n"
+    # only this subcommand registered, so the test exercises workloads.cli alone
+    code = ("import sys\n"
+            "from kvsim import cli\n"
+            "cli.SUBCOMMAND_MODULES[:] = ['kvsim.workloads.cli']\n"
             "sys.exit(cli.main(sys.argv[1:]))\n")
     return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
                           cwd=ROOT)

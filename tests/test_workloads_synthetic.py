@@ -4,10 +4,10 @@ import dataclasses
 import numpy as np
 import pytest
 
-from workloads import DEFAULT_WORKLOAD, InputError, load
-from workloads.spec import parse_spec
-from workloads.stats import PrefixReuse, workload_stats
-from workloads.synthetic import (PRESETS, Gamma, LengthModel, LogNormal, Poisson, Uniform,
+from kvsim.workloads import DEFAULT_WORKLOAD, InputError, load
+from kvsim.workloads.spec import parse_spec
+from kvsim.workloads.stats import PrefixReuse, workload_stats
+from kvsim.workloads.synthetic import (PRESETS, Gamma, LengthModel, LogNormal, Poisson, Uniform,
                                  arrival_times, pair_means, preset_lengths)
 
 
@@ -196,7 +196,7 @@ def test_spec_grammar():
 
 
 def test_request_validates_its_fields():
-    from workloads import Request
+    from kvsim.workloads import Request
     with pytest.raises(ValueError, match="segments cover 5"):
         Request(0, 0.0, 6, 1, segments=((1, 5),))
     with pytest.raises(ValueError, match=">= 1"):
@@ -214,7 +214,7 @@ def test_uniform_bounds_inclusive():
 
 def test_request_memory_does_not_grow_with_tokens():
     import tracemalloc
-    from workloads import Request
+    from kvsim.workloads import Request
     tracemalloc.start()
     r = Request(0, 0.0, 10**9, 10**6, segments=((1, 10**9 - 5), (2, 5)),
                 num_shareable_tokens=10**9)

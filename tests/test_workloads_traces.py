@@ -3,8 +3,8 @@ from functools import cache
 
 import pytest
 
-from workloads import load
-from workloads.stats import PrefixReuse
+from kvsim.workloads import load
+from kvsim.workloads.stats import PrefixReuse
 
 MOONCAKE = "mooncake/conversation_trace.jsonl"
 AZURE = "azure_llm_2023/AzureLLMInferenceTrace_conv.csv"

@@ -14,10 +14,13 @@ Variants: prefix caching on with eager registration, on with private blocks regi
 from __future__ import annotations
 
 import argparse
+import importlib.abc
+import importlib.util
 import logging
 import os
 import random
 import sys
+import tomllib
 from pathlib import Path
 
 for _key, _value in {"HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
@@ -34,8 +37,24 @@ from vllm.v1.kv_cache_interface import (FullAttentionSpec, KVCacheConfig,  # noq
                                         KVCacheGroupSpec)
 from vllm.v1.request import Request  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from allocator import PagedAllocator, hash_token_blocks  # noqa: E402
+
+class _KvsimFolders(importlib.abc.MetaPathFinder):
+    """Import kvsim's packages from the checkout (this interpreter has vLLM, not kvsim
+    installed), through the package-dir mapping of pyproject.toml."""
+    root = Path(__file__).resolve().parent.parent
+    package_dir = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "package-dir"]
+
+    def find_spec(self, name, path=None, target=None):
+        if name not in self.package_dir:
+            return None
+        folder = self.root / self.package_dir[name]
+        return importlib.util.spec_from_file_location(
+            name, folder / "__init__.py", submodule_search_locations=[str(folder)])
+
+
+sys.meta_path.insert(0, _KvsimFolders())
+from kvsim.allocator import PagedAllocator, hash_token_blocks  # noqa: E402
 
 BLOCK_SIZE = 4
 

@@ -9,8 +9,8 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from viz.classes import MEMORY_CLASSES
-from viz.style import CLASS_COLORS, base_layout, owner_color
+from kvsim.viz.classes import MEMORY_CLASSES
+from kvsim.viz.style import CLASS_COLORS, base_layout, owner_color
 
 _FREE_LIKE = {MEMORY_CLASSES.index(c) for c in ("free", "external_fragmentation", "cached")}
 
@@ -198,7 +198,7 @@ def extent_figure(snapshot, seq_id: int, max_bins: int = 1000) -> go.Figure:
     Returns:
         the figure.
     """
-    from viz.pool import NUM_CODES, cell_codes, code_colors, discrete_colorscale
+    from kvsim.viz.pool import NUM_CODES, cell_codes, code_colors, discrete_colorscale
 
     ext = contiguous_extent(snapshot, seq_id)
     pad = max(64, ext["num_cells"] // 2)

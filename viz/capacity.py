@@ -5,7 +5,7 @@ from collections.abc import Mapping
 
 import plotly.graph_objects as go
 
-from viz.style import CLASS_COLORS, base_layout
+from kvsim.viz.style import CLASS_COLORS, base_layout
 
 GIB = 2**30
 

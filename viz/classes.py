@@ -1,4 +1,4 @@
 """The memory classes, as the allocator defines them (viz's one import site for them)."""
-from allocator import MEMORY_CLASSES
+from kvsim.allocator import MEMORY_CLASSES
 
 __all__ = ["MEMORY_CLASSES"]

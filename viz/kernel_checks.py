@@ -5,7 +5,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from viz.style import CLASS_COLORS, OWNER_PALETTE, base_layout
+from kvsim.viz.style import CLASS_COLORS, OWNER_PALETTE, base_layout
 
 PASS_COLOR = OWNER_PALETTE[2]
 FAIL_COLOR = CLASS_COLORS["internal_fragmentation"]

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 import numpy as np
 import plotly.graph_objects as go
 
-from viz.classes import MEMORY_CLASSES
-from viz.style import CLASS_COLORS, CLASS_LABELS, OWNER_PALETTE, base_layout
+from kvsim.viz.classes import MEMORY_CLASSES
+from kvsim.viz.style import CLASS_COLORS, CLASS_LABELS, OWNER_PALETTE, base_layout
 
 CODE_FREE, CODE_CACHED, CODE_EXTERNAL, CODE_INTERNAL, CODE_RESERVATION, CODE_SHARED = range(6)
 CODE_OWNER0 = 6

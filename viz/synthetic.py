@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from allocator import MEMORY_CLASSES, PoolSnapshot
+from kvsim.allocator import MEMORY_CLASSES, PoolSnapshot
 
 _C = {name: i for i, name in enumerate(MEMORY_CLASSES)}
 

@@ -13,8 +13,8 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from viz.classes import MEMORY_CLASSES
-from viz.style import CLASS_COLORS, CLASS_LABELS, OWNER_PALETTE, base_layout
+from kvsim.viz.classes import MEMORY_CLASSES
+from kvsim.viz.style import CLASS_COLORS, CLASS_LABELS, OWNER_PALETTE, base_layout
 
 # Stack order, bottom to top: useful KV first, waste next, then what is not held.
 STACK_ORDER = ("token_states", "reservation", "internal_fragmentation", "external_fragmentation",

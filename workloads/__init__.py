@@ -12,10 +12,10 @@ import re
 from collections.abc import Iterator
 from itertools import islice
 
-from workloads.errors import InputError
-from workloads.loaders import FORMATS, load_file, sniff_format
-from workloads.request import Request
-from workloads.synthetic import SOURCES, SyntheticWorkload, workload_from_spec
+from kvsim.errors import InputError
+from kvsim.workloads.loaders import FORMATS, load_file, sniff_format
+from kvsim.workloads.request import Request
+from kvsim.workloads.synthetic import SOURCES, SyntheticWorkload, workload_from_spec
 
 __all__ = ["DEFAULT_WORKLOAD", "FORMATS", "InputError", "Request", "SOURCES",
            "SyntheticWorkload", "load", "load_file", "sniff_format", "workload_from_spec"]

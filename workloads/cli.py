@@ -4,8 +4,8 @@ from __future__ import annotations
 import argparse
 import json
 
-from workloads import FORMATS, load
-from workloads.stats import workload_stats
+from kvsim.workloads import FORMATS, load
+from kvsim.workloads.stats import workload_stats
 
 
 def register(subparsers) -> None:

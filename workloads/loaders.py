@@ -42,12 +42,12 @@ import json
 import re
 from collections.abc import Iterator
 
-from workloads.errors import InputError
-from workloads.reading import (check_text_file, first_data_line, iter_lines, parse_count,
+from kvsim.errors import InputError
+from kvsim.workloads.reading import (check_text_file, first_data_line, iter_lines, parse_count,
                                parse_number)
-from workloads.request import NS_GROUP, NS_PROMPT, Request, derived_id, label_id
-from workloads.spec import parse_spec, plain
-from workloads.synthetic import Poisson, arrival_times, seed_streams
+from kvsim.workloads.request import NS_GROUP, NS_PROMPT, Request, derived_id, label_id
+from kvsim.workloads.spec import parse_spec, plain
+from kvsim.workloads.synthetic import Poisson, arrival_times, seed_streams
 
 FORMATS = ("mooncake", "azure", "sharegpt", "vllm-oracle", "generic")
 MOONCAKE_BLOCK_TOKENS = 512

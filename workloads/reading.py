@@ -15,7 +15,7 @@ import math
 import os
 from collections.abc import Iterator
 
-from workloads.errors import InputError
+from kvsim.errors import InputError
 
 _SNIFF_BYTES = 64 * 1024
 _GZIP_MAGIC = b"\x1f\x8b"

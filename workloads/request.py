@@ -19,7 +19,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
-from workloads.keys import SegmentKeys, mix64
+from kvsim.workloads.keys import SegmentKeys, mix64
 
 # namespaces of derived segment ids (arbitrary distinct constants)
 NS_PROMPT = 0x70726F6D7074      # unique prompt content of a request

@@ -22,7 +22,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from workloads.errors import InputError
+from kvsim.errors import InputError
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*\Z")
 

@@ -6,7 +6,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from workloads.request import Request
+from kvsim.workloads.request import Request
 
 
 class PrefixReuse:

@@ -69,9 +69,9 @@ from functools import cache
 
 import numpy as np
 
-from workloads.errors import InputError
-from workloads.request import NS_PROMPT, NS_SYSTEM, NS_TURN_OUTPUT, NS_USER, Request, derived_id
-from workloads.spec import Call, Spec, call_args, parse_spec, plain, to_float, to_int
+from kvsim.errors import InputError
+from kvsim.workloads.request import NS_PROMPT, NS_SYSTEM, NS_TURN_OUTPUT, NS_USER, Request, derived_id
+from kvsim.workloads.spec import Call, Spec, call_args, parse_spec, plain, to_float, to_int
 
 _CHUNK = 4096
 _MAX_TOKENS = 1 << 30  # keeps extreme lognormal draws inside int64 arithmetic
@@ -309,7 +309,7 @@ class Replay:
     path: str
 
     def times(self) -> Iterator[float]:
-        from workloads.loaders import load_file  # loaders import this module
+        from kvsim.workloads.loaders import load_file  # loaders import this module
         for req in load_file(self.path):
             yield req.arrival_s
 

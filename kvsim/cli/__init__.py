@@ -2,7 +2,7 @@
 
 Each subcommand lives in the package it belongs to and exposes ``register(subparsers)``, which
 adds its parser and sets ``func``; this module only routes. A user's mistake (``ValueError``,
-which ``workloads.errors.InputError`` subclasses) is printed on one line with exit code 2.
+which ``kvsim.errors.InputError`` subclasses) is printed on one line with exit code 2.
 """
 from __future__ import annotations
 
@@ -13,14 +13,14 @@ import sys
 # module names, imported lazily so that `kvsim --help` stays fast and a missing optional
 # dependency of one subcommand does not break the others
 SUBCOMMAND_MODULES: list[str] = [
-    "simulator.replay_cmd",
-    "simulator.compare_cmd",
-    "workloads.cli",
-    "planner.capacity_cmd",
-    "planner.plan_cmd",
-    "planner.reproduce_cmd",
-    "simulator.validate_cmd",
-    "app_pages.dashboard_cmd",
+    "kvsim.simulator.replay_cmd",
+    "kvsim.simulator.compare_cmd",
+    "kvsim.workloads.cli",
+    "kvsim.planner.capacity_cmd",
+    "kvsim.planner.plan_cmd",
+    "kvsim.planner.reproduce_cmd",
+    "kvsim.simulator.validate_cmd",
+    "kvsim.app_pages.dashboard_cmd",
 ]
 
 

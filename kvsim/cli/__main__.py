@@ -1,0 +1,6 @@
+"""``python -m kvsim.cli``: the same as the ``kvsim`` command."""
+import sys
+
+from kvsim.cli import main
+
+sys.exit(main())
