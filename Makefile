@@ -3,6 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+TEST_STAMP := $(VENV)/.installed-test
 PORT ?= 8501
 
 .PHONY: run test clean
@@ -17,7 +18,11 @@ $(STAMP): requirements.txt pyproject.toml
 run: $(STAMP)
 	$(VENV)/bin/streamlit run app.py --server.port $(PORT) --server.headless true
 
-test: $(STAMP)
+$(TEST_STAMP): $(STAMP) requirements-test.txt
+	$(PY) -m pip install -q -r requirements-test.txt
+	touch $(TEST_STAMP)
+
+test: $(TEST_STAMP)
 	$(PY) -m pytest -q -n 2 tests
 
 clean:
