@@ -1,0 +1,478 @@
+"""The step executor: run the very steps the simulator schedules, on the very block tables, and time them.
+
+A decoder of a ``DecoderShape`` (random weights) over a paged KV pool of ``num_blocks`` blocks. Each
+step takes what vLLM's model runner takes from its scheduler, as plain arrays (``StepInputs``)::
+
+    token_ids, positions, slot_mapping      [num_tokens]     (slot = block * block_size + offset; < 0 = padding)
+    block_tables                            [num_seqs, max_num_blocks_per_seq]
+    seq_lens                                [num_seqs]       (context after the step, new tokens included)
+    query_start_loc                         [num_seqs + 1]   (sequence i's new tokens are [qsl[i], qsl[i+1]))
+
+and runs embedding, then per layer RMSNorm, QKV, RoPE, ``reshape_and_cache`` (new tokens' K/V into
+their slots), attention through the block tables, output projection, residual + RMSNorm, SwiGLU MLP;
+then logits at the sampled positions (each sequence's last token, as vLLM v1 computes them) and a
+greedy sample. Every step is timed with CUDA events, from the copy of its inputs to the sample.
+
+Decode-only steps (one new token per sequence) replay CUDA graphs captured at padded batch sizes
+(vLLM's list: 1, 2, 4, 8, 16, ..., 248, 256, 272, ...), padding with slot -1 / seq_len 1 rows that
+read block 0 and write nothing; graphs are captured the first time a size is needed. Other steps
+(prefill chunks, mixed batches) run eagerly: attention there is the unified prefill+decode kernel
+when ``kvsim.kernels`` has one, else ``torch_attention`` (gather + SDPA; slow, for checking).
+Decode attention is ``kvsim.kernels.paged_attention`` (the tuned decode kernel; CUDA-graph safe:
+its grid depends only on the batch size and max_model_len).
+
+Never imports the simulator: the CLI hands each scheduled step's arrays in and takes the time out.
+Re-running a step is idempotent (it writes the same K/V to the same slots), which the profiler uses
+to time a step many times.
+"""
+from __future__ import annotations
+
+import importlib
+import math
+import time
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from kvsim.kernels.attention import attention_workspace, paged_attention
+from kvsim.kernels.cache import reshape_and_cache
+from kvsim.kernels.decoder import DecoderShape, DecoderWeights, random_weights
+from kvsim.kernels.layers import add_rms_norm, rms_norm_reference, rope_, rope_cos_sin, silu_and_mul
+
+GIB = 2**30
+
+
+def cudagraph_capture_sizes(max_num_seqs: int) -> list[int]:
+    """vLLM's default decode capture sizes, ``[1, 2, 4] + range(8, 256, 8) + range(256, cap + 1, 16)``
+    with cap = min(2 * max_num_seqs, 512), cut after the first size >= max_num_seqs (a decode batch
+    never holds more sequences than that)."""
+    cap = min(2 * max_num_seqs, 512)
+    sizes = [s for s in [1, 2, 4] + list(range(8, 256, 8)) + list(range(256, cap + 1, 16)) if s <= cap]
+    out = []
+    for s in sizes:
+        out.append(s)
+        if s >= max_num_seqs:
+            break
+    return out
+
+
+# ------------------------------------------------------------------------------------ inputs
+@dataclass
+class StepInputs:
+    """One scheduled step as plain int arrays (module docstring); ``logits_indices`` defaults to
+    each sequence's last new token (``query_start_loc[1:] - 1``)."""
+    token_ids: np.ndarray
+    positions: np.ndarray
+    slot_mapping: np.ndarray
+    block_tables: np.ndarray
+    seq_lens: np.ndarray
+    query_start_loc: np.ndarray
+    logits_indices: np.ndarray | None = None
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.seq_lens)
+
+    @property
+    def query_lens(self) -> np.ndarray:
+        return np.diff(self.query_start_loc)
+
+    @property
+    def decode_only(self) -> bool:
+        """Every sequence computes one token (vLLM's uniform decode batch)."""
+        return self.num_seqs > 0 and self.num_tokens == self.num_seqs
+
+    def check(self, num_blocks: int, block_size: int, max_model_len: int, vocab_size: int) -> None:
+        """Raise ValueError (naming the array and index) unless the step fits the executor's pool."""
+        n, s = self.num_tokens, self.num_seqs
+        for name in ("token_ids", "positions", "slot_mapping"):
+            if np.shape(getattr(self, name)) != (n,):
+                raise ValueError(f"{name} must have num_tokens={n} entries, got shape {np.shape(getattr(self, name))}")
+        if s == 0 or n == 0:
+            raise ValueError("a step needs at least one sequence and one token")
+        qsl = np.asarray(self.query_start_loc)
+        if qsl.shape != (s + 1,) or qsl[0] != 0 or qsl[-1] != n or np.any(np.diff(qsl) < 1):
+            raise ValueError(f"query_start_loc must rise strictly from 0 to num_tokens={n} over num_seqs+1={s + 1} "
+                             f"entries, got {qsl.tolist()[:8]}")
+        bt = np.asarray(self.block_tables)
+        if bt.ndim != 2 or bt.shape[0] != s:
+            raise ValueError(f"block_tables must be [num_seqs={s}, width], got shape {bt.shape}")
+        lens = np.asarray(self.seq_lens)
+        q = np.diff(qsl)
+        if np.any(lens < q) or lens.max() > max_model_len:
+            i = int(np.argmax((lens < q) | (lens > max_model_len)))
+            raise ValueError(f"seq_lens[{i}] = {int(lens[i])} must be >= its {int(q[i])} new tokens and "
+                             f"<= max_model_len={max_model_len}")
+        need = -(-lens // block_size)
+        if need.max() > bt.shape[1]:
+            i = int(np.argmax(need))
+            raise ValueError(f"seq_lens[{i}] = {int(lens[i])} needs {int(need[i])} blocks; block_tables has "
+                             f"{bt.shape[1]} columns")
+        used = np.arange(bt.shape[1])[None, :] < need[:, None]
+        bad = used & ((bt < 0) | (bt >= num_blocks))
+        if bad.any():
+            i, j = (int(x) for x in np.argwhere(bad)[0])
+            raise ValueError(f"block_tables[{i}, {j}] = {int(bt[i, j])} is outside the pool of {num_blocks} blocks")
+        pos = np.asarray(self.positions)
+        if pos.min() < 0 or pos.max() >= max_model_len:
+            raise ValueError(f"positions must lie in [0, max_model_len={max_model_len}), got "
+                             f"[{int(pos.min())}, {int(pos.max())}]")
+        slots = np.asarray(self.slot_mapping)
+        if slots.max() >= num_blocks * block_size:
+            raise ValueError(f"slot_mapping holds {int(slots.max())}, past the pool's {num_blocks * block_size} slots")
+        ids = np.asarray(self.token_ids)
+        if ids.min() < 0 or ids.max() >= vocab_size:
+            raise ValueError(f"token_ids must lie in [0, vocab_size={vocab_size})")
+        if self.logits_indices is not None:
+            li = np.asarray(self.logits_indices)
+            if li.ndim != 1 or len(li) == 0 or li.min() < 0 or li.max() >= n:
+                raise ValueError(f"logits_indices must index the step's {n} tokens")
+
+
+def build_step(block_tables: Sequence[Sequence[int]], num_computed_tokens: Sequence[int],
+               num_new_tokens: Sequence[int], block_size: int, vocab_size: int,
+               token_ids: np.ndarray | None = None) -> StepInputs:
+    """StepInputs of sequences that each compute ``num_new_tokens[i]`` tokens after
+    ``num_computed_tokens[i]`` cached ones, their KV living in ``block_tables[i]``.
+
+    Args:
+        block_tables: per sequence, its block ids (at least enough for its context after the step).
+        num_computed_tokens, num_new_tokens: per sequence (vLLM's names).
+        block_size: tokens per block.
+        vocab_size: token ids default to a fixed hash of (sequence, position) below it (timing
+            does not depend on the values).
+        token_ids: the step's token ids, if known.
+    """
+    computed = np.asarray(num_computed_tokens, dtype=np.int64)
+    new = np.asarray(num_new_tokens, dtype=np.int64)
+    num_seqs = len(new)
+    qsl = np.zeros(num_seqs + 1, dtype=np.int64)
+    np.cumsum(new, out=qsl[1:])
+    width = max((len(t) for t in block_tables), default=1) or 1
+    bt = np.zeros((num_seqs, width), dtype=np.int64)
+    for i, table in enumerate(block_tables):
+        bt[i, :len(table)] = table
+    seq_of_token = np.repeat(np.arange(num_seqs), new)
+    positions = computed[seq_of_token] + (np.arange(int(qsl[-1])) - qsl[:-1][seq_of_token])
+    slots = bt[seq_of_token, positions // block_size] * block_size + positions % block_size
+    if token_ids is None:
+        token_ids = (positions * 2654435761 + seq_of_token * 40503 + 12345) % vocab_size
+    return StepInputs(np.asarray(token_ids, dtype=np.int64), positions, slots, bt, computed + new, qsl)
+
+
+# ------------------------------------------------------------------------------------ attention
+def torch_attention(query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, scale,
+                    layout="flat", sliding_window=None, **_):
+    """Plain-torch attention with the unified kernel's contract (per sequence: gather its blocks,
+    SDPA with the causal mask of its new tokens at the end of its context). Slow; for checks.
+
+    Returns:
+        [num_tokens, num_heads, head_size] in query's dtype.
+    """
+    from kvsim.kernels.reference import gather_kv
+    out = torch.empty_like(query)
+    qsl = query_start_loc.tolist()
+    for i, seq_len in enumerate(seq_lens.tolist()):
+        lo, hi = qsl[i], qsl[i + 1]
+        k, v = gather_kv(key_cache, value_cache, block_tables[i], seq_len, layout)
+        q_pos = torch.arange(seq_len - (hi - lo), seq_len, device=query.device)
+        k_pos = torch.arange(seq_len, device=query.device)
+        mask = k_pos[None, :] <= q_pos[:, None]
+        if sliding_window is not None:
+            mask &= k_pos[None, :] > q_pos[:, None] - sliding_window
+        o = F.scaled_dot_product_attention(query[lo:hi].transpose(0, 1)[None], k.transpose(0, 1)[None],
+                                           v.transpose(0, 1)[None], attn_mask=mask, scale=scale,
+                                           enable_gqa=True)
+        out[lo:hi] = o[0].transpose(0, 1)
+    return out
+
+
+def kernels_unified_attention() -> Callable | None:
+    """``kvsim.kernels.unified_attention`` (the prefill + decode Triton kernel), or None while the
+    package has none."""
+    try:
+        return getattr(importlib.import_module("kvsim.kernels"), "unified_attention")
+    except AttributeError:
+        return None
+
+
+# ------------------------------------------------------------------------------------ executor
+@dataclass
+class StepResult:
+    time_s: float                   # CUDA-event time (wall clock on the CPU) of the step
+    graph: bool                     # replayed a captured CUDA graph
+    padded_num_seqs: int            # batch size it ran at (graph size, or num_seqs)
+    next_token_ids: torch.Tensor    # [num_seqs] greedy samples (device)
+    logits: torch.Tensor | None     # [num_seqs, vocab] when asked for
+
+
+@dataclass
+class _Views:
+    """Device views of one step's packed inputs, plus what the host knows about them."""
+    token_ids: torch.Tensor
+    positions: torch.Tensor
+    slot_mapping: torch.Tensor
+    seq_lens: torch.Tensor
+    query_start_loc: torch.Tensor
+    logits_indices: torch.Tensor
+    block_tables: torch.Tensor
+    decode_only: bool
+    max_seq_len: int
+    max_query_len: int
+
+
+def _layout(num_tokens: int, num_seqs: int, width: int) -> list[tuple[str, int, tuple[int, ...]]]:
+    """(name, offset, shape) of each input in the packed int32 buffer."""
+    fields = [("token_ids", (num_tokens,)), ("positions", (num_tokens,)), ("slot_mapping", (num_tokens,)),
+              ("seq_lens", (num_seqs,)), ("query_start_loc", (num_seqs + 1,)), ("logits_indices", (num_seqs,)),
+              ("block_tables", (num_seqs, width))]
+    out, off = [], 0
+    for name, shape in fields:
+        out.append((name, off, shape))
+        off += math.prod(shape)
+    return out
+
+
+def _packed_len(num_tokens: int, num_seqs: int, width: int) -> int:
+    return 3 * num_tokens + 3 * num_seqs + 1 + num_seqs * width
+
+
+def memory_estimate_bytes(shape: DecoderShape, num_blocks: int, block_size: int, max_num_batched_tokens: int,
+                          max_num_seqs: int, dtype: torch.dtype) -> dict[str, int]:
+    """Device memory the executor takes: weights, KV pool, activations of the largest step, logits."""
+    elem = torch.empty((), dtype=dtype).element_size()
+    per_token = (4 * shape.hidden_size + shape.qkv_size + shape.num_attention_heads * shape.head_dim
+                 + 3 * shape.intermediate_size) * elem
+    return {"weights": shape.weight_bytes(dtype),
+            "kv_cache": num_blocks * block_size * shape.kv_bytes_per_token(dtype),
+            "activations": int(1.5 * per_token * max_num_batched_tokens),
+            "logits": max_num_seqs * shape.vocab_size * (elem + 4)}
+
+
+class StepExecutor:
+    """Runs and times scheduled steps of a random-weight decoder over a paged KV pool.
+
+    Args:
+        shape: the model (``DecoderShape``).
+        num_blocks, block_size: the KV pool (the simulated pool's, or fewer blocks, stated).
+        max_num_seqs, max_num_batched_tokens, max_model_len: the engine limits steps stay within.
+        dtype, device: bf16 on CUDA for timing; fp32 on the CPU (Triton interpreter) for tests.
+        weights: DecoderWeights to use (default: ``random_weights(shape, dtype, device, seed)``).
+        seed: weight seed.
+        attention: the mixed-step attention (unified_attention's contract); None = the unified
+            kernel of ``kvsim.kernels`` if present, else ``torch_attention``.
+        cuda_graphs: replay captured graphs for decode-only steps (CUDA only).
+        fill_kv: fill the pool with random values (timing never runs on zeros; a slot read before
+            it is written holds finite data).
+    Raises:
+        ValueError: the pool and model do not fit the device's free memory (numbers given).
+    """
+
+    def __init__(self, shape: DecoderShape, *, num_blocks: int, block_size: int = 16, max_num_seqs: int = 256,
+                 max_num_batched_tokens: int = 8192, max_model_len: int = 8192,
+                 dtype: torch.dtype = torch.bfloat16, device=None, weights: DecoderWeights | None = None,
+                 seed: int = 0, attention: Callable | None = None, cuda_graphs: bool = True,
+                 fill_kv: bool = True):
+        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        for name, value in (("num_blocks", num_blocks), ("block_size", block_size), ("max_num_seqs", max_num_seqs),
+                            ("max_num_batched_tokens", max_num_batched_tokens), ("max_model_len", max_model_len)):
+            if value < 1:
+                raise ValueError(f"{name} must be >= 1, got {value}")
+        self.shape, self.dtype = shape, dtype
+        self.num_blocks, self.block_size = num_blocks, block_size
+        self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
+        self.max_model_len = max_model_len
+        self.max_blocks_per_seq = -(-max_model_len // block_size)
+        self.memory_bytes = memory_estimate_bytes(shape, num_blocks, block_size, max_num_batched_tokens,
+                                                  max_num_seqs, dtype)
+        if weights is not None:
+            self.memory_bytes["weights"] = 0
+        if self.device.type == "cuda":
+            free, _ = torch.cuda.mem_get_info(self.device)
+            need = sum(self.memory_bytes.values()) + GIB  # + CUDA graphs, workspaces, allocator slack
+            if need > free:
+                parts = ", ".join(f"{k} {v / GIB:.1f}" for k, v in self.memory_bytes.items())
+                raise ValueError(f"the executor needs {need / GIB:.1f} GiB ({parts}, + 1 GiB slack) but "
+                                 f"{free / GIB:.1f} GiB are free on {torch.cuda.get_device_name(self.device)}: "
+                                 "use fewer blocks (--num-blocks) or a smaller max_num_batched_tokens")
+        self.weights = weights if weights is not None else random_weights(shape, dtype, self.device, seed)
+        kv_shape = (shape.num_layers, 2, num_blocks, block_size, shape.num_kv_heads, shape.head_dim)
+        self.kv_cache = torch.empty(kv_shape, dtype=dtype, device=self.device)
+        if fill_kv:
+            self.kv_cache.normal_(0.0, 1.0, generator=torch.Generator(self.device).manual_seed(seed + 1))
+        self.cos, self.sin = rope_cos_sin(shape.head_dim, shape.rope_theta, shape.rope_scaling, max_model_len,
+                                          device=self.device)
+        self.scale = shape.head_dim ** -0.5
+        unified = kernels_unified_attention()
+        self.attention = attention or unified or torch_attention
+        self.attention_name = getattr(self.attention, "__name__", type(self.attention).__name__)
+        self._workspace = attention_workspace(max(max_num_seqs, 512), shape.num_kv_heads, self.device)
+        self.capture_sizes = cudagraph_capture_sizes(max_num_seqs)
+        self.cuda_graphs = cuda_graphs and self.device.type == "cuda"
+        if self.cuda_graphs and shape.sliding_window is not None and self.attention is torch_attention:
+            self.cuda_graphs = False  # the torch path loops on the host: not capturable
+        biggest = max(_packed_len(max_num_batched_tokens, max_num_seqs, self.max_blocks_per_seq),
+                      _packed_len(self.capture_sizes[-1], self.capture_sizes[-1], self.max_blocks_per_seq))
+        self._dev_ints = torch.zeros(biggest, dtype=torch.int32, device=self.device)
+        self._host_ints = torch.zeros(biggest, dtype=torch.int32,
+                                      pin_memory=self.device.type == "cuda")
+        self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, torch.Tensor]]] = {}
+        self._graph_pool = None
+
+    # -------------------------------------------------------------- packing
+    def _pack(self, step: StepInputs, num_tokens: int, num_seqs: int, width: int) -> int:
+        """Write the step, padded to (num_tokens, num_seqs, width), into the pinned host buffer."""
+        host = self._host_ints.numpy()
+        n, s = step.num_tokens, step.num_seqs
+        li = step.logits_indices if step.logits_indices is not None else step.query_start_loc[1:] - 1
+        total = _packed_len(num_tokens, num_seqs, width)
+        values = {"token_ids": (step.token_ids, 0), "positions": (step.positions, 0),
+                  "slot_mapping": (step.slot_mapping, -1), "seq_lens": (step.seq_lens, 1),
+                  "logits_indices": (li, None), "query_start_loc": (step.query_start_loc, None)}
+        for name, off, shape in _layout(num_tokens, num_seqs, width):
+            if name == "block_tables":
+                bt = host[off:off + num_seqs * width].reshape(num_seqs, width)
+                bt[:] = 0
+                w = min(width, step.block_tables.shape[1])
+                bt[:s, :w] = step.block_tables[:, :w]
+                continue
+            arr, pad = values[name]
+            k = len(arr)
+            host[off:off + k] = arr
+            if name == "query_start_loc":   # padding sequences take one padding token each
+                host[off + k:off + shape[0]] = np.arange(n + 1, n + 1 + shape[0] - k)
+            elif name == "logits_indices":
+                host[off + k:off + shape[0]] = np.arange(n, n + shape[0] - k)
+            else:
+                host[off + k:off + shape[0]] = pad
+        return total
+
+    def _views(self, num_tokens: int, num_seqs: int, width: int, decode_only: bool, max_seq_len: int,
+               max_query_len: int) -> _Views:
+        parts = {}
+        for name, off, shape in _layout(num_tokens, num_seqs, width):
+            parts[name] = self._dev_ints[off:off + math.prod(shape)].view(shape)
+        return _Views(**parts, decode_only=decode_only, max_seq_len=max_seq_len, max_query_len=max_query_len)
+
+    # -------------------------------------------------------------- the model
+    def _attend(self, q, key_cache, value_cache, v: _Views) -> torch.Tensor:
+        if v.decode_only and self.shape.sliding_window is None:
+            return paged_attention(q, key_cache, value_cache, v.block_tables, v.seq_lens, self.scale, "flat",
+                                   max_seq_len=v.max_seq_len, validate=False, workspace=self._workspace)
+        return self.attention(q, key_cache, value_cache, v.block_tables, v.seq_lens, v.query_start_loc,
+                              self.scale, layout="flat", sliding_window=self.shape.sliding_window)
+
+    def _forward(self, v: _Views) -> tuple[torch.Tensor, torch.Tensor]:
+        s, w = self.shape, self.weights
+        nq, nkv, hd, eps = s.num_attention_heads, s.num_kv_heads, s.head_dim, s.rms_norm_eps
+        num_tokens = v.token_ids.shape[0]
+        x = F.embedding(v.token_ids, w.embed)
+        residual = None
+        for layer, lw in enumerate(w.layers):
+            h = add_rms_norm(x, residual, lw.input_norm, eps)
+            if residual is None:
+                residual = x
+            qkv = F.linear(h, lw.qkv, lw.qkv_bias)
+            q = qkv[:, :nq * hd].view(num_tokens, nq, hd)
+            k = qkv[:, nq * hd:(nq + nkv) * hd].view(num_tokens, nkv, hd)
+            if s.qk_norm:
+                q.copy_(rms_norm_reference(q, lw.q_norm, eps))
+                k.copy_(rms_norm_reference(k, lw.k_norm, eps))
+            rope_(qkv, v.positions, self.cos, self.sin, nq + nkv)
+            val = qkv[:, (nq + nkv) * hd:].view(num_tokens, nkv, hd)
+            key_cache, value_cache = self.kv_cache[layer, 0], self.kv_cache[layer, 1]
+            reshape_and_cache(k, val, key_cache, value_cache, v.slot_mapping, validate=False)
+            attn = self._attend(q, key_cache, value_cache, v)
+            x = F.linear(attn.reshape(num_tokens, nq * hd), lw.o)
+            h = add_rms_norm(x, residual, lw.post_norm, eps)
+            x = F.linear(silu_and_mul(F.linear(h, lw.gate_up)), lw.down)
+        idx = v.logits_indices
+        h = add_rms_norm(x.index_select(0, idx), residual.index_select(0, idx), w.final_norm, eps)
+        logits = F.linear(h, w.lm_head)
+        return logits, logits.argmax(dim=-1)
+
+    # -------------------------------------------------------------- graphs
+    def graph_size(self, num_seqs: int) -> int | None:
+        """The captured batch size a decode step of ``num_seqs`` sequences pads to (None: eager)."""
+        if not self.cuda_graphs:
+            return None
+        for size in self.capture_sizes:
+            if size >= num_seqs:
+                return size
+        return None
+
+    def _graph(self, size: int):
+        if size in self._graphs:
+            return self._graphs[size]
+        width = self.max_blocks_per_seq
+        n = _packed_len(size, size, width)
+        pad = StepInputs(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64),
+                         np.zeros((0, width), np.int64), np.zeros(0, np.int64), np.zeros(1, np.int64))
+        self._pack(pad, size, size, width)
+        self._dev_ints[:n].copy_(self._host_ints[:n])
+        views = self._views(size, size, width, True, self.max_model_len, 1)
+        stream = torch.cuda.Stream(self.device)
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream), torch.inference_mode():
+            for _ in range(2):   # compiles the Triton kernels of this size outside the capture
+                self._forward(views)
+        torch.cuda.current_stream(self.device).wait_stream(stream)
+        if self._graph_pool is None:
+            self._graph_pool = torch.cuda.graph_pool_handle()
+        graph = torch.cuda.CUDAGraph()
+        with torch.inference_mode(), torch.cuda.graph(graph, pool=self._graph_pool):
+            out = self._forward(views)
+        self._graphs[size] = (graph, out)
+        return self._graphs[size]
+
+    # -------------------------------------------------------------- running
+    def execute(self, step: StepInputs, *, return_logits: bool = False) -> StepResult:
+        """Run one step (writing its K/V into the pool) and time it.
+
+        Returns:
+            StepResult with the step's time in seconds (CUDA events on GPU).
+        Raises:
+            ValueError: the step does not fit the pool or the engine limits.
+        """
+        step.check(self.num_blocks, self.block_size, self.max_model_len, self.shape.vocab_size)
+        if step.num_tokens > self.max_num_batched_tokens or step.num_seqs > max(self.max_num_seqs, 1):
+            raise ValueError(f"the step has {step.num_tokens} tokens of {step.num_seqs} sequences; the "
+                             f"executor was sized for {self.max_num_batched_tokens} and {self.max_num_seqs}")
+        size = self.graph_size(step.num_seqs) if step.decode_only else None
+        cuda = self.device.type == "cuda"
+        if size is not None:
+            graph, out = self._graph(size)
+            n = self._pack(step, size, size, self.max_blocks_per_seq)
+        else:
+            width = max(1, int(-(-int(step.seq_lens.max()) // self.block_size)))
+            n = self._pack(step, step.num_tokens, step.num_seqs, width)
+            views = self._views(step.num_tokens, step.num_seqs, width, step.decode_only,
+                                int(step.seq_lens.max()), int(step.query_lens.max()))
+        if cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+        else:
+            t0 = time.perf_counter()
+        self._dev_ints[:n].copy_(self._host_ints[:n], non_blocking=cuda)
+        with torch.inference_mode():
+            if size is not None:
+                graph.replay()
+                logits, tokens = out
+            else:
+                logits, tokens = self._forward(views)
+        if cuda:
+            end.record()
+            end.synchronize()
+            elapsed = start.elapsed_time(end) / 1e3
+        else:
+            elapsed = time.perf_counter() - t0
+        s = step.num_seqs
+        return StepResult(elapsed, size is not None, size or s, tokens[:s],
+                          logits[:s].clone() if return_logits else None)
