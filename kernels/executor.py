@@ -256,6 +256,17 @@ def memory_estimate_bytes(shape: DecoderShape, num_blocks: int, block_size: int,
             "logits": max_num_seqs * shape.vocab_size * (elem + 4)}
 
 
+def check_device_memory(estimate_bytes: dict[str, int], free_bytes: int, device_name: str) -> None:
+    """Raise ValueError (with the numbers) unless ``estimate_bytes`` plus 1 GiB of slack (CUDA
+    graphs, workspaces, allocator) fits in ``free_bytes``; called before anything is allocated."""
+    need = sum(estimate_bytes.values()) + GIB
+    if need > free_bytes:
+        parts = ", ".join(f"{k} {v / GIB:.1f}" for k, v in estimate_bytes.items())
+        raise ValueError(f"the executor needs {need / GIB:.1f} GiB ({parts}, + 1 GiB slack) but "
+                         f"{free_bytes / GIB:.1f} GiB are free on {device_name}: use fewer KV blocks "
+                         "or a smaller max_num_batched_tokens")
+
+
 class StepExecutor:
     """Runs and times scheduled steps of a random-weight decoder over a paged KV pool.
 
@@ -269,6 +280,8 @@ class StepExecutor:
         attention: the mixed-step attention (unified_attention's contract); None = the unified
             kernel of ``kvsim.kernels`` if present, else ``torch_attention``.
         cuda_graphs: replay captured graphs for decode-only steps (CUDA only).
+        pad_decode: pad decode-only steps to the capture sizes even when running them eagerly
+            (default: with CUDA graphs only); tests use it to check the padding on the CPU.
         fill_kv: fill the pool with random values (timing never runs on zeros; a slot read before
             it is written holds finite data).
     Raises:
@@ -279,7 +292,7 @@ class StepExecutor:
                  max_num_batched_tokens: int = 8192, max_model_len: int = 8192,
                  dtype: torch.dtype = torch.bfloat16, device=None, weights: DecoderWeights | None = None,
                  seed: int = 0, attention: Callable | None = None, cuda_graphs: bool = True,
-                 fill_kv: bool = True):
+                 pad_decode: bool | None = None, fill_kv: bool = True):
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         for name, value in (("num_blocks", num_blocks), ("block_size", block_size), ("max_num_seqs", max_num_seqs),
                             ("max_num_batched_tokens", max_num_batched_tokens), ("max_model_len", max_model_len)):
@@ -295,13 +308,8 @@ class StepExecutor:
         if weights is not None:
             self.memory_bytes["weights"] = 0
         if self.device.type == "cuda":
-            free, _ = torch.cuda.mem_get_info(self.device)
-            need = sum(self.memory_bytes.values()) + GIB  # + CUDA graphs, workspaces, allocator slack
-            if need > free:
-                parts = ", ".join(f"{k} {v / GIB:.1f}" for k, v in self.memory_bytes.items())
-                raise ValueError(f"the executor needs {need / GIB:.1f} GiB ({parts}, + 1 GiB slack) but "
-                                 f"{free / GIB:.1f} GiB are free on {torch.cuda.get_device_name(self.device)}: "
-                                 "use fewer blocks (--num-blocks) or a smaller max_num_batched_tokens")
+            check_device_memory(self.memory_bytes, torch.cuda.mem_get_info(self.device)[0],
+                                torch.cuda.get_device_name(self.device))
         self.weights = weights if weights is not None else random_weights(shape, dtype, self.device, seed)
         kv_shape = (shape.num_layers, 2, num_blocks, block_size, shape.num_kv_heads, shape.head_dim)
         self.kv_cache = torch.empty(kv_shape, dtype=dtype, device=self.device)
@@ -318,6 +326,7 @@ class StepExecutor:
         self.cuda_graphs = cuda_graphs and self.device.type == "cuda"
         if self.cuda_graphs and shape.sliding_window is not None and self.attention is torch_attention:
             self.cuda_graphs = False  # the torch path loops on the host: not capturable
+        self.pad_decode = self.cuda_graphs if pad_decode is None else pad_decode
         biggest = max(_packed_len(max_num_batched_tokens, max_num_seqs, self.max_blocks_per_seq),
                       _packed_len(self.capture_sizes[-1], self.capture_sizes[-1], self.max_blocks_per_seq))
         self._dev_ints = torch.zeros(biggest, dtype=torch.int32, device=self.device)
@@ -400,8 +409,8 @@ class StepExecutor:
 
     # -------------------------------------------------------------- graphs
     def graph_size(self, num_seqs: int) -> int | None:
-        """The captured batch size a decode step of ``num_seqs`` sequences pads to (None: eager)."""
-        if not self.cuda_graphs:
+        """The captured batch size a decode step of ``num_seqs`` sequences pads to (None: unpadded)."""
+        if not self.pad_decode:
             return None
         for size in self.capture_sizes:
             if size >= num_seqs:
@@ -447,8 +456,12 @@ class StepExecutor:
                              f"executor was sized for {self.max_num_batched_tokens} and {self.max_num_seqs}")
         size = self.graph_size(step.num_seqs) if step.decode_only else None
         cuda = self.device.type == "cuda"
+        graph = None
         if size is not None:
-            graph, out = self._graph(size)
+            if self.cuda_graphs:
+                graph, out = self._graph(size)   # captured on first use (it packs its own dummy step)
+            else:
+                views = self._views(size, size, self.max_blocks_per_seq, True, self.max_model_len, 1)
             n = self._pack(step, size, size, self.max_blocks_per_seq)
         else:
             width = max(1, int(-(-int(step.seq_lens.max()) // self.block_size)))
@@ -462,7 +475,7 @@ class StepExecutor:
             t0 = time.perf_counter()
         self._dev_ints[:n].copy_(self._host_ints[:n], non_blocking=cuda)
         with torch.inference_mode():
-            if size is not None:
+            if graph is not None:
                 graph.replay()
                 logits, tokens = out
             else:
@@ -474,5 +487,5 @@ class StepExecutor:
         else:
             elapsed = time.perf_counter() - t0
         s = step.num_seqs
-        return StepResult(elapsed, size is not None, size or s, tokens[:s],
+        return StepResult(elapsed, graph is not None, size or s, tokens[:s],
                           logits[:s].clone() if return_logits else None)
