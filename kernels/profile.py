@@ -13,7 +13,7 @@ step, attn_token_pairs = sum of new tokens x context, a one-token chunk of a pro
 prefill) and the median, min and max of the measured times.
 
 The default grid covers decode at every CUDA-graph capture size (the time is a step function of the
-padded batch) at three contexts, and mixed steps of 16 to max_num_batched_tokens tokens: one fresh
+padded batch) at three contexts, decode batches with one long sequence among short ones, and mixed steps of 16 to max_num_batched_tokens tokens: one fresh
 prompt, one chunk after a cached prefix, many short prompts, and a prompt chunk beside decodes. It
 stays inside the pool: every point's blocks fit in num_blocks.
 """
@@ -27,8 +27,8 @@ import numpy as np
 from kvsim.kernels.executor import StepExecutor, build_step
 
 COLUMNS = ("kind", "num_seqs", "num_prefill_seqs", "num_prefill_tokens", "num_decode_tokens",
-           "num_scheduled_tokens", "kv_read_tokens", "attn_token_pairs", "padded_num_seqs", "graph",
-           "step_s", "step_s_min", "step_s_max", "repeats")
+           "num_scheduled_tokens", "kv_read_tokens", "attn_token_pairs", "max_context_tokens", "padded_num_seqs",
+           "graph", "step_s", "step_s_min", "step_s_max", "repeats")
 
 
 @dataclass(frozen=True)
@@ -38,23 +38,30 @@ class GridPoint:
     num_prefill_seqs: int = 0
     prefill_tokens: int = 0             # new tokens of each prompt chunk
     prefix_tokens: int = 0              # tokens of each prompt already cached before the chunk
+    long_context_tokens: int = 0        # > 0: the last decoding sequence has this context instead
 
     @property
     def kind(self) -> str:
         return "decode" if self.num_prefill_seqs == 0 else "mixed"
 
+    def sequences(self) -> tuple[list[int], list[int]]:
+        """(context after the step, new tokens) of each sequence, decoders first."""
+        ctx = [self.decode_context_tokens] * self.num_decode_seqs
+        if self.long_context_tokens and ctx:
+            ctx[-1] = self.long_context_tokens
+        ctx += [self.prefix_tokens + self.prefill_tokens] * self.num_prefill_seqs
+        return ctx, [1] * self.num_decode_seqs + [self.prefill_tokens] * self.num_prefill_seqs
+
     def num_blocks(self, block_size: int) -> int:
-        return (self.num_decode_seqs * -(-self.decode_context_tokens // block_size)
-                + self.num_prefill_seqs * -(-(self.prefix_tokens + self.prefill_tokens) // block_size))
+        return sum(-(-c // block_size) for c in self.sequences()[0])
 
     def totals(self) -> dict:
         """The step's StepBatch fields, as the simulator's scheduler counts them."""
+        ctx, new = self.sequences()
         d, p = self.num_decode_seqs, self.num_prefill_seqs
-        prefill_ctx = self.prefix_tokens + self.prefill_tokens
         return {"num_seqs": d + p, "num_prefill_seqs": p, "num_prefill_tokens": p * self.prefill_tokens,
-                "num_decode_tokens": d, "num_scheduled_tokens": d + p * self.prefill_tokens,
-                "kv_read_tokens": d * self.decode_context_tokens + p * prefill_ctx,
-                "attn_token_pairs": d * self.decode_context_tokens + p * self.prefill_tokens * prefill_ctx}
+                "num_decode_tokens": d, "num_scheduled_tokens": sum(new), "kv_read_tokens": sum(ctx),
+                "attn_token_pairs": sum(c * n for c, n in zip(ctx, new)), "max_context_tokens": max(ctx)}
 
 
 def default_grid(capture_sizes: list[int], *, max_num_seqs: int, max_num_batched_tokens: int,
@@ -66,11 +73,15 @@ def default_grid(capture_sizes: list[int], *, max_num_seqs: int, max_num_batched
             break
         for ctx in (256, 1024, 3072):
             points.append(GridPoint(num_decode_seqs=b, decode_context_tokens=min(ctx, max_model_len)))
+    for b in (24, 64, 128, 256):    # skewed decode batches: one long sequence among short ones
+        if b <= max_num_seqs and max_model_len > 1024:
+            points.append(GridPoint(num_decode_seqs=b, decode_context_tokens=512,
+                                    long_context_tokens=min(16384, max_model_len)))
     sizes = [16, 32, 64, 128, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192, 12288, 16384]
     for t in (s for s in sizes if s <= max_num_batched_tokens):
         if t <= max_model_len:
             points.append(GridPoint(num_prefill_seqs=1, prefill_tokens=t))
-        for prefix in (2048, 8192):
+        for prefix in (2048, 8192) + ((32768,) if t >= 2048 else ()):
             if prefix + t <= max_model_len:
                 points.append(GridPoint(num_prefill_seqs=1, prefill_tokens=t, prefix_tokens=prefix))
         if t >= 512:
@@ -87,9 +98,7 @@ def default_grid(capture_sizes: list[int], *, max_num_seqs: int, max_num_batched
 def point_step(point: GridPoint, executor: StepExecutor, rng: np.random.Generator):
     """StepInputs of a grid point, its sequences on fresh blocks of a shuffled pool."""
     bs = executor.block_size
-    ctx = [point.decode_context_tokens] * point.num_decode_seqs + \
-        [point.prefix_tokens + point.prefill_tokens] * point.num_prefill_seqs
-    new = [1] * point.num_decode_seqs + [point.prefill_tokens] * point.num_prefill_seqs
+    ctx, new = point.sequences()
     need = [-(-c // bs) for c in ctx]
     ids = rng.permutation(executor.num_blocks)[:sum(need)]
     tables, start = [], 0
@@ -124,3 +133,49 @@ def profile_grid(executor: StepExecutor, points: list[GridPoint], *, repeat: int
         if progress is not None:
             progress(i + 1, len(points), row)
     return rows
+
+
+def provenance(executor: StepExecutor, command: str, repeat: int) -> dict[str, str]:
+    """What a table was measured on and how: the ``#`` lines of its header."""
+    import datetime
+    import json
+    import platform
+
+    import torch
+    import triton
+    try:
+        from importlib.metadata import version
+        kvsim_version = version("kvsim")
+    except Exception:   # an uninstalled checkout
+        kvsim_version = "unknown"
+    dev = executor.device
+    gpu = torch.cuda.get_device_name(dev) if dev.type == "cuda" else f"cpu ({platform.processor() or 'interpreter'})"
+    shape = executor.shape
+    return {
+        "kvsim cost table": "step times measured by `kvsim profile` on the step executor",
+        "gpu": gpu,
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "versions": f"kvsim {kvsim_version}, torch {torch.__version__}, triton {triton.__version__}, "
+                    f"cuda {torch.version.cuda}, python {platform.python_version()}",
+        "model": shape.name or "custom",
+        "shape": json.dumps(shape.to_dict(), sort_keys=True),
+        "executor": (f"dtype {str(executor.dtype).replace('torch.', '')}, block_size {executor.block_size}, "
+                     f"num_blocks {executor.num_blocks}, max_num_seqs {executor.max_num_seqs}, "
+                     f"max_num_batched_tokens {executor.max_num_batched_tokens}, max_model_len "
+                     f"{executor.max_model_len}, decode attention paged_attention, mixed attention "
+                     f"{executor.attention_name}, cuda graphs {executor.cuda_graphs}"),
+        "timing": f"CUDA events, first kernel to sample; median of {repeat} runs after one warm-up",
+        "command": command,
+    }
+
+
+def write_table(path, rows: list[dict], header: dict[str, str]) -> None:
+    """The cost table: ``# key: value`` provenance lines, then COLUMNS as CSV."""
+    import csv
+    with open(path, "w", newline="") as f:
+        for key, value in header.items():
+            f.write(f"# {key}: {value}\n")
+        writer = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore", lineterminator="\n")
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({k: (f"{v:.9g}" if isinstance(v, float) else v) for k, v in row.items()})
