@@ -16,7 +16,11 @@ copy of its inputs before it is not timed).
 
 Decode-only steps (one new token per sequence) replay CUDA graphs captured at padded batch sizes
 (vLLM's list: 1, 2, 4, 8, 16, ..., 248, 256, 272, ...), padding with slot -1 / seq_len 1 rows that
-read block 0 and write nothing; graphs are captured the first time a size is needed. Other steps
+read block 0 and write nothing; graphs are captured the first time a size is needed. A graph's
+attention launch is planned for a context bucket (the step's longest context rounded up to a power
+of two, at least 4096): above 4096 tokens, batches of at least one wave split every sequence into
+up to 16 partitions, so that one long sequence among short ones does not leave a single program
+reading it while the rest of the GPU idles. Other steps
 (prefill chunks, mixed batches) run eagerly: attention there is the unified prefill+decode kernel
 when ``kvsim.kernels`` has one, else ``torch_attention`` (gather + SDPA; slow, for checking).
 Decode attention is ``kvsim.kernels.paged_attention`` (the tuned decode kernel; CUDA-graph safe:
@@ -44,6 +48,8 @@ from kvsim.kernels.decoder import DecoderShape, DecoderWeights, random_weights
 from kvsim.kernels.layers import add_rms_norm, rms_norm_reference, rope_, rope_cos_sin, silu_and_mul
 
 GIB = 2**30
+MIN_BUCKET_TOKENS = 4096   # decode graphs are planned for contexts of 4096, 8192, ... tokens
+SPLIT_PARTITIONS = 16      # long-context decode: partitions per sequence (the fused merge's limit at GQA 4)
 
 
 def cudagraph_capture_sizes(max_num_seqs: int) -> list[int]:
@@ -227,6 +233,7 @@ class _Views:
     decode_only: bool
     max_seq_len: int
     max_query_len: int
+    partition_size: int | None = None   # decode attention: forced split-KV partition (None: plan)
 
 
 def _layout(num_tokens: int, num_seqs: int, width: int) -> list[tuple[str, int, tuple[int, ...]]]:
@@ -333,7 +340,7 @@ class StepExecutor:
         self._dev_ints = torch.zeros(biggest, dtype=torch.int32, device=self.device)
         self._host_ints = torch.zeros(biggest, dtype=torch.int32,
                                       pin_memory=self.device.type == "cuda")
-        self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, torch.Tensor]]] = {}
+        self._graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, torch.Tensor]]] = {}
         self._graph_pool = None
 
     # -------------------------------------------------------------- packing
@@ -371,13 +378,33 @@ class StepExecutor:
         parts = {}
         for name, off, shape in _layout(num_tokens, num_seqs, width):
             parts[name] = self._dev_ints[off:off + math.prod(shape)].view(shape)
-        return _Views(**parts, decode_only=decode_only, max_seq_len=max_seq_len, max_query_len=max_query_len)
+        return _Views(**parts, decode_only=decode_only, max_seq_len=max_seq_len, max_query_len=max_query_len,
+                      partition_size=self._decode_partition(num_seqs, max_seq_len) if decode_only else None)
+
+    def context_bucket(self, max_seq_len: int) -> int:
+        """The context a decode graph is planned for: max_seq_len rounded up to a power of two,
+        at least MIN_BUCKET_TOKENS, at most max_model_len."""
+        bucket = MIN_BUCKET_TOKENS
+        while bucket < max_seq_len:
+            bucket *= 2
+        return min(bucket, self.max_model_len)
+
+    def _decode_partition(self, num_seqs: int, max_seq_len: int) -> int | None:
+        # under one wave the attention kernel's own plan splits to fill the GPU; from one wave on it
+        # would run one program per (sequence, KV head): split long contexts so that the longest
+        # sequence is not read by one program alone
+        if self.device.type != "cuda" or max_seq_len <= MIN_BUCKET_TOKENS:
+            return None
+        if num_seqs * self.shape.num_kv_heads < torch.cuda.get_device_properties(self.device).multi_processor_count:
+            return None
+        return 16 * -(-max_seq_len // (SPLIT_PARTITIONS * 16))
 
     # -------------------------------------------------------------- the model
     def _attend(self, q, key_cache, value_cache, v: _Views) -> torch.Tensor:
         if v.decode_only and self.shape.sliding_window is None:
             return paged_attention(q, key_cache, value_cache, v.block_tables, v.seq_lens, self.scale, "flat",
-                                   max_seq_len=v.max_seq_len, validate=False, workspace=self._workspace)
+                                   v.partition_size, max_seq_len=v.max_seq_len, validate=False,
+                                   workspace=self._workspace)
         return self.attention(q, key_cache, value_cache, v.block_tables, v.seq_lens, v.query_start_loc,
                               self.scale, layout="flat", sliding_window=self.shape.sliding_window)
 
@@ -420,29 +447,29 @@ class StepExecutor:
                 return size
         return None
 
-    def _graph(self, size: int):
-        if size in self._graphs:
-            return self._graphs[size]
+    def _graph(self, size: int, bucket: int):
+        key = (size, bucket)
+        if key in self._graphs:
+            return self._graphs[key]
         width = self.max_blocks_per_seq
         n = _packed_len(size, size, width)
         pad = StepInputs(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64),
                          np.zeros((0, width), np.int64), np.zeros(0, np.int64), np.zeros(1, np.int64))
         self._pack(pad, size, size, width)
         self._dev_ints[:n].copy_(self._host_ints[:n])
-        views = self._views(size, size, width, True, self.max_model_len, 1)
+        views = self._views(size, size, width, True, bucket, 1)
         stream = torch.cuda.Stream(self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream), torch.inference_mode():
-            for _ in range(2):   # compiles the Triton kernels of this size outside the capture
-                self._forward(views)
+            self._forward(views)   # compiles this size's Triton kernels outside the capture
         torch.cuda.current_stream(self.device).wait_stream(stream)
         if self._graph_pool is None:
             self._graph_pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
         with torch.inference_mode(), torch.cuda.graph(graph, pool=self._graph_pool):
             out = self._forward(views)
-        self._graphs[size] = (graph, out)
-        return self._graphs[size]
+        self._graphs[key] = (graph, out)
+        return graph, out
 
     # -------------------------------------------------------------- running
     def execute(self, step: StepInputs, *, return_logits: bool = False) -> StepResult:
@@ -461,10 +488,11 @@ class StepExecutor:
         cuda = self.device.type == "cuda"
         graph = None
         if size is not None:
+            bucket = self.context_bucket(int(step.seq_lens.max()))
             if self.cuda_graphs:
-                graph, out = self._graph(size)   # captured on first use (it packs its own dummy step)
+                graph, out = self._graph(size, bucket)   # captured on first use (packs a dummy step)
             else:
-                views = self._views(size, size, self.max_blocks_per_seq, True, self.max_model_len, 1)
+                views = self._views(size, size, self.max_blocks_per_seq, True, bucket, 1)
             n = self._pack(step, size, size, self.max_blocks_per_seq)
         else:
             width = max(1, int(-(-int(step.seq_lens.max()) // self.block_size)))
