@@ -406,7 +406,9 @@ class StepExecutor:
                                    v.partition_size, max_seq_len=v.max_seq_len, validate=False,
                                    workspace=self._workspace)
         return self.attention(q, key_cache, value_cache, v.block_tables, v.seq_lens, v.query_start_loc,
-                              self.scale, layout="flat", sliding_window=self.shape.sliding_window)
+                              self.scale, layout="flat", sliding_window=self.shape.sliding_window,
+                              max_seq_len=v.max_seq_len, max_query_len=v.max_query_len, validate=False,
+                              workspace=self._workspace)
 
     def _forward(self, v: _Views) -> tuple[torch.Tensor, torch.Tensor]:
         s, w = self.shape, self.weights
