@@ -1,6 +1,6 @@
 """The step executor on a GPU: is it right, and is it a fast executor rather than a slow toy?
 
-    python bench/executor_gpu.py [--model Llama-3.1-8B] [--out results.json] [--dry-run]
+    .venv/bin/python bench/executor_gpu.py [--model Llama-3.1-8B] [--out results.json] [--dry-run]
 
 1. Ceilings: device-to-device copy bandwidth (read + write counted) and a bf16 8192^3 matmul rate.
 2. Correctness on the GPU: the model's shape cut to 4 layers, bf16 executor against the fp32
@@ -26,8 +26,8 @@ import time
 import traceback
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
+# kvsim must be installed (make's .venv, or pip install --target DIR on the GPU machine): the
+# repository root on sys.path would shadow the installed kvsim.* mapping with the bare kvsim/ folder
 if "--dry-run" in sys.argv:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
