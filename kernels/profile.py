@@ -164,7 +164,8 @@ def provenance(executor: StepExecutor, command: str, repeat: int) -> dict[str, s
                      f"max_num_batched_tokens {executor.max_num_batched_tokens}, max_model_len "
                      f"{executor.max_model_len}, decode attention paged_attention, mixed attention "
                      f"{executor.attention_name}, cuda graphs {executor.cuda_graphs}"),
-        "timing": f"CUDA events, first kernel to sample; median of {repeat} runs after one warm-up",
+        "timing": (f"{'CUDA events' if dev.type == 'cuda' else 'wall clock'}, first kernel to sample; "
+                   f"median of {repeat} runs after one warm-up"),
         "command": command,
     }
 

@@ -64,3 +64,47 @@ def test_profiled_table_reads_back(tmp_path):
     assert model.provenance["model"] == "tiny" and "torch" in model.provenance["versions"]
     assert model.graph_sizes == []    # no CUDA graphs on the CPU: every row prices eagerly
     assert model.step_time_s(StepBatch(1, 20, 0, 20, 20, 400)) > 0
+
+
+TINY_CONFIG = {"model_type": "llama", "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 1,
+               "num_attention_heads": 2, "num_key_value_heads": 1, "vocab_size": 64}
+
+
+def run_profile(argv, capsys):
+    from kvsim.cli.profile import main
+    code = main(argv)
+    return code, capsys.readouterr()
+
+
+def test_profile_command_writes_a_table_the_simulator_reads(tmp_path, capsys):
+    import json
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps(TINY_CONFIG))
+    out = tmp_path / "table.csv"
+    code, io = run_profile(["--hf-config", str(cfg), "--out", str(out), "--device", "cpu", "--max-num-seqs", "2",
+                            "--max-num-batched-tokens", "32", "--max-model-len", "128", "--repeat", "1",
+                            "--quiet"], capsys)
+    assert code == 0, io.err
+    model = StepShapeCost(out)
+    assert model.provenance["command"].startswith("kvsim profile --hf-config")
+    assert '"family": "llama"' in model.provenance["shape"]
+    assert model.step_time_s(StepBatch(2, 0, 2, 2, 100, 100)) > 0
+
+
+def test_profile_command_rejects_bad_input_in_one_line(tmp_path, capsys):
+    import json
+    moe = tmp_path / "moe.json"
+    moe.write_text(json.dumps({**TINY_CONFIG, "model_type": "qwen2", "num_experts": 8}))
+    broken = tmp_path / "broken.json"
+    broken.write_text("{\"model_type\": ")
+    out = str(tmp_path / "t.csv")
+    for argv, where in [(["--model", "OPT-13B", "--out", out], "OPT-13B is not one"),
+                        (["--model", "Nope-1B", "--out", out], "Nope-1B"),
+                        (["--hf-config", str(moe), "--out", out], "field 'num_experts'"),
+                        (["--hf-config", str(broken), "--out", out], f"{broken}:1: invalid JSON"),
+                        (["--out", str(tmp_path / "missing" / "t.csv")], "does not exist"),
+                        (["--out", str(tmp_path)], "is a directory")]:
+        code, io = run_profile(argv + ["--device", "cpu"], capsys)
+        assert code == 2
+        lines = io.err.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("kvsim: error:") and where in lines[0], io.err
