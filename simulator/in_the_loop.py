@@ -18,6 +18,10 @@ from typing import Callable
 
 from kvsim.simulator.cost import CostModel, StepBatch
 
+# what a step's row of the time series carries in the loop, after the usual step columns
+IN_THE_LOOP_COLUMNS = ("kv_read_tokens", "attn_token_pairs", "measured_step_s", "predicted_step_s",
+                       "step_start_s")
+
 
 @dataclass(slots=True)
 class ScheduledStep:
