@@ -12,8 +12,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from kvsim.errors import InputError
 from kvsim.planner.reproduce import FIG15_MODES, FIG15_NS, WORKLOADS
+from kvsim.simulator.result import prepare_output_dir
 from kvsim.viz.repro_figures import FIG2_CLASSES, FIG2_LABELS, SYSTEM_LABELS, SYSTEMS
 
 WORKLOAD_TITLES = {"sharegpt": "ShareGPT-like (synthetic)", "alpaca": "Alpaca-like (synthetic)",
@@ -299,22 +299,13 @@ def ordering_checks(results: dict[str, Any]) -> dict[str, bool]:
     return checks
 
 
-def check_out_dir(out_dir: str | os.PathLike) -> Path:
-    """The output directory as a Path; InputError if it exists and is not a directory."""
-    out = Path(out_dir)
-    if out.exists() and not out.is_dir():
-        raise InputError(f"--out {out}: exists and is not a directory")
-    return out
-
-
 def write_outputs(results: dict[str, Any], out_dir: str | os.PathLike) -> dict[str, Path]:
     """Write results.json, report.md and report.html into ``out_dir`` (created if needed).
 
     Returns:
         {"json": path, "md": path, "html": path}.
     """
-    out = check_out_dir(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    out = Path(prepare_output_dir(out_dir))
     paths = {"json": out / "results.json", "md": out / "report.md", "html": out / "report.html"}
     paths["json"].write_text(json.dumps(results, indent=2, sort_keys=True, allow_nan=False) + "\n")
     paths["md"].write_text(render_markdown(results))

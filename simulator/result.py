@@ -111,6 +111,24 @@ def prepare_output(path, suffixes: tuple[str, ...] = ()) -> str:
     return path
 
 
+def prepare_output_dir(path, flag: str = "--out") -> str:
+    """Check (and create) an output directory before a long run, as ``prepare_output`` does for
+    a file; raises InputError naming ``flag`` if the path is a file or cannot be written.
+
+    Returns:
+        ``path`` unchanged.
+    """
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise InputError(f"{flag} {path}: exists and is not a directory")
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as err:
+        raise InputError(f"{flag} {path}: cannot create the directory ({err.strerror})") from None
+    if not os.access(path, os.W_OK):
+        raise InputError(f"{flag} {path}: directory is not writable")
+    return path
+
+
 def _write_table(df: pd.DataFrame, path) -> None:
     path = os.fspath(path)
     if path.endswith(".parquet"):

@@ -25,10 +25,12 @@ from kvsim.planner.capacity import DEFAULT_BLOCK_SIZE, DEFAULT_GPU_MEMORY_UTILIZ
 from kvsim.planner.engine_setup import DEFAULT_GPU, DEFAULT_MODEL
 from kvsim.planner.presets import GPU_PRESETS, MODEL_PRESETS, custom_gpu, load_hf_config
 from kvsim.planner.specs import GIB
-from kvsim.simulator.config import ALLOCATORS, PLACEMENTS, ROUTERS
+from kvsim.simulator.config import ALLOCATORS, PLACEMENTS, ROUTERS, EngineConfig
 
-# replay's batch limits: EngineConfig's defaults (capacity and plan use vLLM's per-GPU ones)
-ENGINE_BATCH_DEFAULTS = (256, 8192)
+# replay's batch limits: EngineConfig's defaults, 256 and 8192 (capacity and plan use vLLM's
+# per-GPU ones)
+ENGINE_BATCH_DEFAULTS: tuple[int, int] = tuple(
+    EngineConfig.__dataclass_fields__[name].default for name in ("max_num_seqs", "max_num_batched_tokens"))
 
 
 def _number(kind, lo, *, strict: bool):

@@ -101,6 +101,7 @@ def run(args) -> int:
 
     from kvsim.planner.slo import parse_slo
     from kvsim.planner.sweep import cheapest, expand_grid, load_requests, mark_slo, parse_sweep, run_sweep
+    from kvsim.simulator.result import prepare_output_dir
 
     axes = parse_sweep(args.sweep or [])
     constraints = parse_slo(args.slo) if args.slo else ()
@@ -108,6 +109,8 @@ def run(args) -> int:
     bad = [f for f in formats if f not in FORMATS]
     if bad:
         raise InputError(f"unknown format(s) {', '.join(bad)}; choose from {', '.join(FORMATS)}", field="format")
+    if args.out:  # checked before the sweep: its minutes must not be lost at the end
+        prepare_output_dir(args.out)
     base = plan_base(args)
     # a bad trace or spec fails here, once, rather than in every point
     load_requests(base.workload, rate=axes.get("rate", [base.rate])[0], max_requests=1, seed=base.seed)
@@ -132,7 +135,6 @@ def run(args) -> int:
     swept = list(axes)
     if args.out:
         out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
         if "csv" in formats:
             results.to_csv(out / "results.csv", index=False)
         if "parquet" in formats:

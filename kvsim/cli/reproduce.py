@@ -34,9 +34,10 @@ def register(subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from kvsim.planner.reproduce import ReproConfig, run_reproduction
-    from kvsim.planner.reproduce_report import check_out_dir, differences, ordering_checks, write_outputs
+    from kvsim.planner.reproduce_report import differences, ordering_checks, write_outputs
+    from kvsim.simulator.result import prepare_output_dir
 
-    check_out_dir(args.out)   # fail before minutes of simulation, not after
+    prepare_output_dir(args.out)   # fail before minutes of simulation, not after
     overrides = dict(seed=args.seed, sensitivity=not args.no_sensitivity,
                      sharegpt_file=args.sharegpt_file)
     config = ReproConfig.quick(**overrides) if args.quick else ReproConfig(**overrides)
