@@ -101,13 +101,7 @@ def prepare_output(path, suffixes: tuple[str, ...] = ()) -> str:
         raise InputError(f"{path}: unknown file type (use {' or '.join(suffixes)})")
     if os.path.isdir(path):
         raise InputError(f"{path}: is a directory, expected a file name")
-    parent = os.path.dirname(os.path.abspath(path))
-    try:
-        os.makedirs(parent, exist_ok=True)
-    except OSError as err:
-        raise InputError(f"{path}: cannot create its directory ({err.strerror})") from None
-    if not os.access(parent, os.W_OK):
-        raise InputError(f"{path}: directory {parent} is not writable")
+    _writable_directory(os.path.dirname(os.path.abspath(path)), str(path))
     return path
 
 
@@ -120,13 +114,18 @@ def prepare_output_dir(path, flag: str = "--out") -> str:
     """
     if os.path.exists(path) and not os.path.isdir(path):
         raise InputError(f"{flag} {path}: exists and is not a directory")
-    try:
-        os.makedirs(path, exist_ok=True)
-    except OSError as err:
-        raise InputError(f"{flag} {path}: cannot create the directory ({err.strerror})") from None
-    if not os.access(path, os.W_OK):
-        raise InputError(f"{flag} {path}: directory is not writable")
+    _writable_directory(os.fspath(path), f"{flag} {path}")
     return path
+
+
+def _writable_directory(directory: str, what: str) -> None:
+    """Create ``directory`` if missing; InputError about ``what`` if that fails or it is read-only."""
+    try:
+        os.makedirs(directory, exist_ok=True)
+    except OSError as err:
+        raise InputError(f"{what}: cannot create directory {directory} ({err.strerror})") from None
+    if not os.access(directory, os.W_OK):
+        raise InputError(f"{what}: directory {directory} is not writable")
 
 
 def _write_table(df: pd.DataFrame, path) -> None:
