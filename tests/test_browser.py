@@ -13,12 +13,9 @@ import time
 import urllib.request
 from pathlib import Path
 
-import importlib.util
-
 import pytest
 
 pytestmark = pytest.mark.browser
-HAS_BRIDGE = importlib.util.find_spec("kvsim.kernels.bridge") is not None
 
 ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM = "/usr/bin/chromium"
@@ -37,12 +34,11 @@ def app_url():
         pytest.skip(f"{CHROMIUM} is absent (apt-get install -y chromium)")
     pytest.importorskip("playwright.sync_api")
     port = _free_port()
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
     proc = subprocess.Popen(
         [sys.executable, "-m", "streamlit", "run", str(ROOT / "app.py"),
          "--server.port", str(port), "--server.address", "127.0.0.1",
          "--server.headless", "true", "--browser.gatherUsageStats", "false"],
-        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 30
     while True:
@@ -126,8 +122,7 @@ def test_live_pool_plays_and_every_page_renders(app_url, page, tmp_path):
             ("Block table inspector", "Block table inspector", "2_block_table.png"),
             ("Metrics", "Metrics", "3_metrics.png"),
             ("Capacity planner", "Capacity planner", "4_capacity_planner.png"),
-            ("Kernel validation", "Kernel validation", "5_kernel_validation.png")][
-            :None if HAS_BRIDGE else -1]:  # no kernel page to check before the kern branch lands
+            ("Kernel validation", "Kernel validation", "5_kernel_validation.png")]:
         page.locator('[data-testid="stSidebarNav"]').get_by_text(title).click()
         page.get_by_role("heading", name=heading).wait_for()
         _settle(page)
