@@ -24,7 +24,6 @@ ERROR_TEXTS = ("Traceback", "StreamlitAPIException")
 def app_url():
     if not os.path.exists(CHROMIUM):
         pytest.skip(f"{CHROMIUM} is absent (apt-get install -y chromium)")
-    pytest.importorskip("playwright.sync_api")
     port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "streamlit", "run", str(ROOT / "app.py"),

@@ -20,8 +20,10 @@ MAX_UPLOAD_MB = 20  # also Streamlit's server.maxUploadSize (launch.STREAMLIT_OP
 UPLOADS = Path(tempfile.gettempdir()) / "kvsim-uploads"
 
 
-def shared_trace_files(root: Path = SHARED_TRACES) -> list[str]:
-    """Trace files under ``root`` (relative names, sorted), empty when the folder is absent."""
+def shared_trace_files(root: Path | None = None) -> list[str]:
+    """Trace files under ``root`` (default SHARED_TRACES; relative names, sorted), empty when
+    the folder is absent."""
+    root = SHARED_TRACES if root is None else root
     if not root.is_dir():
         return []
     return sorted(str(p.relative_to(root)) for p in root.rglob("*")
