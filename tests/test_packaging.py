@@ -7,6 +7,7 @@ to them, which leaves out kvsim's own editable install; kvsim and Hugging Face's
 in the fresh environment's own site-packages, and the test checks that they are the ones imported.
 Needs PyPI (CI reaches it); the wheel is built from a copy of the tree, so the checkout stays clean.
 """
+import fcntl
 import json
 import re
 import shutil
@@ -21,8 +22,7 @@ from pathlib import Path
 import pytest
 from streamlit_server import free_port, stop, wait_until_serving
 
-# one worker builds the wheel and the venv once for all these tests (make test: --dist loadgroup)
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("packaging")]
+pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parent.parent
 HF_KERNELS = "kernels==0.17.2"  # Hugging Face's package (pinned: CI must not change by itself)
@@ -42,24 +42,18 @@ def _run(cmd, **kwargs) -> str:
     return proc.stdout
 
 
-@pytest.fixture(scope="module")
-def wheel(tmp_path_factory) -> Path:
-    """kvsim's wheel, built from a copy of the tree without build isolation (no download)."""
-    tmp = tmp_path_factory.mktemp("wheel")
+def _build(tmp: Path) -> dict:
+    """Build the wheel from a copy of the tree (no build isolation, no download) and install it
+    with Hugging Face's kernels into a fresh venv under ``tmp``; the paths and seconds taken."""
+    times = {}
+    t0 = time.monotonic()
     src = tmp / "src"
     shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(*NOT_COPIED))
     _run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
           "--no-index", "-w", tmp / "dist", src])
-    (path,) = (tmp / "dist").glob("kvsim-*.whl")
-    return path
+    (wheel,) = (tmp / "dist").glob("kvsim-*.whl")
+    times["build wheel"] = time.monotonic() - t0
 
-
-@pytest.fixture(scope="module")
-def fresh(wheel, tmp_path_factory):
-    """A fresh venv with the wheel and Hugging Face's kernels installed; returns (bin, purelib,
-    seconds taken per step)."""
-    tmp = tmp_path_factory.mktemp("fresh")
-    times = {}
     t0 = time.monotonic()
     env_dir = tmp / "venv"
     _run([sys.executable, "-m", "venv", "--without-pip", env_dir])
@@ -89,7 +83,34 @@ def fresh(wheel, tmp_path_factory):
     t0 = time.monotonic()
     _run([*pip, HF_KERNELS])
     times["install kernels"] = time.monotonic() - t0
-    return env_dir / "bin", purelib, times
+    return {"wheel": str(wheel), "bin": str(env_dir / "bin"), "purelib": str(purelib),
+            "times": times}
+
+
+@pytest.fixture(scope="session")
+def built(tmp_path_factory, worker_id) -> dict:
+    """_build once per test run: under xdist the first worker builds, the other waits on a lock
+    and reuses the result (xdist's recipe for a session fixture that runs once)."""
+    if worker_id == "master":
+        return _build(tmp_path_factory.mktemp("packaging"))
+    run_tmp = tmp_path_factory.getbasetemp().parent  # this run's folder, shared by its workers
+    with open(run_tmp / "packaging.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        done = run_tmp / "packaging.json"
+        if not done.exists():
+            done.write_text(json.dumps(_build(run_tmp / "packaging")))
+        return json.loads(done.read_text())
+
+
+@pytest.fixture(scope="session")
+def wheel(built) -> Path:
+    return Path(built["wheel"])
+
+
+@pytest.fixture(scope="session")
+def fresh(built):
+    """(bin folder, site-packages, seconds taken per step) of the fresh venv."""
+    return Path(built["bin"]), Path(built["purelib"]), built["times"]
 
 
 def test_wheel_holds_only_the_kvsim_namespace(wheel):
