@@ -100,12 +100,14 @@ def test_shared_traces_with_and_without_timestamps(shared_traces):
 # ---------------------------------------------------------------- scenario
 def test_engine_setup_sizes_both_sides_with_the_same_memory():
     sc = Scenario(SMALL, capacity_tokens=4096, block_size=32, step_s=0.01)
-    paged, cost = engine_setup(sc, "paged")
-    assert (paged.num_blocks, paged.capacity_tokens, paged.null_block) == (128, None, False)
-    assert cost.step_s == 0.01
-    contiguous, _ = engine_setup(sc, "max")
+    paged = engine_setup(sc, "paged")
+    assert (paged.config.num_blocks, paged.config.capacity_tokens) == (128, None)
+    assert not paged.config.null_block and paged.cost.step_s == 0.01
+    contiguous = engine_setup(sc, "max").config
     assert (contiguous.num_blocks, contiguous.capacity_tokens) == (None, 4096)
     assert contiguous.max_model_len == sc.max_model_len == 4096
+    # replay's batch limits, not a GPU's (no model or GPU is involved)
+    assert (contiguous.max_num_seqs, contiguous.max_num_batched_tokens) == (256, 8192)
 
 
 def test_frame_times_and_frame_budget():
@@ -145,8 +147,8 @@ def test_scenario_is_deterministic(runs):
         pd.testing.assert_frame_equal(a.timeseries, b.timeseries)
 
 
-def test_impossible_pool_is_a_value_error():
-    with pytest.raises(ValueError, match="num_blocks must be >= 1, got 0"):
+def test_impossible_pool_is_an_input_error():
+    with pytest.raises(InputError, match="kv_tokens 8 is less than one block of 16 tokens"):
         simulate_scenario(Scenario(SMALL, capacity_tokens=8), sources.load_requests(SMALL))
 
 
@@ -310,7 +312,11 @@ def test_dashboard_subcommand_becomes_streamlit(monkeypatch):
     assert calls == [(sys.executable, launch.streamlit_command(9001, False))]
 
 
-def test_dashboard_subcommand_bad_port_is_one_line(capsys):
+@pytest.mark.parametrize("port, why", [("70000", "must be <= 65535, got 70000"),
+                                       ("0", "must be >= 1, got 0")])
+def test_dashboard_subcommand_bad_port_is_a_usage_error(capsys, port, why):
     from kvsim.cli import main
-    assert main(["dashboard", "--port", "70000"]) == 2
-    assert capsys.readouterr().err == "kvsim: error: port must be in 1..65535, got 70000\n"
+    with pytest.raises(SystemExit) as stop:
+        main(["dashboard", "--port", port])
+    assert stop.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1].endswith(f"argument --port: {why}")

@@ -10,8 +10,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from kvsim.cli.options import ENGINE_BATCH_DEFAULTS
 from kvsim.dashboard.sources import Workload
-from kvsim.simulator import EngineConfig, FixedStepCost, simulate
+from kvsim.planner.engine_setup import EngineSetup, build_engine
+from kvsim.simulator import simulate
 
 
 @dataclass(frozen=True)
@@ -41,19 +43,19 @@ class Run:
     summary_json: str = "{}"  # the simulator's own JSON of the summary (NaN written as null)
 
 
-def engine_setup(scenario: Scenario, allocator: str):
-    """The EngineConfig and the step-cost model of one side of the scenario.
+def engine_setup(scenario: Scenario, allocator: str) -> EngineSetup:
+    """One side of the scenario through planner's one builder (build_engine).
 
-    The one place the dashboard turns its settings into the simulator's inputs: a pool of
-    ``capacity_tokens`` (in blocks for the paged side, no null block) and a fixed step time.
+    A teaching pool: ``capacity_tokens`` usable slots on both sides, no null block, replay's batch
+    limits (EngineConfig's 256 sequences and 8192 tokens, not a GPU's) and a fixed step time.
+    Raises InputError for a pool smaller than one block.
     """
-    size = ({"num_blocks": scenario.capacity_tokens // scenario.block_size}
-            if allocator == "paged" else {"capacity_tokens": scenario.capacity_tokens})
-    config = EngineConfig(
+    max_num_seqs, max_num_batched_tokens = ENGINE_BATCH_DEFAULTS
+    return build_engine(
         allocator=allocator, placement=scenario.placement, block_size=scenario.block_size,
-        max_model_len=scenario.max_model_len, enable_prefix_caching=scenario.enable_prefix_caching,
-        **size)
-    return config, FixedStepCost(scenario.step_s)
+        kv_tokens=scenario.capacity_tokens, null_block=False, max_model_len=scenario.max_model_len,
+        max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+        enable_prefix_caching=scenario.enable_prefix_caching, step_s=scenario.step_s)
 
 
 def frame_times(end_s: float, num_frames: int) -> np.ndarray:
@@ -80,19 +82,19 @@ def simulate_scenario(scenario: Scenario, requests: list) -> tuple[Run, Run]:
     """Simulate both configurations on ``requests``; one Run per side.
 
     Both sides are snapshotted at the same times (from 0 to the later of the two ends), so the
-    time scrubber moves both pools through the same moment. Raises ValueError for an impossible
+    time scrubber moves both pools through the same moment. Raises InputError for an impossible
     configuration.
     """
     setups = [engine_setup(scenario, a) for a in scenario.allocators]
     # a first pass finds when each run ends; the second takes the snapshots
-    ends_s = [float(simulate(requests, config, cost, record_requests=False)
+    ends_s = [float(simulate(requests, s.config, s.cost, record_requests=False)
                     .summary["simulated_duration_s"])
-              for config, cost in setups]
+              for s in setups]
     times = frame_times(max(ends_s), num_frames_for(scenario))
     runs = []
-    for allocator, (config, cost), end_s in zip(scenario.allocators, setups, ends_s):
+    for allocator, setup, end_s in zip(scenario.allocators, setups, ends_s):
         # one more snapshot at the run's end: the faster side shows its final pool from then on
-        result = simulate(requests, config, cost,
+        result = simulate(requests, setup.config, setup.cost,
                           snapshot_times_s=tuple(sorted({*times.tolist(), end_s})))
         taken_s = np.array([t for t, _, _ in result.snapshots])
         pick = np.clip(np.searchsorted(taken_s, times, side="right") - 1, 0, len(taken_s) - 1)
