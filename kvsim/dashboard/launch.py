@@ -28,13 +28,7 @@ def _flag_value(value) -> str:
 
 
 def streamlit_command(port: int, headless: bool) -> list[str]:
-    """The command line that serves the dashboard on ``port``.
-
-    Raises:
-        ValueError for a port outside 1..65535.
-    """
-    if not 0 < port < 65536:
-        raise ValueError(f"port must be in 1..65535, got {port}")
+    """The command line that serves the dashboard on ``port`` (checked by ``kvsim dashboard``)."""
     options = {**STREAMLIT_OPTIONS, "server.port": port, "server.headless": headless}
     return [sys.executable, "-m", "streamlit", "run", str(ENTRY_SCRIPT),
             *(arg for key, value in options.items() for arg in (f"--{key}", _flag_value(value)))]
