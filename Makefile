@@ -23,7 +23,7 @@ $(TEST_STAMP): $(STAMP) requirements-test.txt
 	touch $(TEST_STAMP)
 
 test: $(TEST_STAMP)
-	$(PY) -m pytest -q -n 2 tests
+	$(PY) -m pytest -q -n 2 --dist loadgroup tests
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis
