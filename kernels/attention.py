@@ -786,7 +786,7 @@ def _int_tensor(name: str, t, device: torch.device, shape: tuple) -> None:
     if t.device != device:
         raise ValueError(f"{name} is on {t.device} but query is on {device}")
     if tuple(t.shape) != shape:
-        dims = {"block_tables": "[num_seqs={}, max_num_blocks_per_seq]", "seq_lens": "[num_seqs={}]",
+        dims = {"block_tables": "[num_seqs={}, max_num_blocks_per_seq]", "seq_lens": "[num_seqs={}] (1-D)",
                 "query_start_loc": "[num_seqs + 1 = {}]"}[name]
         raise ValueError(f"{name} must be {dims.format(shape[0])}, got {tuple(t.shape)}")
 
@@ -852,13 +852,11 @@ def _launch(query, key_cache, value_cache, block_tables, seq_lens, query_start_l
         raise ValueError(f"num_heads {num_heads} is not a multiple of num_kv_heads {geom.num_kv_heads}")
     if key_cache.device != device:
         raise ValueError(f"key_cache is on {key_cache.device} but query is on {device}")
-    num_seqs = num_tokens if query_start_loc is None else (
-        query_start_loc.shape[0] - 1 if isinstance(query_start_loc, torch.Tensor) and query_start_loc.dim() == 1
-        else -1)
-    if query_start_loc is not None:
-        if num_seqs < 0:
-            raise ValueError("query_start_loc must be a 1-D int tensor [num_seqs + 1], got "
-                             f"{tuple(getattr(query_start_loc, 'shape', ()))}")
+    if query_start_loc is None:  # decode: one sequence per query row
+        num_seqs = num_tokens
+    else:  # as vLLM: one sequence per seq_lens entry
+        num_seqs = seq_lens.shape[0] if isinstance(seq_lens, torch.Tensor) and seq_lens.dim() == 1 else -1
+        _int_tensor("seq_lens", seq_lens, device, (max(num_seqs, 0),))
         _int_tensor("query_start_loc", query_start_loc, device, (num_seqs + 1,))
     _int_tensor("block_tables", block_tables, device, (num_seqs, block_tables.shape[-1] if
                                                        isinstance(block_tables, torch.Tensor) and block_tables.dim() == 2

@@ -7,7 +7,7 @@ from kvsim.kernels.layout import to_flat
 
 
 def dense_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float) -> torch.Tensor:
-    """Attention of one query token over contiguous K/V, in float64.
+    """Attention of one query token (the sequence's last) over contiguous K/V, in float64.
 
     Args:
         query: [num_heads, head_size].
@@ -17,12 +17,7 @@ def dense_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     Returns:
         [num_heads, head_size] float64.
     """
-    q = query.to(torch.float64)
-    group = q.shape[0] // key.shape[1]
-    k = key.to(torch.float64).repeat_interleave(group, dim=1)   # [L, H, D]
-    v = value.to(torch.float64).repeat_interleave(group, dim=1)
-    logits = torch.einsum("hd,lhd->hl", q, k) * scale
-    return torch.einsum("hl,lhd->hd", torch.softmax(logits, dim=-1), v)
+    return dense_causal_attention(query[None], key, value, scale)[0]
 
 
 def dense_causal_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float,
@@ -31,7 +26,8 @@ def dense_causal_attention(query: torch.Tensor, key: torch.Tensor, value: torch.
 
     Args:
         query: [q_len, num_heads, head_size], the tokens at positions L - q_len .. L - 1.
-        key, value: [L, num_kv_heads, head_size] (GQA as in :func:`dense_attention`).
+        key, value: [L, num_kv_heads, head_size]; query head h reads KV head
+            h // (num_heads // num_kv_heads) (GQA).
         scale: softmax scale.
         sliding_window: None, or position p attends to [p - sliding_window + 1, p] only.
     Returns:
@@ -71,17 +67,14 @@ def gather_kv(key_cache: torch.Tensor, value_cache: torch.Tensor, block_table: t
 def reference_paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
                               block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float,
                               layout: str = "flat") -> torch.Tensor:
-    """Float64 result that ``paged_attention`` must match: per sequence, gather its blocks into
-    contiguous K/V and run :func:`dense_attention`.
+    """Float64 result that ``paged_attention`` must match (one new token per sequence).
 
     Returns:
         [num_seqs, num_heads, head_size] float64 on the CPU.
     """
-    outs = []
-    for i in range(query.shape[0]):
-        k, v = gather_kv(key_cache, value_cache, block_tables[i], int(seq_lens[i]), layout)
-        outs.append(dense_attention(query[i].cpu(), k.cpu(), v.cpu(), scale))
-    return torch.stack(outs) if outs else torch.empty(0, *query.shape[1:], dtype=torch.float64)
+    query_start_loc = torch.arange(query.shape[0] + 1)
+    return reference_unified_attention(query, key_cache, value_cache, block_tables, seq_lens, query_start_loc,
+                                       scale, layout)
 
 
 def reference_unified_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
