@@ -83,6 +83,7 @@ FUSED_MERGE_MAX_ROWS = 64  # partitions x query rows that one program merges, at
 MERGE_TILE_ELEMS = 4096  # fp32 partial-result elements one merge step loads on GPU (16 KB)
 PREFILL_ROWS = 128  # query rows (tokens x heads of a group) of a program in a launch with prefills
 PREFILL_TILE = 64  # KV tokens per tile there
+PREFILL_WARPS = 4  # H200 sweep (bench/results/kernels_h200_tune5.csv): 4 warps beat 8 by 1.2-1.3x
 PREFILL_STAGES = 3
 INTERPRETER_ROWS = 128  # the interpreter pays per program-iteration: big blocks
 
@@ -100,6 +101,7 @@ class KernelConfig:
         (0 = none; None = planned).
     longest_first: launches with prefills start with the last q-blocks (the longest causal rows and
         the decodes listed after the prefills), so that short programs fill the tail.
+    small_unmasked_full_tiles: ``unmasked_full_tiles`` of the small-row path.
     """
     tile_tokens: int
     num_warps: int = 4
@@ -109,6 +111,7 @@ class KernelConfig:
     block_rows: int | None = None
     small_rows: int | None = None
     longest_first: bool = True
+    small_unmasked_full_tiles: bool = True
 
     def __post_init__(self):
         for name in ("tile_tokens", "block_rows", "small_rows"):
@@ -235,9 +238,10 @@ def plan_attention(num_tokens: int, num_seqs: int, num_heads: int, num_kv_heads:
     Decode-only launches (num_tokens == num_seqs) run one token per program, 16+ rows, with the
     decode tile rule (``_decode_config``) and split-KV below one wave (``plan_partitions``).
     Launches with prefills run PREFILL_ROWS rows (fewer when every q_len x group is smaller), with
-    PREFILL_TILE-token tiles, 8 warps at 128 rows; their q-blocks of few rows (decodes) run a
-    small-row path; they split only when few programs would read long KV (few query tokens over a
-    long context). Split-KV merges in the attention kernel when partitions x rows <= 64
+    PREFILL_TILE-token tiles, PREFILL_WARPS warps and PREFILL_STAGES stages; their q-blocks of few
+    rows (decodes) run a small-row path, with every tile masked in large flat launches as the
+    decode rule does; they split only when few programs would read long KV (few query tokens over
+    a long context). Split-KV merges in the attention kernel when partitions x rows <= 64
     (FUSED_MERGE_MAX_ROWS), else in a separate reduce launch.
 
     Args:
@@ -285,7 +289,10 @@ def plan_attention(num_tokens: int, num_seqs: int, num_heads: int, num_kv_heads:
     elif decode_only or block_rows <= 32:
         cfg = _decode_config(num_qblocks * num_kv_heads, layout, partition_size is not None, base, device, fused)
     else:
-        cfg = KernelConfig(PREFILL_TILE, 8 if block_rows >= 128 else 4, PREFILL_STAGES, fused_reduce=fused)
+        # the small-row path (decodes) follows the decode rule: a large flat launch masks every tile
+        large = num_qblocks * num_kv_heads > 2 * num_sms(device)
+        cfg = KernelConfig(PREFILL_TILE, PREFILL_WARPS, PREFILL_STAGES, fused_reduce=fused,
+                           small_unmasked_full_tiles=not (large and layout == "flat"))
     tile = cfg.tile_tokens
     if partition_size is not None:
         # the tile must divide the partition so that no tile straddles two partitions
@@ -380,8 +387,10 @@ def _scratch(device: torch.device, num_elems: int) -> torch.Tensor:
 def _find_seq(qsl_ptr, target, num_seqs, BLOCK_Q: tl.constexpr, BY_QBLOCK: tl.constexpr):
     """The last sequence whose first program (BY_QBLOCK: q-block index query_start_loc[s] //
     BLOCK_Q + s; else its first token query_start_loc[s]) is <= target (binary search)."""
-    lo = num_seqs * 0
-    hi = num_seqs - 1
+    # explicit int32 scalars: an int argument equal to 1 is specialised to a constant, and loop-carried
+    # values must keep one type
+    lo = tl.full([], 0, tl.int32)
+    hi = tl.full([], 0, tl.int32) + num_seqs - 1
     while lo < hi:
         mid = (lo + hi + 1) // 2
         key = tl.load(qsl_ptr + mid)
@@ -668,7 +677,7 @@ def _attention_kernel(
     V_TOKENS_CONTIGUOUS: tl.constexpr, RUN: tl.constexpr, SPLIT: tl.constexpr, UPCAST_DOT: tl.constexpr,
     IEEE: tl.constexpr, UNMASKED_FULL_TILES: tl.constexpr, FUSED: tl.constexpr,
     PARTS_PER_STEP: tl.constexpr, DECODE_ONLY: tl.constexpr, WINDOW: tl.constexpr,
-    LONGEST_FIRST: tl.constexpr,
+    LONGEST_FIRST: tl.constexpr, SMALL_UNMASKED: tl.constexpr,
 ):
     pid = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -694,22 +703,32 @@ def _attention_kernel(
     if n_tok > 0:  # programs past their sequence's last q-block (the grid is a bound) do nothing
         seq_len = tl.load(seq_lens_ptr + seq).to(tl.int32)
         bt_row = block_tables_ptr + seq.to(tl.int64) * stride_bt_seq
+        # (a constexpr test outside: a variable set to False in Triton is a tensor, and both paths
+        # would be compiled)
         if SMALL_M > 0:
             # mixed launch: a q-block of few rows (a decode) runs the small-row path
-            small = n_tok * GROUP <= SMALL_M
-        else:
-            small = False
-        if small:
-            _attend_qblock(
-                out_ptr, tmp_ptr, m_ptr, l_ptr, counters_ptr, q_ptr, k_ptr, v_ptr, bt_row,
-                qblock, kv_head, part, tok0, n_tok, seq_len, q_len, first, qk_scale, sliding_window,
-                tiles_per_part, num_kv_heads, stride_q_tok, stride_q_head, stride_o_tok, stride_o_head,
-                stride_t_tok, stride_t_head, stride_t_part, stride_ml_tok, stride_ml_head,
-                k_stride_block, k_stride_token, k_stride_head, k_stride_dx, k_stride_x,
-                v_stride_block, v_stride_token, v_stride_head, v_stride_dx, v_stride_x,
-                SMALL_M, SMALL_MERGE_ROWS, GROUP, HEAD_SIZE, BLOCK_D, BLOCK_SIZE, TILE, K_X, V_X,
-                V_TOKENS_CONTIGUOUS, RUN, SPLIT, UPCAST_DOT, IEEE, UNMASKED_FULL_TILES, FUSED, PARTS_PER_STEP,
-                SMALL_M // GROUP > 1, WINDOW)
+            if n_tok * GROUP <= SMALL_M:
+                _attend_qblock(
+                    out_ptr, tmp_ptr, m_ptr, l_ptr, counters_ptr, q_ptr, k_ptr, v_ptr, bt_row,
+                    qblock, kv_head, part, tok0, n_tok, seq_len, q_len, first, qk_scale, sliding_window,
+                    tiles_per_part, num_kv_heads, stride_q_tok, stride_q_head, stride_o_tok, stride_o_head,
+                    stride_t_tok, stride_t_head, stride_t_part, stride_ml_tok, stride_ml_head,
+                    k_stride_block, k_stride_token, k_stride_head, k_stride_dx, k_stride_x,
+                    v_stride_block, v_stride_token, v_stride_head, v_stride_dx, v_stride_x,
+                    SMALL_M, SMALL_MERGE_ROWS, GROUP, HEAD_SIZE, BLOCK_D, BLOCK_SIZE, TILE, K_X, V_X,
+                    V_TOKENS_CONTIGUOUS, RUN, SPLIT, UPCAST_DOT, IEEE, SMALL_UNMASKED, FUSED, PARTS_PER_STEP,
+                    SMALL_M // GROUP > 1, WINDOW)
+            else:
+                _attend_qblock(
+                    out_ptr, tmp_ptr, m_ptr, l_ptr, counters_ptr, q_ptr, k_ptr, v_ptr, bt_row,
+                    qblock, kv_head, part, tok0, n_tok, seq_len, q_len, first, qk_scale, sliding_window,
+                    tiles_per_part, num_kv_heads, stride_q_tok, stride_q_head, stride_o_tok, stride_o_head,
+                    stride_t_tok, stride_t_head, stride_t_part, stride_ml_tok, stride_ml_head,
+                    k_stride_block, k_stride_token, k_stride_head, k_stride_dx, k_stride_x,
+                    v_stride_block, v_stride_token, v_stride_head, v_stride_dx, v_stride_x,
+                    BLOCK_M, MERGE_ROWS, GROUP, HEAD_SIZE, BLOCK_D, BLOCK_SIZE, TILE, K_X, V_X,
+                    V_TOKENS_CONTIGUOUS, RUN, SPLIT, UPCAST_DOT, IEEE, UNMASKED_FULL_TILES, FUSED, PARTS_PER_STEP,
+                    BLOCK_Q > 1, WINDOW)
         else:
             _attend_qblock(
                 out_ptr, tmp_ptr, m_ptr, l_ptr, counters_ptr, q_ptr, k_ptr, v_ptr, bt_row,
@@ -926,7 +945,8 @@ def _launch(query, key_cache, value_cache, block_tables, seq_lens, query_start_l
         UPCAST_DOT=_INTERPRET and query.dtype == torch.bfloat16, IEEE=query.dtype == torch.float32,
         UNMASKED_FULL_TILES=cfg.unmasked_full_tiles, FUSED=split and plan.fused,
         PARTS_PER_STEP=plan.parts_per_step, DECODE_ONLY=plan.decode_only, WINDOW=sliding_window is not None,
-        LONGEST_FIRST=cfg.longest_first, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        LONGEST_FIRST=cfg.longest_first, SMALL_UNMASKED=cfg.small_unmasked_full_tiles, num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages)
     if split and not plan.fused:
         _reduce_partitions_kernel[(num_tokens, num_heads)](
             out, tmp, m, l, seq_lens, qsl, sliding_window or 0, plan.partition_size // plan.tile, num_seqs,

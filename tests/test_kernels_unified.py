@@ -172,7 +172,8 @@ def test_small_row_path_for_decodes_in_a_mixed_launch():
     # 64-row programs: the prefill's q-blocks run 64 rows, the decodes and the 2-token chunk take the
     # 16-row path; both paths compute the same attention
     case = make_batch(contexts=[0, 40, 300, 17], q_lens=[100, 1, 1, 2], seed=7)
-    outs = [run(case, config=KernelConfig(64, block_rows=64, small_rows=small)) for small in (16, 0)]
+    outs = [run(case, config=KernelConfig(64, block_rows=64, small_rows=small, small_unmasked_full_tiles=False))
+            for small in (16, 0)]
     assert_matches_reference(case, outs[0], TOL[torch.float32])
     assert (outs[0] - outs[1]).abs().max() <= 1e-6 * outs[1].abs().max()
     assert torch.equal(outs[0], run(identity_batch(case), config=KernelConfig(64, block_rows=64, small_rows=16)))
@@ -250,7 +251,8 @@ def test_dispatch_rules_on_a_gpu(monkeypatch):
     # prefill: 128-row programs (16 tokens x 8 heads at GQA 8), 64-token tiles, 8 warps, no split;
     # a decode-sized path for the decodes next to it
     plan = plan_attention(8192 + 64, 65, 32, 4, 128, 32768, 8192, "flat", cuda)
-    assert (plan.block_rows, plan.block_q, plan.tile, plan.config.num_warps, plan.small_rows) == (128, 16, 64, 8, 16)
+    assert (plan.block_rows, plan.block_q, plan.tile, plan.config.num_warps, plan.small_rows) == (128, 16, 64, 4, 16)
+    assert not plan.config.small_unmasked_full_tiles  # the decodes of a large launch: every tile masked
     assert plan.partition_size is None and plan.num_qblocks == (8192 + 64) // 16 + 65
     # a few query tokens over a long context (speculative decoding): few programs, split-KV
     plan = plan_attention(4, 1, 32, 8, 128, 32768, 4, "flat", cuda)
