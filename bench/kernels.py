@@ -764,7 +764,7 @@ def raw_launch(q, kc, vc, tables, lens, ctx):
         tmp = m = l = counters = out
         t_str = (0,) * 5
     geom, ks, vs, kv_strides = attn._geometry(kc, vc, "flat")
-    grid = (plan.num_qblocks, kc.shape[2], plan.num_parts if split else 1)
+    grid = (kc.shape[2], plan.num_qblocks, plan.num_parts if split else 1)
     args = (out, tmp, m, l, counters, q, kc, vc, tables, lens, lens, SCALE * attn.LOG2E, 0,
             plan.partition_size // plan.tile if split else 0, q.shape[0], plan.num_qblocks, kc.shape[2],
             q.stride(0), q.stride(1), out.stride(0), out.stride(1), *t_str, tables.stride(0), *kv_strides)

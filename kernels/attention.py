@@ -558,73 +558,76 @@ def _attend_qblock(
     else:
         num_parts = 1
         a = j_lo
-    if part < num_parts:  # a partition past this q-block's range has no tokens: nothing to do
-        rows = tl.arange(0, ROWS)
-        r_tok = rows // GROUP
-        row_ok = (rows < (ROWS // GROUP) * GROUP) & (r_tok < n_tok)
-        heads = kv_head * GROUP + rows % GROUP
-        d = tl.arange(0, BLOCK_D)
-        d_ok = d < HEAD_SIZE
-        q_rows = tok0 + r_tok
-        q = tl.load(q_ptr + q_rows.to(tl.int64)[:, None] * stride_q_tok + heads[:, None] * stride_q_head + d[None, :],
-                    mask=row_ok[:, None] & d_ok[None, :], other=0.0)
-        if UPCAST_DOT:
-            q = q.to(tl.float32)
-        pos = p_lo + tl.minimum(r_tok, n_tok - 1)  # padding rows: the last token's position
-        # address pieces that do not depend on the token
-        k_d = (d // K_X) * k_stride_dx + (d % K_X) * k_stride_x
-        if K_X > 1:
-            # vLLM K layout: runs of x elements (16 bytes) are contiguous; tell the compiler so that
-            # it issues 16-byte loads
-            k_d = tl.max_contiguous(tl.multiple_of(k_d, K_X), K_X)
-        v_d = (d // V_X) * v_stride_dx + (d % V_X) * v_stride_x
-        k_base = k_ptr + kv_head.to(tl.int64) * k_stride_head
-        v_base = v_ptr + kv_head.to(tl.int64) * v_stride_head
+    # the loops run for every program (empty past the q-block's range) and only the stores below are
+    # guarded, as in the decode-only kernel before: guarding the whole body made MHA split launches
+    # 1.2-1.3x slower on the H200 (bench/results/kernels_h200_decode_fix.csv)
+    rows = tl.arange(0, ROWS)
+    r_tok = rows // GROUP
+    row_ok = (rows < (ROWS // GROUP) * GROUP) & (r_tok < n_tok)
+    heads = kv_head * GROUP + rows % GROUP
+    d = tl.arange(0, BLOCK_D)
+    d_ok = d < HEAD_SIZE
+    q_rows = tok0 + r_tok
+    q = tl.load(q_ptr + q_rows.to(tl.int64)[:, None] * stride_q_tok + heads[:, None] * stride_q_head + d[None, :],
+                mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+    if UPCAST_DOT:
+        q = q.to(tl.float32)
+    pos = p_lo + tl.minimum(r_tok, n_tok - 1)  # padding rows: the last token's position
+    # address pieces that do not depend on the token
+    k_d = (d // K_X) * k_stride_dx + (d % K_X) * k_stride_x
+    if K_X > 1:
+        # vLLM K layout: runs of x elements (16 bytes) are contiguous; tell the compiler so that
+        # it issues 16-byte loads
+        k_d = tl.max_contiguous(tl.multiple_of(k_d, K_X), K_X)
+    v_d = (d // V_X) * v_stride_dx + (d % V_X) * v_stride_x
+    k_base = k_ptr + kv_head.to(tl.int64) * k_stride_head
+    v_base = v_ptr + kv_head.to(tl.int64) * v_stride_head
 
-        m_i = tl.full([ROWS], float("-inf"), dtype=tl.float32)
-        l_i = tl.zeros([ROWS], dtype=tl.float32)
-        acc = tl.zeros([ROWS, BLOCK_D], dtype=tl.float32)
-        if UNMASKED_FULL_TILES:
-            # tiles [a, b): window edge, masked; [b, c): seen whole by every row, no masks;
-            # [c, j_hi): the causal diagonal (a decode's last, partial tile), masked
-            b = tl.minimum(tl.maximum(tl.cdiv(full_lo, TILE), a), j_hi)
-            c = tl.minimum(tl.maximum((p_lo + 1) // TILE, b), j_hi)
-            if WINDOW:
-                for j in range(a, b):
-                    m_i, l_i, acc = _attend_tile(
-                        q, m_i, l_i, acc, j, lo, hi, pos, bt_row, k_base, v_base, k_d, v_d, d_ok, qk_scale,
-                        sliding_window, k_stride_block, k_stride_token, v_stride_block, v_stride_token,
-                        HEAD_SIZE, BLOCK_D, BLOCK_SIZE, TILE, V_TOKENS_CONTIGUOUS, RUN, UPCAST_DOT, IEEE,
-                        True, ROW_MASKS, WINDOW)
-            for j in range(b, c):
-                m_i, l_i, acc = _attend_tile(
-                    q, m_i, l_i, acc, j, lo, hi, pos, bt_row, k_base, v_base, k_d, v_d, d_ok, qk_scale,
-                    sliding_window, k_stride_block, k_stride_token, v_stride_block, v_stride_token,
-                    HEAD_SIZE, BLOCK_D, BLOCK_SIZE, TILE, V_TOKENS_CONTIGUOUS, RUN, UPCAST_DOT, IEEE,
-                    False, ROW_MASKS, WINDOW)
-            if ROW_MASKS:
-                for j in range(c, j_hi):
-                    m_i, l_i, acc = _attend_tile(
-                        q, m_i, l_i, acc, j, lo, hi, pos, bt_row, k_base, v_base, k_d, v_d, d_ok, qk_scale,
-                        sliding_window, k_stride_block, k_stride_token, v_stride_block, v_stride_token,
-                        HEAD_SIZE, BLOCK_D, BLOCK_SIZE, TILE, V_TOKENS_CONTIGUOUS, RUN, UPCAST_DOT, IEEE,
-                        True, ROW_MASKS, WINDOW)
-            elif c < j_hi:  # one token per program: at most one partial tile
-                m_i, l_i, acc = _attend_tile(
-                    q, m_i, l_i, acc, c, lo, hi, pos, bt_row, k_base, v_base, k_d, v_d, d_ok, qk_scale,
-                    sliding_window, k_stride_block, k_stride_token, v_stride_block, v_stride_token,
-                    HEAD_SIZE, BLOCK_D, BLOCK_SIZE, TILE, V_TOKENS_CONTIGUOUS, RUN, UPCAST_DOT, IEEE,
-                    True, ROW_MASKS, WINDOW)
-        else:
-            for j in range(a, j_hi):
+    m_i = tl.full([ROWS], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([ROWS], dtype=tl.float32)
+    acc = tl.zeros([ROWS, BLOCK_D], dtype=tl.float32)
+    if UNMASKED_FULL_TILES:
+        # tiles [a, b): window edge, masked; [b, c): seen whole by every row, no masks;
+        # [c, j_hi): the causal diagonal (a decode's last, partial tile), masked
+        b = tl.minimum(tl.maximum(tl.cdiv(full_lo, TILE), a), j_hi)
+        c = tl.minimum(tl.maximum((p_lo + 1) // TILE, b), j_hi)
+        if WINDOW:
+            for j in range(a, b):
                 m_i, l_i, acc = _attend_tile(
                     q, m_i, l_i, acc, j, lo, hi, pos, bt_row, k_base, v_base, k_d, v_d, d_ok, qk_scale,
                     sliding_window, k_stride_block, k_stride_token, v_stride_block, v_stride_token,
                     HEAD_SIZE, BLOCK_D, BLOCK_SIZE, TILE, V_TOKENS_CONTIGUOUS, RUN, UPCAST_DOT, IEEE,
                     True, ROW_MASKS, WINDOW)
+        for j in range(b, c):
+            m_i, l_i, acc = _attend_tile(
+                q, m_i, l_i, acc, j, lo, hi, pos, bt_row, k_base, v_base, k_d, v_d, d_ok, qk_scale,
+                sliding_window, k_stride_block, k_stride_token, v_stride_block, v_stride_token,
+                HEAD_SIZE, BLOCK_D, BLOCK_SIZE, TILE, V_TOKENS_CONTIGUOUS, RUN, UPCAST_DOT, IEEE,
+                False, ROW_MASKS, WINDOW)
+        if ROW_MASKS:
+            for j in range(c, j_hi):
+                m_i, l_i, acc = _attend_tile(
+                    q, m_i, l_i, acc, j, lo, hi, pos, bt_row, k_base, v_base, k_d, v_d, d_ok, qk_scale,
+                    sliding_window, k_stride_block, k_stride_token, v_stride_block, v_stride_token,
+                    HEAD_SIZE, BLOCK_D, BLOCK_SIZE, TILE, V_TOKENS_CONTIGUOUS, RUN, UPCAST_DOT, IEEE,
+                    True, ROW_MASKS, WINDOW)
+        elif c < j_hi:  # one token per program: at most one partial tile
+            m_i, l_i, acc = _attend_tile(
+                q, m_i, l_i, acc, c, lo, hi, pos, bt_row, k_base, v_base, k_d, v_d, d_ok, qk_scale,
+                sliding_window, k_stride_block, k_stride_token, v_stride_block, v_stride_token,
+                HEAD_SIZE, BLOCK_D, BLOCK_SIZE, TILE, V_TOKENS_CONTIGUOUS, RUN, UPCAST_DOT, IEEE,
+                True, ROW_MASKS, WINDOW)
+    else:
+        for j in range(a, j_hi):
+            m_i, l_i, acc = _attend_tile(
+                q, m_i, l_i, acc, j, lo, hi, pos, bt_row, k_base, v_base, k_d, v_d, d_ok, qk_scale,
+                sliding_window, k_stride_block, k_stride_token, v_stride_block, v_stride_token,
+                HEAD_SIZE, BLOCK_D, BLOCK_SIZE, TILE, V_TOKENS_CONTIGUOUS, RUN, UPCAST_DOT, IEEE,
+                True, ROW_MASKS, WINDOW)
 
-        out_mask = row_ok[:, None] & d_ok[None, :]
-        if SPLIT:
+    out_mask = row_ok[:, None] & d_ok[None, :]
+    if SPLIT:
+        if part < num_parts:  # a partition past this q-block's range has no tokens: nothing to merge
             # unnormalised partial result (acc, m, l), merged in partition order (below, or by
             # _reduce_partitions_kernel)
             t_offs = q_rows.to(tl.int64)[:, None] * stride_t_tok + heads[:, None] * stride_t_head + d[None, :]
@@ -655,10 +658,10 @@ def _attend_qblock(
                     out = big_acc / tl.where(mr_ok, big_l, 1.0)[:, None]
                     tl.store(out_ptr + mr_rows[:, None] * stride_o_tok + mr_heads[:, None] * stride_o_head
                              + d[None, :], out.to(out_ptr.dtype.element_ty), mask=mr_ok[:, None] & d_ok[None, :])
-        else:
-            out = acc / l_i[:, None]
-            tl.store(out_ptr + q_rows.to(tl.int64)[:, None] * stride_o_tok + heads[:, None] * stride_o_head
-                     + d[None, :], out.to(out_ptr.dtype.element_ty), mask=out_mask)
+    else:
+        out = acc / l_i[:, None]
+        tl.store(out_ptr + q_rows.to(tl.int64)[:, None] * stride_o_tok + heads[:, None] * stride_o_head
+                 + d[None, :], out.to(out_ptr.dtype.element_ty), mask=out_mask)
 
 
 @triton.jit
@@ -679,8 +682,14 @@ def _attention_kernel(
     PARTS_PER_STEP: tl.constexpr, DECODE_ONLY: tl.constexpr, WINDOW: tl.constexpr,
     LONGEST_FIRST: tl.constexpr, SMALL_UNMASKED: tl.constexpr,
 ):
-    pid = tl.program_id(0)
-    kv_head = tl.program_id(1)
+    if DECODE_ONLY:
+        # the KV heads of one sequence side by side, as the decode-only kernel before did: they read
+        # neighbouring bytes of the same blocks (flat layout)
+        pid = tl.program_id(1)
+        kv_head = tl.program_id(0)
+    else:
+        pid = tl.program_id(0)
+        kv_head = tl.program_id(1)
     part = tl.program_id(2)
     if DECODE_ONLY:
         qblock = pid
@@ -931,7 +940,8 @@ def _launch(query, key_cache, value_cache, block_tables, seq_lens, query_start_l
     else:
         tmp = m = l = counters = out
         t_strides = (0, 0, 0, 0, 0)
-    grid = (plan.num_qblocks, geom.num_kv_heads, plan.num_parts if split else 1)
+    grid = ((geom.num_kv_heads, plan.num_qblocks) if plan.decode_only else (plan.num_qblocks, geom.num_kv_heads)) \
+        + (plan.num_parts if split else 1,)
     _attention_kernel[grid](
         out, tmp, m, l, counters, query, key_cache, value_cache, block_tables, seq_lens, qsl,
         scale * LOG2E, sliding_window or 0, plan.partition_size // plan.tile if split else 0, num_seqs,

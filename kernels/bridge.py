@@ -218,37 +218,18 @@ class ValidationReport:
 
 
 @dataclass(frozen=True)
-class StepCheck:
-    """Result of one sequence of a mixed step: unified attention vs dense causal attention over its
-    new tokens, and vs the same kernel on an identity block table."""
-    seq_id: int
-    num_computed_tokens: int    # context already in the pool before the step
-    num_new_tokens: int         # the step's tokens of this sequence (1 = a decode)
-    num_blocks: int
-    num_shared_blocks: int
-    max_abs_err: float
-    max_rel_err: float          # max |kernel - dense| / max |dense| over its new tokens
-    bitwise_equal: bool
-    passed: bool
+class StepCheck(SequenceCheck):
+    """Result of one sequence of a mixed step: unified attention over its new tokens vs dense causal
+    attention, and vs the same kernel on an identity block table (num_tokens = computed + new)."""
+    num_computed_tokens: int = 0    # context already in the pool before the step
+    num_new_tokens: int = 1         # the step's tokens of this sequence (1 = a decode)
 
 
 @dataclass(frozen=True)
-class StepReport:
-    """All sequences of one step of a simulated batch (prefills, chunked prefills, decodes)."""
-    checks: list[StepCheck]
-    tolerance: float
-    dtype: str
-    layout: str
-    device: str
-    partition_size: int | None
-    sliding_window: int | None
-    num_kv_heads: int
-    num_heads: int
-    head_size: int
-
-    @property
-    def passed(self) -> bool:
-        return all(c.passed for c in self.checks)
+class StepReport(ValidationReport):
+    """All sequences of one step of a simulated batch (prefills, chunked prefills, decodes), in
+    batch order; num_skipped_empty is 0 (every scheduled sequence has a new token)."""
+    sliding_window: int | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -416,6 +397,12 @@ def _run_batch(arrays: PoolArrays, seq_ids: list[int], computed: list[int], new:
     return results
 
 
+def _check_fields(r: _SeqResult, tol: float) -> tuple:
+    """SequenceCheck's fields of one result: passed = bitwise equal and within the tolerance."""
+    return (r.seq_id, r.seq_len, r.num_blocks, r.num_shared_blocks, r.max_abs_err, r.max_rel_err, r.bitwise_equal,
+            r.bitwise_equal and r.max_rel_err <= tol)
+
+
 def _model_geometry(device, num_kv_heads, num_heads, head_size, dtype):
     on_gpu = device.type == "cuda"
     num_kv_heads = num_kv_heads or (8 if on_gpu else 2)
@@ -456,8 +443,7 @@ def validate_snapshot(snapshot, *, layout: str = "flat", dtype: torch.dtype = to
     results = _run_batch(arrays, seq_ids, [arrays.seq_lens[s] - 1 for s in seq_ids], [1] * len(seq_ids), layout,
                          dtype, device, num_kv_heads, num_heads, head_size, partition_size, None, seed) \
         if seq_ids else []
-    checks = [SequenceCheck(r.seq_id, r.seq_len, r.num_blocks, r.num_shared_blocks, r.max_abs_err, r.max_rel_err,
-                            r.bitwise_equal, r.bitwise_equal and r.max_rel_err <= tol) for r in results]
+    checks = [SequenceCheck(*_check_fields(r, tol)) for r in results]
     return ValidationReport(checks, int(num_empty), tol, str(dtype).replace("torch.", ""), layout, str(device),
                             partition_size, num_kv_heads, num_heads, head_size)
 
@@ -504,8 +490,6 @@ def validate_step(snapshot, seq_ids=None, num_new_tokens=None, num_computed_toke
     tol = _TOLERANCE[dtype]
     results = _run_batch(arrays, ids, computed, new, layout, dtype, device, num_kv_heads, num_heads, head_size,
                          partition_size, sliding_window, seed) if ids else []
-    checks = [StepCheck(r.seq_id, c, n, r.num_blocks, r.num_shared_blocks, r.max_abs_err, r.max_rel_err,
-                        r.bitwise_equal, r.bitwise_equal and r.max_rel_err <= tol)
-              for r, c, n in zip(results, computed, new)]
-    return StepReport(checks, tol, str(dtype).replace("torch.", ""), layout, str(device), partition_size,
-                      sliding_window, num_kv_heads, num_heads, head_size)
+    checks = [StepCheck(*_check_fields(r, tol), c, n) for r, c, n in zip(results, computed, new)]
+    return StepReport(checks, 0, tol, str(dtype).replace("torch.", ""), layout, str(device), partition_size,
+                      num_kv_heads, num_heads, head_size, sliding_window)

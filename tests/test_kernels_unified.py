@@ -9,6 +9,8 @@ import pytest
 import torch
 
 import kvsim.kernels.attention as attention
+from test_kernels import identity_case as identity_batch  # the same sequences, blocks copied contiguously
+
 from kvsim.kernels import (KernelConfig, allocate_kv_cache, attention_workspace, paged_attention, plan_attention,
                            plan_launch, reference_unified_attention, reshape_and_cache, unified_attention)
 
@@ -47,19 +49,6 @@ def make_batch(contexts, q_lens, layout="flat", dtype=torch.float32, block_size=
     return dict(query=query, key_cache=kc, value_cache=vc, block_tables=tables,
                 seq_lens=torch.tensor(seq_lens, dtype=torch.int32), query_start_loc=qsl,
                 scale=head_size ** -0.5, layout=layout)
-
-
-def identity_batch(case):
-    """The same sequences with their blocks copied contiguously (block table = 0, 1, 2, ...)."""
-    tables = case["block_tables"]
-    used = [tables[i][tables[i] >= 0] for i in range(tables.shape[0])]
-    ids = torch.cat(used).long()
-    ident = torch.full_like(tables, -1)
-    start = 0
-    for i, row in enumerate(used):
-        ident[i, :len(row)] = torch.arange(start, start + len(row))
-        start += len(row)
-    return dict(case, key_cache=case["key_cache"][ids], value_cache=case["value_cache"][ids], block_tables=ident)
 
 
 def run(case, sliding_window=None, **tuning):
