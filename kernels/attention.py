@@ -713,7 +713,9 @@ def _attention_kernel(
         seq_len = tl.load(seq_lens_ptr + seq).to(tl.int32)
         bt_row = block_tables_ptr + seq.to(tl.int64) * stride_bt_seq
         # (a constexpr test outside: a variable set to False in Triton is a tensor, and both paths
-        # would be compiled)
+        # would be compiled). The call sites below and the _attend_tile loops of _attend_qblock repeat
+        # their argument lists because each is one compile-time instance (rows, masking): Triton
+        # takes no *args and no loop over constexprs.
         if SMALL_M > 0:
             # mixed launch: a q-block of few rows (a decode) runs the small-row path
             if n_tok * GROUP <= SMALL_M:
