@@ -332,8 +332,6 @@ class StepExecutor:
         self._workspace = attention_workspace(max(max_num_seqs, 512), shape.num_kv_heads, self.device)
         self.capture_sizes = cudagraph_capture_sizes(max_num_seqs)
         self.cuda_graphs = cuda_graphs and self.device.type == "cuda"
-        if self.cuda_graphs and shape.sliding_window is not None and self.attention is torch_attention:
-            self.cuda_graphs = False  # the torch path loops on the host: not capturable
         self.pad_decode = self.cuda_graphs if pad_decode is None else pad_decode
         biggest = max(_packed_len(max_num_batched_tokens, max_num_seqs, self.max_blocks_per_seq),
                       _packed_len(self.capture_sizes[-1], self.capture_sizes[-1], self.max_blocks_per_seq))
@@ -401,10 +399,10 @@ class StepExecutor:
 
     # -------------------------------------------------------------- the model
     def _attend(self, q, key_cache, value_cache, v: _Views) -> torch.Tensor:
-        if v.decode_only and self.shape.sliding_window is None:
+        if v.decode_only:
             return paged_attention(q, key_cache, value_cache, v.block_tables, v.seq_lens, self.scale, "flat",
                                    v.partition_size, max_seq_len=v.max_seq_len, validate=False,
-                                   workspace=self._workspace)
+                                   workspace=self._workspace, sliding_window=self.shape.sliding_window)
         return self.attention(q, key_cache, value_cache, v.block_tables, v.seq_lens, v.query_start_loc,
                               self.scale, layout="flat", sliding_window=self.shape.sliding_window,
                               max_seq_len=v.max_seq_len, max_query_len=v.max_query_len, validate=False,

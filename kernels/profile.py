@@ -110,7 +110,7 @@ def point_step(point: GridPoint, executor: StepExecutor, rng: np.random.Generato
 
 
 def profile_grid(executor: StepExecutor, points: list[GridPoint], *, repeat: int = 7, seed: int = 0,
-                 progress=None) -> list[dict]:
+                 progress=None, time_budget_s: float | None = None) -> list[dict]:
     """Time each grid point (after one warm-up run); rows with COLUMNS.
 
     Args:
@@ -119,10 +119,15 @@ def profile_grid(executor: StepExecutor, points: list[GridPoint], *, repeat: int
         repeat: timed runs per point (median kept, min and max beside it).
         seed: block shuffling seed.
         progress: optional callable(done, total, row) after each point.
+        time_budget_s: stop starting new points after this many seconds (wall clock).
     """
+    import time
+    deadline = time.monotonic() + time_budget_s if time_budget_s else None
     rng = np.random.default_rng(seed)
     rows = []
     for i, point in enumerate(points):
+        if deadline is not None and time.monotonic() > deadline:
+            break
         step = point_step(point, executor, rng)
         first = executor.execute(step)   # warm-up: compiles, captures the graph of this size
         times = [executor.execute(step).time_s for _ in range(repeat)]

@@ -53,6 +53,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                                         "within the GPU's free memory)")
     p.add_argument("--repeat", type=_positive, default=7, help="timed runs per step shape (median kept)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--time-budget-s", type=_positive, metavar="S",
+                   help="stop measuring new shapes after S seconds (the table says how many it has)")
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                    help="cpu: Triton interpreter, for tests (not a GPU's times)")
     p.add_argument("--quiet", action="store_true")
@@ -107,10 +109,19 @@ def run(args, command: str | None = None) -> int:
             print(f"  {done}/{total} step shapes ({row['kind']}, {row['num_scheduled_tokens']} tokens: "
                   f"{row['step_s'] * 1e3:.2f} ms)", file=sys.stderr, flush=True)
 
-    rows = profile_grid(ex, grid, repeat=args.repeat, seed=args.seed, progress=progress)
+    # decode and mixed shapes interleaved, so that a time budget cuts both alike
+    decode = [pt for pt in grid if pt.kind == "decode"]
+    mixed = [pt for pt in grid if pt.kind != "decode"]
+    order = [pt for pair in zip(decode, mixed) for pt in pair]
+    order += decode[len(mixed):] + mixed[len(decode):]
+    rows = profile_grid(ex, order, repeat=args.repeat, seed=args.seed, progress=progress,
+                        time_budget_s=args.time_budget_s)
     if command is None:
         command = "kvsim " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-    write_table(args.out, rows, provenance(ex, command, args.repeat))
+    header = provenance(ex, command, args.repeat)
+    header["grid"] = f"{len(rows)} of {len(order)} step shapes of kernels.profile.default_grid" + \
+        (" (time budget reached)" if len(rows) < len(order) else "")
+    write_table(args.out, rows, header)
     if not args.quiet:
         print(f"wrote {args.out}: {len(rows)} step shapes of {shape.name} on {ex.device} "
               f"({num_blocks} KV blocks)")
