@@ -101,8 +101,8 @@ def correctness(shape: DecoderShape) -> dict:
     div = CFG["div"]
     small = DecoderShape(**{**shape.to_dict(), "num_layers": 4 if div == 1 else 2})
     weights = random_weights(small, CFG["dtype"], CFG["device"], seed=1)
-    ex = executor(small, num_blocks=4096, block_size=16, max_num_seqs=64, max_num_batched_tokens=2048,
-                  max_model_len=4096, weights=weights, pad_decode=True)
+    ex = executor(small, num_blocks=4096, block_size=16, max_num_seqs=64, max_num_batched_tokens=4096,
+                  max_model_len=4096, weights=weights, pad_steps=True)
     ref = DenseDecoder(small, weights.to(CFG["ref_dtype"]), max_num_seqs=64, max_model_len=4096)
     rng = np.random.default_rng(0)
     final = [700, 1500, 40, 300, 2000, 17, 999, 64]
@@ -124,7 +124,7 @@ def correctness(shape: DecoderShape) -> dict:
         err = float((got.logits.to(want.dtype) - want).norm() / want.norm())
         agree = float((got.logits.argmax(-1) == want.argmax(-1)).float().mean())
         out.append({"num_seqs": len(seqs), "num_tokens": step.num_tokens, "graph": got.graph,
-                    "padded_num_seqs": got.padded_num_seqs, "rel_err": err, "argmax_agree": agree})
+                    "padded_num_seqs": got.padded_num_seqs, "padded_num_tokens": got.padded_num_tokens, "rel_err": err, "argmax_agree": agree})
         for i, n in sched:
             computed[i] += n
     ex = ref = weights = None

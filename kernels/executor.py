@@ -52,6 +52,12 @@ MIN_BUCKET_TOKENS = 4096   # decode graphs are planned for contexts of 4096, 819
 SPLIT_PARTITIONS = 16      # long-context decode: partitions per sequence (the fused merge's limit at GQA 4)
 
 
+def piecewise_capture_sizes() -> list[int]:
+    """Token counts of vLLM's piecewise graphs for mixed steps: 1, 2, 4, 8, 16, ..., 248, 256, 272,
+    ..., 512 (larger steps run eagerly, as there)."""
+    return [1, 2, 4] + list(range(8, 256, 8)) + list(range(256, 513, 16))
+
+
 def cudagraph_capture_sizes(max_num_seqs: int) -> list[int]:
     """vLLM's default decode capture sizes, ``[1, 2, 4] + range(8, 256, 8) + range(256, cap + 1, 16)``
     with cap = min(2 * max_num_seqs, 512), cut after the first size >= max_num_seqs (a decode batch
@@ -214,8 +220,9 @@ def kernels_unified_attention() -> Callable | None:
 @dataclass
 class StepResult:
     time_s: float                   # CUDA-event time (wall clock on the CPU) of the step
-    graph: bool                     # replayed a captured CUDA graph
-    padded_num_seqs: int            # batch size it ran at (graph size, or num_seqs)
+    graph: bool                     # replayed captured CUDA graphs (whole step, or its pieces)
+    padded_num_seqs: int            # batch size it ran at (decode graph size, or num_seqs)
+    padded_num_tokens: int          # tokens it ran at (graph or piece size, or num_tokens)
     next_token_ids: torch.Tensor    # [num_seqs] greedy samples (device)
     logits: torch.Tensor | None     # [num_seqs, vocab] when asked for
 
@@ -288,8 +295,8 @@ class StepExecutor:
         attention: the mixed-step attention (unified_attention's contract); None = the unified
             kernel of ``kvsim.kernels`` if present, else ``torch_attention``.
         cuda_graphs: replay captured graphs for decode-only steps (CUDA only).
-        pad_decode: pad decode-only steps to the capture sizes even when running them eagerly
-            (default: with CUDA graphs only); tests use it to check the padding on the CPU.
+        pad_steps: pad steps to the capture sizes even when running them eagerly (default: with
+            CUDA graphs only); tests use it to check the padding and the pieces on the CPU.
         fill_kv: fill the pool with random values (timing never runs on zeros; a slot read before
             it is written holds finite data).
     Raises:
@@ -300,7 +307,7 @@ class StepExecutor:
                  max_num_batched_tokens: int = 8192, max_model_len: int = 8192,
                  dtype: torch.dtype = torch.bfloat16, device=None, weights: DecoderWeights | None = None,
                  seed: int = 0, attention: Callable | None = None, cuda_graphs: bool = True,
-                 pad_decode: bool | None = None, fill_kv: bool = True):
+                 pad_steps: bool | None = None, fill_kv: bool = True):
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         for name, value in (("num_blocks", num_blocks), ("block_size", block_size), ("max_num_seqs", max_num_seqs),
                             ("max_num_batched_tokens", max_num_batched_tokens), ("max_model_len", max_model_len)):
@@ -332,8 +339,11 @@ class StepExecutor:
         self._workspace = attention_workspace(max(max_num_seqs, 512), shape.num_kv_heads, self.device)
         self.capture_sizes = cudagraph_capture_sizes(max_num_seqs)
         self.cuda_graphs = cuda_graphs and self.device.type == "cuda"
-        self.pad_decode = self.cuda_graphs if pad_decode is None else pad_decode
-        biggest = max(_packed_len(max_num_batched_tokens, max_num_seqs, self.max_blocks_per_seq),
+        self.pad_steps = self.cuda_graphs if pad_steps is None else pad_steps
+        self.piecewise_sizes = [t for t in piecewise_capture_sizes() if t <= max_num_batched_tokens]
+        self._pieces: dict[int, list] = {}
+        self._pw = None
+        biggest = max(_packed_len(max(max_num_batched_tokens, 512), max_num_seqs, self.max_blocks_per_seq),
                       _packed_len(self.capture_sizes[-1], self.capture_sizes[-1], self.max_blocks_per_seq))
         self._dev_ints = torch.zeros(biggest, dtype=torch.int32, device=self.device)
         self._host_ints = torch.zeros(biggest, dtype=torch.int32,
@@ -408,39 +418,130 @@ class StepExecutor:
                               max_seq_len=v.max_seq_len, max_query_len=v.max_query_len, validate=False,
                               workspace=self._workspace)
 
+    def _qkv(self, layer: int, h: torch.Tensor, v: _Views, out: torch.Tensor | None = None) -> torch.Tensor:
+        """QKV projection (into ``out`` if given), q/k norms, RoPE, and the new K/V into the pool."""
+        s, lw = self.shape, self.weights.layers[layer]
+        nq, nkv, hd = s.num_attention_heads, s.num_kv_heads, s.head_dim
+        if out is None:
+            qkv = F.linear(h, lw.qkv, lw.qkv_bias)
+        else:
+            qkv = torch.matmul(h, lw.qkv.t(), out=out)
+            if lw.qkv_bias is not None:
+                qkv += lw.qkv_bias
+        num_tokens = qkv.shape[0]
+        if s.qk_norm:
+            q = qkv[:, :nq * hd].view(num_tokens, nq, hd)
+            k = qkv[:, nq * hd:(nq + nkv) * hd].view(num_tokens, nkv, hd)
+            q.copy_(rms_norm_reference(q, lw.q_norm, s.rms_norm_eps))
+            k.copy_(rms_norm_reference(k, lw.k_norm, s.rms_norm_eps))
+        rope_(qkv, v.positions, self.cos, self.sin, nq + nkv)
+        reshape_and_cache(qkv[:, nq * hd:(nq + nkv) * hd].view(num_tokens, nkv, hd),
+                          qkv[:, (nq + nkv) * hd:].view(num_tokens, nkv, hd),
+                          self.kv_cache[layer, 0], self.kv_cache[layer, 1], v.slot_mapping, validate=False)
+        return qkv
+
+    def _layer_attention(self, layer: int, qkv: torch.Tensor, v: _Views, num_tokens: int,
+                         out: torch.Tensor | None = None) -> torch.Tensor:
+        s = self.shape
+        q = qkv[:num_tokens, :s.num_attention_heads * s.head_dim].view(num_tokens, s.num_attention_heads, s.head_dim)
+        attn = self._attend(q, self.kv_cache[layer, 0], self.kv_cache[layer, 1], v)
+        if out is not None:
+            out[:num_tokens].copy_(attn)
+            return out
+        return attn
+
+    def _mlp(self, layer: int, attn: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """Output projection, residual + post-attention norm, SwiGLU MLP (residual updated in place)."""
+        s, lw = self.shape, self.weights.layers[layer]
+        x = F.linear(attn.reshape(attn.shape[0], s.num_attention_heads * s.head_dim), lw.o)
+        h = add_rms_norm(x, residual, lw.post_norm, s.rms_norm_eps)
+        return F.linear(silu_and_mul(F.linear(h, lw.gate_up)), lw.down)
+
+    def _logits(self, x: torch.Tensor, residual: torch.Tensor, idx: torch.Tensor):
+        h = add_rms_norm(x.index_select(0, idx), residual.index_select(0, idx), self.weights.final_norm,
+                         self.shape.rms_norm_eps)
+        logits = F.linear(h, self.weights.lm_head)
+        return logits, logits.argmax(dim=-1)
+
     def _forward(self, v: _Views) -> tuple[torch.Tensor, torch.Tensor]:
-        s, w = self.shape, self.weights
-        nq, nkv, hd, eps = s.num_attention_heads, s.num_kv_heads, s.head_dim, s.rms_norm_eps
+        eps = self.shape.rms_norm_eps
         num_tokens = v.token_ids.shape[0]
-        x = F.embedding(v.token_ids, w.embed)
+        x = F.embedding(v.token_ids, self.weights.embed)
         residual = None
-        for layer, lw in enumerate(w.layers):
+        for layer, lw in enumerate(self.weights.layers):
             h = add_rms_norm(x, residual, lw.input_norm, eps)
             if residual is None:
                 residual = x
-            qkv = F.linear(h, lw.qkv, lw.qkv_bias)
-            q = qkv[:, :nq * hd].view(num_tokens, nq, hd)
-            k = qkv[:, nq * hd:(nq + nkv) * hd].view(num_tokens, nkv, hd)
-            if s.qk_norm:
-                q.copy_(rms_norm_reference(q, lw.q_norm, eps))
-                k.copy_(rms_norm_reference(k, lw.k_norm, eps))
-            rope_(qkv, v.positions, self.cos, self.sin, nq + nkv)
-            val = qkv[:, (nq + nkv) * hd:].view(num_tokens, nkv, hd)
-            key_cache, value_cache = self.kv_cache[layer, 0], self.kv_cache[layer, 1]
-            reshape_and_cache(k, val, key_cache, value_cache, v.slot_mapping, validate=False)
-            attn = self._attend(q, key_cache, value_cache, v)
-            x = F.linear(attn.reshape(num_tokens, nq * hd), lw.o)
-            h = add_rms_norm(x, residual, lw.post_norm, eps)
-            x = F.linear(silu_and_mul(F.linear(h, lw.gate_up)), lw.down)
-        idx = v.logits_indices
-        h = add_rms_norm(x.index_select(0, idx), residual.index_select(0, idx), w.final_norm, eps)
-        logits = F.linear(h, w.lm_head)
-        return logits, logits.argmax(dim=-1)
+            qkv = self._qkv(layer, h, v)
+            x = self._mlp(layer, self._layer_attention(layer, qkv, v, num_tokens), residual)
+        return self._logits(x, residual, v.logits_indices)
+
+    # -------------------------------------------------------------- piecewise graphs (mixed steps)
+    def _piece(self, i: int, v: _Views) -> None:
+        """Piece i of a padded mixed step: everything between two attentions, on the static buffers
+        (0: embedding, norm, QKV of layer 0; i: layer i-1's MLP, layer i's norm and QKV; L: the last
+        MLP into the hidden buffer)."""
+        b, eps, size = self._pw, self.shape.rms_norm_eps, v.token_ids.shape[0]
+        residual = b["residual"][:size]
+        layers = self.weights.layers
+        if i == 0:
+            x = F.embedding(v.token_ids, self.weights.embed)
+            residual.copy_(x)
+            h = add_rms_norm(x, None, layers[0].input_norm, eps)
+        else:
+            x = self._mlp(i - 1, b["attn"][:size], residual)
+            if i == len(layers):
+                b["hidden"][:size].copy_(x)
+                return
+            h = add_rms_norm(x, residual, layers[i].input_norm, eps)
+        self._qkv(i, h, v, out=b["qkv"][:size])
+
+    def _piecewise_buffers(self) -> None:
+        if getattr(self, "_pw", None) is None:
+            s, n = self.shape, self.piecewise_sizes[-1]
+            def buf(*shape):
+                return torch.zeros(shape, dtype=self.dtype, device=self.device)
+            self._pw = {"residual": buf(n, s.hidden_size), "qkv": buf(n, s.qkv_size),
+                        "attn": buf(n, s.num_attention_heads, s.head_dim), "hidden": buf(n, s.hidden_size)}
+
+    def _piecewise_graphs(self, size: int, v: _Views) -> list:
+        """The captured pieces of padded size ``size`` (captured on first use)."""
+        if size in self._pieces:
+            return self._pieces[size]
+        stream = torch.cuda.Stream(self.device)
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        graphs = []
+        if self._graph_pool is None:
+            self._graph_pool = torch.cuda.graph_pool_handle()
+        for i in range(self.shape.num_layers + 1):
+            with torch.cuda.stream(stream), torch.inference_mode():
+                self._piece(i, v)    # compiles outside the capture
+            torch.cuda.current_stream(self.device).wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            with torch.inference_mode(), torch.cuda.graph(graph, pool=self._graph_pool):
+                self._piece(i, v)
+            graphs.append(graph)
+        self._pieces[size] = graphs
+        return graphs
+
+    def _piecewise_forward(self, v: _Views, num_tokens: int, graphs: list | None):
+        """A padded mixed step: pieces (replayed, or run eagerly when ``graphs`` is None) with the
+        attention of the real tokens between them, then the logits."""
+        b = self._pw
+        for i in range(self.shape.num_layers + 1):
+            if graphs is None:
+                self._piece(i, v)
+            else:
+                graphs[i].replay()
+            if i < self.shape.num_layers:
+                self._layer_attention(i, b["qkv"], v, num_tokens, out=b["attn"])
+        size = v.token_ids.shape[0]
+        return self._logits(b["hidden"][:size], b["residual"][:size], v.logits_indices)
 
     # -------------------------------------------------------------- graphs
     def graph_size(self, num_seqs: int) -> int | None:
         """The captured batch size a decode step of ``num_seqs`` sequences pads to (None: unpadded)."""
-        if not self.pad_decode:
+        if not self.pad_steps:
             return None
         for size in self.capture_sizes:
             if size >= num_seqs:
@@ -486,8 +587,20 @@ class StepExecutor:
                              f"executor was sized for {self.max_num_batched_tokens} and {self.max_num_seqs}")
         size = self.graph_size(step.num_seqs) if step.decode_only else None
         cuda = self.device.type == "cuda"
-        graph = None
-        if size is not None:
+        graph = pieces = None
+        piece_size = None if size is not None or not self.pad_steps else \
+            next((t for t in self.piecewise_sizes if t >= step.num_tokens), None)
+        if piece_size is not None:
+            # pack and copy first: the capture runs this very step's pieces (idempotent)
+            width = max(1, int(-(-int(step.seq_lens.max()) // self.block_size)))
+            n = self._pack(step, piece_size, step.num_seqs, width)
+            self._dev_ints[:n].copy_(self._host_ints[:n], non_blocking=cuda)
+            views = self._views(piece_size, step.num_seqs, width, False, int(step.seq_lens.max()),
+                                int(step.query_lens.max()))
+            self._piecewise_buffers()
+            if self.cuda_graphs:
+                pieces = self._piecewise_graphs(piece_size, views)
+        elif size is not None:
             bucket = self.context_bucket(int(step.seq_lens.max()))
             if self.cuda_graphs:
                 graph, out = self._graph(size, bucket)   # captured on first use (packs a dummy step)
@@ -511,6 +624,8 @@ class StepExecutor:
             if graph is not None:
                 graph.replay()
                 logits, tokens = out
+            elif piece_size is not None:
+                logits, tokens = self._piecewise_forward(views, step.num_tokens, pieces)
             else:
                 logits, tokens = self._forward(views)
         if cuda:
@@ -520,5 +635,6 @@ class StepExecutor:
         else:
             elapsed = time.perf_counter() - t0
         s = step.num_seqs
-        return StepResult(elapsed, graph is not None, size or s, tokens[:s],
+        return StepResult(elapsed, graph is not None or pieces is not None, size or s,
+                          size or piece_size or step.num_tokens, tokens[:s],
                           logits[:s].clone() if return_logits else None)

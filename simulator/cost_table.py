@@ -13,7 +13,8 @@ fits it the way the executor spends time:
 
 * **decode-only steps** replay a CUDA graph captured at a padded batch size, so the time is a
   step function of the batch plus the KV read: per measured graph size ``s``,
-  ``t = a_s + b_s * kv_read_tokens`` (least squares over that size's rows); a batch of ``n``
+  ``t = a_s + b_s * kv_read_tokens`` (least squares over that size's rows, leaving out the rows of
+  one long context among short ones, whose longest context a StepBatch does not carry); a batch of ``n``
   sequences is priced at the smallest measured size >= n (the size it pads to when the table
   measured every capture size, as the default grid does).
 * **other steps** (and decode batches above the largest graph) run eagerly:
@@ -95,6 +96,15 @@ def _number(row: dict, name: str, path: str, line: int, *, positive=False) -> fl
     return value
 
 
+def _skewed(row: dict, v: dict, path: str, line: int) -> bool:
+    """A decode row whose longest context is over twice the mean (the grid's skewed batches):
+    the StepBatch has no longest context, so the decode lines are fitted without such rows."""
+    if not row.get("max_context_tokens"):
+        return False
+    longest = _number(row, "max_context_tokens", path, line)
+    return longest > 2 * v["kv_read_tokens"] / v["num_seqs"]
+
+
 def _nonneg_lstsq(a: np.ndarray, y: np.ndarray, free: int) -> np.ndarray:
     """Least squares with the last columns (all but the first ``free``) kept >= 0: columns whose
     coefficient comes out negative are dropped and the fit is redone (an active set, enough for the
@@ -139,6 +149,8 @@ class StepShapeCost:
                 raise InputError("a measured step schedules at least one token of one sequence", file=path,
                                  line=line, field="num_scheduled_tokens")
             if kind == "decode" and v["graph"]:
+                if _skewed(row, v, path, line):
+                    continue   # one long context among short ones: not what a (size, kv) line prices
                 decode.setdefault(int(v["padded_num_seqs"]), []).append((v["kv_read_tokens"], v["step_s"]))
             else:
                 eager.append(v)

@@ -30,12 +30,12 @@ BLOCK_SIZE = 4
 PLAN = [[(0, 9), (1, 5)], [(0, 1), (1, 6), (2, 3)], [(0, 1), (1, 1), (2, 1)], [(2, 1), (0, 7), (1, 1)]]
 
 
-def run_plan(shape, *, pad_decode=False, attention=None, seed=0, plan=PLAN):
+def run_plan(shape, *, pad_steps=False, attention=None, seed=0, plan=PLAN):
     """Run PLAN through the executor (fp32) and the dense reference (fp64); yield both logits."""
     weights = random_weights(shape, torch.float32, "cpu", seed=seed)
     ex = StepExecutor(shape, num_blocks=40, block_size=BLOCK_SIZE, max_num_seqs=8, max_num_batched_tokens=64,
                       max_model_len=64, dtype=torch.float32, device="cpu", weights=weights,
-                      pad_decode=pad_decode, attention=attention)
+                      pad_steps=pad_steps, attention=attention)
     ref = DenseDecoder(shape, weights.to(torch.float64), max_num_seqs=8, max_model_len=64)
     perm = np.random.default_rng(seed).permutation(40)
     tables = [perm[0:10].tolist(), perm[10:20].tolist(), perm[20:30].tolist()]  # shuffled blocks
@@ -66,15 +66,16 @@ def test_executor_logits_equal_dense_reference(family):
     assert kinds == [False, False, True, False]
 
 
-def test_padded_decode_rows_do_not_change_results():
-    # decode steps padded to the CUDA-graph sizes (3 sequences -> 4): the padding row reads block 0
-    # and writes nothing
-    padded_sizes = []
-    for step, padded, expected in run_plan(FAMILIES["llama"], pad_decode=True):
-        padded_sizes.append(padded.padded_num_seqs)
+@pytest.mark.parametrize("family", ["qwen2", "qwen3"])
+def test_padded_steps_do_not_change_results(family):
+    # steps padded to the CUDA-graph sizes: decode batches to 4 sequences (the padding row reads
+    # block 0, writes nothing), mixed steps to 16 tokens run piece by piece over the static buffers
+    sizes = []
+    for step, padded, expected in run_plan(FAMILIES[family], pad_steps=True):
+        sizes.append((padded.padded_num_seqs, padded.padded_num_tokens))
         assert padded.logits.shape == expected.shape
         assert rel_err(padded.logits, expected) < 2e-5
-    assert padded_sizes == [2, 3, 4, 3]
+    assert sizes == [(2, 16), (3, 16), (4, 4), (3, 16)]
 
 
 def test_mixed_steps_use_the_attention_given():
