@@ -107,3 +107,19 @@ def test_empty_and_header_only_tables(tmp_path):
     path.write_text(HEADER + "\n" + row("decode", 1, 0, 1, 10, 10, 1, 1, 0.01) + "\n")
     with pytest.raises(InputError, match="no mixed"):
         StepShapeCost(path)
+
+
+def test_skewed_decode_rows_do_not_bend_the_decode_lines(tmp_path):
+    header = HEADER.replace("attn_token_pairs,", "attn_token_pairs,max_context_tokens,")
+
+    def with_max(line, longest):
+        parts = line.split(",")
+        return ",".join(parts[:8] + [str(longest)] + parts[8:])
+    lines = make_table(tmp_path).read_text().splitlines()
+    body = [with_max(x, int(x.split(",")[6]) // int(x.split(",")[1])) for x in lines[4:]]
+    # 24 sequences: 23 at 512 tokens and one at 16384, much slower than the line of uniform batches
+    skew = with_max(row("decode", 24, 0, 24, 23 * 512 + 16384, 23 * 512 + 16384, 24, 1, 0.05), 16384)
+    path = tmp_path / "skew.csv"
+    path.write_text("\n".join(lines[:3] + [header] + body + [skew]) + "\n")
+    model = StepShapeCost(path)
+    assert math.isclose(model.step_time_s(StepBatch(24, 0, 24, 24, 9000, 9000)), decode_truth(24, 9000), rel_tol=1e-9)
