@@ -28,13 +28,15 @@ import tarfile
 from pathlib import Path
 
 WORKLOADS = [  # name, workload (``{traces}`` = the excerpts folder), extra replay flags
-    ("sharegpt-rate4", "sharegpt:rate=4,n=120,seed=11", []),
-    ("sharegpt-rate16", "sharegpt:rate=16,n=300,seed=12", []),
-    ("azure-conv", "{traces}/azure_conv_head.csv", []),
-    ("mooncake", "{traces}/mooncake_conv_head.jsonl", []),
+    ("sharegpt-rate4", "sharegpt:rate=4,n=60,seed=11", []),
+    ("sharegpt-rate16", "sharegpt:rate=16,n=160,seed=12", []),
+    ("azure-conv", "{traces}/azure_conv_head.csv", ["--max-requests", "80"]),
+    ("mooncake", "{traces}/mooncake_conv_head.jsonl", ["--max-requests", "40"]),
 ]
 EXCERPTS = {"azure_conv_head.csv": ("azure_llm_2023/AzureLLMInferenceTrace_conv.csv", 1 + 150),
             "mooncake_conv_head.jsonl": ("mooncake/conversation_trace.jsonl", 80)}
+DRY_ENGINE = ["--num-blocks", "3000", "--max-num-seqs", "16", "--max-num-batched-tokens", "256",
+              "--max-model-len", "131072", "--quiet"]
 ENGINE = ["--model", "Llama-3.1-8B", "--gpu", "H200", "--gpu-memory-utilization", "0.88",
           "--max-num-seqs", "256", "--max-num-batched-tokens", "8192", "--max-model-len", "131072"]
 
@@ -69,19 +71,26 @@ def cmd_hil(args) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     names = [w for w in WORKLOADS if not args.only or w[0] in args.only]
+    engine, device = ENGINE, "cuda"
+    if args.dry_run:   # the same code path on the CPU: a tiny model, a small pool, few requests
+        engine, device = DRY_ENGINE + ["--hf-config", args.dry_run], "cpu"
+        names = [(n, spec, ["--max-requests", "4"]) for n, spec, _ in names]
     for name, spec, extra in names:
-        argv = ["replay", workload_arg(spec, args.traces), *ENGINE, *extra, "--execute", "cuda",
+        argv = ["replay", workload_arg(spec, args.traces), *engine, *extra, "--execute", device,
                 "--out", str(out / f"{name}.json"), "--timeseries", str(out / f"{name}_steps.csv"),
                 "--requests", str(out / f"{name}_requests.csv")]
         print("kvsim " + " ".join(argv), flush=True)
+        if "--quiet" not in argv:
+            argv.append("--quiet")
         kvsim(argv)
         summary = json.loads((out / f"{name}.json").read_text())
         print(f"  {name}: {summary['num_steps']} steps, {summary['simulated_duration_s']:.1f} s simulated, "
               f"wall {summary['wall_clock_s']:.1f} s", flush=True)
-    with tarfile.open(out / "hil.tar.gz", "w:gz") as tar:
-        for path in sorted(out.iterdir()):
-            if path.name != "hil.tar.gz":
-                tar.add(path, arcname=path.name)
+        # packed after every workload: a run cut short still brings back the finished ones
+        with tarfile.open(out / "hil.tar.gz", "w:gz") as tar:
+            for path in sorted(out.iterdir()):
+                if path.name != "hil.tar.gz":
+                    tar.add(path, arcname=path.name)
     return 0
 
 
@@ -175,6 +184,7 @@ def main() -> int:
     p.add_argument("--traces")
     p.add_argument("--out", required=True)
     p.add_argument("--only", nargs="*", help="workload names (default: all)")
+    p.add_argument("--dry-run", metavar="CONFIG_JSON", help="CPU check: this tiny config.json, 6 requests each")
     p = sub.add_parser("analyse")
     p.add_argument("--hil", required=True)
     p.add_argument("--table", required=True)

@@ -29,6 +29,7 @@ from simpy.core import URGENT
 from kvsim.allocator import MEMORY_CLASSES, ContiguousAllocator, PagedAllocator, mix64
 from kvsim.simulator.config import ROUTERS, EngineConfig
 from kvsim.simulator.cost import CostModel, FixedStepCost, StepBatch
+from kvsim.simulator.in_the_loop import IN_THE_LOOP_COLUMNS, scheduled_step
 from kvsim.simulator.recorder import (NS_PER_S, SAMPLE_COLUMNS, RequestLog, StepLog,
                                 TableLog, percentiles)
 from kvsim.simulator.result import SUMMARY_KEYS, Result
@@ -139,6 +140,13 @@ class Simulation:
             raise ValueError(f"router must be one of {', '.join(ROUTERS)}, got {router!r}")
         self.config = config
         self.cost = cost_model
+        # hardware in the loop (simulator.in_the_loop): every step is executed and timed
+        self.in_the_loop = getattr(cost_model, "in_the_loop", False)
+        if self.in_the_loop:
+            if replicas != 1 or config.allocator != "paged":
+                raise ValueError("hardware in the loop runs one replica with the paged allocator, got "
+                                 f"{replicas} replicas of {config.allocator}")
+            record_steps = True
         self.step_clock = isinstance(cost_model, FixedStepCost) and cost_model.step_s == 1.0
         self.fixed_step_ns = _ns(cost_model.step_s) if isinstance(cost_model, FixedStepCost) \
             else None
@@ -159,6 +167,10 @@ class Simulation:
         self.requests = RequestLog(keep_rows=record_requests)
         self.samples = TableLog(SAMPLE_COLUMNS)
         self.steps = StepLog()
+        if self.in_the_loop:
+            for rep in self.replicas:
+                rep.sched.clock_enabled = False   # every running request visited every step
+            self.steps.extra_columns = IN_THE_LOOP_COLUMNS
         self.snapshots: list = []
         self.num_arrived = 0
         self.num_rejected = 0
@@ -330,7 +342,7 @@ class Simulation:
                 yield env.timeout(0)   # arrivals due now land before this step is scheduled
             bd_start = self._boundary(rep, now)
             step_index = now // NS_PER_S if self.step_clock else rep.num_steps
-            k = sched.plan_decode_run(_NEVER)
+            k = 0 if self.in_the_loop else sched.plan_decode_run(_NEVER)
             if k > 0:
                 if bd_start is None:
                     bd_start = self._breakdown(rep)
@@ -408,7 +420,11 @@ class Simulation:
                               out.num_scheduled_tokens, out.kv_read_tokens, out.attn_token_pairs)
             rep.last_batch_tokens = out.num_scheduled_tokens
             row_state = self._row_state(sched) if record_steps else None
-            end = now + max(1, self._step_ns(batch))
+            if self.in_the_loop:
+                step = scheduled_step(out, rep.allocator, step_index, self.config.block_size)
+                end = now + max(1, _ns(self.cost.timed_step_s(batch, step)))
+            else:
+                end = now + max(1, self._step_ns(batch))
             bd_step = self._breakdown(rep)
             usage = rep.allocator.usage
             self._integrate(rep, bd_step, bd_step, usage, usage, now, end)
@@ -418,7 +434,9 @@ class Simulation:
             rep.num_steps += 1
             sched.num_steps += 1
             if record_steps:
-                self._step_row(rep, step_index, out, finished, row_state)
+                extra = (out.kv_read_tokens, out.attn_token_pairs, *self.cost.last, now / NS_PER_S) \
+                    if self.in_the_loop else ()
+                self._step_row(rep, step_index, out, finished, row_state, extra)
             for seq in finished:
                 self._on_finished(rep, seq)
             now = end
@@ -577,7 +595,7 @@ class Simulation:
         return (len(sched.running), len(sched.waiting), sched.allocator.usage,
                 sched.allocator.num_used_blocks if sched.paged else 0)
 
-    def _step_row(self, rep, idx, out, finished, state) -> None:
+    def _step_row(self, rep, idx, out, finished, state, extra: tuple = ()) -> None:
         sched = rep.sched
         running, waiting, usage, used = state
         cum = rep.cum
@@ -594,7 +612,7 @@ class Simulation:
             used, out.num_preempted, cum[0], out.pc_queries, out.pc_hits, cum[1], cum[2],
             out.pc_preempted_queries, out.pc_preempted_hits, len(finished), cum[3],
             len(sched.running), len(sched.waiting), round(sched.allocator.usage, 6), rep.index,
-            idx * 1.0 if self.step_clock else math.nan))
+            idx * 1.0 if self.step_clock else math.nan) + extra)
 
     def _on_finished(self, rep: _Replica, seq) -> None:
         group = seq.group

@@ -128,9 +128,10 @@ class StepLog:
 
     def __init__(self):
         self.rows: list[tuple] = []
+        self.extra_columns: tuple = ()     # hardware in the loop: in_the_loop.IN_THE_LOOP_COLUMNS
 
     def frame(self) -> pd.DataFrame:
-        return pd.DataFrame(self.rows, columns=list(STEP_COLUMNS))
+        return pd.DataFrame(self.rows, columns=list(STEP_COLUMNS + self.extra_columns))
 
 
 def percentiles(values: np.ndarray) -> dict:

@@ -66,3 +66,73 @@ def require_cuda(flag: str) -> None:
     import torch
     if not torch.cuda.is_available():
         raise InputError(f"{flag} needs a CUDA GPU and torch sees none")
+
+
+# the executor of the last `--execute` run of this process, reused by the next run of the same
+# model, pool and limits (bench/accuracy.py replays several workloads in one process): weights,
+# pool and captured graphs are built once. The pool's contents do not matter to the timing.
+_EXECUTORS: dict = {}
+
+
+def in_the_loop(args, setup, requests):
+    """``replay --execute``: the InTheLoopCost that runs each scheduled step on the step executor
+    (the model of ``--model``/``--hf-config``, a pool of the simulated pool's blocks, the engine's
+    limits) with the setup's cost model recorded beside as the prediction; and the requests,
+    checked to be single-sample as they stream in.
+
+    Raises:
+        InputError: another allocator than paged, replicas or tensor parallelism, no CUDA GPU, a
+            model the executor cannot run, a pool that does not fit the GPU, or (while streaming) a
+            request with parallel samples or beams.
+    """
+    import os
+    device = args.execute
+    config = setup.config
+    if config.allocator != "paged":
+        raise InputError(f"--execute runs the paged allocator's block tables, got --allocator {config.allocator}",
+                         field="execute")
+    if args.replicas != 1 or args.tp != 1:
+        raise InputError(f"--execute runs one replica at tensor parallel 1, got {args.replicas} replicas and "
+                         f"--tp {args.tp}", field="execute")
+    if device == "cpu":
+        os.environ.setdefault("TRITON_INTERPRET", "1")   # before the kernels are imported
+    shape = decoder_shape(None if args.hf_config else args.model, args.hf_config)
+    if device == "cuda":
+        require_cuda("--execute cuda")
+    import torch
+
+    from kvsim.kernels.executor import StepExecutor, build_step
+    from kvsim.simulator.in_the_loop import InTheLoopCost
+    key = (shape, config.pool_blocks, config.block_size, config.max_num_seqs, config.max_num_batched_tokens,
+           config.max_model_len, device, args.seed)
+    ex = _EXECUTORS.get(key)
+    if ex is None:
+        _EXECUTORS.clear()     # one executor (its pool takes the GPU) per process
+        import gc
+        gc.collect()
+        if device == "cuda":
+            torch.cuda.empty_cache()
+        try:
+            ex = StepExecutor(shape, num_blocks=config.pool_blocks, block_size=config.block_size,
+                              max_num_seqs=config.max_num_seqs,
+                              max_num_batched_tokens=config.max_num_batched_tokens,
+                              max_model_len=config.max_model_len,
+                              dtype=torch.bfloat16 if device == "cuda" else torch.float32, device=device,
+                              seed=args.seed)
+        except ValueError as err:   # the pool or model does not fit the GPU (numbers in the message)
+            raise InputError(str(err), field="num_blocks") from None
+        _EXECUTORS[key] = ex
+    vocab = shape.vocab_size
+
+    def execute(step) -> float:
+        return ex.execute(build_step(step.block_tables, step.num_computed_tokens, step.num_new_tokens,
+                                     step.block_size, vocab)).time_s
+
+    def single_sample(reqs):
+        for req in reqs:
+            if req.n > 1 or req.beam_width > 1:
+                raise InputError(f"request {req.request_id} has n={req.n}, beam_width={req.beam_width}: hardware "
+                                 "in the loop runs single-sample requests (forks copy blocks the executor "
+                                 "does not copy)", field="execute")
+            yield req
+    return InTheLoopCost(execute, predictor=setup.cost), single_sample(requests)
