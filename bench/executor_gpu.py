@@ -105,13 +105,15 @@ def correctness(shape: DecoderShape) -> dict:
                   max_model_len=4096, weights=weights, pad_steps=True)
     ref = DenseDecoder(small, weights.to(CFG["ref_dtype"]), max_num_seqs=64, max_model_len=4096)
     rng = np.random.default_rng(0)
-    final = [700, 1500, 40, 300, 2000, 17, 999, 64]
+    final = [700, 1500, 40, 300, 2000, 17, 999, 64, 300]
     tables = shuffled_tables(rng, final, 16, 4096)
     computed = [0] * len(final)
     # chunked prefills beside decodes, then decode-only steps (graphs; 6 and 5 sequences -> 8)
     plan = [[(0, 512), (1, 700), (2, 40)], [(0, 188), (1, 800), (2, 1), (3, 300), (4, 500)],
             [(0, 1), (2, 1), (3, 1), (4, 1000), (5, 17), (6, 999), (7, 64)]]
     plan += [[(i, 1) for i in (0, 2, 3, 5, 6, 7)]] * 3 + [[(i, 1) for i in (0, 2, 3, 5, 6)]] * 2
+    # small mixed steps: piecewise graphs (203 tokens -> 208, 102 -> 104)
+    plan += [[(0, 1), (2, 1), (3, 1), (8, 200)], [(0, 1), (8, 100), (5, 1)]]
     if div > 1:
         plan = [[(i, max(1, n // div)) for i, n in sched] for sched in plan[:4]]
     out = []
@@ -214,6 +216,8 @@ def main() -> int:
     parser.add_argument("--model", default="Llama-3.1-8B")
     parser.add_argument("--out", default="executor_gpu.json")
     parser.add_argument("--dry-run", action="store_true", help="tiny model on the CPU (interpreter)")
+    parser.add_argument("--sections", default="ceilings,correctness,decode_speed,mixed_speed",
+                        help="comma-separated sections to run")
     args = parser.parse_args()
     shape = preset_shape(args.model)
     if args.dry_run:
@@ -236,9 +240,12 @@ def main() -> int:
         out.write_text(json.dumps(res, indent=1, default=str) + "\n")
         print(f"[{name}] {time.time() - t0:.1f}s", json.dumps(res[name], default=str)[:600], flush=True)
 
-    section("ceilings", ceilings)
-    bw = res["ceilings"].get("copy_bandwidth_bytes_per_s", 4.27e12)
-    section("correctness", lambda: correctness(shape))
+    wanted = set(args.sections.split(","))
+    if "ceilings" in wanted:
+        section("ceilings", ceilings)
+    bw = res.get("ceilings", {}).get("copy_bandwidth_bytes_per_s", 4.27e12)
+    if "correctness" in wanted:
+        section("correctness", lambda: correctness(shape))
     state = {}
 
     def build():
@@ -246,12 +253,15 @@ def main() -> int:
         state["ex"] = executor(shape, num_blocks=blocks, block_size=16, max_num_seqs=256,
                                max_num_batched_tokens=8192, max_model_len=16384)
         return {"num_blocks": blocks, "attention": state["ex"].attention_name}
-    section("build", build)
-    if CFG["div"] == 1:
-        section("decode_speed", lambda: decode_speed(state["ex"], bw))
-    else:
-        section("decode_speed", lambda: decode_speed(state["ex"], bw, batch=4, context=64))
-    section("mixed_speed", lambda: mixed_speed(state["ex"]))
+    if wanted & {"decode_speed", "mixed_speed"}:
+        section("build", build)
+    if "decode_speed" in wanted:
+        if CFG["div"] == 1:
+            section("decode_speed", lambda: decode_speed(state["ex"], bw))
+        else:
+            section("decode_speed", lambda: decode_speed(state["ex"], bw, batch=4, context=64))
+    if "mixed_speed" in wanted:
+        section("mixed_speed", lambda: mixed_speed(state["ex"]))
     d = res.get("decode_speed", {})
     if "measured_s" in d:
         print(f"decode {d['batch']}x{d['context_tokens']}: {d['measured_s'] * 1e3:.2f} ms vs floor "
