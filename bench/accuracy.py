@@ -108,17 +108,32 @@ def _stats(err) -> str:
     return f"{100 * np.median(err):.1f} % / {100 * np.percentile(err, 90):.1f} %"
 
 
+STALL_EXCESS_S = 1.5   # a step this much slower than its neighbours' median compiled a kernel
+
+
+def stall_steps(measured):
+    """Steps whose time holds a just-in-time compile (runs made before the executor re-timed such
+    steps): more than STALL_EXCESS_S over the median of the 10 steps around them."""
+    import numpy as np
+    import pandas as pd
+    m = pd.Series(np.asarray(measured, dtype=float))
+    local = m.rolling(11, center=True, min_periods=1).median()
+    return (m - local > STALL_EXCESS_S).to_numpy()
+
+
 def cmd_analyse(args) -> int:
+    import numpy as np
     import pandas as pd
 
     from kvsim.planner.presets import get_gpu, get_model
     from kvsim.planner.roofline import RooflineCost
     from kvsim.simulator.cost import StepBatch
     from kvsim.simulator.cost_table import load_cost_table
-    hil = Path(args.hil)
-    if (hil / "hil.tar.gz").exists() and not (hil / f"{WORKLOADS[0][0]}_steps.csv").exists():
-        with tarfile.open(hil / "hil.tar.gz") as tar:
-            tar.extractall(hil, filter="data")
+    dirs = [Path(d) for d in args.hil]
+    for d in dirs:
+        if (d / "hil.tar.gz").exists() and not any(d.glob("*_steps.csv")):
+            with tarfile.open(d / "hil.tar.gz") as tar:
+                tar.extractall(d, filter="data")
     table = load_cost_table(args.table)
     roofline = RooflineCost(get_model("Llama-3.1-8B"), get_gpu("H200"))
     work = Path(args.work)
@@ -126,45 +141,49 @@ def cmd_analyse(args) -> int:
     models = {"calibrated (table)": ["--cost-table", args.table], "roofline (default)": []}
     step_rows, req_rows, all_steps = [], [], {m: [] for m in models}
     for name, spec, extra in WORKLOADS:
-        steps_path = hil / f"{name}_steps.csv"
-        if not steps_path.exists():
-            print(f"{name}: no hardware-in-the-loop run in {hil}, skipped", file=sys.stderr)
+        found = [d for d in dirs if (d / f"{name}_steps.csv").exists()]
+        if not found:
+            print(f"{name}: no hardware-in-the-loop run in {', '.join(map(str, dirs))}, skipped", file=sys.stderr)
             continue
-        steps = pd.read_csv(steps_path)
-        steps = steps[steps["measured_step_s"] > 0]
+        hil = found[0]
+        steps = pd.read_csv(hil / f"{name}_steps.csv")
+        stalls = stall_steps(steps["measured_step_s"])
+        clean = steps[~stalls]
         batches = [StepBatch(int(r.sched_reqs), int(r.prefill_tokens), int(r.decode_reqs), int(r.sched_tokens),
-                             int(r.kv_read_tokens), int(r.attn_token_pairs)) for r in steps.itertuples()]
-        measured = steps["measured_step_s"].to_numpy()
+                             int(r.kv_read_tokens), int(r.attn_token_pairs)) for r in clean.itertuples()]
+        measured = clean["measured_step_s"].to_numpy()
         preds = {"calibrated (table)": [table.step_time_s(b) for b in batches],
                  "roofline (default)": [roofline.step_time_s(b) for b in batches]}
         hil_req = pd.read_csv(hil / f"{name}_requests.csv").set_index("request_id")
         for model, flags in models.items():
             err = _errors(preds[model], measured)
             all_steps[model].append(err)
-            step_rows.append((name, model, len(err), _stats(err)))
+            step_rows.append((f"{name} ({hil.name})", model, f"{len(err)} (+{int(stalls.sum())} stalls)", _stats(err)))
+            if stalls.any():
+                req_rows.append([f"{name} ({hil.name})", model, "-", *(["not compared: the run's clock holds "
+                                 f"{int(stalls.sum())} compile stalls"] + [""] * 5)])
+                continue
             sim_path = work / f"{name}_{model.split()[0]}_requests.csv"
             with contextlib.redirect_stdout(io.StringIO()):
                 kvsim(["replay", workload_arg(spec, args.traces), *ENGINE, *extra, *flags, "--quiet",
                        "--out", str(work / f"{name}_{model.split()[0]}.json"), "--requests", str(sim_path)])
             sim = pd.read_csv(sim_path).set_index("request_id")
             both = hil_req.join(sim, rsuffix="_sim", how="inner")
-            both = both[~both["rejected"].astype(bool)] if "rejected" in both else both
-            cells = [name, model, len(both)]
+            cells = [f"{name} ({hil.name})", model, len(both)]
             for metric in ("ttft_s", "tpot_s", "e2e_s"):
                 pair = both[[metric, metric + "_sim"]].dropna()
                 cells.append(_stats(_errors(pair[metric + "_sim"], pair[metric])))
                 cells.append(f"{100 * abs(pair[metric + '_sim'].mean() / pair[metric].mean() - 1):.1f} %")
             req_rows.append(cells)
-    import numpy as np
     lines = ["### Step time: |predicted / measured - 1|, median / p90", "",
-             "| workload | model | steps | median / p90 |", "| --- | --- | ---: | --- |"]
+             "| workload (run) | model | steps | median / p90 |", "| --- | --- | ---: | --- |"]
     lines += [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in step_rows]
     for model, errs in all_steps.items():
         if errs:
             pooled = np.concatenate(errs)
             lines.append(f"| **all** | {model} | {len(pooled)} | **{_stats(pooled)}** |")
     lines += ["", "### Per request: |simulated / measured - 1|, median / p90 (and the error of the mean)", "",
-              "| workload | model | requests | TTFT | mean TTFT | TPOT | mean TPOT | E2E | mean E2E |",
+              "| workload (run) | model | requests | TTFT | mean TTFT | TPOT | mean TPOT | E2E | mean E2E |",
               "| --- | --- | ---: | --- | ---: | --- | ---: | --- | ---: |"]
     lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in req_rows]
     text = "\n".join(lines) + "\n"
@@ -186,7 +205,7 @@ def main() -> int:
     p.add_argument("--only", nargs="*", help="workload names (default: all)")
     p.add_argument("--dry-run", metavar="CONFIG_JSON", help="CPU check: this tiny config.json, 6 requests each")
     p = sub.add_parser("analyse")
-    p.add_argument("--hil", required=True)
+    p.add_argument("--hil", required=True, nargs="+", help="run folders, the first holding a workload wins")
     p.add_argument("--table", required=True)
     p.add_argument("--traces")
     p.add_argument("--work", default="runs/accuracy")

@@ -54,6 +54,8 @@ def read_table(path: str | Path) -> tuple[dict[str, str], list[str], list[tuple[
             lines = f.read().splitlines()
     except UnicodeDecodeError as err:
         raise InputError(f"not UTF-8 text ({err.reason})", file=path) from None
+    except OSError as err:
+        raise InputError(f"cannot read the cost table: {err.strerror}", file=path) from None
     first = 0
     while first < len(lines) and lines[first].startswith("#"):
         key, _, value = lines[first][1:].partition(":")

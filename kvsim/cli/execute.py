@@ -39,6 +39,8 @@ def decoder_shape(model: str | None, hf_config: str | None):
             raise InputError(f"invalid JSON: {err.msg} (column {err.colno})", file=path, line=err.lineno) from None
         except UnicodeDecodeError as err:
             raise InputError(f"not UTF-8 text ({err.reason})", file=path) from None
+        except OSError as err:
+            raise InputError(f"cannot read: {err.strerror}", file=path) from None
         if not isinstance(cfg, dict):
             raise InputError("expected a JSON object", file=path)
         try:

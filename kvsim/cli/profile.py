@@ -100,9 +100,12 @@ def run(args, command: str | None = None) -> int:
     grid = [pt for pt in grid if pt.num_blocks(args.block_size) <= num_blocks]
     if not grid:
         raise InputError(f"no step shape of the grid fits {num_blocks} KV blocks", field="num_blocks")
-    ex = StepExecutor(shape, num_blocks=num_blocks, block_size=args.block_size, max_num_seqs=args.max_num_seqs,
-                      max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=max_model_len,
-                      dtype=dtype, device=args.device, seed=args.seed)
+    try:
+        ex = StepExecutor(shape, num_blocks=num_blocks, block_size=args.block_size,
+                          max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+                          max_model_len=max_model_len, dtype=dtype, device=args.device, seed=args.seed)
+    except ValueError as err:   # the model and pool do not fit the GPU (numbers in the message)
+        raise InputError(str(err), field="num_blocks") from None
 
     def progress(done, total, row):
         if not args.quiet and (done % 20 == 0 or done == total):
@@ -136,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return run(args, "kvsim profile " + " ".join(shlex.quote(a) for a in argv))
-    except ValueError as err:
+    except InputError as err:
         print(f"kvsim: error: {err}", file=sys.stderr)
         return 2
 
