@@ -9,12 +9,13 @@ last one. The engine prices the run with ``decode_run_batch`` (its first step) a
 model's ``run_time_s``. Results and block ids are the same as scheduling every step in detail
 (``Simulation(batch_decode_steps=False)``, tested).
 
-Whether the waiting head would be admitted is the policy's own admission rule
-(``_admission``), asked about the run's first step: the head's need only grows while decodes
-consume blocks, so a head that does not fit then stays blocked for the whole run.
+Whether the waiting head would be admitted is the policy's own question
+(``_head_admissible``, which asks the policy's one admission rule ``_admission`` about the run's
+first step): the head's need only grows while decodes consume blocks, so a head that does not
+fit then stays blocked for the whole run.
 
 ``DecodeRuns`` is a mixin of ``scheduler.Scheduler``; it reads the host's queues, allocator,
-decode clock (decode_clock.py), ``_admission`` and ``_lpt`` (the policy's rules) and ``_retire``.
+decode clock (decode_clock.py), ``_head_admissible`` (the policy) and ``_retire``.
 """
 from __future__ import annotations
 
@@ -33,8 +34,9 @@ class DecodeRuns:
         than "every running request decodes one token": every running request is decoding, all
         fit the token budget, no step needs more blocks than are free (no preemption), nobody
         finishes before the last step, no fork/beam event, and the waiting queue is empty or its
-        head would not be admitted (``_admission`` after the first step's decodes took their
-        blocks). Returns 0 when the next step must be scheduled in detail."""
+        head would not be admitted (``_head_admissible``: the policy's admission rule, after the
+        first step's decodes took their blocks). Returns 0 when the next step must be scheduled
+        in detail."""
         running = self.running
         n = len(running)
         if n == 0 or max_steps <= 0:
@@ -105,14 +107,6 @@ class DecodeRuns:
         if self.waiting and self._head_admissible(first_step_blocks):
             return 0
         return k
-
-    def _head_admissible(self, num_blocks_taken: int) -> bool:
-        """Whether the policy would admit the waiting head in a pure-decode step of everyone
-        running that first took ``num_blocks_taken`` blocks: the step's budget left is
-        ``max_num_batched_tokens`` minus one token per running request."""
-        return self._admission(self.waiting[0],
-                               self.config.max_num_batched_tokens - len(self.running),
-                               self._lpt(), num_blocks_taken) is not None
 
     def crossing_histogram(self) -> list[int]:
         """``hist[j]`` (j = 1..B): running requests that need a new block in decode step j from

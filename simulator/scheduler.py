@@ -46,9 +46,15 @@ every request one by one, block ids included):
   at once; the run stops before a step in which ``_admission`` would admit the waiting head.
 * forks.py: parallel samples and beams (the vLLM paper's block sharing and copy-on-write).
 
-Another policy (vLLM v0's prompt-first scheduler, vLLM's AsyncScheduler) is a subclass that
-replaces ``schedule`` / ``_admission`` (or ``_update_after_schedule`` / ``finish_step``); the
-request state (seq_state.py), the step output (step_output.py) and the speed-ups are shared.
+Policy and mechanics. The v1 policy is ``schedule`` and what it calls to decide: ``_lpt``,
+``_num_new_tokens`` (a running request's tokens), ``_schedule_running``, ``_admit_waiting``,
+``_admission`` (the one admission rule) and ``_head_admissible`` (how the policy's step would
+meet the waiting head; decode runs end there). The rest is mechanics every policy shares:
+``add_request``, ``_preempt``, ``_admit`` (allocate and count an admission),
+``_update_after_schedule``, ``finish_step``, ``_retire``, plus the request state (seq_state.py),
+the step output (step_output.py) and the speed-ups above. Another policy (vLLM v0's prompt-first
+scheduler; vLLM's AsyncScheduler, which overrides ``_update_after_schedule`` and the output
+processing) is a subclass next to this one that replaces only what it decides differently.
 """
 from __future__ import annotations
 
@@ -123,17 +129,17 @@ class Scheduler(DecodeRuns, Forks, DecodeClock, KVSlots):
         lpt = self._lpt()
         # a) RUNNING requests: on the decode clock when no request can be cut short, else one
         # by one with preemption
-        running = self._schedule_running_clocked(lpt) if self.clock_enabled else None
-        if running is None:
+        first_pass = self._schedule_running_clocked(lpt) if self.clock_enabled else None
+        if first_pass is None:
             if self.clock_enabled:
                 self._unclock_all()
-            running = self._schedule_running(lpt, now_ns)
+            first_pass = self._schedule_running(lpt, now_ns)
             self.loose = list(self.running)
-        out, token_budget, slow, num_fast, fast_ctx = running
+        out, token_budget, slow, num_fast, fast_ctx = first_pass
         # c) WAITING requests, FCFS, only if nobody was preempted in this step
         if not out.num_preempted:
             self._admit_waiting(out, slow, token_budget, lpt, now_ns, step_index)
-        # d)
+        # d) computed tokens advance at schedule time
         self._update_after_schedule(out, slow, num_fast, fast_ctx)
         return out
 
@@ -257,48 +263,57 @@ class Scheduler(DecodeRuns, Forks, DecodeClock, KVSlots):
             (num_hit_tokens, num_new_tokens) if it is admitted, None if it waits.
         """
         cfg = self.config
-        # vLLM schedule(): ``while token_budget > 0`` and max_num_running_reqs
+        # vLLM schedule(): ``while token_budget > 0``, and ``max_num_active_reqs`` (max_num_seqs)
         if token_budget <= 0 or len(self.running) >= cfg.max_num_seqs:
             return None
         alloc = self.allocator
         num_tokens = seq.num_tokens
-        if not self.paged:
-            # Orca-style: the whole reservation must fit now; growth never fails later
-            n = num_tokens
-            if 0 < lpt < n:
-                n = lpt
-            if n > token_budget:
-                n = token_budget
-            if not alloc.can_allocate(n, seq.num_prompt_tokens + seq.max_output_tokens,
-                                      num_prompt_tokens=seq.num_prompt_tokens):
-                return None
-            return 0, n
-        keys = self._keys(seq)
-        free = alloc.num_free_blocks - num_blocks_taken
-        # KVCacheManager.allocate_slots: the watermark applies to admissions only, and only
-        # when something already runs (has_scheduled_reqs)
-        wm = self.watermark_blocks if self.running else 0
-        # allocate_slots(full_sequence_must_fit=scheduler_reserve_full_isl): blocks for the
-        # whole current length, evictable hits counting as consumed (get_num_blocks_to_allocate)
-        if cfg.full_prompt_admission and \
-                alloc.blocks_needed(min(num_tokens, cfg.max_model_len), keys) + wm > free:
-            return None
-        # _get_local_prefix_cache_hit -> KVCacheManager.get_computed_blocks: full cached
-        # blocks, at most num_tokens - 1 tokens (the last one is recomputed for its logits)
-        hit = alloc.lookup(keys, num_tokens) if keys is not None else 0
-        # ``num_new_tokens = request.num_tokens - num_computed_tokens`` (resumed requests
-        # recompute their outputs too), threshold, budget
+        paged = self.paged
+        hit = 0
+        if paged:
+            keys = self._keys(seq)
+            free = alloc.num_free_blocks - num_blocks_taken
+            # KVCacheManager.allocate_slots: the watermark applies to admissions only, and only
+            # when something already runs (has_scheduled_reqs)
+            wm = self.watermark_blocks if self.running else 0
+            # allocate_slots(full_sequence_must_fit=scheduler_reserve_full_isl): blocks for the
+            # whole current length, evictable hits counting as consumed
+            # (get_num_blocks_to_allocate); checked first, as it needs no hit count
+            if cfg.full_prompt_admission:
+                full = min(num_tokens, cfg.max_model_len)
+                if alloc.blocks_needed(full, keys) + wm > free:
+                    return None
+            # _get_local_prefix_cache_hit -> KVCacheManager.get_computed_blocks: full cached
+            # blocks, at most num_tokens - 1 tokens (the last one is recomputed for its logits)
+            if keys is not None:
+                hit = alloc.lookup(keys, num_tokens)
+        # ``num_new_tokens = request.num_tokens - num_computed_tokens`` (a resumed request
+        # recomputes its outputs too), then the threshold and the budget
         n = num_tokens - hit
         if 0 < lpt < n:
             n = lpt
         if n > token_budget:
             n = token_budget
-        # with full-prompt admission the first chunk's need is implied (same hits, fewer
-        # blocks); without it, the first chunk must fit
-        if not cfg.full_prompt_admission and \
-                alloc.blocks_needed(min(hit + n, cfg.max_model_len), keys) + wm > free:
+        if paged:
+            # with full-prompt admission the first chunk's need is implied (same hits, fewer
+            # blocks); without it, the first chunk must fit
+            if not cfg.full_prompt_admission and \
+                    alloc.blocks_needed(min(hit + n, cfg.max_model_len), keys) + wm > free:
+                return None
+        # Orca-style contiguous pool: the whole reservation must fit now (growth never fails)
+        elif not alloc.can_allocate(n, seq.num_prompt_tokens + seq.max_output_tokens,
+                                    num_prompt_tokens=seq.num_prompt_tokens):
             return None
         return hit, n
+
+    def _head_admissible(self, num_blocks_taken: int) -> bool:
+        """Whether this policy would admit the waiting head in the next step if it were a
+        pure decode of everyone running (decode_run.py asks, to end a run there): running
+        requests go first (one token each, ``num_blocks_taken`` new blocks), then the head
+        meets ``_admission`` with the budget they left."""
+        return self._admission(self.waiting[0],
+                               self.config.max_num_batched_tokens - len(self.running),
+                               self._lpt(), num_blocks_taken) is not None
 
     def _admit(self, seq: SeqState, hit: int, n: int, out: StepOutput, now_ns: int,
                step_index: int) -> int:
