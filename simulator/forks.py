@@ -28,12 +28,9 @@ from kvsim.simulator.seq_state import RUNNING, ForkGroup, SeqState
 class Forks:
     """Parallel samples and beams (mixin; see the module docstring)."""
 
-    def _start_fork_group(self, seq: SeqState) -> None:
-        """A new request with n > 1 samples or beams becomes sample 0 of its ForkGroup."""
+    def _start_fork_group(self, seq: SeqState, width: int) -> None:
+        """A new request with ``width`` > 1 samples or beams becomes sample 0 of its ForkGroup."""
         req = seq.req
-        width = max(getattr(req, "n", 1) or 1, getattr(req, "beam_width", 1) or 1)
-        if width <= 1:
-            return
         if self.clock_enabled:
             # forks insert sequences in the middle of ``running`` and share blocks: step
             # every sequence one by one from now on

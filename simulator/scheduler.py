@@ -69,6 +69,8 @@ from kvsim.simulator.kv_slots import KVSlots
 from kvsim.simulator.seq_state import FINISHED, ORDER, PREEMPTED, RUNNING, SeqState
 from kvsim.simulator.step_output import StepOutput
 
+ADMITTED = (-1, -1)     # ``_admission(verdict_only=True)``: admitted, token counts not computed
+
 
 class Scheduler(DecodeRuns, Forks, DecodeClock, KVSlots):
     """vLLM v1 scheduler for one replica.
@@ -114,7 +116,9 @@ class Scheduler(DecodeRuns, Forks, DecodeClock, KVSlots):
         if self.paged and req.num_shareable_tokens > req.prompt_tokens:
             seq.eager = True
             seq.plain = False
-        self._start_fork_group(seq)
+        width = max(getattr(req, "n", 1) or 1, getattr(req, "beam_width", 1) or 1)
+        if width > 1:
+            self._start_fork_group(seq, width)      # forks.py
         self.waiting.append(seq)
         return seq
 
@@ -246,8 +250,8 @@ class Scheduler(DecodeRuns, Forks, DecodeClock, KVSlots):
             self.loose.append(seq)
             token_budget -= n
 
-    def _admission(self, seq: SeqState, token_budget: int, lpt: int,
-                   num_blocks_taken: int = 0) -> tuple[int, int] | None:
+    def _admission(self, seq: SeqState, token_budget: int, lpt: int, num_blocks_taken: int = 0,
+                   verdict_only: bool = False) -> tuple[int, int] | None:
         """The admission rule: may the waiting head ``seq`` start now, and with how many tokens?
 
         The one place it is written: the waiting loop (``_admit_waiting``) and the decode-run
@@ -259,8 +263,11 @@ class Scheduler(DecodeRuns, Forks, DecodeClock, KVSlots):
             lpt: the step's long-prefill threshold (``_lpt``).
             num_blocks_taken: free blocks the step will have taken before this admission but
                 has not yet taken from the allocator (decode-run planning; 0 when scheduling).
+            verdict_only: only whether it is admitted is wanted (decode-run planning): the
+                prefix-cache lookup is skipped when the verdict does not depend on it.
         Returns:
-            (num_hit_tokens, num_new_tokens) if it is admitted, None if it waits.
+            (num_hit_tokens, num_new_tokens) if it is admitted (``ADMITTED`` when
+            ``verdict_only`` skipped the counts), None if it waits.
         """
         cfg = self.config
         # vLLM schedule(): ``while token_budget > 0``, and ``max_num_active_reqs`` (max_num_seqs)
@@ -283,6 +290,8 @@ class Scheduler(DecodeRuns, Forks, DecodeClock, KVSlots):
                 full = min(num_tokens, cfg.max_model_len)
                 if alloc.blocks_needed(full, keys) + wm > free:
                     return None
+                if verdict_only:
+                    return ADMITTED     # nothing below can refuse it (see the first chunk)
             # _get_local_prefix_cache_hit -> KVCacheManager.get_computed_blocks: full cached
             # blocks, at most num_tokens - 1 tokens (the last one is recomputed for its logits)
             if keys is not None:
@@ -313,7 +322,7 @@ class Scheduler(DecodeRuns, Forks, DecodeClock, KVSlots):
         meets ``_admission`` with the budget they left."""
         return self._admission(self.waiting[0],
                                self.config.max_num_batched_tokens - len(self.running),
-                               self._lpt(), num_blocks_taken) is not None
+                               self._lpt(), num_blocks_taken, verdict_only=True) is not None
 
     def _admit(self, seq: SeqState, hit: int, n: int, out: StepOutput, now_ns: int,
                step_index: int) -> int:
