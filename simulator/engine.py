@@ -278,11 +278,8 @@ class Simulation:
 
     # ------------------------------------------------------------------ the step loop
     def _engine(self, rep: _Replica):
-        env = self.env
-        sched = rep.sched
-        rec = rep.rec
-        timer = self.timer
-        record_steps = self.record_steps
+        env, timer, record_steps = self.env, self.timer, self.record_steps
+        sched, rec = rep.sched, rep.rec
         # ``now`` is the replica's time. It runs ahead of SimPy's across step ends that nothing
         # can observe (``_unobserved``): such a step is finished at once and the next one
         # scheduled, without a round trip through the event queue.
@@ -346,20 +343,12 @@ class Simulation:
                         and not out.num_preempted and not out.num_new, \
                         "a planned decode step was not a pure decode step"
                 rec.scheduled(len(sched.running), len(sched.waiting), out.num_scheduled_tokens)
-                if out.num_scheduled_tokens == 0:
-                    # nothing ran (everyone running preempted itself away, or the head can never
-                    # be admitted): vLLM counts no step; the clock still moves by one empty step
-                    if not out.num_preempted and not sched.running and sched.waiting:
-                        seq = sched.waiting.popleft()
-                        self.num_rejected += 1
-                        self.recorder.record_rejected(rep.index, seq.req, seq.arrival_ns)
-                    end = t + max(1, timer.step_ns(StepBatch()))
-                    bd_step = rec.breakdown()
-                    rec.integrate(bd_step, bd_step, rep.allocator.usage, rep.allocator.usage,
-                                  t, end)
-                    yield _urgent_timeout(env, end - env.now)
-                    t = end
-                    break
+                ran = out.num_scheduled_tokens > 0
+                if not ran and not out.num_preempted and not sched.running and sched.waiting:
+                    # the head can never be admitted (nothing runs that could make room)
+                    seq = sched.waiting.popleft()
+                    self.num_rejected += 1
+                    self.recorder.record_rejected(rep.index, seq.req, seq.arrival_ns)
                 row_state = rec.row_state() if record_steps else None
                 if run is None:
                     batch = StepBatch(out.num_seqs, out.num_prefill_tokens, out.num_decode_seqs,
@@ -375,6 +364,12 @@ class Simulation:
                     if j == k - 1:
                         rec.integrate(run[1], rec.breakdown(), run[2], rep.allocator.usage,
                                       now, end)
+                if not ran:
+                    # nothing ran (everyone running preempted itself away, or the head was
+                    # rejected): vLLM counts no step; the clock still moves by one empty step
+                    yield _urgent_timeout(env, end - env.now)
+                    t = end
+                    break
                 if not self._unobserved(rec, end):
                     yield _urgent_timeout(env, end - env.now)
                 finished = sched.finish_step(out, end, idx)
