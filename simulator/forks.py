@@ -15,8 +15,10 @@ cache):
 Forked sequences are inserted in the middle of ``running`` and share blocks, which the decode
 clock does not model: the first forked request switches the clock off for the rest of the run.
 
-``Forks`` is a mixin of ``scheduler.Scheduler``; it reads the host's ``allocator``,
-``block_size``, ``prefix_caching``, ``running``, ``loose``, ``seed`` and ``num_generated_tokens``.
+``Forks`` is a mixin of ``scheduler.Scheduler``; it uses the host's ``allocator``,
+``block_size``, ``prefix_caching``, ``seed``, ``running``, ``num_generated_tokens``,
+``_new_seq_id``, the KV-slot mechanics (``_sync``, ``_free``) and the decode clock
+(``clock_enabled``, ``_unclock_all``, ``loose``).
 """
 from __future__ import annotations
 

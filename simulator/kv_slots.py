@@ -9,8 +9,9 @@ when a request needs a new block, when it is freed, or when the pool is observed
 (``sync_allocator``, before breakdowns and snapshots). Block ids and free-queue order are the
 same as telling every token at once (tests/test_sim_scheduler.py checks it).
 
-``KVSlots`` is a mixin of ``scheduler.Scheduler``; it reads the host's ``allocator``, ``paged``,
-``block_size``, ``prefix_caching`` and ``running``, and owns ``num_pending_tokens``.
+``KVSlots`` is a mixin of ``scheduler.Scheduler``; it owns ``num_pending_tokens`` and reads the
+host's ``allocator``, ``paged``, ``block_size``, ``prefix_caching``, ``running`` and the decode
+clock (``clock_c``, ``_materialize``: a clocked request's true counters).
 """
 from __future__ import annotations
 
