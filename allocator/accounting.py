@@ -55,12 +55,14 @@ class PoolSnapshot:
     block_size: int           # tokens per cell
     num_cells: int
     cell_class: np.ndarray    # int8 [num_cells]: index into MEMORY_CLASSES (dominant class)
-    owner: np.ndarray         # int64 [num_cells]: seq_id holding the cell, -1 none (shared: lowest)
+    owner: np.ndarray         # int64 [num_cells]: seq_id holding the cell, -1 none (shared:
+    #                           lowest); with ids that are not ints, the id's index in owner_ids
     ref_cnt: np.ndarray       # int32 [num_cells]: sequences referencing the cell
     fill: np.ndarray          # int32 [num_cells]: slots of the cell holding tokens
     block_key: np.ndarray     # uint64 [num_cells]: prefix-cache key, 0 none
     block_tables: dict[int, np.ndarray] = field(default_factory=dict)  # seq_id -> cells
     seq_lens: dict[int, int] = field(default_factory=dict)             # seq_id -> tokens
+    owner_ids: tuple | None = None  # None: owner values are the (int) seq_ids; else code -> id
 
     def __post_init__(self):
         if self.kind not in ("paged", "contiguous"):
@@ -69,6 +71,12 @@ class PoolSnapshot:
             n = len(getattr(self, name))
             if n != self.num_cells:
                 raise ValueError(f"{name} has {n} cells, num_cells is {self.num_cells}")
+
+    def owner_id(self, code: int):
+        """The seq_id behind an ``owner`` value (None for -1, no owner)."""
+        if code < 0:
+            return None
+        return code if self.owner_ids is None else self.owner_ids[code]
 
     def class_counts(self) -> dict[str, int]:
         """Cells per class (dominant class of each cell)."""

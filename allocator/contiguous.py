@@ -25,12 +25,15 @@ buddy rounding on top of it external fragmentation.
 """
 from __future__ import annotations
 
+from collections.abc import Hashable
+
 import numpy as np
 
 from kvsim.allocator.accounting import (EXTERNAL, FREE, INTERNAL, RESERVATION, TOKEN_STATES,
                                   PoolSnapshot, check_breakdown, make_breakdown)
 from kvsim.allocator.buddy import BuddyArena
-from kvsim.allocator.checks import require_int, require_live, require_new_seq_id
+from kvsim.allocator.checks import (owner_codes, require_int, require_live, require_new_seq_id,
+                                    snapshot_order)
 from kvsim.allocator.first_fit import FirstFitArena
 
 POLICIES = ("max", "pow2", "oracle")
@@ -134,28 +137,29 @@ class ContiguousAllocator:
         return 1.0 - self.arena.num_free_slots / self.capacity_tokens
 
     @property
-    def seq_ids(self) -> list[int]:
+    def seq_ids(self) -> list[Hashable]:
         return list(self._seqs)
 
-    def num_tokens(self, seq_id: int) -> int:
+    def num_tokens(self, seq_id: Hashable) -> int:
         return self._seq(seq_id).num_tokens
 
-    def block_table(self, seq_id: int) -> list[int]:
+    def block_table(self, seq_id: Hashable) -> list[int]:
         """The slots of the sequence's extent (its cells in the snapshot)."""
         ext = self._seq(seq_id)
         return list(range(ext.offset, ext.offset + ext.extent_tokens))
 
-    def slot_mapping(self, seq_id: int) -> list[int]:
+    def slot_mapping(self, seq_id: Hashable) -> list[int]:
         ext = self._seq(seq_id)
         return list(range(ext.offset, ext.offset + ext.num_tokens))
 
     # ---- operations ------------------------------------------------------------------------
-    def allocate(self, seq_id: int, num_tokens: int, final_num_tokens: int, *,
+    def allocate(self, seq_id: Hashable, num_tokens: int, final_num_tokens: int, *,
                  num_prompt_tokens: int | None = None) -> bool:
         """Reserve an extent for a new sequence holding ``num_tokens`` now.
 
         Args:
-            seq_id: new sequence id (int >= 0).
+            seq_id: new sequence id, any hashable: an int >= 0, or a string such as vLLM's
+                request ids.
             num_tokens: tokens the sequence holds now (its prompt, or a first prefill chunk).
             final_num_tokens: prompt + output tokens it will reach (the policy sizes from it).
             num_prompt_tokens: its prompt tokens, 1 <= num_prompt_tokens <= final_num_tokens
@@ -163,7 +167,7 @@ class ContiguousAllocator:
         Returns:
             False, with nothing changed, if no hole is large enough.
         """
-        require_new_seq_id(seq_id, self._seqs)
+        seq_id = require_new_seq_id(seq_id, self._seqs)
         num_tokens, final_num_tokens, reserved = self._check_request(
             num_tokens, final_num_tokens, num_prompt_tokens)
         offset = self.arena.allocate(reserved)
@@ -178,7 +182,7 @@ class ContiguousAllocator:
         self._num_extent += ext.extent_tokens
         return True
 
-    def append(self, seq_id: int, num_tokens: int = 1) -> bool:
+    def append(self, seq_id: Hashable, num_tokens: int = 1) -> bool:
         """Grow a sequence inside its extent; False (nothing changed) past the reservation."""
         ext = self._seq(seq_id)
         num_tokens = require_int("num_tokens", num_tokens)
@@ -192,7 +196,7 @@ class ContiguousAllocator:
             ext.final_num_tokens = new_num_tokens
         return True
 
-    def free(self, seq_id: int, preempted: bool = False) -> None:
+    def free(self, seq_id: Hashable, preempted: bool = False) -> None:
         """Release the sequence's extent (``preempted`` is accepted for symmetry; no cache)."""
         ext = self._seq(seq_id)
         del self._seqs[seq_id]
@@ -240,20 +244,22 @@ class ContiguousAllocator:
                 if size < need:
                     cell_class[offset:offset + size] = EXTERNAL
         tables, lens = {}, {}
-        for seq_id in sorted(self._seqs):
+        ordered = snapshot_order(self._seqs)
+        code_of, owner_ids = owner_codes(ordered)
+        for seq_id in ordered:
             ext = self._seqs[seq_id]
             o = ext.offset
             cell_class[o:o + ext.num_tokens] = TOKEN_STATES
             cell_class[o + ext.num_tokens:o + ext.final_num_tokens] = RESERVATION
             cell_class[o + ext.final_num_tokens:o + ext.reserved_tokens] = INTERNAL
             cell_class[o + ext.reserved_tokens:o + ext.extent_tokens] = EXTERNAL
-            owner[o:o + ext.extent_tokens] = seq_id
+            owner[o:o + ext.extent_tokens] = code_of[seq_id]
             ref_cnt[o:o + ext.extent_tokens] = 1
             fill[o:o + ext.num_tokens] = 1
             tables[seq_id] = np.arange(o, o + ext.extent_tokens, dtype=np.int64)
             lens[seq_id] = ext.num_tokens
         return PoolSnapshot("contiguous", 1, n, cell_class, owner, ref_cnt, fill,
-                            np.zeros(n, dtype=np.uint64), tables, lens)
+                            np.zeros(n, dtype=np.uint64), tables, lens, owner_ids)
 
     def check_invariants(self) -> None:
         """Recompute the sums and the arena from scratch and assert they match."""
@@ -275,7 +281,7 @@ class ContiguousAllocator:
         check_breakdown(self.breakdown(), self.capacity_tokens)
 
     # ---- helpers ---------------------------------------------------------------------------
-    def _seq(self, seq_id: int) -> _Extent:
+    def _seq(self, seq_id: Hashable) -> _Extent:
         return require_live(seq_id, self._seqs)
 
     def _check_request(self, num_tokens: int, final_num_tokens: int,

@@ -31,14 +31,15 @@ partially filled block first copies it (copy-on-write).
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 
 import numpy as np
 
 from kvsim.allocator.accounting import (CACHED, FREE, INTERNAL, MEMORY_CLASSES, TOKEN_STATES,
                                   PoolSnapshot, check_breakdown)
 from kvsim.allocator.block_pool import BlockPool
-from kvsim.allocator.checks import require_int, require_live, require_new_seq_id
+from kvsim.allocator.checks import (owner_codes, require_int, require_live, require_new_seq_id,
+                                    snapshot_order)
 
 
 class _Seq:
@@ -85,7 +86,7 @@ class PagedAllocator:
         # re-admissions after a preemption are counted apart, as vLLM does
         self.num_queried_tokens = self.num_hit_tokens = 0
         self.num_preempted_queried_tokens = self.num_preempted_hit_tokens = 0
-        self._preempted_seq_ids: set[int] = set()
+        self._preempted_seq_ids: set[Hashable] = set()
         # last prefix scan (admission asks lookup, blocks_needed and allocate in a row):
         # (block_hashes, pool.map_version, blocks scanned, hits)
         self._last_scan: tuple | None = None
@@ -106,23 +107,23 @@ class PagedAllocator:
         return 1.0 - self.pool.num_free_blocks / self.num_usable_blocks
 
     @property
-    def seq_ids(self) -> list[int]:
+    def seq_ids(self) -> list[Hashable]:
         return list(self._seqs)
 
     def ref_cnt(self, block_id: int) -> int:
         return self.pool.ref_cnt[block_id]
 
-    def block_table(self, seq_id: int) -> list[int]:
+    def block_table(self, seq_id: Hashable) -> list[int]:
         return list(self._seq(seq_id).block_table)
 
-    def num_tokens(self, seq_id: int) -> int:
+    def num_tokens(self, seq_id: Hashable) -> int:
         return self._seq(seq_id).num_tokens
 
-    def num_cached_tokens(self, seq_id: int) -> int:
+    def num_cached_tokens(self, seq_id: Hashable) -> int:
         """Tokens this sequence got from the prefix cache when it was allocated."""
         return self._seq(seq_id).num_cached_tokens
 
-    def slot_mapping(self, seq_id: int) -> list[int]:
+    def slot_mapping(self, seq_id: Hashable) -> list[int]:
         """Slot of every token: ``block_table[i // B] * B + i % B`` (per token: for kernels)."""
         seq = self._seq(seq_id)
         table, size = seq.block_table, self.block_size
@@ -150,12 +151,14 @@ class PagedAllocator:
         return -(-num_tokens // self.block_size) - len(hits) + sum(ref[b] == 0 for b in hits)
 
     # ---- operations ------------------------------------------------------------------------
-    def allocate(self, seq_id: int, num_tokens: int, block_hashes: Sequence[int] | None = None,
+    def allocate(self, seq_id: Hashable, num_tokens: int,
+                 block_hashes: Sequence[int] | None = None,
                  num_reserve_tokens: int | None = None) -> bool:
         """Admit a new sequence with slots for ``num_tokens`` tokens.
 
         Args:
-            seq_id: new sequence id (int >= 0).
+            seq_id: new sequence id, any hashable: an int >= 0, or a string such as vLLM's
+                request ids.
             num_tokens: tokens that need slots now (prompt, or computed + first chunk).
             block_hashes: chained keys of the sequence's full blocks (lazy Sequence, e.g.
                 SegmentKeys); None: unique content, nothing to share.
@@ -166,7 +169,7 @@ class PagedAllocator:
         Returns:
             False, with nothing changed, if the free blocks do not suffice.
         """
-        require_new_seq_id(seq_id, self._seqs)
+        seq_id = require_new_seq_id(seq_id, self._seqs)
         if type(num_tokens) is not int or num_tokens < 0:
             num_tokens = require_int("num_tokens", num_tokens)
         size = self.block_size
@@ -204,7 +207,7 @@ class PagedAllocator:
         self._register_full_blocks(seq)
         return True
 
-    def append(self, seq_id: int, num_tokens: int = 1) -> bool:
+    def append(self, seq_id: Hashable, num_tokens: int = 1) -> bool:
         """Grow a sequence by ``num_tokens`` (may cross several blocks).
 
         A partially filled last block shared with another sequence (after fork) is first copied
@@ -261,7 +264,7 @@ class PagedAllocator:
         for table, block_id in zip(tables, pool.pop(len(tables))):
             table.append(block_id)
 
-    def fork(self, parent_id: int, child_id: int,
+    def fork(self, parent_id: Hashable, child_id: Hashable,
              block_hashes: Sequence[int] | None = None) -> None:
         """New sequence ``child_id`` sharing every block of ``parent_id`` (ref counts + 1).
 
@@ -274,7 +277,7 @@ class PagedAllocator:
                 prefix); None: the child's own continuation is unique content.
         """
         parent = self._seq(parent_id)
-        require_new_seq_id(child_id, self._seqs)
+        child_id = require_new_seq_id(child_id, self._seqs)
         ref = self.pool.ref_cnt
         for block_id in parent.block_table:
             ref[block_id] += 1
@@ -284,7 +287,7 @@ class PagedAllocator:
         # blocks the parent already registered are skipped (register is a no-op on them)
         self._register_full_blocks(child)
 
-    def free(self, seq_id: int, preempted: bool = False) -> None:
+    def free(self, seq_id: Hashable, preempted: bool = False) -> None:
         """Release a sequence's blocks, tail first (so its tail is evicted before its head).
 
         Args:
@@ -352,19 +355,22 @@ class PagedAllocator:
         if pool.null_block is not None:
             cell_class[pool.null_block] = INTERNAL
         tables, lens = {}, {}
-        for seq_id in sorted(self._seqs, reverse=True):   # lowest seq_id written last
+        ordered = snapshot_order(self._seqs)
+        code_of, owner_ids = owner_codes(ordered)
+        for seq_id in reversed(ordered):                  # first seq_id written last
             seq = self._seqs[seq_id]
             table = np.asarray(seq.block_table, dtype=np.int64)
             tables[seq_id], lens[seq_id] = table, seq.num_tokens
             block_fill = np.full(len(table), size, dtype=np.int32)
             if seq.num_tokens % size:
                 block_fill[-1] = seq.num_tokens % size
-            owner[table] = seq_id
+            owner[table] = code_of[seq_id]
             fill[table] = block_fill
             cell_class[table] = TOKEN_STATES
         return PoolSnapshot("paged", size, n, cell_class, owner,
                             np.asarray(pool.ref_cnt, dtype=np.int32), fill, block_key,
-                            dict(sorted(tables.items())), dict(sorted(lens.items())))
+                            {i: tables[i] for i in ordered}, {i: lens[i] for i in ordered},
+                            owner_ids)
 
     def check_invariants(self) -> None:
         """Recompute everything from scratch and assert it matches the incremental state."""
@@ -407,7 +413,7 @@ class PagedAllocator:
         check_breakdown(self.breakdown(), self.num_blocks * size)
 
     # ---- helpers ---------------------------------------------------------------------------
-    def _seq(self, seq_id: int) -> _Seq:
+    def _seq(self, seq_id: Hashable) -> _Seq:
         return require_live(seq_id, self._seqs)
 
     def _count_keys(self, block_hashes: Sequence[int] | None) -> tuple[int, int]:

@@ -138,8 +138,10 @@ def run(out: Path, kvsim: list[str], only: list[str]) -> int:
 
 
 def compare(a: Path, b: Path) -> int:
-    files_a = {p.relative_to(a) for p in a.rglob("*") if p.is_file()}
-    files_b = {p.relative_to(b) for p in b.rglob("*") if p.is_file()}
+    # only the cases both runs have (a run of some --cases is compared with a full one)
+    cases = {p.name for p in a.iterdir() if p.is_dir()} & {p.name for p in b.iterdir() if p.is_dir()}
+    files_a = {p.relative_to(a) for c in cases for p in (a / c).rglob("*") if p.is_file()}
+    files_b = {p.relative_to(b) for c in cases for p in (b / c).rglob("*") if p.is_file()}
     bad = 0
     for rel in sorted(files_a ^ files_b):
         print(f"only in {'A' if rel in files_a else 'B'}: {rel}")
@@ -151,9 +153,8 @@ def compare(a: Path, b: Path) -> int:
         if da != db:
             print(f"DIFFERENT: {rel}")
             bad += 1
-    n = len(files_a & files_b)
-    print(f"{n - bad if bad <= n else 0} of {len(files_a | files_b)} files identical"
-          + ("" if bad else " (all)"))
+    print(f"{len(cases)} cases, {len(files_a | files_b)} files: "
+          + (f"{bad} differ" if bad else "all identical"))
     return 1 if bad else 0
 
 

@@ -9,8 +9,7 @@
 from __future__ import annotations
 
 from kvsim.allocator import mix64
-
-ROUTERS = ("round-robin", "least-loaded", "prefix-affinity")
+from kvsim.simulator.config import ROUTERS   # the choices live with the other light config names
 
 
 def affinity_key(req) -> int | None:

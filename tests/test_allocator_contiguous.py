@@ -185,3 +185,18 @@ def test_num_prompt_tokens_is_validated():
     with pytest.raises(ValueError, match="num_prompt_tokens must be an integer >= 1, got 0"):
         c.allocate(0, 0, 125)                       # None means num_tokens, here 0
     assert c.seq_ids == [] and c.num_free_tokens == 4096
+
+
+def test_string_seq_ids_and_their_snapshot():
+    a = ContiguousAllocator(64, policy="max", max_model_len=16)
+    assert a.allocate("req-b", 5, 9) and a.allocate("req-a", 3, 7) and a.allocate(2, 4, 8)
+    assert a.append("req-a", 2) and a.num_tokens("req-a") == 5
+    snap = a.snapshot()
+    assert list(snap.block_tables) == [2, "req-b", "req-a"]
+    assert snap.owner_ids == (2, "req-b", "req-a")
+    for seq_id, cells in snap.block_tables.items():
+        assert {snap.owner_id(int(c)) for c in snap.owner[cells]} == {seq_id}
+    a.free("req-b")
+    with pytest.raises(ValueError, match="unknown seq_id 'req-b'"):
+        a.free("req-b")
+    a.check_invariants()

@@ -283,3 +283,39 @@ def test_numpy_integers_are_accepted_as_sizes_and_ids():
     with pytest.raises(ValueError, match="num_tokens must be an integer >= 0, got 2.5"):
         a.append(3, 2.5)
     a.check_invariants()
+
+
+def test_any_hashable_seq_id_as_in_vllm_request_ids():
+    a = make()
+    prompt = list(range(10))
+    assert a.allocate("req-1", 10, keys(prompt))
+    assert a.allocate(("beam", 0), 10, keys(prompt))       # a tuple, hits req-1's full blocks
+    assert a.allocate(5, 3)                                  # int ids mix with the others
+    assert a.num_cached_tokens(("beam", 0)) == 8
+    assert a.append("req-1", 3) and a.num_tokens("req-1") == 13
+    a.fork("req-1", "req-1/sample-1")
+    assert a.block_table("req-1/sample-1") == a.block_table("req-1")
+    assert a.seq_ids == ["req-1", ("beam", 0), 5, "req-1/sample-1"]
+    snap = a.snapshot()
+    # int ids first, then the others in allocation order; owner holds an index into owner_ids
+    assert list(snap.block_tables) == [5, "req-1", ("beam", 0), "req-1/sample-1"]
+    assert snap.owner_ids == (5, "req-1", ("beam", 0), "req-1/sample-1")
+    for seq_id, table in snap.block_tables.items():
+        owners = {snap.owner_id(int(c)) for c in snap.owner[table]}
+        # shared blocks show their first owner in snapshot order
+        assert owners <= {seq_id, "req-1"}, (seq_id, owners)
+    assert snap.owner_id(int(snap.owner[a.block_table(5)[0]])) == 5
+    assert snap.owner_id(-1) is None
+    a.free("req-1")
+    a.free("req-1/sample-1")
+    a.free(("beam", 0))
+    assert a.seq_ids == [5] and a.snapshot().owner_ids is None   # only ints: codes are ids
+    a.check_invariants()
+
+
+@pytest.mark.parametrize("bad", [None, 1.5, True, [1, 2], {"a": 1}])
+def test_seq_ids_that_are_unhashable_or_ambiguous_are_refused(bad):
+    a = make()
+    with pytest.raises(ValueError, match="seq_id must be"):
+        a.allocate(bad, 4)
+    assert a.seq_ids == []
