@@ -33,7 +33,7 @@ from simpy.core import URGENT
 from kvsim.allocator import MEMORY_CLASSES, ContiguousAllocator, PagedAllocator
 from kvsim.simulator.config import EngineConfig
 from kvsim.simulator.cost import NS_PER_S, CostModel, FixedStepCost, StepBatch, StepTimer, to_ns
-from kvsim.simulator.recorder import NUM_CLASSES, Recorder
+from kvsim.simulator.recorder import DECODE_RUN, NUM_CLASSES, Recorder
 from kvsim.simulator.result import Result
 from kvsim.simulator.router import ROUTERS, Router
 from kvsim.simulator.scheduler import Scheduler
@@ -323,6 +323,7 @@ class Simulation:
                     if not self._unobserved(rec, end):
                         yield _urgent_timeout(env, end - env.now)
                     finished = sched.finish_decode_run(end, step_index + k - 1)
+                    rec.last_step = DECODE_RUN
                     if record_steps:
                         rec.decode_rows(step_index, k, n, hist, used0, finished)
                     rep.num_steps += k
@@ -373,6 +374,7 @@ class Simulation:
                 if not self._unobserved(rec, end):
                     yield _urgent_timeout(env, end - env.now)
                 finished = sched.finish_step(out, end, idx)
+                rec.last_step = out
                 assert not finished or run is None or j == k - 1, \
                     "a request finished inside a decode run"
                 rep.num_steps += 1
