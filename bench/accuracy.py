@@ -154,11 +154,15 @@ def cmd_analyse(args) -> int:
         measured = clean["measured_step_s"].to_numpy()
         preds = {"calibrated (table)": [table.step_time_s(b) for b in batches],
                  "roofline (default)": [roofline.step_time_s(b) for b in batches]}
-        hil_req = pd.read_csv(hil / f"{name}_requests.csv").set_index("request_id")
+        req_path = hil / f"{name}_requests.csv"
+        hil_req = pd.read_csv(req_path).set_index("request_id") if req_path.exists() else None
         for model, flags in models.items():
             err = _errors(preds[model], measured)
             all_steps[model].append(err)
             step_rows.append((f"{name} ({hil.name})", model, f"{len(err)} (+{int(stalls.sum())} stalls)", _stats(err)))
+            if hil_req is None:
+                req_rows.append([f"{name} ({hil.name})", model, "-", "no request table"] + [""] * 5)
+                continue
             if stalls.any():
                 req_rows.append([f"{name} ({hil.name})", model, "-", *(["not compared: the run's clock holds "
                                  f"{int(stalls.sum())} compile stalls"] + [""] * 5)])
