@@ -97,10 +97,13 @@ class Decoder:
 
 
 def batch(num_seqs, new_tokens, context):
-    """The StepBatch fields for num_seqs sequences each adding new_tokens ending at context."""
-    pairs = num_seqs * sum(context - new_tokens + j + 1 for j in range(new_tokens))
-    return type("StepBatch", (), dict(num_seqs=num_seqs, num_scheduled_tokens=num_seqs * new_tokens,
-                                      kv_read_tokens=num_seqs * context, attn_token_pairs=pairs))()
+    """The simulator's StepBatch of num_seqs sequences each adding new_tokens ending at context,
+    counted as its scheduler counts (attn_token_pairs = new tokens x context, not the causal
+    triangle: the roofline here must be the one the simulator would price the step with)."""
+    from kvsim.simulator.cost import StepBatch
+    decode = new_tokens == 1
+    return StepBatch(num_seqs, 0 if decode else num_seqs * new_tokens, num_seqs if decode else 0,
+                     num_seqs * new_tokens, num_seqs * context, num_seqs * new_tokens * context)
 
 
 def main() -> int:
@@ -156,7 +159,7 @@ def main() -> int:
                          measured_s=measured, roofline_s=predicted))
         print(f"{kind:<8}{b:>6}{new:>6}{ctx:>9}{measured * 1e3:>13.3f}{predicted * 1e3:>13.3f}"
               f"{measured / predicted:>7.2f}")
-        del caches, x
+        caches = x = None   # free before the next case's allocation
         torch.cuda.empty_cache()
     result["steps"] = rows
     if args.out:
