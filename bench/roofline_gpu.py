@@ -31,19 +31,9 @@ from kvsim.planner.roofline import RooflineCost  # noqa: E402
 
 
 def time_cuda(fn, repeat: int = 20, warmup: int = 3) -> float:
-    """Median seconds of fn() over `repeat` runs, timed with CUDA events."""
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    samples = []
-    for _ in range(repeat):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        samples.append(start.elapsed_time(end) / 1e3)
-    return statistics.median(samples)
+    """Median seconds of fn() over `repeat` runs, timed with CUDA events (executor_gpu's timer)."""
+    from executor_gpu import cuda_median_s   # bench/ is this script's directory, first on sys.path
+    return cuda_median_s(fn, repeat=repeat, warmup=warmup)
 
 
 def achieved_bandwidth_bytes_per_s() -> float:
