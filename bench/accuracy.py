@@ -23,8 +23,10 @@ import argparse
 import contextlib
 import io
 import json
+import os
 import sys
 import tarfile
+import time
 from pathlib import Path
 
 WORKLOADS = [  # name, workload (``{traces}`` = the excerpts folder), extra replay flags
@@ -67,31 +69,127 @@ def cmd_excerpts(args) -> int:
     return 0
 
 
+# wall seconds per request of each workload's earlier H200 run (2026-12-01, compiles included):
+# the deadline scales the workloads marked scalable to the time that is left
+WALL_S_PER_REQUEST = {"sharegpt-rate4": 0.5, "sharegpt-rate16": 0.14, "azure-conv": 0.45, "mooncake": 1.12}
+SCALABLE = {"mooncake": 16}     # name -> the fewest requests worth running
+STARTED = time.monotonic()
+
+
+def _pack(out: Path, name: str, files: list[Path]) -> None:
+    """``out/name.tar.gz`` of ``files``, written under another name first and renamed: a command
+    killed at its time limit leaves whole archives only."""
+    tmp = out / f".{name}.tar.gz.tmp"
+    with tarfile.open(tmp, "w:gz") as tar:
+        for path in files:
+            tar.add(path, arcname=path.name)
+    os.replace(tmp, out / f"{name}.tar.gz")
+
+
+def _max_requests(name: str, extra: list[str], deadline_s: float | None, reserve_s: float,
+                  slowdown: float) -> list[str] | None:
+    """The workload's flags with --max-requests cut to what fits before the deadline (None: skip)."""
+    if deadline_s is None or name not in SCALABLE:
+        return extra
+    left = deadline_s - (time.monotonic() - STARTED) - reserve_s
+    n = int(extra[extra.index("--max-requests") + 1])
+    fit = int(left / (WALL_S_PER_REQUEST[name] * slowdown))
+    if fit < SCALABLE[name]:
+        return None
+    i = extra.index("--max-requests") + 1
+    return extra[:i] + [str(min(n, fit))] + extra[i + 1:]
+
+
 def cmd_hil(args) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    work = Path(args.work or out / "work")
+    work.mkdir(parents=True, exist_ok=True)
     names = [w for w in WORKLOADS if not args.only or w[0] in args.only]
+    names.sort(key=lambda w: args.only.index(w[0]) if args.only else 0)   # --only gives the order
     engine, device = ENGINE, "cuda"
     if args.dry_run:   # the same code path on the CPU: a tiny model, a small pool, few requests
         engine, device = DRY_ENGINE + ["--hf-config", args.dry_run], "cpu"
-        names = [(n, spec, ["--max-requests", "4"]) for n, spec, _ in names]
+        names = [(n, spec, ["--max-requests", "2"]) for n, spec, _ in names]
+    reserve_s = args.context_grid_s if args.context_grid_s else 0.0
+    expected = actual = 0.0
     for name, spec, extra in names:
-        argv = ["replay", workload_arg(spec, args.traces), *engine, *extra, "--execute", device,
-                "--out", str(out / f"{name}.json"), "--timeseries", str(out / f"{name}_steps.csv"),
-                "--requests", str(out / f"{name}_requests.csv")]
+        slowdown = max(1.0, actual / expected) if expected else 1.0
+        flags = _max_requests(name, extra, args.deadline_s, reserve_s, slowdown)
+        if flags is None:
+            print(f"  {name}: skipped, too little time left before the deadline", flush=True)
+            continue
+        files = [work / f"{name}.json", work / f"{name}_steps.csv", work / f"{name}_requests.csv"]
+        argv = ["replay", workload_arg(spec, args.traces), *engine, *flags, "--execute", device,
+                "--out", str(files[0]), "--timeseries", str(files[1]), "--requests", str(files[2])]
         print("kvsim " + " ".join(argv), flush=True)
         if "--quiet" not in argv:
             argv.append("--quiet")
-        kvsim(argv)
-        summary = json.loads((out / f"{name}.json").read_text())
-        print(f"  {name}: {summary['num_steps']} steps, {summary['simulated_duration_s']:.1f} s simulated, "
-              f"wall {summary['wall_clock_s']:.1f} s", flush=True)
+        started = time.monotonic()
+        try:
+            kvsim(argv)
+        except (Exception, SystemExit):   # the next workloads and the grid still run
+            import traceback
+            traceback.print_exc()
+            continue
+        wall = time.monotonic() - started
+        summary = json.loads(files[0].read_text())
+        n = summary["requests_arrived"]
+        expected += WALL_S_PER_REQUEST[name] * n
+        actual += wall
+        print(f"  {name}: {n} requests, {summary['num_steps']} steps, {summary['simulated_duration_s']:.1f} s "
+              f"simulated, wall {wall:.1f} s (engine {summary['wall_clock_s']:.1f} s); "
+              f"{time.monotonic() - STARTED:.0f} s since start", flush=True)
         # packed after every workload: a run cut short still brings back the finished ones
-        with tarfile.open(out / "hil.tar.gz", "w:gz") as tar:
-            for path in sorted(out.iterdir()):
-                if path.name != "hil.tar.gz":
-                    tar.add(path, arcname=path.name)
+        _pack(out, name, files)
+    if args.context_grid_s:
+        context_grid_table(out / "context_grid.csv", args.context_grid_s if args.deadline_s is None else
+                           args.deadline_s - (time.monotonic() - STARTED) - 5, dry=bool(args.dry_run))
     return 0
+
+
+def context_grid_table(path: Path, budget_s: float, dry: bool) -> None:
+    """``kernels.profile.context_grid`` (long and unequal contexts) timed on the executor of the
+    runs above (the same pool, limits and graphs), within ``budget_s``; each row is appended to
+    ``path``.partial.csv as it is measured, the table (with provenance) written at the end."""
+    import csv
+
+    from kvsim.cli.execute import _EXECUTORS
+    from kvsim.kernels.profile import COLUMNS, GridPoint, context_grid, profile_grid, provenance, write_table
+    if not _EXECUTORS:
+        print("  context grid: no executor (no workload ran)", flush=True)
+        return
+    ex = next(iter(_EXECUTORS.values()))
+    limits = dict(max_num_seqs=ex.max_num_seqs, max_num_batched_tokens=ex.max_num_batched_tokens,
+                  max_model_len=ex.max_model_len, num_blocks=ex.num_blocks - 1, block_size=ex.block_size)
+    # uniform decodes the shipped table measured (at max_model_len 32768): the same executor as the runs?
+    points = [GridPoint(num_decode_seqs=b, decode_context_tokens=1024) for b in (8, 64, 256)]
+    points += context_grid(**limits)
+    if dry:   # the CPU check: the first decode and mixed points of the engine's grid, contexts / 64
+        import dataclasses
+        grid = [pt for pt in context_grid(max_num_seqs=256, max_num_batched_tokens=8192, max_model_len=131072,
+                                          num_blocks=1 << 30, block_size=16)]
+        picked = [pt for pt in grid if pt.kind == "decode"][:2] + [pt for pt in grid if pt.kind == "mixed"][:1]
+        points = [dataclasses.replace(pt, num_decode_seqs=min(pt.num_decode_seqs, ex.max_num_seqs - 1),
+                                      decode_context_tokens=pt.decode_context_tokens // 64,
+                                      long_context_tokens=pt.long_context_tokens // 64,
+                                      prefill_tokens=pt.prefill_tokens // 64, prefix_tokens=pt.prefix_tokens // 64)
+                  for pt in picked]
+    partial = path.with_suffix(".partial.csv")
+    with open(partial, "w", newline="") as f:
+        csv.writer(f).writerow(COLUMNS)
+
+    def progress(done, total, row):
+        with open(partial, "a", newline="") as f:
+            csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore").writerow(row)
+        if done % 10 == 0 or done == total:
+            print(f"  context grid {done}/{total} ({time.monotonic() - STARTED:.0f} s since start)", flush=True)
+    rows = profile_grid(ex, points, repeat=5, seed=1, progress=progress, time_budget_s=max(budget_s, 1.0))
+    header = provenance(ex, "python bench/accuracy.py hil --context-grid-s ...", 5)
+    header["grid"] = (f"{len(rows)} of {len(points)} step shapes of kernels.profile.context_grid (+3 uniform "
+                      "decodes), on the executor of the hardware-in-the-loop runs")
+    write_table(path, rows, header)
+    print(f"  context grid: {len(rows)} of {len(points)} shapes -> {path}", flush=True)
 
 
 def _errors(pred, meas):
@@ -131,8 +229,8 @@ def cmd_analyse(args) -> int:
     from kvsim.simulator.cost_table import load_cost_table
     dirs = [Path(d) for d in args.hil]
     for d in dirs:
-        if (d / "hil.tar.gz").exists() and not any(d.glob("*_steps.csv")):
-            with tarfile.open(d / "hil.tar.gz") as tar:
+        for archive in d.glob("*.tar.gz"):     # hil.tar.gz of older runs, else one per workload
+            with tarfile.open(archive) as tar:
                 tar.extractall(d, filter="data")
     table = load_cost_table(args.table)
     roofline = RooflineCost(get_model("Llama-3.1-8B"), get_gpu("H200"))
@@ -207,7 +305,11 @@ def main() -> int:
     p.add_argument("--traces")
     p.add_argument("--out", required=True)
     p.add_argument("--only", nargs="*", help="workload names (default: all)")
-    p.add_argument("--dry-run", metavar="CONFIG_JSON", help="CPU check: this tiny config.json, 6 requests each")
+    p.add_argument("--dry-run", metavar="CONFIG_JSON", help="CPU check: this tiny config.json, 2 requests each")
+    p.add_argument("--work", help="where the replays write (default OUT/work); OUT gets one archive per workload")
+    p.add_argument("--deadline-s", type=float, help="wall seconds from start: scalable workloads are cut to fit")
+    p.add_argument("--context-grid-s", type=float, default=0.0,
+                   help="then time kernels.profile.context_grid on the same executor (seconds kept for it)")
     p = sub.add_parser("analyse")
     p.add_argument("--hil", required=True, nargs="+", help="run folders, the first holding a workload wins")
     p.add_argument("--table", required=True)
