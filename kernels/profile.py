@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvsim.kernels.executor import StepExecutor, build_step
+from kvsim.kernels.executor import MIN_BUCKET_TOKENS, StepExecutor, build_step
 
 COLUMNS = ("kind", "num_seqs", "num_prefill_seqs", "num_prefill_tokens", "num_decode_tokens",
            "num_scheduled_tokens", "kv_read_tokens", "attn_token_pairs", "max_context_tokens", "padded_num_seqs",
@@ -40,8 +40,7 @@ class GridPoint:
     num_prefill_seqs: int = 0
     prefill_tokens: int = 0             # new tokens of each prompt chunk
     prefix_tokens: int = 0              # tokens of each prompt already cached before the chunk
-    long_context_tokens: int = 0        # > 0: the last num_long_seqs decoding sequences have this context
-    num_long_seqs: int = 1
+    long_context_tokens: int = 0        # > 0: the last decoding sequence has this context instead
 
     @property
     def kind(self) -> str:
@@ -51,8 +50,7 @@ class GridPoint:
         """(context after the step, new tokens) of each sequence, decoders first."""
         ctx = [self.decode_context_tokens] * self.num_decode_seqs
         if self.long_context_tokens and ctx:
-            k = min(self.num_long_seqs, len(ctx))
-            ctx[len(ctx) - k:] = [self.long_context_tokens] * k
+            ctx[-1] = self.long_context_tokens
         ctx += [self.prefix_tokens + self.prefill_tokens] * self.num_prefill_seqs
         return ctx, [1] * self.num_decode_seqs + [self.prefill_tokens] * self.num_prefill_seqs
 
@@ -108,18 +106,18 @@ def context_grid(*, max_num_seqs: int, max_num_batched_tokens: int, max_model_le
     A decode batch's time is not a function of its total context alone: the longest sequence is
     read by few programs (one per KV head once the batch fills a wave, unless the executor splits
     it), so one long context among short ones sets a floor, and the split-KV plans depend on the
-    longest context's power-of-two bucket. The points: one long sequence among 512-token ones at
-    every bucket and at batches below and above one wave; uniform long contexts; a quarter of the
-    batch long (the floor is the longest sequence's, not a sum); prompt chunks after long cached
-    prefixes (conversation traces reach 16k-64k tokens of cache).
+    longest context's power-of-two bucket (``simulator.cost_table`` prices the floor from these
+    rows). The points: one long sequence among 512-token ones at every bucket, at batches below
+    and above one wave; prompt chunks after long cached prefixes (conversation traces reach
+    16k-64k tokens of cache).
     """
     short = 512
     points = []
 
-    def decode(b, long, k=1, ctx=short):
+    def decode(b, long):
         if b <= max_num_seqs and long <= max_model_len:
-            points.append(GridPoint(num_decode_seqs=b, decode_context_tokens=min(ctx, long),
-                                    long_context_tokens=long, num_long_seqs=k))
+            points.append(GridPoint(num_decode_seqs=b, decode_context_tokens=min(short, long),
+                                    long_context_tokens=long))
     for b in (24, 32, 48, 64, 96, 128, 192, 256):     # a wave or more, unsplit (bucket 4096)
         for long in (2048, 4096):
             decode(b, long)
@@ -133,11 +131,6 @@ def context_grid(*, max_num_seqs: int, max_num_batched_tokens: int, max_model_le
     for b in (24, 32, 64, 128, 256):                  # a wave or more, split into partitions
         for long in (8192, 32768, 131072):
             decode(b, long)
-    for b in (2, 4, 8, 16):                           # uniform long contexts under a wave
-        for long in (8192, 32768):
-            decode(b, long, k=b, ctx=long)
-    for b, long in ((32, 4096), (32, 16384), (128, 4096), (128, 16384), (8, 32768)):
-        decode(b, long, k=max(2, b // 4))             # several long sequences
     return [pt for pt in dict.fromkeys(points) if pt.num_blocks(block_size) <= num_blocks]
 
 
@@ -215,6 +208,8 @@ def provenance(executor: StepExecutor, command: str, repeat: int) -> dict[str, s
                      f"max_num_batched_tokens {executor.max_num_batched_tokens}, max_model_len "
                      f"{executor.max_model_len}, decode attention paged_attention, mixed attention "
                      f"{executor.attention_name}, cuda graphs {executor.cuda_graphs}"),
+        "context buckets": (f"powers of two from {MIN_BUCKET_TOKENS} tokens (decode graphs and their split-KV "
+                            "plans are chosen by the longest context's bucket)"),
         "timing": (f"{'CUDA events' if dev.type == 'cuda' else 'wall clock'}, first kernel to sample; "
                    f"median of {repeat} runs after one warm-up"),
         "command": command,
