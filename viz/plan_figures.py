@@ -56,15 +56,24 @@ def slo_scatter_figure(df: pd.DataFrame, x: str, y: str, cheapest_point: int | N
 
 
 def report_html(title: str, figures: Sequence[go.Figure], table: pd.DataFrame, notes: Sequence[str] = ()) -> str:
-    """One self-contained HTML page: notes, figures (plotly.js inlined once), the results table."""
+    """One self-contained HTML page: notes, figures (plotly.js inlined once), the results table.
+
+    The page is as wide as the window: figures resize with it, and the table (one column per
+    result field) scrolls inside its own box. Div ids are fixed (``kvsim-plan-<i>``), so the
+    same results give the same bytes (plotly's default ids are random).
+    """
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
-             "<style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse;font-size:12px}"
-             "td,th{border:1px solid #ccc;padding:2px 6px;text-align:right}</style></head><body>",
+             "<style>body{font-family:sans-serif;margin:2em;max-width:1400px}"
+             ".table-box{overflow-x:auto;max-width:100%;border:1px solid #ddd}"
+             "table{border-collapse:collapse;font-size:12px}"
+             "td,th{border:1px solid #ccc;padding:2px 6px;text-align:right;white-space:nowrap}"
+             "th{position:sticky;top:0;background:#f3f3f3}</style></head><body>",
              f"<h1>{html.escape(title)}</h1>"]
     parts += [f"<p>{html.escape(n)}</p>" for n in notes]
     for i, fig in enumerate(figures):
-        parts.append(fig.to_html(full_html=False, include_plotlyjs=(i == 0)))
-    parts.append("<h2>Results</h2>")
+        parts.append(fig.to_html(full_html=False, include_plotlyjs=(i == 0), div_id=f"kvsim-plan-{i}",
+                                 default_width="100%", config={"displaylogo": False, "responsive": True}))
+    parts.append("<h2>Results</h2><div class='table-box'>")
     parts.append(table.to_html(index=False, na_rep="", float_format=lambda v: f"{v:.4g}"))
-    parts.append("</body></html>")
+    parts.append("</div></body></html>")
     return "\n".join(parts)

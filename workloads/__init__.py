@@ -2,7 +2,8 @@
 
 ``load(spec_or_path)`` is the one entry point: a trace file (format sniffed from its content,
 ``workloads.loaders``) or a synthetic spec string (``workloads.synthetic``), streamed as an
-iterator of ``Request`` in arrival order. Bad input raises ``InputError`` (a ValueError)
+iterator of ``Request`` in arrival order. ``load_at_rate`` adds the one meaning of ``rate`` and
+``rate_scale`` that every command uses (``workloads.retime``). Bad input raises ``InputError`` (a ValueError)
 naming file, line and field.
 """
 from __future__ import annotations
@@ -14,11 +15,14 @@ from itertools import islice
 
 from kvsim.errors import InputError
 from kvsim.workloads.loaders import FORMATS, load_file, sniff_format
+from kvsim.workloads.reading import check_text_file, first_data_line, iter_lines
 from kvsim.workloads.request import Request
+from kvsim.workloads.retime import load_at_rate
 from kvsim.workloads.synthetic import SOURCES, SyntheticWorkload, workload_from_spec
 
 __all__ = ["DEFAULT_WORKLOAD", "FORMATS", "InputError", "Request", "SOURCES",
-           "SyntheticWorkload", "load", "load_file", "sniff_format", "workload_from_spec"]
+           "SyntheticWorkload", "count_requests", "load", "load_at_rate", "load_file", "sniff_format",
+           "workload_from_spec"]
 
 # `make run`'s workload: ShareGPT-like lengths, half the conversations behind a shared 256-token
 # system prompt, 1-4 turns each, so prefix sharing shows in the pool within seconds
@@ -55,11 +59,38 @@ def load(spec_or_path: str | os.PathLike, format: str | None = None,
         raise InputError(f"time_window_s must be > 0, got {time_window_s!r}",
                          field="time_window_s")
     text = os.fspath(spec_or_path)
+    if not text.strip():
+        raise InputError("empty workload: give a trace file or a synthetic spec such as "
+                         "'sharegpt:rate=2,n=1000,seed=0'", field="workload")
     if format is not None or os.path.exists(text) or not _SPEC_LIKE.match(text):
         requests: Iterator[Request] = load_file(text, format, rate=rate, seed=seed)
     else:
         requests = iter(workload_from_spec(text, rate=rate, seed=seed))
     return _cut(requests, max_requests, time_window_s)
+
+
+def count_requests(spec_or_path: str | os.PathLike, format: str | None = None,
+                   max_requests: int | None = None) -> int | None:
+    """How many requests ``load`` will yield, when that is cheap to know (for a progress bar's
+    total and ETA): a spec's ``n=``, a file's data lines (a header line is not a request), at
+    most ``max_requests``; None when unknown (a spec bounded by ``duration_s=``, an unreadable
+    source: ``load`` reports those).
+    """
+    text = os.fspath(spec_or_path)
+    count = None
+    try:
+        if format is None and not os.path.exists(text) and _SPEC_LIKE.match(text):
+            count = workload_from_spec(text).num_requests
+        else:
+            fmt = (format or sniff_format(check_text_file(text))).split(":", 1)[0]
+            count = sum(1 for _, line in iter_lines(text) if line.strip())
+            if not (fmt == "mooncake" or first_data_line(text)[1].lstrip().startswith("{")):
+                count -= 1   # the CSV header
+    except InputError:
+        return max_requests
+    if max_requests is not None:
+        count = max_requests if count is None else min(count, max_requests)
+    return count
 
 
 def _cut(requests: Iterator[Request], max_requests: int | None,

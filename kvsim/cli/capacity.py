@@ -98,7 +98,7 @@ def register(subparsers) -> None:
         "capacity", help="KV-cache capacity (vLLM's num_gpu_blocks) for a model on a GPU",
         description="vLLM's KV-cache sizing: KV bytes per token, num_gpu_blocks, KV tokens and "
                     "maximum concurrency; with a WORKLOAD, also a simulated replay on that pool.")
-    options.add_workload_args(p, required=False, trace_format=False, rate="retime")
+    options.add_workload_args(p, required=False, trace_format=False)
     options.add_model_gpu_args(p)
     options.add_pool_args(p, explicit_size=False)
     options.add_scheduler_args(p, batch_defaults=None)

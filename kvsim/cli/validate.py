@@ -19,7 +19,7 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
-from kvsim.cli.options import positive_float, positive_int
+from kvsim.cli.options import add_rate_args, positive_float, positive_int
 from kvsim.errors import InputError
 
 DTYPES = ("float32", "float16", "bfloat16")
@@ -45,6 +45,7 @@ def register(subparsers) -> None:
                    help="WORKLOAD form: fixed step time (default 0.02)")
     p.add_argument("--max-requests", type=positive_int,
                    help="WORKLOAD form: simulate only the first N requests")
+    add_rate_args(p)
     p.add_argument("--layout", choices=("flat", "vllm"), default="flat")
     p.add_argument("--dtype", choices=DTYPES, default="float32")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
@@ -74,6 +75,7 @@ def _simulated_snapshot(args):
     replay = parser.parse_args([args.workload])
     replay.num_blocks, replay.block_size, replay.step_s = args.num_blocks, args.block_size, args.step_s
     replay.max_requests, replay.snapshot_times_s, replay.quiet = args.max_requests, repr(args.at), True
+    replay.rate, replay.rate_scale = args.rate, args.rate_scale
     result = run_one(replay, "paged")
     if not result.snapshots:
         raise InputError(f"--at {args.at}: the simulation ended before that time (no snapshot taken)")
@@ -126,6 +128,7 @@ def run(args) -> int:
         raise InputError(f"--num-heads {args.num_heads} is not a multiple of --num-kv-heads {args.num_kv_heads}")
     if args.partition_size is not None and args.partition_size % PARTITION_TOKENS:
         raise InputError(f"--partition-size must be a multiple of {PARTITION_TOKENS}, got {args.partition_size}")
+    from kvsim.cli.outputs import write_files
     from kvsim.simulator.result import prepare_output
 
     for path in (args.json, args.save_snapshot):  # checked before minutes of simulation
@@ -147,15 +150,14 @@ def run(args) -> int:
     from kvsim.kernels.bridge import save_snapshot, validate_snapshot
 
     snapshot = _load_snapshot(args.snapshot) if args.snapshot is not None else _simulated_snapshot(args)
-    if args.save_snapshot is not None:
-        save_snapshot(args.save_snapshot, snapshot)
     report = validate_snapshot(snapshot, layout=args.layout, dtype=getattr(torch, args.dtype), device=device,
                                num_kv_heads=args.num_kv_heads, num_heads=args.num_heads,
                                head_size=args.head_size, partition_size=args.partition_size,
                                max_seqs=args.max_seqs, seed=args.seed)
-    print(format_report(report))
-    if args.json is not None:
-        data = asdict(report)
-        data["passed"] = report.passed
-        args.json.write_text(json.dumps(data, indent=1) + "\n")
+    print(format_report(report))   # the table first, whatever happens to the files below
+    data = asdict(report)
+    data["passed"] = report.passed
+    write_files([(path, write) for path, write in (
+        (args.save_snapshot, lambda: save_snapshot(args.save_snapshot, snapshot)),
+        (args.json, lambda: args.json.write_text(json.dumps(data, indent=1) + "\n"))) if path is not None])
     return 0 if report.passed else 1
