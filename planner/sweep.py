@@ -104,7 +104,7 @@ def expand_grid(axes: Mapping[str, Sequence]) -> list[dict]:
 class PlanBase:
     """What every point shares; a point's values override the matching fields.
 
-    ``model`` is a preset name, or ignored when ``hf_config`` is set; ``gpu`` a preset name, or
+    ``model`` is a preset name, or the model's name when ``hf_config`` (a config.json) is set; ``gpu`` a preset name, or
     ``custom_gpu`` a GpuSpec built from flags.
     """
 
@@ -139,7 +139,10 @@ def load_requests(workload: str, *, rate: float | None = None, rate_scale: float
     """The workload's requests at ``rate`` requests/s and/or ``rate_scale`` times its own rate
     (``workloads.load_at_rate``: the one meaning of both in every command)."""
     from kvsim import workloads
+    from kvsim.simulator.footprint import WorkloadSize, check_requests_in_memory
 
+    # held in a list: a spec's n= is checked against the memory first
+    check_requests_in_memory(WorkloadSize(**workloads.workload_size(workload, max_requests=max_requests)))
     return list(workloads.load_at_rate(workload, rate=rate, rate_scale=rate_scale,
                                        max_requests=max_requests, seed=seed))
 
@@ -186,7 +189,7 @@ def evaluate_point(task: PointTask) -> dict:
         if unknown:
             raise InputError(f"{unknown[0]!r} is not a simulator.EngineConfig field", field="sweep")
         setup = build_engine(
-            model=load_hf_config(base.hf_config) if base.hf_config else base.model,
+            model=load_hf_config(base.hf_config, name=base.model) if base.hf_config else base.model,
             gpu=base.custom_gpu if (base.custom_gpu is not None and "gpu" not in task.params)
             else base.gpu,
             tensor_parallel_size=base.tp, kv_cache_dtype=base.kv_dtype,

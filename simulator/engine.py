@@ -29,6 +29,7 @@ from simpy.core import URGENT
 from kvsim.allocator import MEMORY_CLASSES, ContiguousAllocator, PagedAllocator, mix64
 from kvsim.simulator.config import ROUTERS, EngineConfig
 from kvsim.simulator.cost import CostModel, FixedStepCost, StepBatch
+from kvsim.simulator.footprint import check_simulation
 from kvsim.simulator.recorder import (NS_PER_S, SAMPLE_COLUMNS, RequestLog, StepLog,
                                 TableLog, percentiles)
 from kvsim.simulator.result import SUMMARY_KEYS, Result
@@ -154,6 +155,9 @@ class Simulation:
         self.seed = seed
         self.record_steps = record_steps
         self.batching = batch_decode_steps
+        # the sizes the user gave, against the memory there is, before anything is allocated
+        check_simulation(config, replicas=replicas, num_snapshots=len(self.snapshot_ns),
+                         sample_interval_s=sample_interval_s, record_requests=record_requests)
         self.env = simpy.Environment()
         self.replicas = [_Replica(i, config, seed) for i in range(replicas)]
         self.requests = RequestLog(keep_rows=record_requests)
@@ -212,7 +216,8 @@ class Simulation:
                                       waiting_num_prompt_tokens=self._waiting_prompt_tokens(rep))
 
     def state(self) -> dict:
-        """Live figures for a dashboard: time, running, waiting, finished, usage, breakdown."""
+        """Live figures for a dashboard: time, running, waiting, finished, preemptions, usage,
+        breakdown."""
         bd = [0] * _NUM_CLASSES
         for rep in self.replicas:
             for i, v in enumerate(self._breakdown(rep)):
@@ -221,6 +226,7 @@ class Simulation:
                 "waiting": sum(len(r.sched.waiting) for r in self.replicas),
                 "finished": self.requests.num_finished,
                 "rejected": self.num_rejected, "arrived": self.num_arrived,
+                "preemptions": sum(r.sched.num_preemptions for r in self.replicas),
                 "kv_usage": float(np.mean([r.allocator.usage for r in self.replicas])),
                 "breakdown": dict(zip(MEMORY_CLASSES, bd)), "done": self.done}
 

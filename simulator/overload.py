@@ -65,10 +65,10 @@ def _queue_growth(timeseries) -> tuple[float, float] | None:
 
 
 def overload_warning(summary: dict, timeseries=None, label: str = "") -> str | None:
-    """The one-line warning the CLI and the dashboard show, or None."""
+    """The CLI's one-line warning, or None."""
     reasons = overload_reasons(summary, timeseries)
     if not reasons:
         return None
     return (f"{label + ': ' if label else ''}overloaded: {'; '.join(reasons)}. Latencies then "
-            "measure the queue, not the server, and comparing overloaded runs says little: lower "
-            "the rate (--rate / --rate-scale) or give it more memory or replicas")
+            "measure the queue, not the server, and comparing overloaded runs says little: lower the "
+            "rate (--rate / --rate-scale) or give it more memory or replicas")

@@ -12,6 +12,8 @@ import pandas as pd
 import plotly.express as px
 import plotly.graph_objects as go
 
+from kvsim.viz.style import NUMBER_TICKS, SERIES_COLORS, metric_label
+
 
 def _label(df: pd.DataFrame, keys: Sequence[str]) -> pd.Series:
     if not keys:
@@ -23,14 +25,20 @@ def sweep_metric_figure(df: pd.DataFrame, x: str, metric: str, group_by: Sequenc
                         title: str | None = None) -> go.Figure:
     """``metric`` against sweep axis ``x``, one line per combination of the ``group_by`` axes.
 
-    Rows with an error (impossible configurations) are left out.
+    Rows with an error (impossible configurations) are left out. Lines that coincide stay
+    visible (each group its own dash and marker); axes carry readable titles
+    (viz.style.metric_label) and ticks without float noise, and start at 0.
     """
     ok = df[df["error"].isna()] if "error" in df else df
     ok = ok.sort_values(x)
     fig = px.line(ok.assign(group=_label(ok, group_by)), x=x, y=metric, color="group", markers=True,
-                  title=title or f"{metric} vs {x}")
+                  line_dash="group", symbol="group",
+                  title=title or f"{metric_label(metric)} vs {metric_label(x)}",
+                  labels={x: metric_label(x), metric: metric_label(metric)},
+                  color_discrete_sequence=SERIES_COLORS)
     fig.update_layout(legend_title_text=", ".join(group_by) or None, template="plotly_white",
                       showlegend=bool(group_by))
+    fig.update_yaxes(rangemode="tozero", tickformat=NUMBER_TICKS)
     if pd.api.types.is_numeric_dtype(ok[x]) and ok[x].nunique() > 2 and (ok[x] > 0).all() and \
             ok[x].max() / max(ok[x].min(), 1e-12) >= 8:
         # block sizes, rates: powers of two read best on a log axis, ticked at the swept values
@@ -46,7 +54,8 @@ def slo_scatter_figure(df: pd.DataFrame, x: str, y: str, cheapest_point: int | N
     status = ok["meets_slo"].map({True: "meets SLO", False: "misses SLO"}) if "meets_slo" in ok else "n/a"
     fig = px.scatter(ok.assign(status=status), x=x, y=y, color="status", hover_data=["point"],
                      color_discrete_map={"meets SLO": "#2ca02c", "misses SLO": "#d62728"},
-                     title=f"{y} vs {x}")
+                     title=f"{metric_label(y)} vs {metric_label(x)}",
+                     labels={x: metric_label(x), y: metric_label(y)})
     if cheapest_point is not None and (ok["point"] == cheapest_point).any():
         best = ok[ok["point"] == cheapest_point]
         fig.add_trace(go.Scatter(x=best[x], y=best[y], mode="markers", name="cheapest",

@@ -22,7 +22,7 @@ from kvsim.workloads.synthetic import SOURCES, SyntheticWorkload, workload_from_
 
 __all__ = ["DEFAULT_WORKLOAD", "FORMATS", "InputError", "Request", "SOURCES",
            "SyntheticWorkload", "count_requests", "load", "load_at_rate", "load_file", "sniff_format",
-           "workload_from_spec"]
+           "workload_from_spec", "workload_size"]
 
 # `make run`'s workload: ShareGPT-like lengths, half the conversations behind a shared 256-token
 # system prompt, 1-4 turns each, so prefix sharing shows in the pool within seconds
@@ -67,6 +67,45 @@ def load(spec_or_path: str | os.PathLike, format: str | None = None,
     else:
         requests = iter(workload_from_spec(text, rate=rate, seed=seed))
     return _cut(requests, max_requests, time_window_s)
+
+
+def workload_size(spec_or_path: str | os.PathLike, format: str | None = None,
+                  max_requests: int | None = None) -> dict:
+    """What is known of a workload's size before it is generated (for memory checks).
+
+    Returns:
+        ``{"num_requests", "duration_s", "max_fanout"}``: for a spec, its n= (or rate x
+        duration_s x mean turns), the span of its arrivals (duration_s, or about n / rate) and
+        its samples / beam width; for a file, only ``max_requests`` (a file's size is what it
+        is: it is already on disk). Unknown values are None (fan-out 1).
+    """
+    text = os.fspath(spec_or_path)
+    out = {"num_requests": max_requests, "duration_s": None, "max_fanout": 1}
+    if format is not None or os.path.exists(text) or not _SPEC_LIKE.match(text):
+        return out
+    w = workload_from_spec(text)
+    turns = 1.0 if w.turns is None else _mean_tokens(w.turns)
+    rate = getattr(w.arrival, "rate", None)
+    n = w.num_requests
+    if w.duration_s is not None and rate is not None:
+        expected = int(rate * w.duration_s * turns) + 1
+        n = expected if n is None else min(n, expected)
+    if max_requests is not None:
+        n = max_requests if n is None else min(n, max_requests)
+    duration = w.duration_s
+    if duration is None and n is not None and rate is not None:
+        duration = n / (rate * turns) + (turns - 1) * w.think_s
+    out.update(num_requests=n, duration_s=duration, max_fanout=max(w.samples, w.beam_width))
+    return out
+
+
+def _mean_tokens(dist) -> float:
+    """Mean of a synthetic length distribution (turns per conversation)."""
+    if hasattr(dist, "tokens"):
+        return float(dist.tokens)
+    if hasattr(dist, "low"):
+        return (dist.low + dist.high) / 2
+    return float(dist.mean)
 
 
 def count_requests(spec_or_path: str | os.PathLike, format: str | None = None,

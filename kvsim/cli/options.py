@@ -20,7 +20,9 @@ Only argparse and light modules are imported here: ``kvsim --help`` must not loa
 from __future__ import annotations
 
 import argparse
+import json
 import math
+import os
 
 from kvsim.errors import InputError
 from kvsim.planner.capacity import DEFAULT_BLOCK_SIZE, DEFAULT_GPU_MEMORY_UTILIZATION, KV_DTYPES
@@ -94,7 +96,8 @@ def add_model_gpu_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("model and GPU (pool size and roofline step time)")
     g.add_argument("--model", default=DEFAULT_MODEL,
                    help=f"model preset ({', '.join(MODEL_PRESETS)}); default %(default)s")
-    g.add_argument("--hf-config", metavar="PATH", help="a Hugging Face config.json instead of a preset")
+    g.add_argument("--hf-config", metavar="PATH",
+                   help="a Hugging Face config.json, or a model folder holding one, instead of a preset")
     g.add_argument("--gpu", default=DEFAULT_GPU,
                    help=f"GPU preset ({', '.join(GPU_PRESETS)}); default %(default)s")
     g.add_argument("--gpu-memory-gib", type=positive_float, metavar="GIB",
@@ -116,9 +119,32 @@ def add_model_gpu_args(p: argparse.ArgumentParser) -> None:
                         "e.g. from a vLLM log; replaces our estimate")
 
 
+def hf_config_source(path: str) -> tuple[str, str]:
+    """``--hf-config PATH``: the config.json to read (PATH itself, or PATH/config.json for a model
+    folder) and the model's name: the config's ``_name_or_path``, else its first
+    ``architectures`` entry, else the folder's name. A file that cannot be read keeps the folder's
+    name here; load_hf_config then reports it (one line)."""
+    config = os.path.join(path, "config.json") if os.path.isdir(path) else path
+    name = None
+    try:
+        with open(config, encoding="utf-8") as f:
+            raw = json.load(f)
+        if isinstance(raw, dict):
+            arch = raw.get("architectures")
+            name = (raw.get("_name_or_path") or (arch[0] if isinstance(arch, list) and arch else None))
+    except (OSError, ValueError):
+        pass
+    if not isinstance(name, str) or not name.strip():
+        name = os.path.basename(os.path.dirname(os.path.abspath(config))) or "custom"
+    return config, name.strip()
+
+
 def model_from_args(args):
     """The model: a preset name (resolved by the builder) or a ModelSpec from --hf-config."""
-    return load_hf_config(args.hf_config) if args.hf_config else args.model
+    if not args.hf_config:
+        return args.model
+    config, name = hf_config_source(args.hf_config)
+    return load_hf_config(config, name=name)
 
 
 def gpu_from_args(args):

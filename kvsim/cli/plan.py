@@ -34,7 +34,9 @@ def plan_base(args):
     engine.update(enable_prefix_caching=not args.no_prefix_caching, placement=args.placement,
                   long_prefill_token_threshold=args.long_prefill_token_threshold,
                   full_prompt_admission=not args.no_full_prompt_admission, watermark=args.watermark)
-    return PlanBase(workload=args.workload, model=args.model, hf_config=args.hf_config,
+    hf_config, model = (options.hf_config_source(args.hf_config) if args.hf_config
+                        else (None, args.model))
+    return PlanBase(workload=args.workload, model=model, hf_config=hf_config,
                     gpu=gpu if isinstance(gpu, str) else gpu.name,
                     custom_gpu=None if isinstance(gpu, str) else gpu, tp=args.tp,
                     kv_dtype=args.kv_dtype, gpu_memory_utilization=args.gpu_memory_utilization,
@@ -103,7 +105,9 @@ def run(args) -> int:
     from kvsim.planner.slo import parse_slo
     from kvsim.planner.sweep import cheapest, expand_grid, load_requests, mark_slo, parse_sweep, run_sweep
     from kvsim.cli.outputs import write_files
+    from kvsim.simulator.footprint import WorkloadSize, check_requests_in_memory
     from kvsim.simulator.result import prepare_output_dir
+    from kvsim.workloads import workload_size
 
     axes = parse_sweep(args.sweep or [])
     constraints = parse_slo(args.slo) if args.slo else ()
@@ -115,7 +119,8 @@ def run(args) -> int:
     if args.out:  # checked before the sweep: its minutes must not be lost at the end
         prepare_output_dir(args.out, names=tuple(out_names))
     base = plan_base(args)
-    # a bad trace or spec fails here, once, rather than in every point
+    # a bad trace or spec, or one too large to hold, fails here, once, rather than in every point
+    check_requests_in_memory(WorkloadSize(**workload_size(base.workload, max_requests=base.max_requests)))
     load_requests(base.workload, rate=axes.get("rate", [base.rate])[0],
                   rate_scale=axes.get("rate_scale", [base.rate_scale])[0], max_requests=1, seed=base.seed)
 

@@ -66,10 +66,16 @@ def run_one(args, allocator: str, record_requests: bool = True,
     from kvsim import workloads
     from kvsim.planner.engine_setup import build_engine
     from kvsim.simulator import simulate
+    from kvsim.simulator.footprint import WorkloadSize, check_simulation
 
     overrides = {} if enable_prefix_caching is None else {"enable_prefix_caching": enable_prefix_caching}
     setup = build_engine(**options.engine_kwargs(args, allocator=allocator, **overrides))
     times = snapshot_times(args.snapshot_times_s)
+    # every size (pool, snapshots, the spec's n= and samples=) before anything is allocated
+    check_simulation(setup.config, replicas=args.replicas, num_snapshots=len(times),
+                     sample_interval_s=args.sample_interval_s, record_requests=record_requests,
+                     workload=WorkloadSize(**workloads.workload_size(
+                         args.workload, format=args.format, max_requests=args.max_requests)))
     requests = workloads.load_at_rate(args.workload, format=args.format, rate=args.rate,
                                       rate_scale=args.rate_scale, max_requests=args.max_requests,
                                       seed=args.seed)

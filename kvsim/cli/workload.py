@@ -61,4 +61,17 @@ def run(args: argparse.Namespace) -> int:
     width = max(len(k) for k, _ in lines)
     for key, value in lines:
         print(f"{key:<{width}}  {value}")
+    print(SHARING_NOTE)
     return 0
+
+
+# what the two sharing figures mean (printed under them; docs/WORKLOADS.md says the same)
+SHARING_NOTE = (
+    "shareable: tokens the source marks as content another request may hold (a shared system\n"
+    "  prompt, a conversation's history, Mooncake's hash ids, a request's own samples), counted\n"
+    "  per request: an upper bound that ignores block boundaries and arrival order.\n"
+    "prefix reuse: the prompt tokens an unlimited prefix cache would hit, replaying in arrival\n"
+    "  order: whole blocks of block_size only, only content an earlier request already computed,\n"
+    "  the last prompt token always recomputed (vLLM). The most prefix caching can save; a real\n"
+    "  pool evicts, so `kvsim compare WORKLOAD --allocators paged --prefix-caching on,off` says\n"
+    "  what it saves on a given pool.")
