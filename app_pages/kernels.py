@@ -38,7 +38,9 @@ layout = c[0].selectbox("Layout", ["flat", "vllm"], key="k_kern_layout",
                              "backend); vllm: the CUDA PagedAttention layout (K split in 16-byte "
                              "vectors).")
 dtype = c[1].selectbox("dtype", KERNEL_DTYPES, key="k_kern_dtype")
-max_seqs = c[2].slider("Sequences (first by id)", 1, 32, key="k_kern_max_seqs")
+max_seqs = c[2].slider("Sequences (at most)", 1, 32, key="k_kern_max_seqs",
+                       help="Chosen so that shared prefix blocks are read by two checked "
+                            "sequences (sharing is only tested when both are in the launch).")
 split_kv = c[3].toggle("Split-KV (v2)", key="k_kern_split",
                        help="Force the split-KV kernel with "
                             f"{SPLIT_KV_PARTITION_TOKENS}-token partitions.")
@@ -50,12 +52,18 @@ try:
 except ValueError as err:  # shapes or block ids the kernels refuse: say so, keep running
     st.error(str(err))
     st.stop()
-m = st.columns(4)
+m = st.columns(5)
 m[0].metric("Sequences checked", len(checks))
 m[1].metric("Within tolerance", f"{int(checks['passed'].sum())} / {len(checks)}")
 m[2].metric("Worst relative error", f"{checks['max_rel_err'].max():.2e}")
 m[3].metric("Bitwise equal to identity table", "all" if checks["bitwise_equal"].all() else
             f"{int(checks['bitwise_equal'].sum())} / {len(checks)}")
+m[4].metric("Shared blocks exercised", f"{info['num_shared_blocks_checked']} / {info['num_shared_blocks']}",
+            help="Blocks that two or more sequences read, and of those the ones two checked "
+                 "sequences read in the same launch.")
+st.caption(f"{len(checks)} of {info['num_sequences']} sequences with tokens checked; "
+           f"{info['num_shared_blocks_checked']} of the {info['num_shared_blocks']} shared blocks read "
+           "by two of them.")
 if info["passed"]:
     st.success(f"Paged attention over these block tables matches dense attention "
                f"(tolerance {info['tolerance']:g} for {info['dtype']}) and is bitwise equal to "

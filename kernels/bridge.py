@@ -205,9 +205,57 @@ class ValidationReport:
     num_heads: int
     head_size: int
 
+    num_sequences: int = 0              # sequences with tokens in the snapshot (checked or not)
+    num_shared_blocks: int = 0          # blocks that two or more of them read
+    num_shared_blocks_checked: int = 0  # of those, blocks two or more CHECKED sequences read
+
     @property
     def passed(self) -> bool:
         return all(c.passed for c in self.checks)
+
+
+def _readers(tables: dict[int, np.ndarray], num_blocks: int) -> np.ndarray:
+    """How many of the sequences' block tables hold each block."""
+    if not tables:
+        return np.zeros(num_blocks, np.int64)
+    return np.bincount(np.concatenate([np.unique(t) for t in tables.values()]), minlength=num_blocks)
+
+
+def choose_sequences(tables: dict[int, np.ndarray], num_blocks: int, max_seqs: int | None) -> list[int]:
+    """Which sequences to check when at most ``max_seqs`` may be: the ones that exercise sharing.
+
+    A shared block is only tested when two sequences of the same launch read it, so the choice is
+    greedy on shared blocks: each pick is the sequence that brings the most shared blocks to two
+    checked readers, then to one (ties: the lower seq_id); once no pick adds any, the lowest
+    remaining seq_ids fill the batch. All sequences when ``max_seqs`` is None or large enough.
+
+    Args:
+        tables: seq_id -> the blocks it reads.
+        num_blocks: blocks in the pool.
+        max_seqs: most sequences to check.
+    Returns:
+        The chosen seq_ids, sorted.
+    """
+    ids = sorted(tables)
+    if max_seqs is None or max_seqs >= len(ids):
+        return ids
+    shared = _readers(tables, num_blocks) >= 2
+    sets = {s: np.unique(tables[s])[shared[np.unique(tables[s])]] for s in ids}
+    count = np.zeros(num_blocks, np.int64)   # checked readers of each block so far
+    chosen: list[int] = []
+    left = set(ids)
+    while len(chosen) < max_seqs:
+        def gain(s):
+            c = count[sets[s]]
+            return (int((c == 1).sum()), int((c == 0).sum()), -s)
+        best = max(left, key=gain)
+        if gain(best)[:2] == (0, 0):
+            break
+        chosen.append(best)
+        left.discard(best)
+        count[sets[best]] += 1
+    chosen += sorted(left)[:max_seqs - len(chosen)]
+    return sorted(chosen)
 
 
 def validate_snapshot(snapshot, *, layout: str = "flat", dtype: torch.dtype = torch.float32,
@@ -224,7 +272,8 @@ def validate_snapshot(snapshot, *, layout: str = "flat", dtype: torch.dtype = to
         device: "cuda" or "cpu" (None: CUDA when available; CPU needs TRITON_INTERPRET=1).
         num_kv_heads, num_heads, head_size: model geometry (None: 2/4/16 on CPU, 8/32/128 on GPU).
         partition_size: None = dispatch rule; an int forces split-KV (v2).
-        max_seqs: validate only the first max_seqs sequences (by seq_id).
+        max_seqs: validate at most max_seqs sequences, chosen so that shared blocks are read by
+            two of them (``choose_sequences``); the report says how many shared blocks were.
         seed: seed of the queries (numpy PCG64).
     Returns:
         ValidationReport, one SequenceCheck per sequence with tokens.
@@ -242,11 +291,16 @@ def validate_snapshot(snapshot, *, layout: str = "flat", dtype: torch.dtype = to
     bs = arrays.block_size
     seq_ids = sorted(arrays.block_tables)
     num_empty = sum(arrays.seq_lens[s] == 0 for s in seq_ids)
-    seq_ids = [s for s in seq_ids if arrays.seq_lens[s] > 0][:max_seqs]
-    tables = {s: np.asarray(arrays.block_tables[s][:-(-arrays.seq_lens[s] // bs)], dtype=np.int64) for s in seq_ids}
+    all_tables = {s: np.asarray(arrays.block_tables[s][:-(-arrays.seq_lens[s] // bs)], dtype=np.int64)
+                  for s in seq_ids if arrays.seq_lens[s] > 0}
+    seq_ids = choose_sequences(all_tables, arrays.num_blocks, max_seqs)
+    tables = {s: all_tables[s] for s in seq_ids}
+    coverage = dict(num_sequences=len(all_tables),
+                    num_shared_blocks=int((_readers(all_tables, arrays.num_blocks) >= 2).sum()),
+                    num_shared_blocks_checked=int((_readers(tables, arrays.num_blocks) >= 2).sum()))
     if not seq_ids:
         return ValidationReport([], int(num_empty), _TOLERANCE[dtype], str(dtype).replace("torch.", ""), layout,
-                                str(device), partition_size, num_kv_heads, num_heads, head_size)
+                                str(device), partition_size, num_kv_heads, num_heads, head_size, **coverage)
     seeds = block_seeds(arrays)
 
     # every slot any sequence reads, written once; a shared block's slots are one set of slots
@@ -288,8 +342,7 @@ def validate_snapshot(snapshot, *, layout: str = "flat", dtype: torch.dtype = to
     out_ident = paged_attention(query, ident_k, ident_v, ident_tables.to(device), seq_lens.to(device), scale,
                                 layout, partition_size)
 
-    holders = np.bincount(np.concatenate([np.unique(tables[s]) for s in seq_ids]), minlength=arrays.num_blocks) \
-        if seq_ids else np.zeros(arrays.num_blocks, np.int64)
+    holders = _readers(tables, arrays.num_blocks)
     tol = _TOLERANCE[dtype]
     checks = []
     q64 = query.to("cpu", torch.float64)
@@ -307,4 +360,4 @@ def validate_snapshot(snapshot, *, layout: str = "flat", dtype: torch.dtype = to
         checks.append(SequenceCheck(int(s), int(n), len(tables[s]), int((holders[tables[s]] > 1).sum()),
                                     abs_err, rel_err, same, same and rel_err <= tol))
     return ValidationReport(checks, int(num_empty), tol, str(dtype).replace("torch.", ""), layout, str(device),
-                            partition_size, num_kv_heads, num_heads, head_size)
+                            partition_size, num_kv_heads, num_heads, head_size, **coverage)

@@ -30,7 +30,6 @@ holds O(live sequences) Python objects whatever its size; it is bounded through 
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 from kvsim.errors import InputError

@@ -17,6 +17,7 @@ from kvsim.dashboard.scenario import (MIN_FRAMES, SNAPSHOT_CELL_BUDGET, Scenario
                                       frame_times, num_frames_for, simulate_scenario)
 from kvsim.dashboard.sources import Workload
 from kvsim.errors import InputError
+from kvsim.viz.pool import CODE_CACHED, CODE_FREE, cell_codes, code_colors, tile_codes
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures" / "workloads"
@@ -153,28 +154,68 @@ def test_impossible_pool_is_an_input_error():
 
 
 # ---------------------------------------------------------------- playback
-def test_playback_state_machine():
-    state = {"k_frame": 9, "live_playing": False, "k_speed": 4}
-    playback.toggle_play(state, 10)  # at the end: play restarts from the first frame
-    assert state == {"k_frame": 0, "live_playing": True, "k_speed": 4}
-    assert not playback.tick(state, 10) and state["k_frame"] == 4
-    assert not playback.tick(state, 10) and state["k_frame"] == 8
-    assert playback.tick(state, 10) and state["k_frame"] == 9 and not state["live_playing"]
-    assert not playback.tick(state, 10) and state["k_frame"] == 9  # paused: nothing moves
-    playback.step(state, 10)
-    assert state["k_frame"] == 9
-    state["k_frame"] = 3
-    playback.toggle_play(state, 10)
-    playback.step(state, 10)  # stepping pauses
-    assert state["k_frame"] == 4 and not state["live_playing"]
-    playback.clamp_frame(state, 3)
-    assert state["k_frame"] == 2
+def test_frame_step_is_the_users_pick_within_the_budget():
+    cheap = playback.frame_cost_s([(True, 512), (False, 8192)])
+    assert playback.frame_step_s(100.0, 0.5, cheap) == (0.5, "")
+    step, note = playback.frame_step_s(100.0, None, cheap)   # auto: about DEFAULT_FRAMES frames
+    assert step == pytest.approx(100.0 / playback.DEFAULT_FRAMES) and note == ""
+    big = playback.frame_cost_s([(True, 131_072), (False, 2_097_152)])
+    step, note = playback.frame_step_s(100.0, 0.01, big)   # 10,000 frames asked: too many
+    most = int(playback.FRAME_TIME_BUDGET_S / big)
+    assert step == pytest.approx(100.0 / (most - 1)) and "not 0.01 s" in note
+    times = playback.playback_times(10.0, 3.0)
+    assert list(times) == [0.0, 3.0, 6.0, 9.0, 10.0]   # the last frame at the end
+    assert list(playback.playback_times(9.0, 3.0)) == [0.0, 3.0, 6.0, 9.0]
+
+
+def test_playback_frames_replay_every_pool_and_end_when_all_requests_are_done(runs):
+    sc, pair = runs
+    times = pair[0].playback.times_s
+    np.testing.assert_array_equal(times, pair[1].playback.times_s)
+    assert times[-1] == pytest.approx(max(r.end_s for r in pair))
+    # frames at the coarse snapshots' times: replaying the changes gives each snapshot's codes
+    end_s = times[-1]
+    aligned = simulate_scenario(Scenario(SMALL, frame_s=end_s / 99), sources.load_requests(SMALL))
+    for run in aligned:
+        frames = run.playback
+        assert len(frames.times_s) == len(run.frame_times_s) == 100
+        for f, snap in enumerate(run.snapshots):
+            expect = tile_codes(cell_codes(snap.cell_class, snap.owner, snap.ref_cnt),
+                                frames.cells_per_tile)
+            np.testing.assert_array_equal(frames.codes_at(f), expect)
+    for run in pair:
+        frames = run.playback
+        fig = frames.figures
+        # after the last finish: no request runs or waits, and only cached blocks stay
+        assert fig["running"][-1] == fig["waiting"][-1] == fig["kv_usage"][-1] == 0
+        assert fig["finished"][-1] == run.summary["requests_finished"] == 40
+        assert fig["token_states"][-1] == fig["reservation"][-1] == fig["internal_fragmentation"][-1] == 0
+        held = {c for c in np.unique(frames.codes_at(len(times) - 1))}
+        assert held <= {CODE_FREE, CODE_CACHED}
+        assert (fig["preemptions"][-1] == run.summary["num_preemptions"])
+
+
+def test_player_payload_round_trips(runs):
+    _, pair = runs
+    data = playback.decode_player(playback.with_start_frame(comparison.live_payload(pair), 7))
+    assert data["start_frame"] == 7 and data["num_frames"] == len(pair[0].playback.times_s)
+    for side, run in zip(data["sides"], pair):
+        frames = run.playback
+        np.testing.assert_array_equal(side["first"], frames.first)
+        np.testing.assert_array_equal(side["change_tile"], frames.change_tile)
+        assert side["rows"] * side["cols"] >= side["num_tiles"] == frames.num_tiles
+        np.testing.assert_allclose(side["figures"]["running"], frames.figures["running"])
+        assert side["title"] == comparison.side_label(run) and side["end_s"] == run.end_s
+    assert data["colors"] == code_colors()
 
 
 def test_playback_helpers():
-    assert playback.next_frame(3, 10, 2) == (5, True)
-    assert playback.next_frame(8, 10, 4) == (9, False)
-    assert playback.next_frame(2, 10, 0) == (3, True)  # a speed below 1 still moves
+    state = {"k_frame": 9}
+    playback.clamp_frame(state, 3)
+    assert state["k_frame"] == 2
+    assert playback.start_frame({}, 100) == playback.default_frame(100) == 10
+    assert playback.start_frame({"live_frame": 250}, 100) == 99
+    assert playback.frame_at(np.array([0.0, 1.0, 2.0]), 1.5) == 1
     ts = pd.DataFrame({"time_s": [0.0, 1.0, 2.0], "v": [1, 2, 3]})
     assert playback.sample_at(ts, 1.5)["v"] == 2 and playback.sample_at(ts, -1)["v"] == 1
     with pytest.raises(ValueError, match="the timeseries is empty"):
@@ -182,6 +223,21 @@ def test_playback_helpers():
     assert list(playback.upto(ts, 1.0)["v"]) == [1, 2]
     assert playback.fmt_duration(12.34) == "12.3 s"
     assert playback.fmt_duration(125.0) == "2 min 05.0 s"
+
+
+def test_a_pool_too_large_for_memory_is_refused_before_anything_is_allocated():
+    with pytest.raises(InputError, match=r"would need [0-9,.]+ GiB of memory"):
+        simulate_scenario(Scenario(SMALL, capacity_tokens=10**13), sources.load_requests(SMALL))
+
+
+def test_prefix_caching_on_and_off_side_by_side():
+    sc = Scenario(SMALL, allocators=("paged", "paged"), enable_prefix_caching=(True, False))
+    on, off = simulate_scenario(sc, sources.load_requests(SMALL))
+    assert [comparison.run_label(i, r) for i, r in enumerate((on, off))] == [
+        "left: paged (vLLM blocks)", "right: paged (vLLM blocks), prefix caching off"]
+    assert on.summary["prefix_hit_rate"] > 0 == off.summary["prefix_hit_rate"]
+    assert on.summary["computed_prompt_tokens"] < off.summary["computed_prompt_tokens"]
+    assert engine_setup(sc, "paged", 1).config.enable_prefix_caching is False
 
 
 # ---------------------------------------------------------------- comparison

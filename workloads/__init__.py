@@ -9,15 +9,13 @@ naming file, line and field.
 from __future__ import annotations
 
 import os
-import re
-from collections.abc import Iterator
-from itertools import islice
 
 from kvsim.errors import InputError
 from kvsim.workloads.loaders import FORMATS, load_file, sniff_format
 from kvsim.workloads.reading import check_text_file, first_data_line, iter_lines
 from kvsim.workloads.request import Request
 from kvsim.workloads.retime import load_at_rate
+from kvsim.workloads.source import is_spec, load
 from kvsim.workloads.synthetic import SOURCES, SyntheticWorkload, workload_from_spec
 
 __all__ = ["DEFAULT_WORKLOAD", "FORMATS", "InputError", "Request", "SOURCES",
@@ -28,46 +26,6 @@ __all__ = ["DEFAULT_WORKLOAD", "FORMATS", "InputError", "Request", "SOURCES",
 # system prompt, 1-4 turns each, so prefix sharing shows in the pool within seconds
 DEFAULT_WORKLOAD = ("sharegpt:rate=2,n=300,seed=0,system=256,system_frac=0.5,"
                     "turns=uniform(1,4),think_s=20")
-
-_SPEC_LIKE = re.compile(r"\s*[A-Za-z_][A-Za-z0-9_-]*\s*(:|\Z)")
-
-
-def load(spec_or_path: str | os.PathLike, format: str | None = None,
-         max_requests: int | None = None, time_window_s: float | None = None,
-         rate: float | None = None, seed: int = 0) -> Iterator[Request]:
-    """Requests of a trace file or a synthetic spec, in arrival order.
-
-    Args:
-        spec_or_path: an existing file (any format of ``workloads.loaders``) or a spec such as
-            ``sharegpt:rate=2,n=1000,seed=0`` (grammar in ``workloads.synthetic``).
-        format: the file's format (``mooncake``, ``azure``, ``sharegpt``, ``vllm-oracle``,
-            ``generic[:mapping]``); None sniffs it. Given, ``spec_or_path`` is a file.
-        max_requests: stop after this many requests.
-        time_window_s: keep requests arriving in ``[0, time_window_s)``.
-        rate: arrivals per second where the source has none (a spec without ``rate=``, a
-            ShareGPT length file); an error for a trace with timestamps.
-        seed: seed for generated arrivals/lengths (a spec's ``seed=`` wins).
-    Returns:
-        An iterator of Request. Spec and file-level errors raise here; a bad line raises
-        InputError when the iteration reaches it.
-    """
-    if max_requests is not None and (isinstance(max_requests, bool) or
-                                     not isinstance(max_requests, int) or max_requests < 1):
-        raise InputError(f"max_requests must be an integer >= 1, got {max_requests!r}",
-                         field="max_requests")
-    if time_window_s is not None and not time_window_s > 0:
-        raise InputError(f"time_window_s must be > 0, got {time_window_s!r}",
-                         field="time_window_s")
-    text = os.fspath(spec_or_path)
-    if not text.strip():
-        raise InputError("empty workload: give a trace file or a synthetic spec such as "
-                         "'sharegpt:rate=2,n=1000,seed=0'", field="workload")
-    if format is not None or os.path.exists(text) or not _SPEC_LIKE.match(text):
-        requests: Iterator[Request] = load_file(text, format, rate=rate, seed=seed)
-    else:
-        requests = iter(workload_from_spec(text, rate=rate, seed=seed))
-    return _cut(requests, max_requests, time_window_s)
-
 
 def workload_size(spec_or_path: str | os.PathLike, format: str | None = None,
                   max_requests: int | None = None) -> dict:
@@ -81,7 +39,7 @@ def workload_size(spec_or_path: str | os.PathLike, format: str | None = None,
     """
     text = os.fspath(spec_or_path)
     out = {"num_requests": max_requests, "duration_s": None, "max_fanout": 1}
-    if format is not None or os.path.exists(text) or not _SPEC_LIKE.match(text):
+    if not is_spec(text, format):
         return out
     w = workload_from_spec(text)
     turns = 1.0 if w.turns is None else _mean_tokens(w.turns)
@@ -118,7 +76,7 @@ def count_requests(spec_or_path: str | os.PathLike, format: str | None = None,
     text = os.fspath(spec_or_path)
     count = None
     try:
-        if format is None and not os.path.exists(text) and _SPEC_LIKE.match(text):
+        if is_spec(text, format):
             count = workload_from_spec(text).num_requests
         else:
             fmt = (format or sniff_format(check_text_file(text))).split(":", 1)[0]
@@ -132,10 +90,3 @@ def count_requests(spec_or_path: str | os.PathLike, format: str | None = None,
     return count
 
 
-def _cut(requests: Iterator[Request], max_requests: int | None,
-         time_window_s: float | None) -> Iterator[Request]:
-    # islice stops before pulling request max_requests+1, so lines past the cut are not read
-    for req in islice(requests, max_requests):
-        if time_window_s is not None and req.arrival_s >= time_window_s:
-            return  # arrivals are sorted: nothing later is inside the window
-        yield req

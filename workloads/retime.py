@@ -30,6 +30,7 @@ from collections.abc import Iterator
 
 from kvsim.errors import InputError
 from kvsim.workloads.request import Request
+from kvsim.workloads.source import cut, is_spec, load
 from kvsim.workloads.spec import parse_spec, plain, split_top, to_float
 
 
@@ -38,21 +39,12 @@ def _check_positive(value: float | None, field: str) -> None:
         raise InputError(f"must be > 0, got {value}", field=field)
 
 
-def is_spec(source: str, format: str | None = None) -> bool:
-    """Whether ``source`` is a synthetic spec (not an existing file, no format given)."""
-    from kvsim.workloads import _SPEC_LIKE
-
-    return format is None and not os.path.exists(source) and bool(_SPEC_LIKE.match(source))
-
-
 def has_timestamps(source: str, format: str | None = None) -> bool:
     """Whether a trace file carries its own arrival times (False: it needs a rate).
 
     Raises:
         InputError: the file cannot be read (missing, empty, unknown format, a bad first line).
     """
-    from kvsim.workloads import load
-
     try:
         next(iter(load(source, format=format, max_requests=1)), None)
     except InputError as err:
@@ -114,8 +106,6 @@ def load_at_rate(source: str | os.PathLike, *, rate: float | None = None,
         InputError: a rate or factor that is not > 0, ``rate_scale`` alone on a trace without
             timestamps, and every error of ``workloads.load``.
     """
-    from kvsim.workloads import _cut, load
-
     _check_positive(rate, "rate")
     _check_positive(rate_scale, "rate_scale")
     text = os.fspath(source)
@@ -127,14 +117,14 @@ def load_at_rate(source: str | os.PathLike, *, rate: float | None = None,
         requests = load(spec, max_requests=max_requests, seed=seed)
         if spec == text and rate_scale is not None:   # a replayed trace's times: scale them
             requests = scale_arrivals(requests, rate_scale)
-        return _cut(requests, None, time_window_s)
+        return cut(requests, None, time_window_s)
     if not has_timestamps(text, format):
         if rate is None:
             raise InputError("this trace has no timestamps, so no rate of its own to scale: "
                              "give --rate (requests/s) too", file=text, field="rate_scale")
         requests = load(text, format=format, max_requests=max_requests,
                         rate=rate * (rate_scale or 1.0), seed=seed)
-        return _cut(requests, None, time_window_s)
+        return cut(requests, None, time_window_s)
     factor = rate_scale or 1.0
     origin_s = 0.0
     if rate is not None:
@@ -148,4 +138,4 @@ def load_at_rate(source: str | os.PathLike, *, rate: float | None = None,
             factor *= rate / (num / (last_s - first_s))
             origin_s = first_s
     requests = load(text, format=format, max_requests=max_requests, seed=seed)
-    return _cut(scale_arrivals(requests, factor, origin_s), None, time_window_s)
+    return cut(scale_arrivals(requests, factor, origin_s), None, time_window_s)

@@ -107,7 +107,7 @@ def overload_message(summary: dict, timeseries, label: str = "") -> str | None:
 
 def format_summary(summary: dict) -> str:
     """The summary as ``kvsim compare``'s table (one column), printed when there is no --out."""
-    from kvsim.cli.compare import format_table
+    from kvsim.cli.table import format_table
 
     return format_table({"replay": summary})
 

@@ -56,7 +56,9 @@ def register(subparsers) -> None:
     p.add_argument("--partition-size", type=positive_int,
                    help=f"force split-KV (v2) with this many tokens per partition (a multiple of "
                         f"{PARTITION_TOKENS})")
-    p.add_argument("--max-seqs", type=positive_int, help="validate only the first N sequences (by seq_id)")
+    p.add_argument("--max-seqs", type=positive_int,
+                   help="validate at most N sequences, chosen so that shared blocks are read by two of "
+                        "them (the summary says how many were)")
     p.add_argument("--seed", type=int, default=0, help="seed of the queries")
     p.add_argument("--json", type=Path, help="write the full report here")
     p.add_argument("--save-snapshot", type=Path, metavar="FILE",
@@ -110,8 +112,10 @@ def format_report(report) -> str:
     worst = max((c.max_rel_err for c in report.checks), default=0.0)
     num_failed = sum(not c.passed for c in report.checks)
     lines.append(
-        f"{len(report.checks)} sequences ({report.num_skipped_empty} with 0 tokens not run), "
-        f"{sum(c.num_shared_blocks > 0 for c in report.checks)} with shared blocks; {report.dtype} "
+        f"{len(report.checks)} of {report.num_sequences} sequences checked ({report.num_skipped_empty} "
+        f"with 0 tokens not run), {sum(c.num_shared_blocks > 0 for c in report.checks)} with shared "
+        f"blocks; {report.num_shared_blocks_checked} of the {report.num_shared_blocks} shared blocks "
+        f"read by two checked sequences; {report.dtype} "
         f"{report.layout} layout on {report.device}, heads {report.num_heads}/{report.num_kv_heads} kv, "
         f"head_size {report.head_size}, partition {report.partition_size or 'auto'}: worst relative error "
         f"{worst:.2e} (tolerance {report.tolerance:.2g}); "

@@ -43,6 +43,8 @@ def check_snapshot(snapshot, layout: str, dtype: str, max_seqs: int,
                                partition_size=SPLIT_KV_PARTITION_TOKENS if split_kv else None)
     checks = pd.DataFrame([dataclasses.asdict(c) for c in report.checks],
                           columns=[f.name for f in dataclasses.fields(SequenceCheck)])
+    # the report's coverage: sequences with tokens, blocks two of them read, and of those the
+    # blocks two checked sequences read (kernels.bridge.choose_sequences)
     info = {k: v for k, v in dataclasses.asdict(report).items() if k != "checks"}
     info["passed"] = report.passed
     return checks, info

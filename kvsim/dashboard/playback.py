@@ -215,6 +215,26 @@ def with_start_frame(payload: bytes, frame: int) -> bytes:
     return struct.pack("<I", max(int(frame), 0)) + payload
 
 
+def decode_player(data: bytes) -> dict:
+    """The player's message read back as the browser reads it (``with_start_frame`` bytes):
+    the header with every array named in it as a numpy array, and ``start_frame``."""
+    start, head_len = struct.unpack_from("<II", data, 0)
+    header = json.loads(data[8:8 + head_len])
+    body = memoryview(data)[8 + head_len:]
+
+    def arr(entry):
+        dtype = np.dtype(entry["dtype"])
+        return np.frombuffer(body, dtype=dtype, count=entry["length"], offset=entry["offset"])
+
+    header["start_frame"] = min(start, header["num_frames"] - 1)
+    header["times"] = arr(header["times"])
+    for side in header["sides"]:
+        for key in ("first", "change_start", "change_tile", "change_code"):
+            side[key] = arr(side[key])
+        side["figures"] = {k: arr(v) for k, v in side["figures"].items()}
+    return header
+
+
 def sample_at(ts: pd.DataFrame, t_s: float, time_col: str = "time_s") -> pd.Series:
     """The last timeseries sample at or before ``t_s`` (the first one before any sample)."""
     if ts.empty:
