@@ -3,7 +3,7 @@ import streamlit as st
 
 from kvsim.app_pages import _state as S
 from kvsim.app_pages import _ui
-from kvsim.dashboard.comparison import ALLOCATOR_LABELS
+from kvsim.dashboard.comparison import side_label
 from kvsim.dashboard.kernel_check import KERNEL_DTYPES, SPLIT_KV_PARTITION_TOKENS, kernel_device
 from kvsim.dashboard.playback import clamp_frame, default_frame
 from kvsim.viz.kernel_checks import kernel_error_figure
@@ -30,7 +30,7 @@ st.caption("Device: **CUDA**" if device == "cuda" else
            "down so that it stays quick.")
 c = st.columns([1, 2])
 side = c[0].radio("Pool", [0, 1], key="k_kern_side",
-                  format_func=lambda i: ALLOCATOR_LABELS[runs[i].allocator])
+                  format_func=lambda i: side_label(runs[i]))
 frame = c[1].slider("Simulated time (frame)", 0, num_frames - 1, key="k_frame")
 c = st.columns([1, 1, 2, 1], vertical_alignment="bottom")
 layout = c[0].selectbox("Layout", ["flat", "vllm"], key="k_kern_layout",

@@ -114,7 +114,7 @@ def available_memory_bytes() -> int | None:
 
 
 def _gib(num_bytes: float) -> str:
-    return f"{num_bytes / GIB:,.1f} GiB" if num_bytes >= GIB / 10 else f"{num_bytes / 2**20:,.1f} MiB"
+    return f"{num_bytes / GIB:,.1f} GiB" if num_bytes >= GIB else f"{num_bytes / 2**20:,.1f} MiB"
 
 
 def check_memory(terms: dict[str, int], what: str = "this run",

@@ -330,6 +330,23 @@ def test_kernel_check_on_a_scenario_snapshot(runs):
     assert checks["passed"].all() and checks["bitwise_equal"].all() and info["passed"]
     assert (checks["max_rel_err"] < info["tolerance"]).all()
     assert info["device"] == "cpu" and info["dtype"] == "float32"
+    # a moment with shared prefix blocks: 4 checked sequences read them, first-4-by-id would not
+    from kvsim.kernels.bridge import _readers, choose_sequences, pool_arrays
+
+    def coverage(snapshot, ids):
+        arrays = pool_arrays(snapshot)
+        tables = {s: arrays.block_tables[s][:-(-arrays.seq_lens[s] // arrays.block_size)]
+                  for s in ids if arrays.seq_lens[s] > 0}
+        return int((_readers(tables, arrays.num_blocks) >= 2).sum()), tables
+
+    best = max(left.snapshots, key=lambda snap: coverage(snap, snap.block_tables)[0])
+    shared, tables = coverage(best, best.block_tables)
+    assert shared > 0 and len(tables) > 4
+    chosen = choose_sequences(tables, best.num_cells, 4)
+    by_id = sorted(tables)[:4]
+    assert coverage(best, chosen)[0] >= coverage(best, by_id)[0] and coverage(best, chosen)[0] > 0
+    _, info = check_snapshot(best, "flat", "float32", 4, False)
+    assert info["num_shared_blocks"] == shared and info["num_shared_blocks_checked"] == coverage(best, chosen)[0]
 
 
 # ---------------------------------------------------------------- launch
@@ -374,3 +391,41 @@ def test_dashboard_subcommand_bad_port_is_a_usage_error(capsys, port, why):
         main(["dashboard", "--port", port])
     assert stop.value.code == 2
     assert capsys.readouterr().err.splitlines()[-1].endswith(f"argument --port: {why}")
+
+
+def test_uploads_may_be_gzipped_and_whole_traces_are_replayed(tmp_path):
+    import gzip
+
+    rows = "arrival_s,prompt_tokens,output_tokens\n" + "".join(f"{i},{50 + i},{5 + i}\n" for i in range(30))
+    w = sources.store_upload("mine.csv.gz", gzip.compress(rows.encode()), None, store=tmp_path)
+    assert Path(w.ref).name == "mine.csv.gz" and w.max_requests is None
+    assert len(sources.load_requests(w)) == 30   # every request: no cap
+    assert sources.requests_note(w) == "30 requests (all of them)"
+    capped = Workload("upload", w.ref, 100)
+    assert sources.requests_note(capped) == "30 requests: the trace has only 30 caps the 100 asked"
+    assert sources.requests_note(Workload("upload", w.ref, 10)) is None
+    spec = Workload("builtin", "sharegpt:rate=2,n=50,seed=0", 200)
+    assert sources.requests_note(spec) == "50 requests: the spec's n=50 caps the 200 asked"
+    with pytest.raises(InputError, match=r"unsupported file type \.pkl\.gz"):
+        sources.store_upload("x.pkl.gz", b"\x1f\x8b...", store=tmp_path)
+    assert sources.trace_suffix("A.JSONL.GZ") == ".jsonl" and sources.trace_suffix("a.csv") == ".csv"
+
+
+def test_rejections_say_which_setting_fixes_them(runs):
+    sc, _ = runs
+    lengths = Scenario(SMALL, max_model_len=1024)
+    run = simulate_scenario(lengths, sources.load_requests(SMALL))[0]   # paged: prompts too long
+    text = comparison.rejected_warning(0, run, 1024)
+    assert "have a prompt longer than max_model_len = 1024 (raise max_model_len" in text
+    tiny = Scenario(SMALL, capacity_tokens=2048, max_model_len=4096)
+    left, right = simulate_scenario(tiny, sources.load_requests(SMALL))
+    text = comparison.rejected_warning(1, right, 4096)   # max: reserves 4096 > 2048 tokens
+    assert "enlarge the KV pool or lower max_model_len; raising it makes this worse" in text
+    assert "raise max_model_len" not in text
+
+
+def test_the_favicon_is_drawn_locally():
+    from kvsim.dashboard import router
+
+    assert router.page_icon().size == (32, 32)
+    assert "toolbarMode" in "".join(launch.STREAMLIT_OPTIONS) and launch.STREAMLIT_OPTIONS["client.toolbarMode"] == "viewer"
