@@ -57,6 +57,14 @@ def live_payload(sc: scenario.Scenario) -> bytes:
     return comparison.live_payload(run_scenario(sc))
 
 
+def follow_player(frame_times_s, play_times_s) -> None:
+    """Take the frame the player reported (its component state) as this session's moment."""
+    state = st.session_state.get("live_player")
+    frame = state.get("frame") if hasattr(state, "get") else getattr(state, "frame", None)
+    if frame is not None:
+        playback.follow_player(st.session_state, int(frame), frame_times_s, play_times_s)
+
+
 def player_start_frame(sc: scenario.Scenario, num_frames: int) -> int:
     """The frame the player opens on (playback.start_frame over this session's state)."""
     return playback.start_frame(st.session_state, num_frames)

@@ -5,7 +5,7 @@ from kvsim.app_pages import _state as S
 from kvsim.app_pages import _ui
 from kvsim.app_pages._player import live_player
 from kvsim.dashboard.comparison import ALLOCATOR_NOTES
-from kvsim.dashboard.playback import FRAME_STEPS_S, frame_at, with_start_frame
+from kvsim.dashboard.playback import FRAME_STEPS_S, with_start_frame
 
 st.title("Live KV-cache pool")
 st.caption(
@@ -30,9 +30,7 @@ c1.selectbox("Frame every (simulated s)", FRAME_STEPS_S, key="k_frame_s",
 c2.caption(" · ".join(f"**{side}**: {ALLOCATOR_NOTES[r.allocator]}"
                       for side, r in zip(("left", "right"), runs)))
 times = runs[0].playback.times_s
+# where the player stopped (its state, sent before this run), so a rerun mounts it right there
+S.follow_player(runs[0].frame_times_s, times)
 start = S.player_start_frame(scenario, len(times))
-result = live_player(with_start_frame(S.live_payload(scenario), start), key="live_player")
-if result.frame is not None and int(result.frame) != st.session_state.get("live_frame"):
-    # the player paused here: the inspector and kernel pages open on the same moment
-    st.session_state["live_frame"] = int(result.frame)
-    st.session_state["k_frame"] = frame_at(runs[0].frame_times_s, float(times[int(result.frame)]))
+live_player(with_start_frame(S.live_payload(scenario), start), key="live_player")

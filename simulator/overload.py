@@ -37,12 +37,12 @@ def overload_reasons(summary: dict, timeseries=None) -> list[str]:
     if steps and duration_s and ttft_p50 is not None:
         step_s = duration_s / steps
         if ttft_p50 > TTFT_STEPS * step_s:
-            reasons.append(f"p50 TTFT {ttft_p50:.3g} s is {ttft_p50 / step_s:,.0f} mean step times "
-                           f"({step_s:.3g} s)")
+            reasons.append(f"p50 TTFT {ttft_p50:.3g} s = {ttft_p50 / step_s:,.0f} mean steps of "
+                           f"{step_s:.3g} s")
     growth = _queue_growth(timeseries)
     if growth is not None:
-        reasons.append(f"the waiting queue grows through the run (mean {growth[0]:.3g} requests in "
-                       f"its first quarter, {growth[1]:.3g} in the last before its peak)")
+        reasons.append(f"the waiting queue grows through the run ({growth[0]:.3g} -> {growth[1]:.3g} "
+                       "requests, first to last quarter before its peak)")
     return reasons
 
 

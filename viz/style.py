@@ -45,7 +45,7 @@ SERIES_COLORS: tuple[str, ...] = ("#1F77B4", "#FF7F0E", "#2CA02C", "#9467BD", "#
                                   "#17BECF", "#7F7F7F", "#BCBD22")
 # tick labels of numeric axes: at most 4 significant digits, no float noise (0.024999999999999792
 # reads 0.025), thousands separated ("966,400", never "966.4005k")
-NUMBER_TICKS = ",.4~g"
+NUMBER_TICKS = ",.4~r"
 
 # axis titles for summary and sweep columns (the raw names are for files, not for readers)
 METRIC_LABELS: dict[str, str] = {

@@ -50,6 +50,16 @@ def start_frame(state: MutableMapping, num_frames: int) -> int:
     return default_frame(num_frames) if frame is None else min(int(frame), num_frames - 1)
 
 
+def follow_player(state: MutableMapping, frame: int, frame_times_s: np.ndarray,
+                  play_times_s: np.ndarray) -> None:
+    """The player stopped on playback frame ``frame``: it opens there again (``"live_frame"``),
+    and the inspector and kernel pages on the coarse frame of that moment (``"k_frame"``)."""
+    frame = min(max(frame, 0), len(play_times_s) - 1)
+    if state.get("live_frame") != frame:
+        state["live_frame"] = frame
+        state["k_frame"] = frame_at(frame_times_s, float(play_times_s[frame]))
+
+
 def clamp_frame(state: MutableMapping, num_frames: int) -> None:
     """Keep the frame inside a run that may have fewer frames than the last one."""
     if state.get("k_frame", 0) >= num_frames:
