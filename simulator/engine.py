@@ -205,6 +205,7 @@ class Simulation:
             end_ns = recorder.end_ns
             for rep in self.replicas:   # close every replica's integrals at the end
                 rep.rec.close_idle_gap(end_ns)
+                rep.rec.final_sample(end_ns)
             self._finalised = True
         cfg = self.config
         summary = summarize(
