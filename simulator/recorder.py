@@ -141,9 +141,10 @@ class StepLog:
 
     def __init__(self):
         self.rows: list[tuple] = []
+        self.extra_columns: tuple = ()     # hardware in the loop: in_the_loop.IN_THE_LOOP_COLUMNS
 
     def frame(self) -> pd.DataFrame:
-        return pd.DataFrame(self.rows, columns=list(STEP_COLUMNS))
+        return pd.DataFrame(self.rows, columns=list(STEP_COLUMNS + self.extra_columns))
 
 
 class Recorder:
@@ -395,8 +396,9 @@ class ReplicaRecorder:
         return (len(sched.running), len(sched.waiting), self.allocator.usage,
                 self.allocator.num_used_blocks if sched.paged else 0)
 
-    def step_row(self, idx: int, out, finished: list, state: tuple) -> None:
-        """The row of one step scheduled in detail (``state`` from ``row_state``)."""
+    def step_row(self, idx: int, out, finished: list, state: tuple, extra: tuple = ()) -> None:
+        """The row of one step scheduled in detail (``state`` from ``row_state``; ``extra``: the
+        values of ``StepLog.extra_columns``)."""
         sched = self.sched
         running, waiting, usage, used = state
         cum = self.cum
@@ -413,7 +415,7 @@ class ReplicaRecorder:
             used, out.num_preempted, cum[0], out.pc_queries, out.pc_hits, cum[1], cum[2],
             out.pc_preempted_queries, out.pc_preempted_hits, len(finished), cum[3],
             len(sched.running), len(sched.waiting), round(self.allocator.usage, 6), self.index,
-            idx * 1.0 if self.step_clock else math.nan))
+            idx * 1.0 if self.step_clock else math.nan) + extra)
 
     def decode_rows(self, step0: int, k: int, n: int, hist: list[int], used0: int,
                     finished: list) -> None:
