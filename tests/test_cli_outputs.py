@@ -157,3 +157,22 @@ def test_a_closed_pipe_is_not_a_traceback():
     proc = subprocess.run(f"{sys.executable} -m kvsim.cli capacity | head -1", shell=True,
                           capture_output=True, text=True)
     assert proc.stdout.startswith("model ") and "Traceback" not in proc.stderr
+
+
+@needs_dev_full
+def test_profile_prints_its_table_when_it_cannot_be_written(tmp_path):
+    """kvsim profile (CPU interpreter, a one-layer model): the measured table reaches the terminal."""
+    import json
+    import subprocess
+    import sys
+
+    from test_profile import TINY_CONFIG
+
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps(TINY_CONFIG))
+    proc = subprocess.run([sys.executable, "-m", "kvsim.cli", "profile", "--hf-config", str(cfg), "--out",
+                           str(FULL), "--device", "cpu", "--max-num-seqs", "2", "--max-num-batched-tokens", "32",
+                           "--max-model-len", "128", "--repeat", "1", "--quiet"],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 2 and "could not write /dev/full" in proc.stderr
+    assert "# command: kvsim profile" in proc.stdout and "step_s" in proc.stdout
