@@ -67,9 +67,10 @@ def cmd_excerpts(args) -> int:
     return 0
 
 
-# wall seconds per request of each workload's earlier H200 run (2026-12-01, compiles included):
-# the deadline scales the workloads marked scalable to the time that is left
-WALL_S_PER_REQUEST = {"sharegpt-rate4": 0.5, "sharegpt-rate16": 0.14, "azure-conv": 0.45, "mooncake": 1.12}
+# wall seconds per request of each workload's latest H200 run (2026-12-01, no compile stalls): the
+# deadline scales the workloads marked scalable to the time that is left and skips the others
+# that would not end before it
+WALL_S_PER_REQUEST = {"sharegpt-rate4": 1.4, "sharegpt-rate16": 0.43, "azure-conv": 1.4, "mooncake": 1.12}
 SCALABLE = {"mooncake": 16}     # name -> the fewest requests worth running
 STARTED = time.monotonic()
 
@@ -87,15 +88,24 @@ def _pack(out: Path, name: str, files: list[Path]) -> None:
 def _max_requests(name: str, extra: list[str], deadline_s: float | None, reserve_s: float,
                   slowdown: float) -> list[str] | None:
     """The workload's flags with --max-requests cut to what fits before the deadline (None: skip)."""
-    if deadline_s is None or name not in SCALABLE:
+    if deadline_s is None:
         return extra
     left = deadline_s - (time.monotonic() - STARTED) - reserve_s
-    n = int(extra[extra.index("--max-requests") + 1])
     fit = int(left / (WALL_S_PER_REQUEST[name] * slowdown))
+    if name not in SCALABLE:
+        return extra if fit >= _num_requests(name) else None
+    n = int(extra[extra.index("--max-requests") + 1])
     if fit < SCALABLE[name]:
         return None
     i = extra.index("--max-requests") + 1
     return extra[:i] + [str(min(n, fit))] + extra[i + 1:]
+
+
+def _num_requests(name: str) -> int:
+    spec, extra = next((spec, extra) for n, spec, extra in WORKLOADS if n == name)
+    if "--max-requests" in extra:
+        return int(extra[extra.index("--max-requests") + 1])
+    return int(spec.split("n=")[1].split(",")[0])
 
 
 def cmd_hil(args) -> int:
@@ -109,7 +119,7 @@ def cmd_hil(args) -> int:
     if args.dry_run:   # the same code path on the CPU: a tiny model, a small pool, few requests
         engine, device = DRY_ENGINE + ["--hf-config", args.dry_run], "cpu"
         names = [(n, spec, ["--max-requests", "2"]) for n, spec, _ in names]
-    reserve_s = args.context_grid_s if args.context_grid_s else 0.0
+    reserve_s = args.context_grid_s if args.context_grid_s and not args.grid_first else 0.0
     expected = actual = 0.0
     for name, spec, extra in names:
         slowdown = max(1.0, actual / expected) if expected else 1.0
@@ -140,15 +150,46 @@ def cmd_hil(args) -> int:
               f"{time.monotonic() - STARTED:.0f} s since start", flush=True)
         # packed after every workload: a run cut short still brings back the finished ones
         _pack(out, name, files)
+        if args.grid_first and args.context_grid_s:     # on the first run's executor, then the rest
+            context_grid_table(out / "context_grid.csv", args.context_grid_s, dry=bool(args.dry_run),
+                               skip=args.grid_skip)
+            args.context_grid_s = 0.0
     if args.context_grid_s:
         context_grid_table(out / "context_grid.csv", args.context_grid_s if args.deadline_s is None else
-                           args.deadline_s - (time.monotonic() - STARTED) - 5, dry=bool(args.dry_run))
+                           args.deadline_s - (time.monotonic() - STARTED) - 5, dry=bool(args.dry_run),
+                           skip=args.grid_skip)
     return 0
 
 
-def context_grid_table(path: Path, budget_s: float, dry: bool) -> None:
+def _measured_shapes(table: str | None) -> set:
+    """(kind, num_seqs, num_scheduled_tokens, kv_read_tokens, max_context_tokens) of a table's rows."""
+    if table is None:
+        return set()
+    from kvsim.simulator.cost_table import read_table
+    _, _, rows = read_table(table)
+    return {(r["kind"], int(r["num_seqs"]), int(r["num_scheduled_tokens"]), int(r["kv_read_tokens"]),
+             int(r.get("max_context_tokens") or 0)) for _, r in rows}
+
+
+def _shape(pt) -> tuple:
+    t = pt.totals()
+    return (pt.kind, t["num_seqs"], t["num_scheduled_tokens"], t["kv_read_tokens"], t["max_context_tokens"])
+
+
+def check_points():
+    """Shapes the floor model was not fitted to, timed to check it (not added to the table):
+    uniform long contexts under a wave, and several long sequences among short ones."""
+    from kvsim.kernels.profile import GridPoint
+    points = [GridPoint(num_decode_seqs=b, decode_context_tokens=long) for b in (2, 4, 8, 16) for long in (8192, 32768)]
+    points += [GridPoint(num_decode_seqs=b, decode_context_tokens=512, long_context_tokens=long, num_long_seqs=k)
+               for b, long, k in ((32, 4096, 8), (32, 16384, 8), (128, 4096, 32), (128, 16384, 32), (8, 32768, 2))]
+    return points
+
+
+def context_grid_table(path: Path, budget_s: float, dry: bool, skip: str | None = None) -> None:
     """``kernels.profile.context_grid`` (long and unequal contexts) timed on the executor of the
-    runs above (the same pool, limits and graphs), within ``budget_s``; each row is appended to
+    runs above (the same pool, limits and graphs), within ``budget_s``, leaving out the shapes
+    ``skip`` (a table) measured, then ``check_points``; each row is appended to
     ``path``.partial.csv as it is measured, the table (with provenance) written at the end."""
     import csv
 
@@ -162,7 +203,8 @@ def context_grid_table(path: Path, budget_s: float, dry: bool) -> None:
                   max_model_len=ex.max_model_len, num_blocks=ex.num_blocks - 1, block_size=ex.block_size)
     # uniform decodes the shipped table measured (at max_model_len 32768): the same executor as the runs?
     points = [GridPoint(num_decode_seqs=b, decode_context_tokens=1024) for b in (8, 64, 256)]
-    points += context_grid(**limits)
+    done = _measured_shapes(skip)
+    points += [pt for pt in context_grid(**limits) if _shape(pt) not in done] + check_points()
     if dry:   # the CPU check: the first decode and mixed points of the engine's grid, contexts / 64
         import dataclasses
         grid = [pt for pt in context_grid(max_num_seqs=256, max_num_batched_tokens=8192, max_model_len=131072,
@@ -410,6 +452,8 @@ def main() -> int:
     p.add_argument("--deadline-s", type=float, help="wall seconds from start: scalable workloads are cut to fit")
     p.add_argument("--context-grid-s", type=float, default=0.0,
                    help="then time kernels.profile.context_grid on the same executor (seconds kept for it)")
+    p.add_argument("--grid-first", action="store_true", help="time the grid after the first workload, not the last")
+    p.add_argument("--grid-skip", metavar="TABLE", help="leave out the grid shapes this table measured")
     p = sub.add_parser("analyse")
     p.add_argument("--hil", required=True, nargs="+", help="run folders, the first holding a workload wins")
     p.add_argument("--table", required=True, nargs="+", metavar="[LABEL=]TABLE",

@@ -40,7 +40,8 @@ class GridPoint:
     num_prefill_seqs: int = 0
     prefill_tokens: int = 0             # new tokens of each prompt chunk
     prefix_tokens: int = 0              # tokens of each prompt already cached before the chunk
-    long_context_tokens: int = 0        # > 0: the last decoding sequence has this context instead
+    long_context_tokens: int = 0        # > 0: the last num_long_seqs decoding sequences have this context
+    num_long_seqs: int = 1
 
     @property
     def kind(self) -> str:
@@ -50,7 +51,8 @@ class GridPoint:
         """(context after the step, new tokens) of each sequence, decoders first."""
         ctx = [self.decode_context_tokens] * self.num_decode_seqs
         if self.long_context_tokens and ctx:
-            ctx[-1] = self.long_context_tokens
+            k = min(self.num_long_seqs, len(ctx))
+            ctx[len(ctx) - k:] = [self.long_context_tokens] * k
         ctx += [self.prefix_tokens + self.prefill_tokens] * self.num_prefill_seqs
         return ctx, [1] * self.num_decode_seqs + [self.prefill_tokens] * self.num_prefill_seqs
 
@@ -109,7 +111,9 @@ def context_grid(*, max_num_seqs: int, max_num_batched_tokens: int, max_model_le
     longest context's power-of-two bucket (``simulator.cost_table`` prices the floor from these
     rows). The points: one long sequence among 512-token ones at every bucket, at batches below
     and above one wave; prompt chunks after long cached prefixes (conversation traces reach
-    16k-64k tokens of cache).
+    16k-64k tokens of cache), and beside decodes of long contexts (in an eager mixed step each
+    sequence's attention is one program per KV head, so the longest context is a tail the other
+    work does not hide).
     """
     short = 512
     points = []
@@ -131,6 +135,14 @@ def context_grid(*, max_num_seqs: int, max_num_batched_tokens: int, max_model_le
     for b in (24, 32, 64, 128, 256):                  # a wave or more, split into partitions
         for long in (8192, 32768, 131072):
             decode(b, long)
+    for t in (2048, 8192):                            # long decodes beside a chunk (eager, unsplit):
+        for d, ctx in ((1, 32768), (1, 131072), (16, 16384)):   # the longest program outlasts the rest
+            if d < max_num_seqs and t <= max_num_batched_tokens and ctx <= max_model_len:
+                points.append(GridPoint(num_decode_seqs=d, decode_context_tokens=ctx, num_prefill_seqs=1,
+                                        prefill_tokens=t - d))
+    if max_num_seqs > 11 and max_num_batched_tokens >= 8192 and max_model_len >= 65536:
+        points.append(GridPoint(num_decode_seqs=10, decode_context_tokens=2048, long_context_tokens=65536,
+                                num_prefill_seqs=1, prefill_tokens=8182))
     return [pt for pt in dict.fromkeys(points) if pt.num_blocks(block_size) <= num_blocks]
 
 
