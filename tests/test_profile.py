@@ -36,7 +36,10 @@ def test_context_grid_measures_a_floor_at_every_bucket_within_the_pool():
     for pt in skewed:
         ctx, _ = pt.sequences()
         assert max(ctx) == pt.long_context_tokens and ctx.count(max(ctx)) == 1 or len(ctx) == 1
-    assert {pt.prefix_tokens for pt in grid if pt.kind == "mixed"} == {16384, 32768}
+    mixed = [pt for pt in grid if pt.kind == "mixed"]
+    assert {pt.prefix_tokens for pt in mixed if not pt.num_decode_seqs} == {16384, 32768}
+    # long decodes beside a chunk: the longest context is a decode's
+    assert {max(pt.sequences()[0]) for pt in mixed if pt.num_decode_seqs} == {16384, 32768, 65536}
     small = context_grid(num_blocks=3000, **limits)
     assert small and all(pt.num_blocks(16) <= 3000 for pt in small) and len(small) < len(grid)
 
