@@ -144,6 +144,14 @@ def _sum_max_lines(c0: float, c1: float, d0: float, d1: float, i0: int, i1: int)
     return first + second
 
 
+def _tail_tokens(longest: float, pairs: float, tokens: float) -> float:
+    """How far the longest context exceeds the context an average new token attends to: in an eager
+    step each sequence's attention is one program per KV head over its whole context, so a long
+    decode beside a chunk of short context is a tail the chunk's work does not hide (a chunk after
+    a long prefix, whose programs all read that prefix, is none)."""
+    return max(0.0, longest - pairs / tokens)
+
+
 def _nonneg_lstsq(a: np.ndarray, y: np.ndarray, free: int) -> np.ndarray:
     """Least squares with the last columns (all but the first ``free``) kept >= 0: columns whose
     coefficient comes out negative are dropped and the fit is redone (an active set, enough for the
@@ -192,6 +200,8 @@ class StepShapeCost:
                                  field="kind")
             v = {name: _number(row, name, path, line, positive=name == "step_s")
                  for name in SHAPE_COLUMNS if name != "kind"}
+            if row.get("max_context_tokens"):
+                v["max_context_tokens"] = _number(row, "max_context_tokens", path, line)
             if v["num_scheduled_tokens"] == 0 or v["num_seqs"] == 0:
                 raise InputError("a measured step schedules at least one token of one sequence", file=path,
                                  line=line, field="num_scheduled_tokens")
@@ -230,12 +240,18 @@ class StepShapeCost:
         # f's values at the knots are unknowns; every row's token count is a knot, so the hat basis
         # of linear interpolation is the indicator of its knot
         basis = (tokens[:, None] == self.knots_tokens[None, :]).astype(float)
-        extra = np.array([[r["attn_token_pairs"], r["kv_read_tokens"], r["num_seqs"]] for r in rows])
+        extra = np.array([[r["attn_token_pairs"], r["kv_read_tokens"], r["num_seqs"],
+                           _tail_tokens(r["max_context_tokens"], r["attn_token_pairs"], r["num_scheduled_tokens"])
+                           if r.get("max_context_tokens") else 0.0] for r in rows])
+        if not extra[:, 3].any():      # no longest contexts in the table (or no tails): no tail term
+            extra = extra[:, :3]
         scale = np.maximum(extra.max(axis=0), 1.0)      # conditioning: columns of order 1
         w = (1.0 / t)[:, None]
         coef = _nonneg_lstsq(np.hstack([basis, extra / scale]) * w, np.ones_like(t), free=k)
         self.knots_s = coef[:k]
-        self.coef = coef[k:] / scale                     # c_pairs, c_kv, c_seq
+        coef = coef[k:] / scale
+        self.coef = coef[:3]                             # c_pairs, c_kv, c_seq
+        self.c_tail = float(coef[3]) if len(coef) > 3 else 0.0
 
     def _fit_floor(self, skewed: list[tuple[int, int, float, float, int]], path: str, enabled: bool) -> None:
         self.min_bucket_tokens = _min_bucket_tokens(self.provenance, path)
@@ -257,7 +273,7 @@ class StepShapeCost:
             for size, (start, points) in by_size.items():
                 # one value per context (the last row's)
                 by_size[size] = (start, sorted(dict(points).items()))
-        self.uses_max_context_tokens = bool(self.floors)
+        self.uses_max_context_tokens = bool(self.floors) or self.c_tail > 0
 
     def bucket(self, context_tokens: int) -> int:
         """The context bucket the executor plans a decode launch for: context_tokens rounded up
@@ -362,8 +378,10 @@ class StepShapeCost:
                 if self.floors else 0.0
             return max(0.0, a + max(b * batch.kv_read_tokens, floor))
         c_pairs, c_kv, c_seq = self.coef
+        tail = _tail_tokens(batch.max_context_tokens, batch.attn_token_pairs, batch.num_scheduled_tokens) \
+            if self.c_tail and batch.max_context_tokens else 0.0
         return max(0.0, self._f(batch.num_scheduled_tokens) + c_pairs * batch.attn_token_pairs
-                   + c_kv * batch.kv_read_tokens + c_seq * batch.num_seqs)
+                   + c_kv * batch.kv_read_tokens + c_seq * batch.num_seqs + self.c_tail * tail)
 
     def run_time_s(self, batch: StepBatch, num_steps: int) -> float:
         """num_steps decode steps, each sequence one token longer per step (closed form: the

@@ -209,3 +209,42 @@ def test_floor_rows_need_their_line_and_a_bucket_line(tmp_path):
     with pytest.raises(InputError) as info:
         StepShapeCost(floor_table(tmp_path, extra=[lonely]))
     assert "padded_num_seqs" in str(info.value) and ":57:" in str(info.value)
+
+
+def test_a_long_context_beside_a_chunk_is_a_tail_of_eager_steps(tmp_path):
+    # eager rows with their longest context: a long decode beside a chunk costs c_tail per token
+    # of its context beyond what the chunk's tokens attend to; a chunk after a long prefix none
+    def with_max(line, longest):
+        parts = line.split(",")
+        return ",".join(parts[:8] + [str(longest)] + parts[8:])
+    lines = make_table(tmp_path).read_text().splitlines()
+    body = []
+    for x in lines[4:]:
+        parts = x.split(",")
+        seqs, kv, prefill, decodes = int(parts[1]), int(parts[6]), int(parts[3]), int(parts[4])
+        # make_table: one prompt beside 512-token decodes, or equal prompts, or uniform decodes
+        longest = max(prefill, 512) if parts[0] == "mixed" and decodes else kv // seqs
+        body.append(with_max(x, longest))
+    tails = []
+    for t in (512, 1024, 2048):
+        for ctx in (8192, 32768):
+            new = t - 1
+            pairs, kv = new * new + ctx, new + ctx
+            truth = eager_truth(t, pairs, kv, 2) + 5e-7 * (ctx - pairs / t)
+            tails.append(with_max(row("mixed", 2, new, 1, kv, pairs, 2, 0, truth), ctx))
+    path = tmp_path / "tail.csv"
+    path.write_text("\n".join(lines[:3] + [FLOOR_HEADER] + body + tails) + "\n")
+    model = StepShapeCost(path)
+    assert model.uses_max_context_tokens and math.isclose(model.c_tail, 5e-7, rel_tol=0.05)
+    new, ctx = 1535, 20000
+    pairs, kv = new * new + ctx, new + ctx
+    got = model.step_time_s(StepBatch(2, new, 1, 1536, kv, pairs, ctx))
+    want = eager_truth(1536, pairs, kv, 2) + 5e-7 * (ctx - pairs / 1536)
+    assert math.isclose(got, want, rel_tol=0.02)
+    assert got > model.step_time_s(StepBatch(2, new, 1, 1536, kv, pairs, 0)) * 1.1   # untracked: no tail
+    # a chunk after a long prefix: every token attends to the prefix, no tail
+    pairs = 1024 * (20000 + 1024)
+    assert model.step_time_s(StepBatch(1, 1024, 0, 1024, 21024, pairs, 21024)) == \
+        model.step_time_s(StepBatch(1, 1024, 0, 1024, 21024, pairs, 0))
+    # the tables without longest contexts keep the three terms
+    assert StepShapeCost(make_table(tmp_path)).c_tail == 0.0
