@@ -29,8 +29,10 @@ fits it the way the executor spends time:
   a model that says it uses it (``uses_max_context_tokens``).
 * **other steps** (and decode batches above the largest graph) run eagerly:
   ``t = f(num_scheduled_tokens) + c_pairs * attn_token_pairs + c_kv * kv_read_tokens
-  + c_seq * num_seqs``, ``f`` piecewise linear between the measured token counts (linear beyond
-  them), all fitted at once by least squares in relative error (each row weighted by 1/t, since
+  + c_seq * num_seqs [+ c_tail * max(0, max_context_tokens - attn_token_pairs / num_scheduled_tokens)]``
+  (the tail term where the table has longest contexts: one long decode beside a chunk is a
+  program per KV head over its whole context that the chunk's work does not hide; ``_tail_tokens``),
+  ``f`` piecewise linear between the measured token counts (linear beyond them), all fitted at once by least squares in relative error (each row weighted by 1/t, since
   errors are judged relative) with the coefficients kept >= 0.
 
 ``load_cost_table(path)`` returns this model for a profile table and the plain ``TableCost`` for
