@@ -419,15 +419,15 @@ def _kv_range(seq_len, q_len, first, n_tok, sliding_window, WINDOW: tl.constexpr
 
 
 @triton.jit
-def _attend_tile(q, m_i, l_i, acc, j, lo, hi, pos, bt_row, k_base, v_base, k_d, v_d, d_ok, qk_scale,
+def _attend_tile(q, m_i, l_i, acc, t0, lo, hi, pos, bt_row, k_base, v_base, k_d, v_d, d_ok, qk_scale,
                  sliding_window, k_stride_block, k_stride_token, v_stride_block, v_stride_token,
                  HEAD_SIZE: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr,
                  V_TOKENS_CONTIGUOUS: tl.constexpr, RUN: tl.constexpr, UPCAST_DOT: tl.constexpr,
                  IEEE: tl.constexpr, MASKED: tl.constexpr, ROW_MASKS: tl.constexpr, WINDOW: tl.constexpr):
-    """Tile j (tokens [j*TILE, (j+1)*TILE)): gather K/V through the block table, online-softmax
-    update. MASKED: the tile may hold tokens outside [lo, hi) (never read into the result) or, with
+    """The tile of TILE tokens from t0: gather K/V through the block table, online-softmax update.
+    MASKED: the tile may hold tokens outside [lo, hi) (never read into the result) or, with
     ROW_MASKS (several tokens per program), tokens past a row's position or before its window."""
-    t = j * TILE + tl.arange(0, TILE)
+    t = t0 + tl.arange(0, TILE)
     if MASKED:
         t_ok = t < hi
         if WINDOW:
@@ -437,6 +437,12 @@ def _attend_tile(q, m_i, l_i, acc, j, lo, hi, pos, bt_row, k_base, v_base, k_d, 
     else:
         block = tl.load(bt_row + t // BLOCK_SIZE).to(tl.int64)
     slot = t % BLOCK_SIZE
+    # (the order of these statements is the decode-only kernel's: it decides the schedule ptxas
+    # finds, see _attend_qblock)
+    if MASKED:
+        kv_mask = t_ok[:, None] & d_ok[None, :]
+    else:
+        kv_mask = d_ok[None, :]
     k_ptrs = k_base + (block * k_stride_block + slot * k_stride_token)[:, None] + k_d[None, :]
     v_tok = block * v_stride_block + slot * v_stride_token
     if V_TOKENS_CONTIGUOUS:
@@ -447,20 +453,15 @@ def _attend_tile(q, m_i, l_i, acc, j, lo, hi, pos, bt_row, k_base, v_base, k_d, 
     if HEAD_SIZE == BLOCK_D and not MASKED:
         k = tl.load(k_ptrs)
         v = tl.load(v_ptrs)
-    elif MASKED:
-        kv_mask = t_ok[:, None] & d_ok[None, :]
+    elif V_TOKENS_CONTIGUOUS and MASKED:
+        # a mask varying along tokens would stop 16-byte loads: load the whole runs (every address
+        # is inside the pool) and zero the tokens outside the range, which may hold NaN (free slots)
         k = tl.load(k_ptrs, mask=kv_mask, other=0.0)
-        if V_TOKENS_CONTIGUOUS:
-            # a mask varying along tokens would stop 16-byte loads: load the whole runs (every
-            # address is inside the pool) and zero the tokens outside the range, which may hold
-            # NaN (free slots)
-            v = tl.load(v_ptrs, mask=d_ok[None, :], other=0.0)
-            v = tl.where(t_ok[:, None], v, 0.0)
-        else:
-            v = tl.load(v_ptrs, mask=kv_mask, other=0.0)
-    else:
-        k = tl.load(k_ptrs, mask=d_ok[None, :], other=0.0)
         v = tl.load(v_ptrs, mask=d_ok[None, :], other=0.0)
+        v = tl.where(t_ok[:, None], v, 0.0)
+    else:
+        k = tl.load(k_ptrs, mask=kv_mask, other=0.0)
+        v = tl.load(v_ptrs, mask=kv_mask, other=0.0)
     if UPCAST_DOT:
         k = k.to(tl.float32)
         v = v.to(tl.float32)
@@ -498,12 +499,15 @@ def _attend_tile(q, m_i, l_i, acc, j, lo, hi, pos, bt_row, k_base, v_base, k_d, 
 @triton.jit
 def _merge_partitions(tmp_ptr, m_ptr, l_ptr, t_rows, ml_rows, rows_ok, num_parts, stride_t_part,
                       ROWS: tl.constexpr, HEAD_SIZE: tl.constexpr, BLOCK_D: tl.constexpr,
-                      PARTS_PER_STEP: tl.constexpr, CACHE: tl.constexpr):
+                      PARTS_PER_STEP: tl.constexpr, CACHE: tl.constexpr, EMPTY_ROWS: tl.constexpr):
     """Merge the partial results (acc, m, l) of partitions 0 .. num_parts - 1 of ROWS query rows
     (t_rows / ml_rows: each row's offset in the partials; parts are contiguous in m and l), in
     partition order, so that the result never depends on which program finished last:
     M = max_p m_p;  L = sum_p l_p 2^(m_p - M);  A = sum_p acc_p 2^(m_p - M).
-    A row may have no token in a partition (m = -inf, l = 0, acc = 0): it adds nothing.
+    EMPTY_ROWS: a row may have no token in a partition (m = -inf, l = 0, acc = 0; several tokens
+    per q-block, or a window), so a row's running max may still be -inf; without it every row's
+    first partition holds a token (one token per q-block, no window) and padding rows are set to 0,
+    as the decode-only kernel did (the same code, hence the same registers).
     CACHE: load cache modifier (".cg": read from L2, where other programs wrote the partials).
     Returns (L, A), [ROWS] and [ROWS, BLOCK_D] (rows not ok: 0)."""
     d = tl.arange(0, BLOCK_D)
@@ -519,8 +523,12 @@ def _merge_partitions(tmp_ptr, m_ptr, l_ptr, t_rows, ml_rows, rows_ok, num_parts
         l_p = tl.load(l_ptr + ml_rows[:, None] + p[None, :], mask=ok, other=0.0, cache_modifier=CACHE)
         a_p = tl.load(tmp_ptr + t_rows[:, None, None] + p[None, :, None] * stride_t_part + d[None, None, :],
                       mask=ok[:, :, None] & d_ok[None, None, :], other=0.0, cache_modifier=CACHE)
-        m_new = tl.maximum(big_m, tl.max(m_p, 1))
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # no token yet (or a padding row)
+        if EMPTY_ROWS:
+            m_new = tl.maximum(big_m, tl.max(m_p, 1))
+            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # no token yet (or a padding row)
+        else:
+            m_new = tl.where(rows_ok, tl.maximum(big_m, tl.max(m_p, 1)), 0.0)
+            m_use = m_new
         rescale_old = tl.math.exp2(big_m - m_use)
         w_p = tl.math.exp2(m_p - m_use[:, None])
         big_l = big_l * rescale_old + tl.sum(l_p * w_p, 1)
@@ -530,10 +538,19 @@ def _merge_partitions(tmp_ptr, m_ptr, l_ptr, t_rows, ml_rows, rows_ok, num_parts
 
 
 @triton.jit
+def _col(x, COL: tl.constexpr):
+    """x[:, None] for a tensor of rows (COL), x itself for a scalar."""
+    if COL:
+        return x[:, None]
+    else:
+        return x
+
+
+@triton.jit
 def _attend_qblock(
-    out_ptr, tmp_ptr, m_ptr, l_ptr, counters_ptr, q_ptr, k_ptr, v_ptr, bt_row,
-    qblock, kv_head, part, tok0, n_tok, seq_len, q_len, first, qk_scale, sliding_window,
-    tiles_per_part, num_kv_heads,
+    out_ptr, tmp_ptr, m_ptr, l_ptr, counters_ptr, q_ptr, k_ptr, v_ptr, block_tables_ptr, stride_bt_seq,
+    seq, qblock, kv_head, part, tok0, n_tok, seq_len, q_len, first, qk_scale, sliding_window,
+    partition_size, num_kv_heads,
     stride_q_tok, stride_q_head, stride_o_tok, stride_o_head,
     stride_t_tok, stride_t_head, stride_t_part, stride_ml_tok, stride_ml_head,
     k_stride_block, k_stride_token, k_stride_head, k_stride_dx, k_stride_x,
@@ -546,33 +563,38 @@ def _attend_qblock(
 ):
     """One program's work: the n_tok new tokens [first, first + n_tok) of a sequence (tok0: the
     first one's query row) x the GROUP query heads of kv_head, as ROWS rows; all of their KV range,
-    or partition ``part`` of it (SPLIT)."""
+    or partition ``part`` of it (SPLIT; partitions of ``partition_size`` tokens).
+
+    Two instances of this code: q-blocks of several tokens or with a window (``ROW_MASKS or
+    WINDOW``: tile ranges, per-row masks), and the one-token q-block without a window (a decode):
+    rows are the query heads, the range is counted in tokens from 0 and the loops are the decode-only
+    kernel's own, because on Hopper that is what kept its register count at 128 (4 programs per
+    multiprocessor) where the tile-range form took 140-146 (3 per multiprocessor, 1.13-1.33x slower
+    on the H200; the analysis is in docs/KERNELS.md, "Code generation of the decode path")."""
     p_lo, p_hi, lo, full_lo = _kv_range(seq_len, q_len, first, n_tok, sliding_window, WINDOW)
     hi = p_hi + 1
-    j_lo = lo // TILE
-    j_hi = tl.cdiv(hi, TILE)
-    if SPLIT:
-        num_parts = tl.cdiv(j_hi - j_lo, tiles_per_part)
-        a = j_lo + part * tiles_per_part
-        j_hi = tl.minimum(j_hi, a + tiles_per_part)
-    else:
-        num_parts = 1
-        a = j_lo
-    # the loops run for every program (empty past the q-block's range) and only the stores below are
-    # guarded, as in the decode-only kernel before: guarding the whole body made MHA split launches
-    # 1.2-1.3x slower on the H200 (bench/results/kernels_h200_decode_fix.csv)
     rows = tl.arange(0, ROWS)
-    r_tok = rows // GROUP
-    row_ok = (rows < (ROWS // GROUP) * GROUP) & (r_tok < n_tok)
-    heads = kv_head * GROUP + rows % GROUP
+    if ROW_MASKS:
+        r_tok = rows // GROUP
+        row_ok = (rows < (ROWS // GROUP) * GROUP) & (r_tok < n_tok)
+        heads = kv_head * GROUP + rows % GROUP
+    else:  # one token: the rows are its query heads
+        row_ok = rows < GROUP
+        heads = kv_head * GROUP + rows
     d = tl.arange(0, BLOCK_D)
     d_ok = d < HEAD_SIZE
-    q_rows = tok0 + r_tok
-    q = tl.load(q_ptr + q_rows.to(tl.int64)[:, None] * stride_q_tok + heads[:, None] * stride_q_head + d[None, :],
+    # each row's query token (one token: a scalar), widened to int64 where it is used (where the
+    # decode-only kernel widened it: the position in the code changes ptxas's schedule)
+    if ROW_MASKS:
+        tok = tok0 + r_tok
+        pos = p_lo + tl.minimum(r_tok, n_tok - 1)  # padding rows: the last token's position
+    else:
+        tok = tok0
+        pos = p_lo
+    q = tl.load(q_ptr + _col(tok.to(tl.int64), ROW_MASKS) * stride_q_tok + heads[:, None] * stride_q_head + d[None, :],
                 mask=row_ok[:, None] & d_ok[None, :], other=0.0)
     if UPCAST_DOT:
         q = q.to(tl.float32)
-    pos = p_lo + tl.minimum(r_tok, n_tok - 1)  # padding rows: the last token's position
     # address pieces that do not depend on the token
     k_d = (d // K_X) * k_stride_dx + (d % K_X) * k_stride_x
     if K_X > 1:
@@ -582,57 +604,98 @@ def _attend_qblock(
     v_d = (d // V_X) * v_stride_dx + (d % V_X) * v_stride_x
     k_base = k_ptr + kv_head.to(tl.int64) * k_stride_head
     v_base = v_ptr + kv_head.to(tl.int64) * v_stride_head
+    bt_row = block_tables_ptr + seq.to(tl.int64) * stride_bt_seq
 
     m_i = tl.full([ROWS], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([ROWS], dtype=tl.float32)
     acc = tl.zeros([ROWS, BLOCK_D], dtype=tl.float32)
-    if UNMASKED_FULL_TILES:
-        # tiles [a, b): window edge, masked; [b, c): seen whole by every row, no masks;
-        # [c, j_hi): the causal diagonal (a decode's last, partial tile), masked
-        b = tl.minimum(tl.maximum(tl.cdiv(full_lo, TILE), a), j_hi)
-        c = tl.minimum(tl.maximum((p_lo + 1) // TILE, b), j_hi)
-        if WINDOW:
-            for j in range(a, b):
+    # the loops run for every program (empty past the q-block's range) and only the stores below are
+    # guarded, as in the decode-only kernel before: guarding the whole body made MHA split launches
+    # 1.2-1.3x slower on the H200 (bench/results/kernels_h200_decode_fix.csv)
+    if ROW_MASKS or WINDOW:
+        j_lo = lo // TILE
+        j_hi = tl.cdiv(hi, TILE)
+        if SPLIT:
+            tiles_per_part = partition_size // TILE
+            num_parts = tl.cdiv(j_hi - j_lo, tiles_per_part)
+            a = j_lo + part * tiles_per_part
+            j_hi = tl.minimum(j_hi, a + tiles_per_part)
+        else:
+            a = j_lo
+        if UNMASKED_FULL_TILES:
+            # tiles [a, b): window edge, masked; [b, c): seen whole by every row, no masks;
+            # [c, j_hi): the causal diagonal (a decode's last, partial tile), masked
+            b = tl.minimum(tl.maximum(tl.cdiv(full_lo, TILE), a), j_hi)
+            c = tl.minimum(tl.maximum((p_lo + 1) // TILE, b), j_hi)
+            if WINDOW:
+                for j in range(a, b):
+                    m_i, l_i, acc = _attend_tile(
+                        q, m_i, l_i, acc, j * TILE, lo, hi, pos, bt_row, k_base, v_base, k_d, v_d, d_ok,
+                        qk_scale, sliding_window, k_stride_block, k_stride_token, v_stride_block, v_stride_token,
+                        HEAD_SIZE, BLOCK_D, BLOCK_SIZE, TILE, V_TOKENS_CONTIGUOUS, RUN, UPCAST_DOT, IEEE,
+                        True, ROW_MASKS, WINDOW)
+            for j in range(b, c):
                 m_i, l_i, acc = _attend_tile(
-                    q, m_i, l_i, acc, j, lo, hi, pos, bt_row, k_base, v_base, k_d, v_d, d_ok, qk_scale,
+                    q, m_i, l_i, acc, j * TILE, lo, hi, pos, bt_row, k_base, v_base, k_d, v_d, d_ok, qk_scale,
                     sliding_window, k_stride_block, k_stride_token, v_stride_block, v_stride_token,
                     HEAD_SIZE, BLOCK_D, BLOCK_SIZE, TILE, V_TOKENS_CONTIGUOUS, RUN, UPCAST_DOT, IEEE,
-                    True, ROW_MASKS, WINDOW)
-        for j in range(b, c):
-            m_i, l_i, acc = _attend_tile(
-                q, m_i, l_i, acc, j, lo, hi, pos, bt_row, k_base, v_base, k_d, v_d, d_ok, qk_scale,
-                sliding_window, k_stride_block, k_stride_token, v_stride_block, v_stride_token,
-                HEAD_SIZE, BLOCK_D, BLOCK_SIZE, TILE, V_TOKENS_CONTIGUOUS, RUN, UPCAST_DOT, IEEE,
-                False, ROW_MASKS, WINDOW)
-        if ROW_MASKS:
+                    False, ROW_MASKS, WINDOW)
             for j in range(c, j_hi):
                 m_i, l_i, acc = _attend_tile(
-                    q, m_i, l_i, acc, j, lo, hi, pos, bt_row, k_base, v_base, k_d, v_d, d_ok, qk_scale,
+                    q, m_i, l_i, acc, j * TILE, lo, hi, pos, bt_row, k_base, v_base, k_d, v_d, d_ok, qk_scale,
                     sliding_window, k_stride_block, k_stride_token, v_stride_block, v_stride_token,
                     HEAD_SIZE, BLOCK_D, BLOCK_SIZE, TILE, V_TOKENS_CONTIGUOUS, RUN, UPCAST_DOT, IEEE,
                     True, ROW_MASKS, WINDOW)
-        elif c < j_hi:  # one token per program: at most one partial tile
-            m_i, l_i, acc = _attend_tile(
-                q, m_i, l_i, acc, c, lo, hi, pos, bt_row, k_base, v_base, k_d, v_d, d_ok, qk_scale,
-                sliding_window, k_stride_block, k_stride_token, v_stride_block, v_stride_token,
-                HEAD_SIZE, BLOCK_D, BLOCK_SIZE, TILE, V_TOKENS_CONTIGUOUS, RUN, UPCAST_DOT, IEEE,
-                True, ROW_MASKS, WINDOW)
+        else:
+            for j in range(a, j_hi):
+                m_i, l_i, acc = _attend_tile(
+                    q, m_i, l_i, acc, j * TILE, lo, hi, pos, bt_row, k_base, v_base, k_d, v_d, d_ok, qk_scale,
+                    sliding_window, k_stride_block, k_stride_token, v_stride_block, v_stride_token,
+                    HEAD_SIZE, BLOCK_D, BLOCK_SIZE, TILE, V_TOKENS_CONTIGUOUS, RUN, UPCAST_DOT, IEEE,
+                    True, ROW_MASKS, WINDOW)
     else:
-        for j in range(a, j_hi):
-            m_i, l_i, acc = _attend_tile(
-                q, m_i, l_i, acc, j, lo, hi, pos, bt_row, k_base, v_base, k_d, v_d, d_ok, qk_scale,
-                sliding_window, k_stride_block, k_stride_token, v_stride_block, v_stride_token,
-                HEAD_SIZE, BLOCK_D, BLOCK_SIZE, TILE, V_TOKENS_CONTIGUOUS, RUN, UPCAST_DOT, IEEE,
-                True, ROW_MASKS, WINDOW)
+        # one token at position p_lo: KV [0, hi), partitions of partition_size tokens from 0; full
+        # tiles without masks and one masked tail (every tile masked: UNMASKED_FULL_TILES off)
+        if SPLIT:
+            start = part * partition_size
+            end = tl.minimum(start + partition_size, hi)
+        else:
+            start = 0
+            end = hi
+        end = tl.maximum(end, start)  # a partition past this token's range has no tokens
+        if UNMASKED_FULL_TILES:
+            num_full = (end - start) // TILE
+            for i in range(0, num_full):
+                m_i, l_i, acc = _attend_tile(
+                    q, m_i, l_i, acc, start + i * TILE, lo, end, pos, bt_row, k_base, v_base, k_d, v_d, d_ok,
+                    qk_scale, sliding_window, k_stride_block, k_stride_token, v_stride_block, v_stride_token,
+                    HEAD_SIZE, BLOCK_D, BLOCK_SIZE, TILE, V_TOKENS_CONTIGUOUS, RUN, UPCAST_DOT, IEEE,
+                    False, ROW_MASKS, WINDOW)
+            tail = start + num_full * TILE
+            if tail < end:
+                m_i, l_i, acc = _attend_tile(
+                    q, m_i, l_i, acc, tail, lo, end, pos, bt_row, k_base, v_base, k_d, v_d, d_ok, qk_scale,
+                    sliding_window, k_stride_block, k_stride_token, v_stride_block, v_stride_token,
+                    HEAD_SIZE, BLOCK_D, BLOCK_SIZE, TILE, V_TOKENS_CONTIGUOUS, RUN, UPCAST_DOT, IEEE,
+                    True, ROW_MASKS, WINDOW)
+        else:
+            for t0 in range(start, end, TILE):
+                m_i, l_i, acc = _attend_tile(
+                    q, m_i, l_i, acc, t0, lo, end, pos, bt_row, k_base, v_base, k_d, v_d, d_ok, qk_scale,
+                    sliding_window, k_stride_block, k_stride_token, v_stride_block, v_stride_token,
+                    HEAD_SIZE, BLOCK_D, BLOCK_SIZE, TILE, V_TOKENS_CONTIGUOUS, RUN, UPCAST_DOT, IEEE,
+                    True, ROW_MASKS, WINDOW)
 
     out_mask = row_ok[:, None] & d_ok[None, :]
     if SPLIT:
+        if not (ROW_MASKS or WINDOW):
+            num_parts = tl.cdiv(hi, partition_size)
         if part < num_parts:  # a partition past this q-block's range has no tokens: nothing to merge
             # unnormalised partial result (acc, m, l), merged in partition order (below, or by
             # _reduce_partitions_kernel)
-            t_offs = q_rows.to(tl.int64)[:, None] * stride_t_tok + heads[:, None] * stride_t_head + d[None, :]
+            t_offs = _col(tok.to(tl.int64), ROW_MASKS) * stride_t_tok + heads[:, None] * stride_t_head + d[None, :]
             tl.store(tmp_ptr + t_offs + part * stride_t_part, acc, mask=out_mask)
-            ml_offs = q_rows.to(tl.int64) * stride_ml_tok + heads * stride_ml_head + part
+            ml_offs = tok.to(tl.int64) * stride_ml_tok + heads * stride_ml_head + part
             tl.store(m_ptr + ml_offs, m_i, mask=row_ok)
             tl.store(l_ptr + ml_offs, l_i, mask=row_ok)
             if FUSED:
@@ -641,37 +704,42 @@ def _attend_qblock(
                 # of the ticket (taken by one thread); the ticket's acquire makes the other
                 # programs' partials visible to this one.
                 tl.debug_barrier()
-                counter = counters_ptr + qblock.to(tl.int64) * num_kv_heads + kv_head
+                counter = counters_ptr + qblock * num_kv_heads + kv_head
                 ticket = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
                 if ticket == num_parts - 1:
                     mr = tl.arange(0, MERGE_ROWS)
-                    mr_tok = mr // GROUP
-                    mr_ok = (mr < (ROWS // GROUP) * GROUP) & (mr_tok < n_tok)
-                    mr_rows = (tok0 + mr_tok).to(tl.int64)
-                    mr_heads = kv_head * GROUP + mr % GROUP
+                    if ROW_MASKS:
+                        mr_tok = mr // GROUP
+                        mr_ok = (mr < (ROWS // GROUP) * GROUP) & (mr_tok < n_tok)
+                        mr_heads = kv_head * GROUP + mr % GROUP
+                        mr_rows = (tok0 + mr_tok).to(tl.int64)
+                    else:
+                        mr_ok = mr < GROUP
+                        mr_heads = kv_head * GROUP + mr
+                        mr_rows = tok.to(tl.int64)
                     big_l, big_acc = _merge_partitions(
                         tmp_ptr, m_ptr, l_ptr, mr_rows * stride_t_tok + mr_heads * stride_t_head,
                         mr_rows * stride_ml_tok + mr_heads * stride_ml_head, mr_ok, num_parts, stride_t_part,
-                        MERGE_ROWS, HEAD_SIZE, BLOCK_D, PARTS_PER_STEP, ".cg")
+                        MERGE_ROWS, HEAD_SIZE, BLOCK_D, PARTS_PER_STEP, ".cg", ROW_MASKS or WINDOW)
                     # every program of (q-block, kv_head) has taken its ticket: reset for the next call
                     tl.store(counter, 0)
                     out = big_acc / tl.where(mr_ok, big_l, 1.0)[:, None]
-                    tl.store(out_ptr + mr_rows[:, None] * stride_o_tok + mr_heads[:, None] * stride_o_head
-                             + d[None, :], out.to(out_ptr.dtype.element_ty), mask=mr_ok[:, None] & d_ok[None, :])
+                    tl.store(out_ptr + _col(mr_rows, ROW_MASKS) * stride_o_tok + mr_heads[:, None] * stride_o_head + d[None, :],
+                             out.to(out_ptr.dtype.element_ty), mask=mr_ok[:, None] & d_ok[None, :])
     else:
+        out_offs = _col(tok.to(tl.int64), ROW_MASKS) * stride_o_tok + heads[:, None] * stride_o_head + d[None, :]
         out = acc / l_i[:, None]
-        tl.store(out_ptr + q_rows.to(tl.int64)[:, None] * stride_o_tok + heads[:, None] * stride_o_head
-                 + d[None, :], out.to(out_ptr.dtype.element_ty), mask=out_mask)
+        tl.store(out_ptr + out_offs, out.to(out_ptr.dtype.element_ty), mask=out_mask)
 
 
 @triton.jit
 def _attention_kernel(
     out_ptr, tmp_ptr, m_ptr, l_ptr, counters_ptr,
     q_ptr, k_ptr, v_ptr, block_tables_ptr, seq_lens_ptr, qsl_ptr,
-    qk_scale, sliding_window, tiles_per_part, num_seqs, num_qblocks, num_kv_heads,
+    qk_scale, sliding_window, partition_size, num_seqs, num_qblocks,
     stride_q_tok, stride_q_head, stride_o_tok, stride_o_head,
     stride_t_tok, stride_t_head, stride_t_part, stride_ml_tok, stride_ml_head,
-    stride_bt_seq,
+    num_kv_heads, stride_bt_seq,
     k_stride_block, k_stride_token, k_stride_head, k_stride_dx, k_stride_x,
     v_stride_block, v_stride_token, v_stride_head, v_stride_dx, v_stride_x,
     GROUP: tl.constexpr, HEAD_SIZE: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr,
@@ -685,8 +753,8 @@ def _attention_kernel(
     if DECODE_ONLY:
         # the KV heads of one sequence side by side, as the decode-only kernel before did: they read
         # neighbouring bytes of the same blocks (flat layout)
-        pid = tl.program_id(1)
         kv_head = tl.program_id(0)
+        pid = tl.program_id(1)
     else:
         pid = tl.program_id(0)
         kv_head = tl.program_id(1)
@@ -711,7 +779,6 @@ def _attention_kernel(
         n_tok = tl.minimum(q_len - first, BLOCK_Q)
     if n_tok > 0:  # programs past their sequence's last q-block (the grid is a bound) do nothing
         seq_len = tl.load(seq_lens_ptr + seq).to(tl.int32)
-        bt_row = block_tables_ptr + seq.to(tl.int64) * stride_bt_seq
         # (a constexpr test outside: a variable set to False in Triton is a tensor, and both paths
         # would be compiled). The call sites below and the _attend_tile loops of _attend_qblock repeat
         # their argument lists because each is one compile-time instance (rows, masking): Triton
@@ -720,9 +787,9 @@ def _attention_kernel(
             # mixed launch: a q-block of few rows (a decode) runs the small-row path
             if n_tok * GROUP <= SMALL_M:
                 _attend_qblock(
-                    out_ptr, tmp_ptr, m_ptr, l_ptr, counters_ptr, q_ptr, k_ptr, v_ptr, bt_row,
-                    qblock, kv_head, part, tok0, n_tok, seq_len, q_len, first, qk_scale, sliding_window,
-                    tiles_per_part, num_kv_heads, stride_q_tok, stride_q_head, stride_o_tok, stride_o_head,
+                    out_ptr, tmp_ptr, m_ptr, l_ptr, counters_ptr, q_ptr, k_ptr, v_ptr, block_tables_ptr,
+                    stride_bt_seq, seq, qblock, kv_head, part, tok0, n_tok, seq_len, q_len, first, qk_scale, sliding_window,
+                    partition_size, num_kv_heads, stride_q_tok, stride_q_head, stride_o_tok, stride_o_head,
                     stride_t_tok, stride_t_head, stride_t_part, stride_ml_tok, stride_ml_head,
                     k_stride_block, k_stride_token, k_stride_head, k_stride_dx, k_stride_x,
                     v_stride_block, v_stride_token, v_stride_head, v_stride_dx, v_stride_x,
@@ -731,9 +798,9 @@ def _attention_kernel(
                     SMALL_M // GROUP > 1, WINDOW)
             else:
                 _attend_qblock(
-                    out_ptr, tmp_ptr, m_ptr, l_ptr, counters_ptr, q_ptr, k_ptr, v_ptr, bt_row,
-                    qblock, kv_head, part, tok0, n_tok, seq_len, q_len, first, qk_scale, sliding_window,
-                    tiles_per_part, num_kv_heads, stride_q_tok, stride_q_head, stride_o_tok, stride_o_head,
+                    out_ptr, tmp_ptr, m_ptr, l_ptr, counters_ptr, q_ptr, k_ptr, v_ptr, block_tables_ptr,
+                    stride_bt_seq, seq, qblock, kv_head, part, tok0, n_tok, seq_len, q_len, first, qk_scale, sliding_window,
+                    partition_size, num_kv_heads, stride_q_tok, stride_q_head, stride_o_tok, stride_o_head,
                     stride_t_tok, stride_t_head, stride_t_part, stride_ml_tok, stride_ml_head,
                     k_stride_block, k_stride_token, k_stride_head, k_stride_dx, k_stride_x,
                     v_stride_block, v_stride_token, v_stride_head, v_stride_dx, v_stride_x,
@@ -742,9 +809,9 @@ def _attention_kernel(
                     BLOCK_Q > 1, WINDOW)
         else:
             _attend_qblock(
-                out_ptr, tmp_ptr, m_ptr, l_ptr, counters_ptr, q_ptr, k_ptr, v_ptr, bt_row,
-                qblock, kv_head, part, tok0, n_tok, seq_len, q_len, first, qk_scale, sliding_window,
-                tiles_per_part, num_kv_heads, stride_q_tok, stride_q_head, stride_o_tok, stride_o_head,
+                out_ptr, tmp_ptr, m_ptr, l_ptr, counters_ptr, q_ptr, k_ptr, v_ptr, block_tables_ptr, stride_bt_seq,
+                seq, qblock, kv_head, part, tok0, n_tok, seq_len, q_len, first, qk_scale, sliding_window,
+                partition_size, num_kv_heads, stride_q_tok, stride_q_head, stride_o_tok, stride_o_head,
                 stride_t_tok, stride_t_head, stride_t_part, stride_ml_tok, stride_ml_head,
                 k_stride_block, k_stride_token, k_stride_head, k_stride_dx, k_stride_x,
                 v_stride_block, v_stride_token, v_stride_head, v_stride_dx, v_stride_x,
@@ -755,7 +822,7 @@ def _attention_kernel(
 
 @triton.jit
 def _reduce_partitions_kernel(
-    out_ptr, tmp_ptr, m_ptr, l_ptr, seq_lens_ptr, qsl_ptr, sliding_window, tiles_per_part, num_seqs,
+    out_ptr, tmp_ptr, m_ptr, l_ptr, seq_lens_ptr, qsl_ptr, sliding_window, partition_size, num_seqs,
     stride_o_tok, stride_o_head, stride_t_tok, stride_t_head, stride_t_part, stride_ml_tok, stride_ml_head,
     HEAD_SIZE: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_Q: tl.constexpr, TILE: tl.constexpr,
     PARTS_PER_STEP: tl.constexpr, DECODE_ONLY: tl.constexpr, WINDOW: tl.constexpr,
@@ -776,18 +843,23 @@ def _reduce_partitions_kernel(
         first = (tok - q_start) // BLOCK_Q * BLOCK_Q
         n_tok = tl.minimum(q_len - first, BLOCK_Q)
     seq_len = tl.load(seq_lens_ptr + seq).to(tl.int32)
-    p_lo, p_hi, lo, full_lo = _kv_range(seq_len, q_len, first, n_tok, sliding_window, WINDOW)
-    num_parts = tl.cdiv(tl.cdiv(p_hi + 1, TILE) - lo // TILE, tiles_per_part)
+    if DECODE_ONLY and not WINDOW:
+        num_parts = tl.cdiv(seq_len, partition_size)  # partitions of the token's range [0, seq_len)
+    else:
+        p_lo, p_hi, lo, full_lo = _kv_range(seq_len, q_len, first, n_tok, sliding_window, WINDOW)
+        num_parts = tl.cdiv(tl.cdiv(p_hi + 1, TILE) - lo // TILE, partition_size // TILE)
     # one query row: a "q-block" of one row; rows_ok has a second, padding row (no 1-element tensors)
     r = tl.arange(0, 2)
-    t_rows = tok.to(tl.int64) * stride_t_tok + head * stride_t_head + r * 0
-    ml_rows = tok.to(tl.int64) * stride_ml_tok + head * stride_ml_head + r * 0
-    l, acc = _merge_partitions(tmp_ptr, m_ptr, l_ptr, t_rows, ml_rows, r < 1, num_parts, stride_t_part,
-                               2, HEAD_SIZE, BLOCK_D, PARTS_PER_STEP, "")
+    r_ok = r < 1
+    heads = head + r
+    tok64 = tok.to(tl.int64)
+    l, acc = _merge_partitions(tmp_ptr, m_ptr, l_ptr, tok64 * stride_t_tok + heads * stride_t_head,
+                               tok64 * stride_ml_tok + heads * stride_ml_head, r_ok, num_parts, stride_t_part,
+                               2, HEAD_SIZE, BLOCK_D, PARTS_PER_STEP, "", not DECODE_ONLY or WINDOW)
     d = tl.arange(0, BLOCK_D)
-    out = acc / tl.where(r < 1, l, 1.0)[:, None]
-    tl.store(out_ptr + tok.to(tl.int64) * stride_o_tok + head * stride_o_head + r[:, None] * 0 + d[None, :],
-             out.to(out_ptr.dtype.element_ty), mask=(r < 1)[:, None] & (d < HEAD_SIZE)[None, :])
+    out = acc / tl.where(r_ok, l, 1.0)[:, None]
+    tl.store(out_ptr + tok64 * stride_o_tok + heads[:, None] * stride_o_head + d[None, :],
+             out.to(out_ptr.dtype.element_ty), mask=r_ok[:, None] & (d < HEAD_SIZE)[None, :])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -930,7 +1002,7 @@ def _launch(query, key_cache, value_cache, block_tables, seq_lens, query_start_l
     group = num_heads // geom.num_kv_heads
     block_d = max(16, _p2(head_size))
     split = plan.partition_size is not None
-    qsl = query_start_loc if query_start_loc is not None else seq_lens  # never read by decode launches
+    qsl = query_start_loc
     if split:
         num_parts = plan.num_parts
         part_elems = num_tokens * num_heads * num_parts
@@ -944,11 +1016,17 @@ def _launch(query, key_cache, value_cache, block_tables, seq_lens, query_start_l
         t_strides = (0, 0, 0, 0, 0)
     grid = ((geom.num_kv_heads, plan.num_qblocks) if plan.decode_only else (plan.num_qblocks, geom.num_kv_heads)) \
         + (plan.num_parts if split else 1,)
+    # Arguments a launch does not read are passed as None or 1, which Triton turns into constants
+    # and drops from the kernel's parameters: a decode-only launch then has the parameter block of
+    # the decode-only kernel before, argument for argument. That matters: ptxas pairs 8-byte-aligned
+    # parameters into 64-bit loads, and a shifted block cost 2 registers and 16 instructions.
+    decode_only = plan.decode_only
     _attention_kernel[grid](
-        out, tmp, m, l, counters, query, key_cache, value_cache, block_tables, seq_lens, qsl,
-        scale * LOG2E, sliding_window or 0, plan.partition_size // plan.tile if split else 0, num_seqs,
-        plan.num_qblocks, geom.num_kv_heads, query.stride(0), query.stride(1), out.stride(0), out.stride(1),
-        *t_strides, block_tables.stride(0), *kv_strides,
+        out, tmp, m, l, counters, query, key_cache, value_cache, block_tables, seq_lens,
+        None if decode_only else qsl, scale * LOG2E, sliding_window or 1, plan.partition_size if split else 0,
+        1 if decode_only else num_seqs, 1 if decode_only else plan.num_qblocks,
+        query.stride(0), query.stride(1), out.stride(0), out.stride(1), *t_strides,
+        geom.num_kv_heads if split and plan.fused else 0, block_tables.stride(0), *kv_strides,
         GROUP=group, HEAD_SIZE=head_size, BLOCK_Q=plan.block_q, BLOCK_M=plan.block_rows, SMALL_M=plan.small_rows,
         MERGE_ROWS=plan.merge_rows, SMALL_MERGE_ROWS=plan.small_merge_rows, BLOCK_D=block_d,
         BLOCK_SIZE=geom.block_size, TILE=plan.tile, K_X=ks.X, V_X=vs.X,
@@ -961,7 +1039,8 @@ def _launch(query, key_cache, value_cache, block_tables, seq_lens, query_start_l
         num_stages=cfg.num_stages)
     if split and not plan.fused:
         _reduce_partitions_kernel[(num_tokens, num_heads)](
-            out, tmp, m, l, seq_lens, qsl, sliding_window or 0, plan.partition_size // plan.tile, num_seqs,
+            out, tmp, m, l, seq_lens, None if decode_only else qsl, sliding_window or 1, plan.partition_size,
+            1 if decode_only else num_seqs,
             out.stride(0), out.stride(1), *t_strides,
             HEAD_SIZE=head_size, BLOCK_D=block_d, BLOCK_Q=plan.block_q, TILE=plan.tile,
             PARTS_PER_STEP=plan.reduce_parts_per_step, DECODE_ONLY=plan.decode_only,
