@@ -73,6 +73,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kvsim.kernels.launcher import CachedLauncher
 from kvsim.kernels.layout import cache_geometry, cache_strides
 
 LOG2E = 1.4426950408889634
@@ -85,6 +86,12 @@ PREFILL_ROWS = 128  # query rows (tokens x heads of a group) of a program in a l
 PREFILL_TILE = 64  # KV tokens per tile there
 PREFILL_WARPS = 4  # H200 sweep (bench/results/kernels_h200_tune5.csv): 4 warps beat 8 by 1.2-1.3x
 PREFILL_STAGES = 3
+# a launch with prefills that fills the GPU is not split as a whole, but its decodes are, in
+# partitions of this many tokens: unsplit, a few long decodes next to a short chunk are a handful of
+# programs that each stream their whole context alone and finish last (1 x 1024 + 8 x 16k: 2.99x
+# two dense launches on the H200); split, their partitions run beside the prefill's programs
+SMALL_PARTITION_TOKENS = 2048
+SPLIT_SCRATCH_MAX_BYTES = 256 << 20  # the small-path split keeps its partials within this
 INTERPRETER_ROWS = 128  # the interpreter pays per program-iteration: big blocks
 
 
@@ -102,6 +109,9 @@ class KernelConfig:
     longest_first: launches with prefills start with the last q-blocks (the longest causal rows and
         the decodes listed after the prefills), so that short programs fill the tail.
     small_unmasked_full_tiles: ``unmasked_full_tiles`` of the small-row path.
+    small_partition_tokens: launches with prefills that are not split as a whole: split-KV of the
+        small-row path alone (the decodes), in partitions of this many tokens (0 = never; None =
+        planned: SMALL_PARTITION_TOKENS on GPU). The q-blocks of the large path are not split.
     """
     tile_tokens: int
     num_warps: int = 4
@@ -112,6 +122,7 @@ class KernelConfig:
     small_rows: int | None = None
     longest_first: bool = True
     small_unmasked_full_tiles: bool = True
+    small_partition_tokens: int | None = None
 
     def __post_init__(self):
         for name in ("tile_tokens", "block_rows", "small_rows"):
@@ -140,6 +151,7 @@ class LaunchPlan:
     reduce_parts_per_step: int
     reduce_warps: int
     config: KernelConfig
+    big_split: bool = True  # with a split: the large path's q-blocks are split too (else only the small path)
 
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
@@ -279,9 +291,16 @@ def plan_attention(num_tokens: int, num_seqs: int, num_heads: int, num_kv_heads:
         partition_size = plan_partitions(num_qblocks, num_kv_heads, span, tile0, num_sms(device))
     if partition_size is not None and partition_size >= span:
         partition_size = None  # one partition: no split computes the same thing without the merge
+    big_split = True
+    if partition_size is None and small_rows:
+        partition_size = _small_partition(base.small_partition_tokens, on_gpu, span, tile0,
+                                          num_tokens * num_heads * (head_size + 2) * 4)
+        big_split = partition_size is None
     if partition_size is not None:
         num_parts = math.ceil(span / partition_size) + (sliding_window is not None)  # tile alignment
-        fused = num_parts * block_q * group <= FUSED_MERGE_MAX_ROWS
+        # rows one program merges: a q-block of the split path (a decode's query heads when only
+        # the small path is split)
+        fused = num_parts * (block_q if big_split else 1) * group <= FUSED_MERGE_MAX_ROWS
     else:
         num_parts, fused = 1, True
     if config is not None or not on_gpu:
@@ -292,7 +311,7 @@ def plan_attention(num_tokens: int, num_seqs: int, num_heads: int, num_kv_heads:
         # the small-row path (decodes) follows the decode rule: a large flat launch masks every tile
         large = num_qblocks * num_kv_heads > 2 * num_sms(device)
         cfg = KernelConfig(PREFILL_TILE, PREFILL_WARPS, PREFILL_STAGES, fused_reduce=fused,
-                           small_unmasked_full_tiles=not (large and layout == "flat"))
+                           small_unmasked_full_tiles=partition_size is not None or not (large and layout == "flat"))
     tile = cfg.tile_tokens
     if partition_size is not None:
         # the tile must divide the partition so that no tile straddles two partitions
@@ -303,7 +322,23 @@ def plan_attention(num_tokens: int, num_seqs: int, num_heads: int, num_kv_heads:
     parts_per_step = max(2, min(_p2(num_parts), merge_tile_elems(device) // (merge_rows * block_d)))
     return LaunchPlan(decode_only, block_q, block_rows, small_rows, tile, partition_size, num_parts,
                       num_qblocks, cfg.fused_reduce, merge_rows, small_merge_rows, parts_per_step,
-                      min(128, max(2, _p2(num_parts))), (8 if num_parts > 32 else 4) if on_gpu else 1, cfg)
+                      min(128, max(2, _p2(num_parts))), (8 if num_parts > 32 else 4) if on_gpu else 1, cfg,
+                      big_split)
+
+
+def _small_partition(tokens: int | None, on_gpu: bool, span: int, tile: int, bytes_per_part: int) -> int | None:
+    """Partition size of the small-path split of a launch with prefills (None: no split): ``tokens``
+    (None: SMALL_PARTITION_TOKENS on GPU, off in the interpreter) rounded up to the tile, enlarged
+    until the partials (``bytes_per_part`` per partition: they are laid out by query token) fit in
+    SPLIT_SCRATCH_MAX_BYTES; no split when one partition would cover the longest range."""
+    if tokens is None:
+        tokens = SMALL_PARTITION_TOKENS if on_gpu else 0
+    if not tokens:
+        return None
+    size = tile * math.ceil(tokens / tile)
+    while size < span and math.ceil(span / size) * bytes_per_part > SPLIT_SCRATCH_MAX_BYTES:
+        size *= 2
+    return size if size < span else None
 
 
 def plan_launch(num_seqs: int, num_kv_heads: int, max_seq_len: int, head_size: int, layout: str,
@@ -748,7 +783,7 @@ def _attention_kernel(
     V_TOKENS_CONTIGUOUS: tl.constexpr, RUN: tl.constexpr, SPLIT: tl.constexpr, UPCAST_DOT: tl.constexpr,
     IEEE: tl.constexpr, UNMASKED_FULL_TILES: tl.constexpr, FUSED: tl.constexpr,
     PARTS_PER_STEP: tl.constexpr, DECODE_ONLY: tl.constexpr, WINDOW: tl.constexpr,
-    LONGEST_FIRST: tl.constexpr, SMALL_UNMASKED: tl.constexpr,
+    LONGEST_FIRST: tl.constexpr, SMALL_UNMASKED: tl.constexpr, BIG_SPLIT: tl.constexpr,
 ):
     if DECODE_ONLY:
         # the KV heads of one sequence side by side, as the decode-only kernel before did: they read
@@ -796,7 +831,8 @@ def _attention_kernel(
                     SMALL_M, SMALL_MERGE_ROWS, GROUP, HEAD_SIZE, BLOCK_D, BLOCK_SIZE, TILE, K_X, V_X,
                     V_TOKENS_CONTIGUOUS, RUN, SPLIT, UPCAST_DOT, IEEE, SMALL_UNMASKED, FUSED, PARTS_PER_STEP,
                     SMALL_M // GROUP > 1, WINDOW)
-            else:
+            elif BIG_SPLIT | (part == 0):
+                # (not BIG_SPLIT: only the small path is split; the other q-blocks run whole, in partition 0)
                 _attend_qblock(
                     out_ptr, tmp_ptr, m_ptr, l_ptr, counters_ptr, q_ptr, k_ptr, v_ptr, block_tables_ptr,
                     stride_bt_seq, seq, qblock, kv_head, part, tok0, n_tok, seq_len, q_len, first, qk_scale, sliding_window,
@@ -805,7 +841,7 @@ def _attention_kernel(
                     k_stride_block, k_stride_token, k_stride_head, k_stride_dx, k_stride_x,
                     v_stride_block, v_stride_token, v_stride_head, v_stride_dx, v_stride_x,
                     BLOCK_M, MERGE_ROWS, GROUP, HEAD_SIZE, BLOCK_D, BLOCK_SIZE, TILE, K_X, V_X,
-                    V_TOKENS_CONTIGUOUS, RUN, SPLIT, UPCAST_DOT, IEEE, UNMASKED_FULL_TILES, FUSED, PARTS_PER_STEP,
+                    V_TOKENS_CONTIGUOUS, RUN, SPLIT and BIG_SPLIT, UPCAST_DOT, IEEE, UNMASKED_FULL_TILES, FUSED, PARTS_PER_STEP,
                     BLOCK_Q > 1, WINDOW)
         else:
             _attend_qblock(
@@ -825,10 +861,12 @@ def _reduce_partitions_kernel(
     out_ptr, tmp_ptr, m_ptr, l_ptr, seq_lens_ptr, qsl_ptr, sliding_window, partition_size, num_seqs,
     stride_o_tok, stride_o_head, stride_t_tok, stride_t_head, stride_t_part, stride_ml_tok, stride_ml_head,
     HEAD_SIZE: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_Q: tl.constexpr, TILE: tl.constexpr,
-    PARTS_PER_STEP: tl.constexpr, DECODE_ONLY: tl.constexpr, WINDOW: tl.constexpr,
+    PARTS_PER_STEP: tl.constexpr, DECODE_ONLY: tl.constexpr, WINDOW: tl.constexpr, GROUP: tl.constexpr,
+    SMALL_ONLY: tl.constexpr,
 ):
     """The unfused merge: one program per (query token, query head), launched after the attention
-    kernel; it merges the partitions of its token's q-block."""
+    kernel; it merges the partitions of its token's q-block. SMALL_ONLY > 0: only q-blocks of at
+    most that many rows were split (the others wrote their output directly)."""
     tok = tl.program_id(0)
     head = tl.program_id(1)
     if DECODE_ONLY:
@@ -851,6 +889,9 @@ def _reduce_partitions_kernel(
     # one query row: a "q-block" of one row; rows_ok has a second, padding row (no 1-element tensors)
     r = tl.arange(0, 2)
     r_ok = r < 1
+    if SMALL_ONLY > 0:
+        num_parts = tl.where(n_tok * GROUP <= SMALL_ONLY, num_parts, 0)
+        r_ok = r_ok & (n_tok * GROUP + r * 0 <= SMALL_ONLY)
     heads = head + r
     tok64 = tok.to(tl.int64)
     l, acc = _merge_partitions(tmp_ptr, m_ptr, l_ptr, tok64 * stride_t_tok + heads * stride_t_head,
@@ -936,6 +977,46 @@ def _check_values(geom, block_tables, seq_lens, query_start_loc, num_tokens, sli
 
 
 _PLANS: dict[tuple, LaunchPlan] = {}
+_STATIC: dict[tuple, tuple] = {}  # per (plan, dtypes, strides): grid, partial strides, constexprs
+_ATTENTION = CachedLauncher(_attention_kernel)
+_REDUCE = CachedLauncher(_reduce_partitions_kernel)
+
+
+def _static_launch(plan: LaunchPlan, geom, ks, vs, query: torch.Tensor, layout: str, sliding_window):
+    """What a launch passes that depends only on its plan, dtypes and strides: (grid, partial-result
+    strides, the attention kernel's constexprs and options, the reduce kernel's or None)."""
+    num_tokens, num_heads, head_size = query.shape
+    cfg = plan.config
+    group = num_heads // geom.num_kv_heads
+    block_d = max(16, _p2(head_size))
+    split = plan.partition_size is not None
+    if split:
+        num_parts = plan.num_parts
+        t_strides = (num_heads * num_parts * head_size, num_parts * head_size, head_size,
+                     num_heads * num_parts, num_parts)
+    else:
+        t_strides = (0, 0, 0, 0, 0)
+    grid = ((geom.num_kv_heads, plan.num_qblocks) if plan.decode_only else (plan.num_qblocks, geom.num_kv_heads)) \
+        + (plan.num_parts if split else 1,)
+    kw = dict(
+        GROUP=group, HEAD_SIZE=head_size, BLOCK_Q=plan.block_q, BLOCK_M=plan.block_rows, SMALL_M=plan.small_rows,
+        MERGE_ROWS=plan.merge_rows, SMALL_MERGE_ROWS=plan.small_merge_rows, BLOCK_D=block_d,
+        BLOCK_SIZE=geom.block_size, TILE=plan.tile, K_X=ks.X, V_X=vs.X,
+        V_TOKENS_CONTIGUOUS=layout == "vllm" and vs.token == 1 and vs.block % 16 == 0,
+        RUN=min(plan.tile, geom.block_size), SPLIT=split,
+        UPCAST_DOT=_INTERPRET and query.dtype == torch.bfloat16, IEEE=query.dtype == torch.float32,
+        UNMASKED_FULL_TILES=cfg.unmasked_full_tiles, FUSED=split and plan.fused,
+        PARTS_PER_STEP=plan.parts_per_step, DECODE_ONLY=plan.decode_only, WINDOW=sliding_window is not None,
+        LONGEST_FIRST=cfg.longest_first, SMALL_UNMASKED=cfg.small_unmasked_full_tiles, BIG_SPLIT=plan.big_split,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    reduce_kw = None
+    if split and not plan.fused:
+        reduce_kw = dict(
+            HEAD_SIZE=head_size, BLOCK_D=block_d, BLOCK_Q=plan.block_q, TILE=plan.tile,
+            PARTS_PER_STEP=plan.reduce_parts_per_step, DECODE_ONLY=plan.decode_only,
+            WINDOW=sliding_window is not None, GROUP=group, SMALL_ONLY=0 if plan.big_split else plan.small_rows,
+            num_warps=plan.reduce_warps)
+    return grid, t_strides, kw, reduce_kw
 
 
 def _launch(query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, scale, layout,
@@ -996,55 +1077,42 @@ def _launch(query, key_cache, value_cache, block_tables, seq_lens, query_start_l
         plan = plan_attention(num_tokens, num_seqs, num_heads, geom.num_kv_heads, head_size, max_seq_len,
                               max_query_len, layout, device, partition_size, config, sliding_window)
         _PLANS[key] = plan
-    cfg = plan.config
     if query.stride(-1) != 1:
         query = query.contiguous()
-    group = num_heads // geom.num_kv_heads
-    block_d = max(16, _p2(head_size))
+    lkey = (key, query.dtype, block_tables.dtype, seq_lens.dtype, None if query_start_loc is None else
+            query_start_loc.dtype, query.stride(0), query.stride(1), out.stride(0), out.stride(1),
+            block_tables.stride(0), kv_strides)
+    static = _STATIC.get(lkey)
+    if static is None:
+        static = _STATIC[lkey] = _static_launch(plan, geom, ks, vs, query, layout, sliding_window)
+    grid, t_strides, kw, reduce_kw = static
     split = plan.partition_size is not None
-    qsl = query_start_loc
     if split:
-        num_parts = plan.num_parts
-        part_elems = num_tokens * num_heads * num_parts
+        part_elems = num_tokens * num_heads * plan.num_parts
         scratch = _scratch(device, part_elems * (head_size + 2))
         tmp, m, l = scratch, scratch[part_elems * head_size:], scratch[part_elems * (head_size + 1):]
-        t_strides = (num_heads * num_parts * head_size, num_parts * head_size, head_size,
-                     num_heads * num_parts, num_parts)
         counters = (_counters(workspace, plan.num_qblocks * geom.num_kv_heads, device) if plan.fused else out)
     else:
         tmp = m = l = counters = out
-        t_strides = (0, 0, 0, 0, 0)
-    grid = ((geom.num_kv_heads, plan.num_qblocks) if plan.decode_only else (plan.num_qblocks, geom.num_kv_heads)) \
-        + (plan.num_parts if split else 1,)
     # Arguments a launch does not read are passed as None or 1, which Triton turns into constants
     # and drops from the kernel's parameters: a decode-only launch then has the parameter block of
     # the decode-only kernel before, argument for argument. That matters: ptxas pairs 8-byte-aligned
     # parameters into 64-bit loads, and a shifted block cost 2 registers and 16 instructions.
     decode_only = plan.decode_only
-    _attention_kernel[grid](
-        out, tmp, m, l, counters, query, key_cache, value_cache, block_tables, seq_lens,
-        None if decode_only else qsl, scale * LOG2E, sliding_window or 1, plan.partition_size if split else 0,
-        1 if decode_only else num_seqs, 1 if decode_only else plan.num_qblocks,
-        query.stride(0), query.stride(1), out.stride(0), out.stride(1), *t_strides,
-        geom.num_kv_heads if split and plan.fused else 0, block_tables.stride(0), *kv_strides,
-        GROUP=group, HEAD_SIZE=head_size, BLOCK_Q=plan.block_q, BLOCK_M=plan.block_rows, SMALL_M=plan.small_rows,
-        MERGE_ROWS=plan.merge_rows, SMALL_MERGE_ROWS=plan.small_merge_rows, BLOCK_D=block_d,
-        BLOCK_SIZE=geom.block_size, TILE=plan.tile, K_X=ks.X, V_X=vs.X,
-        V_TOKENS_CONTIGUOUS=layout == "vllm" and vs.token == 1 and vs.block % 16 == 0,
-        RUN=min(plan.tile, geom.block_size), SPLIT=split,
-        UPCAST_DOT=_INTERPRET and query.dtype == torch.bfloat16, IEEE=query.dtype == torch.float32,
-        UNMASKED_FULL_TILES=cfg.unmasked_full_tiles, FUSED=split and plan.fused,
-        PARTS_PER_STEP=plan.parts_per_step, DECODE_ONLY=plan.decode_only, WINDOW=sliding_window is not None,
-        LONGEST_FIRST=cfg.longest_first, SMALL_UNMASKED=cfg.small_unmasked_full_tiles, num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages)
-    if split and not plan.fused:
-        _reduce_partitions_kernel[(num_tokens, num_heads)](
-            out, tmp, m, l, seq_lens, None if decode_only else qsl, sliding_window or 1, plan.partition_size,
-            1 if decode_only else num_seqs,
-            out.stride(0), out.stride(1), *t_strides,
-            HEAD_SIZE=head_size, BLOCK_D=block_d, BLOCK_Q=plan.block_q, TILE=plan.tile,
-            PARTS_PER_STEP=plan.reduce_parts_per_step, DECODE_ONLY=plan.decode_only,
-            WINDOW=sliding_window is not None, num_warps=plan.reduce_warps)
+    qsl = None if decode_only else query_start_loc
+    num_seqs_arg = 1 if decode_only else num_seqs
+    window_arg = sliding_window or 1
+    _ATTENTION(grid, (out, tmp, m, l, counters, query, key_cache, value_cache, block_tables, seq_lens, qsl,
+                      scale * LOG2E, window_arg, plan.partition_size if split else 0, num_seqs_arg,
+                      1 if decode_only else plan.num_qblocks, query.stride(0), query.stride(1), out.stride(0),
+                      out.stride(1), *t_strides, geom.num_kv_heads if split and plan.fused else 0,
+                      block_tables.stride(0), *kv_strides),
+               kw, lkey, (out, tmp, m, l, counters, query, key_cache, value_cache, block_tables, seq_lens)
+               + (() if qsl is None else (qsl,)))
+    if reduce_kw is not None:
+        _REDUCE((num_tokens, num_heads, 1), (out, tmp, m, l, seq_lens, qsl, window_arg, plan.partition_size,
+                                             num_seqs_arg, out.stride(0), out.stride(1), *t_strides),
+                reduce_kw, lkey, (out, tmp, m, l, seq_lens) + (() if qsl is None else (qsl,)))
     return out
 
 
