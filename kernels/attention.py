@@ -86,6 +86,7 @@ PREFILL_ROWS = 128  # query rows (tokens x heads of a group) of a program in a l
 PREFILL_TILE = 64  # KV tokens per tile there
 PREFILL_WARPS = 4  # H200 sweep (bench/results/kernels_h200_tune5.csv): 4 warps beat 8 by 1.2-1.3x
 PREFILL_STAGES = 3
+PREFILL_MAX_REGISTERS = None  # ptxas register cap of the prefill configuration (None: ptxas chooses)
 # a launch with prefills that fills the GPU is not split as a whole, but its decodes are, in
 # partitions of this many tokens: unsplit, a few long decodes next to a short chunk are a handful of
 # programs that each stream their whole context alone and finish last (1 x 1024 + 8 x 16k: 2.99x
@@ -112,6 +113,8 @@ class KernelConfig:
     small_partition_tokens: launches with prefills that are not split as a whole: split-KV of the
         small-row path alone (the decodes), in partitions of this many tokens (0 = never; None =
         planned: SMALL_PARTITION_TOKENS on GPU). The q-blocks of the large path are not split.
+    max_registers: cap on registers per thread (ptxas .maxnreg; None: ptxas chooses), e.g. 128 to
+        keep two 8-warp programs per multiprocessor.
     """
     tile_tokens: int
     num_warps: int = 4
@@ -123,6 +126,7 @@ class KernelConfig:
     longest_first: bool = True
     small_unmasked_full_tiles: bool = True
     small_partition_tokens: int | None = None
+    max_registers: int | None = None
 
     def __post_init__(self):
         for name in ("tile_tokens", "block_rows", "small_rows"):
@@ -311,6 +315,7 @@ def plan_attention(num_tokens: int, num_seqs: int, num_heads: int, num_kv_heads:
         # the small-row path (decodes) follows the decode rule: a large flat launch masks every tile
         large = num_qblocks * num_kv_heads > 2 * num_sms(device)
         cfg = KernelConfig(PREFILL_TILE, PREFILL_WARPS, PREFILL_STAGES, fused_reduce=fused,
+                           max_registers=PREFILL_MAX_REGISTERS,
                            small_unmasked_full_tiles=partition_size is not None or not (large and layout == "flat"))
     tile = cfg.tile_tokens
     if partition_size is not None:
@@ -1009,6 +1014,8 @@ def _static_launch(plan: LaunchPlan, geom, ks, vs, query: torch.Tensor, layout: 
         PARTS_PER_STEP=plan.parts_per_step, DECODE_ONLY=plan.decode_only, WINDOW=sliding_window is not None,
         LONGEST_FIRST=cfg.longest_first, SMALL_UNMASKED=cfg.small_unmasked_full_tiles, BIG_SPLIT=plan.big_split,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    if cfg.max_registers is not None:
+        kw["maxnreg"] = cfg.max_registers
     reduce_kw = None
     if split and not plan.fused:
         reduce_kw = dict(
