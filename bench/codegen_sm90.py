@@ -167,19 +167,15 @@ class Recorder:
                                                                        layout, window, **kw))
 
 
-def decode_grid():
-    """The 100-point decode grid of bench/kernels.py (102 with the points it skips for memory)."""
-    for batch in (1, 8, 64, 256):
-        for context in (512, 2048, 8192, 32768) + ((131072,) if batch == 1 else ()):
-            for block_size in (16, 128):
-                for gqa in (1, 4, 8):
-                    yield batch, context, block_size, gqa
+def _bench():
+    """bench/kernels.py (its points, variants and cases; imports torch and kvsim)."""
+    sys.path.insert(0, str(REPO / "bench"))
+    return _load(REPO / "bench" / "kernels.py", "bench_kernels")
 
 
 def record_bench_plan(rec: Recorder, plan: dict) -> dict:
     """Every launch of ``bench/kernels.py`` run with the points, variants and cases of ``plan``."""
-    sys.path.insert(0, str(REPO / "bench"))
-    bench = _load(REPO / "bench" / "kernels.py", "bench_kernels")
+    bench = _bench()
     points = {}
     for p in plan.get("decode_points", []):
         points[":".join(map(str, p))] = {w: rec.decode(w, *p) for w in ("new", "old") if w == "new" or rec.old}
@@ -358,7 +354,7 @@ def main() -> int:
         rec = Recorder(args.old)
         if args.decode_grid:
             points = {":".join(map(str, p)): {w: rec.decode(w, *p) for w in ("new", "old") if w == "new" or rec.old}
-                      for p in decode_grid()}
+                      for p in _bench().decode_grid()}
         else:
             points = record_bench_plan(rec, json.loads(args.bench_plan.read_text()))
         args.out.write_text(json.dumps({"points": points, "launches": rec.launches}))
