@@ -65,6 +65,7 @@ bf16 dot reads raw bits).
 """
 from __future__ import annotations
 
+import itertools
 import math
 import os
 from dataclasses import dataclass
@@ -982,14 +983,18 @@ def _check_values(geom, block_tables, seq_lens, query_start_loc, num_tokens, sli
 
 
 _PLANS: dict[tuple, LaunchPlan] = {}
-_STATIC: dict[tuple, tuple] = {}  # per (plan, dtypes, strides): grid, partial strides, constexprs
+_STATIC: dict[tuple, tuple] = {}  # per (plan, dtypes, strides): grid, partial strides, constexprs, token
+# the launch key of CachedLauncher: one token per _STATIC entry made (a plan made again after the
+# caches were cleared, with other module constants, must not reuse the compiled kernel of the first)
+_TOKENS = itertools.count()
 _ATTENTION = CachedLauncher(_attention_kernel)
 _REDUCE = CachedLauncher(_reduce_partitions_kernel)
 
 
 def _static_launch(plan: LaunchPlan, geom, ks, vs, query: torch.Tensor, layout: str, sliding_window):
     """What a launch passes that depends only on its plan, dtypes and strides: (grid, partial-result
-    strides, the attention kernel's constexprs and options, the reduce kernel's or None)."""
+    strides, the attention kernel's constexprs and options, the reduce kernel's or None, a token that
+    names this entry for CachedLauncher)."""
     num_tokens, num_heads, head_size = query.shape
     cfg = plan.config
     group = num_heads // geom.num_kv_heads
@@ -1023,7 +1028,7 @@ def _static_launch(plan: LaunchPlan, geom, ks, vs, query: torch.Tensor, layout: 
             PARTS_PER_STEP=plan.reduce_parts_per_step, DECODE_ONLY=plan.decode_only,
             WINDOW=sliding_window is not None, GROUP=group, SMALL_ONLY=0 if plan.big_split else plan.small_rows,
             num_warps=plan.reduce_warps)
-    return grid, t_strides, kw, reduce_kw
+    return grid, t_strides, kw, reduce_kw, next(_TOKENS)
 
 
 def _launch(query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, scale, layout,
@@ -1092,7 +1097,7 @@ def _launch(query, key_cache, value_cache, block_tables, seq_lens, query_start_l
     static = _STATIC.get(lkey)
     if static is None:
         static = _STATIC[lkey] = _static_launch(plan, geom, ks, vs, query, layout, sliding_window)
-    grid, t_strides, kw, reduce_kw = static
+    grid, t_strides, kw, reduce_kw, token = static
     split = plan.partition_size is not None
     if split:
         part_elems = num_tokens * num_heads * plan.num_parts
@@ -1114,12 +1119,12 @@ def _launch(query, key_cache, value_cache, block_tables, seq_lens, query_start_l
                       1 if decode_only else plan.num_qblocks, query.stride(0), query.stride(1), out.stride(0),
                       out.stride(1), *t_strides, geom.num_kv_heads if split and plan.fused else 0,
                       block_tables.stride(0), *kv_strides),
-               kw, lkey, (out, tmp, m, l, counters, query, key_cache, value_cache, block_tables, seq_lens)
+               kw, token, (out, tmp, m, l, counters, query, key_cache, value_cache, block_tables, seq_lens)
                + (() if qsl is None else (qsl,)))
     if reduce_kw is not None:
         _REDUCE((num_tokens, num_heads, 1), (out, tmp, m, l, seq_lens, qsl, window_arg, plan.partition_size,
                                              num_seqs_arg, out.stride(0), out.stride(1), *t_strides),
-                reduce_kw, lkey, (out, tmp, m, l, seq_lens) + (() if qsl is None else (qsl,)))
+                reduce_kw, token, (out, tmp, m, l, seq_lens) + (() if qsl is None else (qsl,)))
     return out
 
 

@@ -94,3 +94,20 @@ def test_attention_kernels_take_their_runtime_arguments_first(kernel):
     params = list(inspect.signature(kernel.fn).parameters.values())
     kinds = ["constexpr" in str(p.annotation) for p in params]
     assert kinds == sorted(kinds) and any(kinds)
+
+
+def test_a_plan_made_again_gets_a_new_launch_key(monkeypatch):
+    # bench/kernels.py times rule variants by changing module constants and clearing the plan
+    # caches: the launches of the new plan must not reuse the compiled kernel of the old one
+    import torch
+    from test_kernels_unified import make_batch, run
+    keys = []
+    real = attention._ATTENTION
+    monkeypatch.setattr(attention, "_ATTENTION", lambda grid, args, kw, key, pointers: (
+        keys.append(key), real(grid, args, kw, key, pointers)))
+    case = make_batch(contexts=[5, 40], q_lens=[3, 1], seed=3)
+    first = run(case)
+    assert torch.equal(first, run(case)) and keys[0] == keys[1]  # the same launch: the same key
+    attention._PLANS.clear()
+    attention._STATIC.clear()
+    assert torch.equal(first, run(case)) and keys[2] != keys[0]
