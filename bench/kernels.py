@@ -38,6 +38,7 @@ import argparse
 import contextlib
 import csv
 import importlib.util
+import json
 import math
 import platform
 import sys
@@ -684,7 +685,7 @@ def section_decode(w, args, t_start, copy_peak, grid=None, configs=None, legacy=
             impls[name] = (paged_attention, cfg)
         if legacy is not None:
             impls["legacy"] = (legacy.paged_attention, None)
-        line = {}
+        line, ready = {}, {}
         for impl, (fn_, cfg) in impls.items():
             kwargs = dict(max_seq_len=ctx, validate=False)
             if cfg is not None:
@@ -692,12 +693,27 @@ def section_decode(w, args, t_start, copy_peak, grid=None, configs=None, legacy=
             fns = [lambda r=r: fn_(q[r * batch:(r + 1) * batch], kc, vc, tables[r * batch:(r + 1) * batch],
                                    lens[r * batch:(r + 1) * batch], SCALE, "flat", **kwargs) for r in range(sets)]
             try:
-                err = decode_check(q, kc, vc, tables, lens, fns[0](), batch)
-                t, how = bench_us(fns)
+                ready[impl] = (fns, decode_check(q, kc, vc, tables, lens, fns[0](), batch), [])
             except Exception as e:
                 w.add(section="decode", kind="paged", impl=impl, note=f"error: {type(e).__name__}: {str(e)[:150]}",
                       **meta)
+        # side by side with the previous kernel: timed in A B B A order, so that a drift of the card's
+        # clocks or of the neighbours' load within the point weighs on both alike
+        order = list(ready) + (list(reversed(ready)) if legacy is not None else [])
+        for impl in order:
+            if impl not in ready:
                 continue
+            try:
+                ready[impl][2].append(bench_us(ready[impl][0]))
+            except Exception as e:
+                w.add(section="decode", kind="paged", impl=impl, note=f"error: {type(e).__name__}: {str(e)[:150]}",
+                      **meta)
+                del ready[impl]
+        for impl, (fns, err, timings) in ready.items():
+            cfg = impls[impl][1]
+            t, how = sum(x for x, _ in timings) / len(timings), timings[0][1]
+            if len(timings) > 1:
+                how += f"; mean of {len(timings)} (ABBA): " + "/".join(f"{x:.2f}" for x, _ in timings)
             ps, cfg_used = attn.plan_launch(batch, hkv, ctx, HEAD_SIZE, "flat", q.device, None, cfg, gqa)
             tb = kv_bytes / t / 1e6
             note = how + ("" if cfg_used.unmasked_full_tiles else "; all tiles masked")
@@ -953,6 +969,33 @@ def dry_run_setup() -> None:
              TUNE_MIXED=g["MIXED_POINTS"][:1], TUNE_DECODE=[(1, 40, 16, 2)])
 
 
+# a run plan's keys (the options of the same name) -> how a JSON value is written on the command line
+_PLAN_OPTIONS = dict(
+    decode_points=lambda v: ",".join(":".join(map(str, p)) for p in v),
+    mixed_points=lambda v: ",".join(map(str, v)), mixed_variants=",".join,
+    prefill_points=lambda v: ",".join(map(str, v)), prefill_variants=",".join,
+    correctness_cases=lambda v: ",".join(map(str, v)),
+    shares=lambda v: ",".join(f"{k}={x}" for k, x in v.items()))
+_OPTION_DEFAULTS = dict(mixed_variants="rows64", prefill_variants="", shares="")
+
+
+def apply_plan(args, plan: dict) -> None:
+    """Fill the options the command line left out from a run plan, then the defaults."""
+    unknown = set(plan) - set(_PLAN_OPTIONS)
+    if unknown:
+        raise SystemExit(f"{args.plan}: unknown plan keys {sorted(unknown)} (known: {sorted(_PLAN_OPTIONS)})")
+    for option, value in plan.items():
+        if getattr(args, option) is None:
+            setattr(args, option, _PLAN_OPTIONS[option](value))
+    for option, default in _OPTION_DEFAULTS.items():
+        if getattr(args, option) is None:
+            setattr(args, option, default)
+    unknown = {v for spec in (args.mixed_variants, args.prefill_variants) for v in spec.split(",")
+               if v and v != "rows64" and v not in VARIANTS}
+    if unknown:
+        raise SystemExit(f"unknown rule variants {sorted(unknown)} (known: {sorted(VARIANTS)}, rows64)")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True)
@@ -967,10 +1010,13 @@ def main() -> int:
     ap.add_argument("--prefill-points", help="indices into PREFILL_POINTS (default: all and a ragged 64)")
     ap.add_argument("--mixed-points", help="indices into MIXED_POINTS (default: all)")
     ap.add_argument("--correctness-cases", help="indices into CORRECTNESS_CASES (default: all but the last)")
-    ap.add_argument("--prefill-variants", default="", help=f"rule variants timed beside the rule: {sorted(VARIANTS)}")
-    ap.add_argument("--mixed-variants", default="rows64", help="rule variants (or rows64: 64-row programs)")
-    ap.add_argument("--shares", default="", help="share of the budget per section, e.g. decode=0.4,mixed=0.2")
+    ap.add_argument("--prefill-variants", help=f"rule variants timed beside the rule: {sorted(VARIANTS)}")
+    ap.add_argument("--mixed-variants", help="rule variants (or rows64: 64-row programs; the default)")
+    ap.add_argument("--shares", help="share of the budget per section, e.g. decode=0.4,mixed=0.2")
+    ap.add_argument("--plan", type=Path, help="a JSON run plan (bench/kernels_h200_plan.json; the one that "
+                    "bench/codegen_sm90.py precompiles): the options above that the command line leaves out")
     args = ap.parse_args()
+    apply_plan(args, json.loads(args.plan.read_text()) if args.plan else {})
     if args.dry_run:
         dry_run_setup()
     t_start = time.time()
