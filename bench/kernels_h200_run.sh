@@ -8,9 +8,10 @@
 # what a device call carries; --precompile also fills a Triton cache of every kernel the run
 # launches, about 10-20 minutes on 2 cores, so that the device measures instead of compiling):
 #     bash bench/kernels_h200_run.sh prepare NAME [--precompile]
-# Then one device call (kind nvidia-h200, carry [".wt/NAME"], timeout_s >= BUDGET_S + 120):
+# Then one device call (kind nvidia-h200, carry [".wt/NAME"], timeout_s >= BUDGET_S + 150):
 #     bash .wt/NAME/bench/kernels_h200_run.sh device [BUDGET_S]
-# BUDGET_S (default 150) is the measuring time; the call adds the start (1-2 minutes of device time),
+# BUDGET_S (default 300) is the measuring time (sections stop at their share of it; the points of
+# each section are in the plan in priority order); the call adds the start (1-2 minutes of device time),
 # the copy of the tree and, without a precompiled cache, about 2 minutes of compiles. $OUT gets
 # kernels_h200.csv, kernels_h200_correctness.txt, env.txt, gpu.txt, log.txt and report.md
 # (bench/kernels_report.py's tables); the summary is printed last.
@@ -26,9 +27,9 @@ prepare)
     main=$(git -C "$HERE" worktree list --porcelain | awk '/^worktree /{print $2; exit}')
     dest="$main/.wt/$name"
     grep -qx "/.wt/" "$main/.git/info/exclude" 2>/dev/null || echo "/.wt/" >> "$main/.git/info/exclude"
-    mkdir -p "$dest"
-    rsync -a --delete --exclude .venv --exclude .git --exclude runs --exclude __pycache__ \
-        --exclude triton_cache --exclude legacy_attention.py "$HERE/" "$dest/" || exit 1
+    rm -rf "$dest" && mkdir -p "$dest" || exit 1
+    tar -C "$HERE" --exclude=./.venv --exclude=./.git --exclude=./runs --exclude=__pycache__ \
+        --exclude=./triton_cache --exclude=./legacy_attention.py -cf - . | tar -C "$dest" -xf - || exit 1
     git -C "$HERE" show "$OLD_COMMIT:kernels/attention.py" > "$dest/legacy_attention.py" || exit 1
     if [ "${3:-}" = "--precompile" ]; then
         # record every launch with the project's venv, compile with the device's Triton and Python
@@ -39,12 +40,14 @@ prepare)
         rm -rf "$CACHE"
         "$t36/bin/python" "$HERE/bench/codegen_sm90.py" precompile /tmp/kvsim_kernels_plan_launches.json \
             --old "$dest/legacy_attention.py" --cache "$CACHE" || exit 1
-        rm -rf "$dest/triton_cache" && cp -r "$CACHE" "$dest/triton_cache"
     fi
+    # a cache of an earlier precompile travels too: entries of kernels changed since are never hit
+    # (Triton keys them by source), those kernels compile on the device
+    [ -d "$CACHE" ] && cp -r "$CACHE" "$dest/triton_cache"
     du -sh "$dest"
     ;;
 device)
-    budget=${2:-150}
+    budget=${2:-300}
     export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
     out=${OUT:?OUT is set on the device machine}
     # the tree's kvsim/ folder would shadow an installed copy: a kvsim package under /tmp/site whose
@@ -59,7 +62,7 @@ device)
         --format=csv > "$out/gpu.txt" 2>&1
     cd /tmp || exit 1
     n0=$(ls "${TRITON_CACHE_DIR:-/nonexistent}" 2>/dev/null | wc -l)
-    timeout $((budget + 240)) python3 "$HERE/bench/kernels.py" --out "$out" --budget-s "$budget" \
+    timeout $((budget + 120)) python3 "$HERE/bench/kernels.py" --out "$out" --budget-s "$budget" \
         --legacy "$HERE/legacy_attention.py" --no-flex --plan "$HERE/$PLAN" > "$out/log.txt" 2>&1
     rc=$?
     echo "bench/kernels.py rc=$rc; triton cache entries $n0 -> $(ls "${TRITON_CACHE_DIR:-/nonexistent}" 2>/dev/null | wc -l)"
