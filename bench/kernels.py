@@ -404,7 +404,8 @@ def flex_paged(batch: Batch):
 # dispatch-rule variants measured side by side with the rule (``--prefill-variants``,
 # ``--mixed-variants``): the module constants of kvsim.kernels.attention they change
 VARIANTS = {
-    "w8-maxreg128": dict(PREFILL_WARPS=8, PREFILL_MAX_REGISTERS=128),  # two 8-warp programs per SM
+    "w8-maxreg128": dict(PREFILL_WARPS=8, PREFILL_MAX_REGISTERS=128),  # two 8-warp programs per SM (the rule)
+    "w4": dict(PREFILL_WARPS=4, PREFILL_MAX_REGISTERS=None),  # the rule before 2026-12-01 (255 registers)
     "w8": dict(PREFILL_WARPS=8),
     "w8-t32-s2": dict(PREFILL_WARPS=8, PREFILL_TILE=32, PREFILL_STAGES=2),
     "no-decode-split": dict(SMALL_PARTITION_TOKENS=0),  # the rule before: decodes of a full launch unsplit
@@ -698,8 +699,13 @@ def section_decode(w, args, t_start, copy_peak, grid=None, configs=None, legacy=
                 w.add(section="decode", kind="paged", impl=impl, note=f"error: {type(e).__name__}: {str(e)[:150]}",
                       **meta)
         # side by side with the previous kernel: timed in A B B A order, so that a drift of the card's
-        # clocks or of the neighbours' load within the point weighs on both alike
+        # clocks or of the neighbours' load within the point weighs on both alike; after one timing
+        # that is thrown away (on the H200 the first timing of a multi-GB pool ran up to 15% slow,
+        # whichever kernel took it: bench/results/kernels_h200_kern2.csv)
         order = list(ready) + (list(reversed(ready)) if legacy is not None else [])
+        if ready:
+            with contextlib.suppress(Exception):
+                bench_us(ready[order[0]][0])
         for impl in order:
             if impl not in ready:
                 continue

@@ -9,7 +9,9 @@
 # launches, about 10-20 minutes on 2 cores, so that the device measures instead of compiling):
 #     bash bench/kernels_h200_run.sh prepare NAME [--precompile]
 # Then one device call (kind nvidia-h200, carry [".wt/NAME"], timeout_s >= BUDGET_S + 150):
-#     bash .wt/NAME/bench/kernels_h200_run.sh device [BUDGET_S]
+#     bash .wt/NAME/bench/kernels_h200_run.sh device [BUDGET_S] [PLAN]
+# PLAN (a path inside the repository, default bench/kernels_h200_plan.json: the whole benchmark in
+# priority order; bench/kernels_h200_plan_confirm.json: a shorter run that checks a rule change)
 # BUDGET_S (default 300) is the measuring time (sections stop at their share of it; the points of
 # each section are in the plan in priority order); the call adds the start (1-2 minutes of device time),
 # the copy of the tree and, without a precompiled cache, about 2 minutes of compiles. $OUT gets
@@ -48,6 +50,7 @@ prepare)
     ;;
 device)
     budget=${2:-300}
+    PLAN=${3:-$PLAN}
     export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
     out=${OUT:?OUT is set on the device machine}
     # the tree's kvsim/ folder would shadow an installed copy: a kvsim package under /tmp/site whose

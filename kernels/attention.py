@@ -85,9 +85,13 @@ FUSED_MERGE_MAX_ROWS = 64  # partitions x query rows that one program merges, at
 MERGE_TILE_ELEMS = 4096  # fp32 partial-result elements one merge step loads on GPU (16 KB)
 PREFILL_ROWS = 128  # query rows (tokens x heads of a group) of a program in a launch with prefills
 PREFILL_TILE = 64  # KV tokens per tile there
-PREFILL_WARPS = 4  # H200 sweep (bench/results/kernels_h200_tune5.csv): 4 warps beat 8 by 1.2-1.3x
+# 8 warps capped at 128 registers a thread: two programs per multiprocessor, as with 4 warps (which
+# take 255 registers and spill 280 B), with almost no spills; on the H200 (2026-12-01,
+# bench/results/kernels_h200_kern2.csv) 1.14x the throughput of 4 warps at the geometric mean of the
+# 16 prefill points, faster on every one (8 uncapped warps: 177 registers, one program, slower)
+PREFILL_WARPS = 8
 PREFILL_STAGES = 3
-PREFILL_MAX_REGISTERS = None  # ptxas register cap of the prefill configuration (None: ptxas chooses)
+PREFILL_MAX_REGISTERS = 128  # ptxas register cap of the prefill configuration (None: ptxas chooses)
 # a launch with prefills that fills the GPU is not split as a whole, but its decodes are, in
 # partitions of this many tokens: unsplit, a few long decodes next to a short chunk are a handful of
 # programs that each stream their whole context alone and finish last (1 x 1024 + 8 x 16k: 2.99x
