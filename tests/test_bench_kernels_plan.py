@@ -11,6 +11,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 PLAN = ROOT / "bench" / "kernels_h200_plan.json"
+PLANS = sorted((ROOT / "bench").glob("kernels_h200_plan*.json"))  # the whole run and the confirm run
 
 
 @pytest.fixture(scope="module")
@@ -23,21 +24,26 @@ def bench():
     del sys.modules[spec.name]
 
 
-def _args(**given):
+def _args(plan=PLAN, **given):
     names = ("decode_points", "mixed_points", "mixed_variants", "prefill_points", "prefill_variants",
              "correctness_cases", "shares")
-    return argparse.Namespace(plan=PLAN, **{n: given.get(n) for n in names})
+    return argparse.Namespace(plan=plan, **{n: given.get(n) for n in names})
 
 
-def test_committed_plan_matches_the_benchmark(bench):
-    plan = json.loads(PLAN.read_text())
+def test_plans_found():
+    assert PLAN in PLANS and len(PLANS) >= 2
+
+
+@pytest.mark.parametrize("path", PLANS, ids=lambda p: p.name)
+def test_committed_plan_matches_the_benchmark(bench, path):
+    plan = json.loads(path.read_text())
     for key, points in (("mixed_points", bench.MIXED_POINTS), ("prefill_points", bench.PREFILL_POINTS),
                         ("correctness_cases", bench.CORRECTNESS_CASES)):
         assert all(0 <= i < len(points) for i in plan[key]), key
     grid = set(bench.decode_grid())
     assert all(tuple(p) in grid for p in plan["decode_points"])  # the points of earlier runs, comparable
     assert set(plan["shares"]) == {"correctness", "eager", "mixed", "prefill", "decode"}
-    args = _args()
+    args = _args(plan=path)
     bench.apply_plan(args, plan)  # raises on unknown variants
     assert args.decode_points.split(",")[0] == ":".join(map(str, plan["decode_points"][0]))
     assert args.mixed_points == ",".join(map(str, plan["mixed_points"]))
