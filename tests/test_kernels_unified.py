@@ -257,10 +257,11 @@ def test_dispatch_rules_on_a_gpu(monkeypatch):
     # GPU dispatch without a GPU: the rule only reads the multiprocessor count
     monkeypatch.setattr(attention, "num_sms", lambda device: 132)
     cuda = torch.device("cuda")
-    # prefill: 128-row programs (16 tokens x 8 heads at GQA 8), 64-token tiles, 8 warps, no split;
-    # a decode-sized path for the decodes next to it
+    # prefill: 128-row programs (16 tokens x 8 heads at GQA 8), 64-token tiles, 8 warps capped at 128
+    # registers, no split; a decode-sized path for the decodes next to it
     plan = plan_attention(8192 + 64, 65, 32, 4, 128, 32768, 8192, "flat", cuda)
-    assert (plan.block_rows, plan.block_q, plan.tile, plan.config.num_warps, plan.small_rows) == (128, 16, 64, 4, 16)
+    assert (plan.block_rows, plan.block_q, plan.tile, plan.config.num_warps, plan.small_rows) == (128, 16, 64, 8, 16)
+    assert plan.config.max_registers == 128
     assert not plan.config.small_unmasked_full_tiles  # the decodes of a large launch: every tile masked
     assert plan.partition_size is None and plan.num_qblocks == (8192 + 64) // 16 + 65
     # a few query tokens over a long context (speculative decoding): few programs, split-KV
