@@ -89,6 +89,10 @@ class GroupedPagedAllocator(PoolQueries):
             sets.setdefault(spec.lookup_key, []).append(i)
         self._lookup_sets = sorted(sets.values(),
                                    key=lambda ids: self.groups[ids[0]].kind != "full_attention")
+        self._windows = tuple(sorted({g.sliding_window for g in self.groups
+                                      if g.kind == "sliding_window"}))
+        self._mamba_align = enable_prefix_caching and any(g.kind == "mamba" for g in self.groups)
+        self._processed: dict[Hashable, int] = {}     # tokens processed at the last call
         self._reqs: dict[Hashable, RequestKeys] = {}
         self._num_slot_tokens: dict[Hashable, int] = {}   # slots allocated (tail waste)
         self._tail_waste = [0] * len(self.groups)
@@ -216,6 +220,8 @@ class GroupedPagedAllocator(PoolQueries):
         processed = max(0, total_computed - num_in_flight_tokens)
         for m in managers:
             m.remove_skipped(seq_id, processed)
+        if not admission:
+            self._processed[seq_id] = processed
         need = sum(m.blocks_to_allocate(seq_id, need_slot, (hit_blocks or no_hits)[i],
                                         local_computed, main, False, prefill_end)
                    for i, m in enumerate(managers))
@@ -231,12 +237,29 @@ class GroupedPagedAllocator(PoolQueries):
         for m in managers:
             m.allocate_new(seq_id, need_slot, main)
         self._set_slot_tokens(seq_id, need_slot)
+        self._processed[seq_id] = processed
         if self.enable_prefix_caching:
             cacheable = min(total_computed + num_new_tokens, num_tokens)
             cacheable -= cacheable % self.block_size
             for m in managers:
                 m.cache_blocks(seq_id, req, cacheable)
         return True
+
+    def decode_changes_state(self, seq_id: Hashable, num_computed_tokens: int) -> bool:
+        """Whether a one-token decode of a running request after ``num_computed_tokens``
+        computed tokens could change anything: need a block, fill one (cache it), move a
+        sliding window or a Mamba state past a block. If not, ``allocate_slots`` would succeed
+        and change nothing, and a simulator may skip the call (exact: measured from the last
+        call the allocator saw, however many decodes were skipped since)."""
+        size, c = self.block_size, num_computed_tokens
+        slots = self._num_slot_tokens[seq_id]
+        if -(-(c + 1) // size) != -(-slots // size) or (c + 1) // size != slots // size:
+            return True
+        p = self._processed[seq_id]
+        for w in self._windows:
+            if max(0, c - w + 1) // size != max(0, p - w + 1) // size:
+                return True
+        return self._mamba_align and (c - 1) // size != (p - 1) // size
 
     def free(self, seq_id: Hashable, preempted: bool = False) -> None:
         """Release every group's blocks of a request, group by group, tail first.
@@ -248,6 +271,7 @@ class GroupedPagedAllocator(PoolQueries):
         del self._reqs[seq_id]
         self._set_slot_tokens(seq_id, 0)
         del self._num_slot_tokens[seq_id]
+        del self._processed[seq_id]
         for m in self.managers:
             m.free(seq_id)
         if preempted and self.enable_prefix_caching:

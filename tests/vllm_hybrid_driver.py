@@ -100,8 +100,10 @@ def mamba_chunk(start: int, num_new: int, prefill_end: int, block_size: int, bud
     return max(end - start, 0)
 
 
-def run(config: str, seed: int, steps: int, caching: bool, log: list | None = None) -> dict:
-    """One random run; returns counters. ``log`` collects the golden calls and answers."""
+def run(config: str, seed: int, steps: int, caching: bool, log: list | None = None,
+        lazy: bool = False) -> dict:
+    """One random run; returns counters. ``log`` collects the golden calls and answers.
+    ``lazy``: kvsim is not told the decodes ``decode_changes_state`` says change nothing."""
     rng = random.Random(seed * 7919 + len(config))
     groups = make_groups(CONFIGS[config])
     block_size = rng.choice([2, 4])
@@ -132,7 +134,7 @@ def run(config: str, seed: int, steps: int, caching: bool, log: list | None = No
     reqs: dict[int, Req] = {}
     waiting: list[Req] = []
     running: list[Req] = []
-    stats = dict(hits=0, failed=0, preempted=0, finished=0, swa_frees=0)
+    stats = dict(hits=0, failed=0, preempted=0, finished=0, swa_frees=0, skipped=0)
 
     def allocate(r: Req, num_new: int, hit=None, hit_v=None, admission=False) -> bool:
         free_before = vllm.block_pool.get_num_free_blocks()
@@ -141,6 +143,12 @@ def run(config: str, seed: int, steps: int, caching: bool, log: list | None = No
             kw = dict(num_new_computed_tokens=hit.num_tokens, new_computed_blocks=hit_v,
                       full_sequence_must_fit=True, has_scheduled_reqs=bool(running))
         ok_v = vllm.allocate_slots(r.request, num_new, **kw) is not None
+        if lazy and not admission and num_new == 1 and r.num_computed >= r.num_prompt_tokens \
+                and not kvsim.decode_changes_state(r.seq_id, r.num_computed):
+            # a decode kvsim may skip: vLLM's call must have succeeded and changed nothing
+            assert ok_v, f"step {step}: a skipped decode of seq {r.seq_id} failed in vLLM"
+            stats["skipped"] += 1
+            return True
         wm = watermark_blocks if (admission and running) else 0
         ok_k = kvsim.allocate_slots(r.seq_id, num_new, num_computed_tokens=r.num_computed,
                                     num_tokens=r.num_tokens,
@@ -303,13 +311,15 @@ def main() -> int:
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--configs", nargs="*", default=list(CONFIGS))
+    parser.add_argument("--lazy", action="store_true",
+                        help="skip kvsim's decode calls that decode_changes_state rules out")
     parser.add_argument("--write-golden", metavar="DIR",
                         help="write one JSON of calls and answers per configuration")
     args = parser.parse_args()
     for config in args.configs:
         for caching in (True, False):
             for seed in range(args.seeds):
-                stats = run(config, seed, args.steps, caching)
+                stats = run(config, seed, args.steps, caching, lazy=args.lazy)
                 print(f"{config} caching={caching} seed {seed}: equal over {args.steps} steps "
                       + " ".join(f"{k}={v}" for k, v in stats.items()), flush=True)
     if args.write_golden:
