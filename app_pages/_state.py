@@ -129,7 +129,7 @@ def user_message(err: Exception, workload: Workload) -> str:
 
 def needs_rate(workload: Workload) -> bool:
     """Whether the trace has no timestamps, so arrivals are generated at ``workload.rate``."""
-    workloads = importlib.import_module("workloads")
+    workloads = importlib.import_module("kvsim.workloads")
     try:
         next(iter(workloads.load(workload_source(workload), max_requests=1)), None)
     except workloads.InputError as err:
@@ -142,7 +142,7 @@ def needs_rate(workload: Workload) -> bool:
 @st.cache_data(max_entries=8, show_spinner="Loading requests…")
 def load_requests(workload: Workload) -> list:
     """The workload's requests (at most ``max_requests``); raises the loader's InputError."""
-    workloads = importlib.import_module("workloads")
+    workloads = importlib.import_module("kvsim.workloads")
     rate = workload.rate if needs_rate(workload) else None
     return list(workloads.load(workload_source(workload), max_requests=workload.max_requests,
                                rate=rate))
@@ -178,7 +178,7 @@ class Run:
 
 def engine_config(scenario: Scenario, allocator: str):
     """The simulator's EngineConfig for one side of the scenario."""
-    simulator = importlib.import_module("simulator")
+    simulator = importlib.import_module("kvsim.simulator")
     size = ({"num_blocks": scenario.capacity_tokens // scenario.block_size}
             if allocator == "paged" else {"capacity_tokens": scenario.capacity_tokens})
     return simulator.EngineConfig(
@@ -216,7 +216,7 @@ def run_scenario(scenario: Scenario) -> tuple[Run, Run]:
     Both sides are snapshotted at the same times (from 0 to the later of the two ends), so the
     time scrubber moves both pools through the same moment.
     """
-    simulator = importlib.import_module("simulator")
+    simulator = importlib.import_module("kvsim.simulator")
     cost = importlib.import_module("kvsim.simulator.cost").FixedStepCost(scenario.step_s)
     requests = load_requests(scenario.workload)
     configs = [engine_config(scenario, a) for a in scenario.allocators]

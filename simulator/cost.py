@@ -6,6 +6,7 @@ same protocol from a model and a GPU (the simulator never imports it).
 * ``FixedStepCost(step_s)``: every step takes ``step_s``. ``FixedStepCost(1.0)`` is the step
   clock: simulated time is vLLM's step index (used to diff against the vLLM oracle).
 * ``TableCost(csv_path)``: measured step times, interpolated (see its docstring).
+* ``ScaledCost(inner, scale)``: another model's step times times ``scale`` (sensitivity checks).
 """
 from __future__ import annotations
 
@@ -78,7 +79,7 @@ class FixedStepCost:
 
     def __post_init__(self):
         if not (self.step_s > 0 and math.isfinite(self.step_s)):
-            raise ValueError(f"step_s must be a positive finite number, got {self.step_s}")
+            raise InputError(f"step_s must be a positive finite number, got {self.step_s}")
 
     def step_time_s(self, batch: StepBatch) -> float:
         return self.step_s
@@ -108,7 +109,11 @@ class TableCost:
     def __init__(self, path: str):
         self.path = str(path)
         rows: list[tuple[float, float, float]] = []
-        with open(path, newline="") as f:
+        try:
+            f = open(path, newline="")
+        except OSError as err:  # the user named this file: say which, in one line
+            raise InputError(f"cannot read the cost table: {err.strerror}", file=self.path) from None
+        with f:
             reader = csv.DictReader(f)
             fields = reader.fieldnames or []
             for need in ("num_scheduled_tokens", "step_s"):
@@ -180,3 +185,19 @@ class TableCost:
         base = max(0.0, self._f(batch.num_scheduled_tokens) + self.kv_coeff_s * batch.kv_read_tokens)
         grow = self.kv_coeff_s * batch.num_seqs * (num_steps * (num_steps - 1) / 2)
         return base * num_steps + grow
+
+
+class ScaledCost:
+    """Step times of another cost model multiplied by ``scale`` (sensitivity checks)."""
+
+    def __init__(self, inner: CostModel, scale: float):
+        if not (scale > 0 and math.isfinite(scale)):
+            raise InputError(f"step_time_scale must be a positive finite number, got {scale}")
+        self.inner = inner
+        self.scale = float(scale)
+
+    def step_time_s(self, batch: StepBatch) -> float:
+        return self.scale * self.inner.step_time_s(batch)
+
+    def run_time_s(self, batch: StepBatch, num_steps: int) -> float:
+        return self.scale * self.inner.run_time_s(batch, num_steps)

@@ -27,14 +27,13 @@ import simpy
 from simpy.core import URGENT
 
 from kvsim.allocator import MEMORY_CLASSES, ContiguousAllocator, PagedAllocator, mix64
-from kvsim.simulator.config import EngineConfig
+from kvsim.simulator.config import ROUTERS, EngineConfig
 from kvsim.simulator.cost import CostModel, FixedStepCost, StepBatch
 from kvsim.simulator.recorder import (NS_PER_S, SAMPLE_COLUMNS, RequestLog, StepLog,
                                 TableLog, percentiles)
 from kvsim.simulator.result import SUMMARY_KEYS, Result
 from kvsim.simulator.scheduler import FINISHED, Scheduler
 
-ROUTERS = ("round-robin", "least-loaded", "prefix-affinity")
 _NEVER = 1 << 62
 _NUM_CLASSES = len(MEMORY_CLASSES)
 

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 import kvsim.kernels.attention
-from kvsim.simulator import validate_cmd
+from kvsim.cli import validate as validate_cmd
+from kvsim.errors import InputError
 from kvsim.kernels.bridge import (block_seeds, load_snapshot, pool_arrays, save_snapshot, token_kv,
                             validate_snapshot)
 
@@ -134,9 +135,11 @@ def test_validate_command_on_a_snapshot_file(tmp_path, capsys):
     (["validate"], "exactly one of --snapshot FILE or WORKLOAD"),
     (["validate", "sharegpt:n=5", "--snapshot", "x.npz"], "exactly one of"),
     (["validate", "sharegpt:n=5"], "WORKLOAD needs --at SECONDS"),
-    (["validate", "--snapshot", "x.npz", "--head-size", "0"], "--head-size must be >= 1, got 0"),
+    (["validate", "--snapshot", "x.npz", "--partition-size", "24"], "--partition-size must be a multiple of 16"),
+    (["validate", "--snapshot", "x.npz", "--num-heads", "6", "--num-kv-heads", "4"],
+     "--num-heads 6 is not a multiple of --num-kv-heads 4"),
 ])
 def test_validate_command_rejects_bad_arguments(argv, message):
     args = _parser().parse_args(argv)
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(InputError, match=message):
         args.func(args)
