@@ -38,7 +38,6 @@ RANK = {name: len(LAYERS) - i for i, (name, _) in enumerate(LAYERS)}
 # pairs the order allows but the design card forbids
 FORBIDDEN = {("simulator", "kernels")}
 # the one command that starts the dashboard names it; nothing else in the CLI may
-UPWARD_ALLOWED = {("kvsim.cli", "kvsim.app_pages.dashboard_cmd")}
 UPWARD_ALLOWED_FROM = ("kvsim.cli.dashboard",)   # may import the dashboard layer it launches
 OUR_TOP_LEVEL = ("allocator", "kernels", "workloads", "simulator", "planner", "viz", "app_pages")
 THIRD_PARTY_BANNED = {"allocator": ("simpy", "torch", "triton", "streamlit", "plotly")}
@@ -124,8 +123,7 @@ def test_dependencies_point_down_only():
         src = layer_of(module)
         for dep in deps:
             dst = layer_of(dep)
-            allowed = (module, dep) in UPWARD_ALLOWED or (
-                module.startswith(UPWARD_ALLOWED_FROM) and dst == "dashboard")
+            allowed = module.startswith(UPWARD_ALLOWED_FROM) and dst == "dashboard"
             if (RANK[dst] > RANK[src] or (src, dst) in FORBIDDEN) and not allowed:
                 bad.append(f"{module} ({src}) imports {dep} ({dst})")
     assert not bad, "\n".join(sorted(bad))

@@ -28,8 +28,7 @@ COMMANDS: dict[str, str] = {
     "plan": "kvsim.cli.plan",
     "reproduce": "kvsim.cli.reproduce",
     "validate": "kvsim.cli.validate",
-    # becomes kvsim.cli.dashboard (same register interface) with the dashboard's restructure
-    "dashboard": "kvsim.app_pages.dashboard_cmd",
+    "dashboard": "kvsim.cli.dashboard",
 }
 
 
