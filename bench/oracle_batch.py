@@ -32,6 +32,8 @@ def main() -> int:
             oracle.main(argv)
         except SystemExit as stop:  # the oracle reports unfit input with sys.exit(message)
             (out_dir / "error").write_text(f"{stop.code}\n")
+        except Exception as err:  # vLLM refused the configuration: that job only
+            (out_dir / "error").write_text(f"vLLM: {type(err).__name__}: {err}\n")
     return 0
 
 
