@@ -43,18 +43,31 @@ QUANT_METHODS = ("fp8", "mxfp4", "awq", "gptq")
 
 @dataclass(frozen=True)
 class ParamBreakdown:
-    """Weights by kind: all of them, and those one token touches (MoE: its top-k experts)."""
+    """Weights by kind (counts in ``KINDS`` order): all of them, and those one token touches
+    (MoE: its top-k experts). Tuples, so that a ModelSpec holding one stays hashable."""
 
-    total: dict[str, int]
-    active: dict[str, int]
+    total_counts: tuple[int, ...]
+    active_counts: tuple[int, ...]
+
+    @classmethod
+    def of(cls, total: dict[str, int], active: dict[str, int]) -> "ParamBreakdown":
+        return cls(tuple(total[k] for k in KINDS), tuple(active[k] for k in KINDS))
+
+    @property
+    def total(self) -> dict[str, int]:
+        return dict(zip(KINDS, self.total_counts))
+
+    @property
+    def active(self) -> dict[str, int]:
+        return dict(zip(KINDS, self.active_counts))
 
     @property
     def num_params(self) -> int:
-        return sum(self.total.values())
+        return sum(self.total_counts)
 
     @property
     def num_active_params(self) -> int:
-        return sum(self.active.values())
+        return sum(self.active_counts)
 
 
 @dataclass(frozen=True)
@@ -88,6 +101,23 @@ class WeightFormat:
         return {"dtype": f"{8 * self.dtype_bytes}-bit", "fp8": "fp8",
                 "mxfp4": "MXFP4 experts",
                 "int": f"int{self.bits} (group {self.group_size})"}[self.method]
+
+
+@dataclass(frozen=True)
+class ServedWeights:
+    """A model's weights as a server holds them: counts by kind and the format."""
+
+    breakdown: ParamBreakdown
+    format: WeightFormat
+
+    @property
+    def bytes(self) -> int:
+        return weight_bytes(self.breakdown, self.format)
+
+    @property
+    def active_bytes(self) -> int:
+        """Bytes one token reads (MoE: its experts only)."""
+        return weight_bytes(self.breakdown, self.format, active=True)
 
 
 def weight_bytes(breakdown: ParamBreakdown, fmt: WeightFormat, active: bool = False) -> int:
@@ -127,7 +157,7 @@ def param_breakdown(cfg: dict) -> ParamBreakdown:
     if model_type == "nemotron_h":
         _nemotron_h(cfg, total)
         active.update(total)
-        return ParamBreakdown(total, active)
+        return ParamBreakdown.of(total, active)
     h = int(cfg["hidden_size"])
     num_layers = int(cfg["num_hidden_layers"])
     vocab = int(cfg["vocab_size"])
@@ -159,9 +189,10 @@ def param_breakdown(cfg: dict) -> ParamBreakdown:
     active["experts"] = mlp["active_experts"]
     active["other"] -= mlp["inactive_other"]
     if gemma and isinstance(cfg.get("vision_config"), dict):
-        total["other"] += _siglip(cfg["vision_config"], h)
-        active["other"] = total["other"]
-    return ParamBreakdown(total, active)
+        vision = _siglip(cfg["vision_config"], h)
+        total["other"] += vision
+        active["other"] += vision
+    return ParamBreakdown.of(total, active)
 
 
 def _layer_kinds(cfg: dict, num_layers: int) -> list[str]:
