@@ -370,7 +370,7 @@ class MambaManager(GroupManager):
         recomputed for logits)."""
         return max((num_tokens - 1) // self.block_size * self.block_size, 0)
 
-    def _checkpoint_valid(self, start: int, end: int, position: int) -> bool:
+    def checkpoint_valid(self, start: int, end: int, position: int) -> bool:
         """vLLM's ``is_mamba_prefill_checkpoint_valid``: the backend can export the state at
         ``position`` from inside the chunk ``[start, end)``."""
         size = self.block_size
@@ -381,7 +381,7 @@ class MambaManager(GroupManager):
     def _needs_checkpoint(self, seq_id, start: int, end: int, position: int,
                           prefill_end: int) -> bool:
         if self.checkpoint_alignment is None or end < prefill_end \
-                or not self._checkpoint_valid(start, end, position):
+                or not self.checkpoint_valid(start, end, position):
             return False
         index = cdiv(end, self.block_size) - 2
         blocks = self.req_blocks.get(seq_id, [])

@@ -118,6 +118,20 @@ class GroupedPagedAllocator(PoolQueries):
         require_live(seq_id, self._reqs)
         return tuple(list(m.req_blocks.get(seq_id, ())) for m in self.managers)
 
+    def max_blocks_needed(self, num_tokens: int) -> int:
+        """The fewest blocks a request of ``num_tokens`` computed tokens holds at once, over
+        all groups (full attention: every block; a sliding window: at most its admission cap;
+        a Mamba state: one). More than the usable blocks: it can never run."""
+        total = 0
+        for m in self.managers:
+            if m.spec.kind == "mamba":
+                total += 1
+            else:
+                need = cdiv(num_tokens, m.block_size)
+                cap = m.max_admission_blocks
+                total += need if cap is None else min(need, cap)
+        return total
+
     # ---- prefix lookup ---------------------------------------------------------------------
     def find_cache_hit(self, block_hashes: Sequence[int] | None, num_tokens: int,
                        max_hit_tokens: int | None = None) -> CacheHit:

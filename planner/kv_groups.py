@@ -285,6 +285,14 @@ def kv_cache_groups(specs: Sequence[LayerKVSpec | None]) -> list[KVGroup]:
     return groups
 
 
+def group_label(group: KVGroup) -> str:
+    """A group's short name: "full", "sliding:128", "mla", "mamba"."""
+    spec = group.spec
+    if spec.kind == "sliding_window":
+        return f"sliding:{spec.sliding_window}"
+    return {"full_attention": "full", "mla": "mla", "mamba": "mamba"}[spec.kind]
+
+
 def _group_kind(spec: LayerKVSpec) -> str:
     return "full_attention" if spec.kind == "mla" else spec.kind
 
@@ -302,6 +310,13 @@ class KVCachePlan:
     max_concurrency: float = 0.0
     kv_cache_tokens: int = 0        # "GPU KV cache size: N tokens"
     max_model_len: int = 0
+    max_in_flight_tokens: int = 0
+
+    def concurrency_for(self, num_tokens: int) -> float:
+        """Requests of ``num_tokens`` tokens that fit at once (vLLM's maximum concurrency)."""
+        return self.num_gpu_blocks / sum(g.blocks_per_request(num_tokens,
+                                                              self.max_in_flight_tokens)
+                                         for g in self.groups)
 
     @property
     def is_hybrid(self) -> bool:
@@ -359,4 +374,4 @@ def plan_kv_cache(specs: Sequence[LayerKVSpec | None], block_size: int, availabl
     concurrency = num_blocks / sum(per_request)
     return KVCachePlan(tuple(groups), block_size, bytes_per_block, available_kv_bytes,
                        num_blocks, per_request, concurrency, int(concurrency * max_model_len),
-                       max_model_len)
+                       max_model_len, max_in_flight_tokens)

@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
-
 from dataclasses import replace
+from pathlib import Path
 
 from kvsim.errors import InputError
 from kvsim.planner.layers import parse_layers
@@ -77,6 +76,51 @@ _MODELS = [
               max_position_embeddings=163840, source="hf:deepseek-ai/DeepSeek-V2-Lite/config.json"),
 ]
 
+# the config.json fields of the presets above (the weights by kind are counted from them; a test
+# checks that the counts reproduce num_params exactly)
+PRESET_CONFIGS: dict[str, dict] = {
+    "Llama-3.1-8B": dict(model_type="llama", hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                         num_attention_heads=32, num_key_value_heads=8, vocab_size=128256,
+                         max_position_embeddings=131072, tie_word_embeddings=False, torch_dtype="bfloat16"),
+    "Llama-3.1-70B": dict(model_type="llama", hidden_size=8192, intermediate_size=28672, num_hidden_layers=80,
+                          num_attention_heads=64, num_key_value_heads=8, vocab_size=128256,
+                          max_position_embeddings=131072, tie_word_embeddings=False, torch_dtype="bfloat16"),
+    "Qwen2.5-7B": dict(model_type="qwen2", hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
+                       num_attention_heads=28, num_key_value_heads=4, vocab_size=152064,
+                       max_position_embeddings=131072, tie_word_embeddings=False, torch_dtype="bfloat16"),
+    "Qwen2.5-72B": dict(model_type="qwen2", hidden_size=8192, intermediate_size=29568, num_hidden_layers=80,
+                        num_attention_heads=64, num_key_value_heads=8, vocab_size=152064,
+                        max_position_embeddings=131072, tie_word_embeddings=False, torch_dtype="bfloat16"),
+    "Mistral-7B-v0.3": dict(model_type="mistral", hidden_size=4096, intermediate_size=14336,
+                            num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
+                            vocab_size=32768, max_position_embeddings=32768, tie_word_embeddings=False,
+                            torch_dtype="bfloat16"),
+    "OPT-13B": dict(model_type="opt", hidden_size=5120, ffn_dim=20480, num_hidden_layers=40,
+                    num_attention_heads=40, vocab_size=50272, max_position_embeddings=2048,
+                    torch_dtype="float16"),
+    "DeepSeek-V2-Lite": dict(model_type="deepseek_v2", hidden_size=2048, intermediate_size=10944,
+                             num_hidden_layers=27, num_attention_heads=16, num_key_value_heads=16,
+                             vocab_size=102400, kv_lora_rank=512, q_lora_rank=None, qk_rope_head_dim=64,
+                             qk_nope_head_dim=128, v_head_dim=128, n_routed_experts=64, n_shared_experts=2,
+                             num_experts_per_tok=6, moe_intermediate_size=1408, first_k_dense_replace=1,
+                             max_position_embeddings=163840, tie_word_embeddings=False,
+                             torch_dtype="bfloat16"),
+}
+
+
+# hybrid models: presets read from the config.json files bundled in planner/hf_configs (copied
+# from the Hugging Face Hub; see each folder), name -> (folder, Hub id)
+HF_CONFIG_DIR = Path(__file__).resolve().parent / "hf_configs"
+BUNDLED_MODELS = {
+    "gpt-oss-20b": ("gpt-oss-20b", "openai/gpt-oss-20b"),
+    "gpt-oss-120b": ("gpt-oss-120b", "openai/gpt-oss-120b"),
+    "Gemma-3-27B": ("gemma-3-27b-it", "google/gemma-3-27b-it"),
+    "DeepSeek-V3": ("DeepSeek-V3", "deepseek-ai/DeepSeek-V3"),
+    "Qwen3-Next-80B-A3B": ("Qwen3-Next-80B-A3B-Instruct", "Qwen/Qwen3-Next-80B-A3B-Instruct"),
+    "Nemotron-H-8B": ("Nemotron-H-8B-Base-8K", "nvidia/Nemotron-H-8B-Base-8K"),
+}
+
+
 # ---------------------------------------------------------------------------------------------
 # GPUs. memory_bytes: the total the driver reports (vLLM's total_gpu_memory), not the datasheet
 # figure. Bandwidth and dense (non-sparse) peaks from the vendors' datasheets: NVIDIA A100
@@ -126,7 +170,20 @@ def _norm(name: str) -> str:
     return re.sub(r"[^a-z0-9.]", "", str(name).lower())
 
 
-MODEL_PRESETS: dict[str, ModelSpec] = {m.name: m for m in _MODELS}
+def _with_weights(model: ModelSpec) -> ModelSpec:
+    """A preset with its weights by kind (from its config fields), served at its dtype."""
+    cfg = PRESET_CONFIGS[model.name]
+    return replace(model, weights=ServedWeights(param_breakdown(cfg),
+                                                weight_format(cfg, model.dtype_bytes)))
+
+
+def _bundled(name: str) -> ModelSpec:
+    folder, hub_id = BUNDLED_MODELS[name]
+    spec = load_hf_config(HF_CONFIG_DIR / folder / "config.json", name=name)
+    return replace(spec, source=f"hf:{hub_id}/config.json (bundled: planner/hf_configs/{folder})")
+
+
+MODEL_PRESETS: dict[str, ModelSpec] = {m.name: _with_weights(m) for m in _MODELS}
 GPU_PRESETS: dict[str, GpuSpec] = {g.name: g for g in _GPUS}
 
 _MODEL_ALIASES = {_norm(m.name): m.name for m in _MODELS}
@@ -140,6 +197,14 @@ _MODEL_ALIASES.update({_norm(a): n for a, n in {
     "mistralai/Mistral-7B-Instruct-v0.3": "Mistral-7B-v0.3",
     "opt13b": "OPT-13B", "facebook/opt-13b": "OPT-13B",
     "deepseek-ai/DeepSeek-V2-Lite": "DeepSeek-V2-Lite", "deepseek-ai/DeepSeek-V2-Lite-Chat": "DeepSeek-V2-Lite",
+}.items()})
+_MODEL_ALIASES.update({_norm(a): n for n, (folder, hub_id) in BUNDLED_MODELS.items()
+                       for a in (n, folder, hub_id)})
+_MODEL_ALIASES.update({_norm(a): n for a, n in {
+    "gemma-3-27b": "Gemma-3-27B", "gemma3-27b": "Gemma-3-27B", "deepseek-v3": "DeepSeek-V3",
+    "deepseek-ai/DeepSeek-R1": "DeepSeek-V3", "deepseek-ai/DeepSeek-V3-0324": "DeepSeek-V3",
+    "Qwen/Qwen3-Next-80B-A3B-Thinking": "Qwen3-Next-80B-A3B", "qwen3-next": "Qwen3-Next-80B-A3B",
+    "nemotron-h-8b": "Nemotron-H-8B",
 }.items()})
 
 _GPU_ALIASES = {_norm(g.name): g.name for g in _GPUS}
@@ -297,3 +362,7 @@ def load_hf_config(path: str | Path, name: str | None = None) -> ModelSpec:
                          weights=weights)
     except ValueError as err:  # the spec's own checks (an InputError without the file)
         raise InputError(str(err), file=path) from None
+
+
+# the hybrid presets, after load_hf_config is defined (they are read through it)
+MODEL_PRESETS.update({name: _bundled(name) for name in BUNDLED_MODELS})

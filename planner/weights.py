@@ -367,3 +367,23 @@ def weight_format(cfg: dict, model_dtype_bytes: int, weight_dtype: str = "auto",
     raise InputError(f"unsupported quant_method {method!r} (supported: "
                      f"{', '.join(QUANT_METHODS)}; or pass --weight-dtype)", file=path or None,
                      field=field)
+
+
+def serve_weights_as(model, weight_dtype: str):
+    """The model with its weights served as ``weight_dtype`` (``--weight-dtype``; "auto":
+    unchanged: the checkpoint's quantization_config, else its dtype).
+
+    Raises:
+        InputError: an unknown dtype, or a model without weights by kind (a bare ModelSpec).
+    """
+    from dataclasses import replace
+
+    from kvsim.errors import InputError
+
+    if weight_dtype == "auto":
+        return model
+    fmt = weight_format({}, model.dtype_bytes, weight_dtype)
+    if model.weights is None:
+        raise InputError(f"{model.name}: no weights by kind to serve as {weight_dtype} (load it "
+                         "with load_hf_config)", field="weight_dtype")
+    return replace(model, weights=ServedWeights(model.weights.breakdown, fmt))

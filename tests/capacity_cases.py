@@ -22,8 +22,71 @@ MODELS = {  # config folder -> tensor-parallel sizes its heads allow
 }
 
 
-def cases() -> list[dict]:
+# every hybrid preset on the GPUs it fits, at the KV memory kvsim computes for it (vLLM's
+# defaults otherwise: batch limits of the GPU, gpu_memory_utilization 0.92): (preset, GPU, tp,
+# max_model_len, prefix caching, hybrid manager off)
+PRESET_CASES = [
+    ("gpt-oss-20b", "H100-80GB-SXM", 1, 131072, True, False),
+    ("gpt-oss-20b", "H200", 1, 131072, True, False),
+    ("gpt-oss-120b", "H100-80GB-SXM", 1, 131072, True, False),
+    ("gpt-oss-120b", "H200", 1, 131072, True, False),
+    ("gpt-oss-120b", "H100-80GB-SXM", 1, 32768, True, True),
+    ("gpt-oss-120b", "H200", 1, 131072, True, True),
+    ("Gemma-3-27B", "H100-80GB-SXM", 1, 131072, True, False),
+    ("Gemma-3-27B", "H200", 1, 131072, True, False),
+    ("DeepSeek-V3", "H200", 8, 163840, True, False),
+    ("Qwen3-Next-80B-A3B", "H100-80GB-SXM", 4, 262144, True, False),
+    ("Qwen3-Next-80B-A3B", "H200", 2, 262144, True, False),
+    ("Qwen3-Next-80B-A3B", "H200", 2, 262144, False, False),
+    ("Nemotron-H-8B", "H100-80GB-SXM", 1, 8192, True, False),
+    ("Nemotron-H-8B", "H200", 1, 8192, True, False),
+    ("Nemotron-H-8B", "H200", 1, 8192, False, False),
+]
+
+
+def preset_capacity(preset: str, gpu: str, tp: int, max_model_len: int, caching: bool,
+                    no_hybrid: bool):
+    """kvsim's capacity report of a preset (planner.capacity.compute_capacity)."""
+    from kvsim.planner.capacity import compute_capacity
+    from kvsim.planner.presets import get_gpu, get_model
+
+    return compute_capacity(get_model(preset), get_gpu(gpu), tp=tp, max_model_len=max_model_len,
+                            enable_prefix_caching=caching,
+                            disable_hybrid_kv_cache_manager=no_hybrid)
+
+
+def preset_cases() -> list[dict]:
+    from kvsim.planner.presets import BUNDLED_MODELS
+
     out = []
+    for preset, gpu, tp, max_len, caching, no_hybrid in PRESET_CASES:
+        r = preset_capacity(preset, gpu, tp, max_len, caching, no_hybrid)
+        case = dict(preset=preset, gpu=gpu,
+                    config=f"planner/hf_configs/{BUNDLED_MODELS[preset][0]}/config.json", tp=tp,
+                    prefix_caching=caching, max_model_len=max_len,
+                    available_kv_bytes=r.available_kv_bytes,
+                    max_num_batched_tokens=r.max_num_batched_tokens,
+                    max_num_seqs=r.max_num_seqs)
+        if no_hybrid:
+            case["disable_hybrid_kv_cache_manager"] = True
+        out.append(case)
+    return out
+
+
+def report_plan(r) -> dict:
+    """A capacity report in the harness's output format."""
+    kinds = {"full_attention": "full_attention", "sliding_window": "sliding_window",
+             "mla": "mla_attention", "mamba": "mamba"}
+    return {"num_gpu_blocks": r.num_gpu_blocks, "block_size": r.block_size,
+            "bytes_per_block": r.bytes_per_block, "kv_cache_tokens": r.kv_cache_tokens,
+            "max_concurrency": r.max_concurrency,
+            "groups": [{"kind": kinds[g.spec.kind], "layers": list(g.layers),
+                        "block_size": g.block_size, "page_size_bytes": g.spec.page_size_bytes,
+                        "group_page_bytes": g.page_bytes} for g in r.kv_plan.groups]}
+
+
+def cases() -> list[dict]:
+    out = preset_cases()
     for model, tps in MODELS.items():
         config = f"planner/hf_configs/{model}/config.json"
         for tp, caching, (kv_dtype, block), (max_len, gib) in itertools.product(

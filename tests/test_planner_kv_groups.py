@@ -5,7 +5,8 @@ import json
 
 import pytest
 
-from capacity_cases import GOLDEN, cases, kvsim_plan, vllm_plans
+from capacity_cases import (GOLDEN, PRESET_CASES, cases, kvsim_plan, preset_capacity, report_plan,
+                            vllm_plans)
 from kvsim.planner.kv_groups import kv_cache_groups, layer_kv_specs, plan_kv_cache
 from kvsim.planner.layers import AttentionLayer, MambaLayer, parse_layers
 from kvsim.errors import InputError
@@ -16,6 +17,9 @@ RECORDS = json.loads(GOLDEN.read_text())
 
 def label(record):
     c = record["case"]
+    if "preset" in c:
+        return (f"{c['preset']}-{c['gpu']}-tp{c['tp']}-L{c['max_model_len']}-"
+                f"pc{int(c['prefix_caching'])}{'-nohma' if c.get('disable_hybrid_kv_cache_manager') else ''}")
     return (f"{c['config'].split('/')[2]}-tp{c['tp']}-{c.get('kv_cache_dtype', 'auto')}-"
             f"b{c.get('block_size')}-L{c['max_model_len']}-pc{int(c.get('prefix_caching', 1))}"
             f"-{c['available_kv_bytes'] >> 20}M{'-nohma' if c.get('disable_hybrid_kv_cache_manager') else ''}")
@@ -32,6 +36,29 @@ def test_plan_equals_vllm(record):
         assert "error" in got and "max_model_len" in got["error"], got
         return
     assert got == want
+
+
+PRESET_RECORDS = [r for r in RECORDS if "preset" in r["case"]]
+
+
+def test_every_hybrid_preset_has_capacity_cases():
+    from kvsim.planner.presets import BUNDLED_MODELS
+    assert {r["case"]["preset"] for r in PRESET_RECORDS} == set(BUNDLED_MODELS)
+    assert len(PRESET_RECORDS) == len(PRESET_CASES)
+
+
+@pytest.mark.parametrize("record", PRESET_RECORDS, ids=[label(r) for r in PRESET_RECORDS])
+def test_preset_capacity_equals_vllm(record):
+    """``kvsim capacity --model P``'s numbers (compute_capacity, at the KV memory it computes)
+    equal vLLM's own planning at that memory: num_gpu_blocks, block size, every group's layers,
+    page and bytes per token, max concurrency."""
+    c = record["case"]
+    r = preset_capacity(c["preset"], c["gpu"], c["tp"], c["max_model_len"], c["prefix_caching"],
+                        c.get("disable_hybrid_kv_cache_manager", False))
+    assert r.available_kv_bytes == c["available_kv_bytes"]
+    assert report_plan(r) == record["vllm"]
+    for row, group in zip(r.kv_groups, record["vllm"]["groups"]):
+        assert row["bytes_per_token"] == group["group_page_bytes"] / group["block_size"]
 
 
 @pytest.mark.slow

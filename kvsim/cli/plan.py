@@ -39,6 +39,8 @@ def plan_base(args):
                     custom_gpu=None if isinstance(gpu, str) else gpu, tp=args.tp,
                     kv_dtype=args.kv_dtype, gpu_memory_utilization=args.gpu_memory_utilization,
                     block_size=args.block_size, max_model_len=args.max_model_len,
+                    weight_dtype=args.weight_dtype,
+                    disable_hybrid_kv_cache_manager=args.disable_hybrid_kv_cache_manager,
                     non_kv_gib=args.non_kv_gib, rate=args.rate, max_requests=args.max_requests,
                     allocator=args.allocator, replicas=args.replicas, router=args.router,
                     seed=args.seed, step_s=options.step_s_from_args(args), cost_table=args.cost_table,
