@@ -25,10 +25,10 @@ def next_frame(frame: int, num_frames: int, frames_per_tick: int) -> tuple[int, 
     return nxt, nxt < num_frames - 1
 
 
-def clamp_frame(state: MutableMapping, num_frames: int) -> None:
-    """Keep the frame inside a run that may have fewer frames than the last one."""
-    if state.get("k_frame", 0) >= num_frames:
-        state["k_frame"] = num_frames - 1
+def clamp_frame(state: MutableMapping, num_frames: int, key: str = "k_frame") -> None:
+    """Keep the frame (widget ``key``) inside a run that may have fewer frames than the last."""
+    if state.get(key, 0) >= num_frames:
+        state[key] = num_frames - 1
 
 
 def toggle_play(state: MutableMapping, num_frames: int) -> None:
