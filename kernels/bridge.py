@@ -378,7 +378,9 @@ def _run_batch(arrays: PoolArrays, seq_ids: list[int], computed: list[int], new:
         start += len(tables[s])
     out_ident = run(key_cache[flat_ids], value_cache[flat_ids], ident_tables)
 
-    holders = np.bincount(np.concatenate([np.unique(tables[s]) for s in seq_ids]), minlength=arrays.num_blocks)
+    # blocks each sequence reads (a window's: from its first position on; below it the null block)
+    read = [np.unique(tables[s][first_read(c) // bs:]) for s, c in zip(seq_ids, computed)]
+    holders = np.bincount(np.concatenate(read), minlength=arrays.num_blocks)
     q64 = query.to("cpu", torch.float64)
     out64 = out.to("cpu", torch.float64)
     results = []
@@ -392,7 +394,7 @@ def _run_batch(arrays: PoolArrays, seq_ids: list[int], computed: list[int], new:
         abs_err = float((out64[rows] - ref).abs().max())
         rel_err = abs_err / max(float(ref.abs().max()), 1e-30)
         same = bool(torch.equal(out[rows], out_ident[rows]))
-        results.append(_SeqResult(int(s), int(n), len(tables[s]), int((holders[tables[s]] > 1).sum()), abs_err,
+        results.append(_SeqResult(int(s), int(n), len(tables[s]), int((holders[read[i]] > 1).sum()), abs_err,
                                   rel_err, same))
     return results
 
@@ -417,9 +419,11 @@ def validate_snapshot(snapshot, *, layout: str = "flat", dtype: torch.dtype = to
                       device: str | torch.device | None = None, num_kv_heads: int | None = None,
                       num_heads: int | None = None, head_size: int | None = None,
                       partition_size: int | None = None, max_seqs: int | None = None,
-                      seed: int = 0) -> ValidationReport:
+                      seed: int = 0, sliding_window: int | None = None) -> ValidationReport:
     """Run paged (decode) attention over a snapshot's block tables: every sequence's last token
-    attends to all of its tokens. Compare with dense attention and with an identity table.
+    attends to all of its tokens (the last ``sliding_window`` with a window: a sliding-window
+    group's tables hold the null block below it). Compare with dense attention (with the
+    window mask) and with an identity table.
 
     Args:
         snapshot: PoolSnapshot look-alike or PoolArrays (see ``pool_arrays``).
@@ -430,9 +434,12 @@ def validate_snapshot(snapshot, *, layout: str = "flat", dtype: torch.dtype = to
         partition_size: None = dispatch rule; an int forces split-KV (v2).
         max_seqs: validate only the first max_seqs sequences (by seq_id).
         seed: seed of the queries (numpy PCG64).
+        sliding_window: None or the window in tokens.
     Returns:
         ValidationReport, one SequenceCheck per sequence with tokens.
     """
+    if sliding_window is not None and sliding_window < 1:
+        raise ValueError(f"sliding_window must be >= 1, got {sliding_window}")
     arrays = pool_arrays(snapshot)
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     num_kv_heads, num_heads, head_size = _model_geometry(device, num_kv_heads, num_heads, head_size, dtype)
@@ -441,7 +448,8 @@ def validate_snapshot(snapshot, *, layout: str = "flat", dtype: torch.dtype = to
     seq_ids = [s for s in seq_ids if arrays.seq_lens[s] > 0][:max_seqs]
     tol = _TOLERANCE[dtype]
     results = _run_batch(arrays, seq_ids, [arrays.seq_lens[s] - 1 for s in seq_ids], [1] * len(seq_ids), layout,
-                         dtype, device, num_kv_heads, num_heads, head_size, partition_size, None, seed) \
+                         dtype, device, num_kv_heads, num_heads, head_size, partition_size, sliding_window,
+                         seed) \
         if seq_ids else []
     checks = [SequenceCheck(*_check_fields(r, tol)) for r in results]
     return ValidationReport(checks, int(num_empty), tol, str(dtype).replace("torch.", ""), layout, str(device),

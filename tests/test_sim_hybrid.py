@@ -173,3 +173,26 @@ def test_cli_bad_kv_groups_is_one_line(capsys, tmp_path):
                    "full,slidng:8", "--out", str(tmp_path / "r.json")])
     err = capsys.readouterr().err.strip()
     assert rc == 2 and "entry 2" in err and len(err.splitlines()) == 1
+
+
+def test_validate_runs_the_windowed_kernel_on_a_simulated_sliding_pool(capsys, tmp_path):
+    """`kvsim validate --kv-groups`: the sliding group's tables, NULL below the window, through
+    the unified kernel with the window, against dense attention with the window mask."""
+    import json
+    import os
+    if os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
+        import sys
+        if "kvsim.kernels.attention" in sys.modules:
+            pytest.skip("kernels already imported without the Triton interpreter")
+    out = tmp_path / "v.json"
+    rc = cli.main(["validate", "sharegpt:rate=2,n=30,seed=0", "--at", "25", "--num-blocks", "500",
+                   "--kv-groups", "sliding:40,full", "--device", "cpu", "--max-seqs", "3",
+                   "--json", str(out)])
+    text = capsys.readouterr().out
+    assert rc == 0 and "PASS" in text and "sliding window 40" in text
+    report = json.loads(out.read_text())
+    assert report["sliding_window"] == 40 and report["passed"]
+    assert any(c["num_tokens"] > 40 + 16 for c in report["checks"])   # windows did slide
+    rc = cli.main(["validate", "sharegpt:rate=2,n=30,seed=0", "--at", "25", "--num-blocks", "500",
+                   "--kv-groups", "mamba,full", "--group", "0", "--device", "cpu"])
+    assert rc == 2 and "holds states" in capsys.readouterr().err

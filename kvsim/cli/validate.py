@@ -3,8 +3,13 @@
     kvsim validate --snapshot pool.npz [--layout flat|vllm] [--dtype float32|float16|bfloat16]
     kvsim validate WORKLOAD --at SECONDS --num-blocks N [--block-size 16] [--step-s 0.02]
                    [--save-snapshot pool.npz]
+    kvsim validate WORKLOAD --at SECONDS --num-blocks N --kv-groups sliding:64,full [--group 0]
 
-The first form reads a snapshot saved with ``kernels.bridge.save_snapshot``; the second replays
+With ``--kv-groups`` (a hybrid model's KV-cache groups, ``kvsim replay``'s spelling) the
+replay runs the grouped allocator and one group's tables are checked (``--group``, default the
+first sliding-window group): the unified kernel with that group's window, over tables whose
+positions below the window point at the null block, against dense attention with the window
+mask. The first form reads a snapshot saved with ``kernels.bridge.save_snapshot``; the second replays
 WORKLOAD (``kvsim replay``'s defaults, kvsim.cli.replay) and takes the pool at SECONDS. Hardware in
 the loop stays here, in the CLI: the simulator never imports the kernels. Runs on CUDA when present, else on CPU through the Triton interpreter (head sizes scaled
 down). Prints one row per sequence (worst first); exit code 0 when every sequence matches within the
@@ -45,6 +50,12 @@ def register(subparsers) -> None:
                    help="WORKLOAD form: fixed step time (default 0.02)")
     p.add_argument("--max-requests", type=positive_int,
                    help="WORKLOAD form: simulate only the first N requests")
+    p.add_argument("--kv-groups", metavar="GROUPS",
+                   help="WORKLOAD form: a hybrid model's KV-cache groups (full | sliding:W | "
+                        "mamba | mamba_ckpt[:A], comma-separated)")
+    p.add_argument("--group", type=int, metavar="I",
+                   help="with --kv-groups: the attention group whose tables are checked "
+                        "(default: the first sliding-window group)")
     p.add_argument("--layout", choices=("flat", "vllm"), default="flat")
     p.add_argument("--dtype", choices=DTYPES, default="float32")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
@@ -73,12 +84,35 @@ def _simulated_snapshot(args):
     add_replay_args(parser)
     replay = parser.parse_args([args.workload])
     replay.num_blocks, replay.block_size, replay.step_s = args.num_blocks, args.block_size, args.step_s
+    replay.kv_groups = args.kv_groups
     replay.max_requests, replay.snapshot_times_s, replay.quiet = args.max_requests, repr(args.at), True
     result = run_one(replay, "paged")
     if not result.snapshots:
         raise InputError(f"--at {args.at}: the simulation ended before that time (no snapshot taken)")
     # Result.snapshots holds (time_s, replica, PoolSnapshot): replica 0's comes first
     return result.snapshots[0][-1]
+
+
+def _group_pool(snapshot, kv_groups: str, group: int | None):
+    """One attention group's view of a grouped pool's snapshot (its block tables, the pool's
+    blocks and keys) and the group's window (None: full attention)."""
+    from kvsim.kernels.bridge import pool_arrays
+    from kvsim.simulator.config import parse_kv_groups
+
+    groups = parse_kv_groups(kv_groups)
+    if group is None:
+        group = next((i for i, g in enumerate(groups) if g.kind == "sliding_window"), 0)
+    if not 0 <= group < len(groups):
+        raise InputError(f"--group {group}: the model has groups 0..{len(groups) - 1}",
+                         field="group")
+    if groups[group].kind == "mamba":
+        raise InputError(f"--group {group}: a Mamba group holds states, not attention KV",
+                         field="group")
+    tables = {s: t[group] for s, t in snapshot.group_block_tables.items()}
+    arrays = pool_arrays(block_tables=tables, seq_lens=snapshot.seq_lens,
+                         num_blocks=snapshot.num_cells, block_size=snapshot.block_size,
+                         block_key=snapshot.block_key)
+    return arrays, groups[group].sliding_window
 
 
 def _load_snapshot(path: Path):
@@ -147,15 +181,26 @@ def run(args) -> int:
     from kvsim.kernels.bridge import save_snapshot, validate_snapshot
 
     snapshot = _load_snapshot(args.snapshot) if args.snapshot is not None else _simulated_snapshot(args)
+    window = None
+    if args.kv_groups:
+        if args.snapshot is not None:
+            raise InputError("--kv-groups goes with the WORKLOAD form (a saved snapshot keeps "
+                             "one block table per sequence)")
+        snapshot, window = _group_pool(snapshot, args.kv_groups, args.group)
     if args.save_snapshot is not None:
         save_snapshot(args.save_snapshot, snapshot)
     report = validate_snapshot(snapshot, layout=args.layout, dtype=getattr(torch, args.dtype), device=device,
                                num_kv_heads=args.num_kv_heads, num_heads=args.num_heads,
                                head_size=args.head_size, partition_size=args.partition_size,
-                               max_seqs=args.max_seqs, seed=args.seed)
+                               max_seqs=args.max_seqs, seed=args.seed, sliding_window=window)
     print(format_report(report))
+    if window is not None:
+        print(f"sliding window {window}: the sliding-window group's tables (null block below "
+              f"the window), dense reference masked to the window")
     if args.json is not None:
         data = asdict(report)
         data["passed"] = report.passed
+        if window is not None:
+            data["sliding_window"] = window
         args.json.write_text(json.dumps(data, indent=1) + "\n")
     return 0 if report.passed else 1
