@@ -3,13 +3,22 @@
     kvsim validate --snapshot pool.npz [--layout flat|vllm] [--dtype float32|float16|bfloat16]
     kvsim validate WORKLOAD --at SECONDS --num-blocks N [--block-size 16] [--step-s 0.02]
                    [--save-snapshot pool.npz]
+    kvsim validate ... --step [--sliding-window W]
     kvsim validate WORKLOAD --at SECONDS --num-blocks N --kv-groups sliding:64,full [--group 0]
+                   [--step]
 
-With ``--kv-groups`` (a hybrid model's KV-cache groups, ``kvsim replay``'s spelling) the
-replay runs the grouped allocator and one group's tables are checked (``--group``, default the
-first sliding-window group): the unified kernel with that group's window, over tables whose
-positions below the window point at the null block, against dense attention with the window
-mask. The first form reads a snapshot saved with ``kernels.bridge.save_snapshot``; the second replays
+``--step`` checks one engine step as vLLM v1 runs it: the step's whole batch (prefills, chunked
+prefills after a prefix-cache hit, decodes) in one ``unified_attention`` launch, against dense
+causal attention per sequence. In the WORKLOAD form the step is the first one after --at that
+computes a prefill (one that admits an arrival), so prefill, prefix-hit and decode rows are mixed.
+
+With ``--kv-groups`` (a hybrid model's KV-cache groups, ``kvsim replay``'s spelling) the replay
+runs the grouped allocator and one group's tables are checked (``--group``, default the first
+sliding-window group): the unified kernel with that group's window, over tables whose positions
+below the window point at the null block (blocks a window left are freed and reused), against
+dense attention with the window mask.
+
+The first form reads a snapshot saved with ``kernels.bridge.save_snapshot``; the second replays
 WORKLOAD (``kvsim replay``'s defaults, kvsim.cli.replay) and takes the pool at SECONDS. Hardware in
 the loop stays here, in the CLI: the simulator never imports the kernels. Runs on CUDA when present, else on CPU through the Triton interpreter (head sizes scaled
 down). Prints one row per sequence (worst first); exit code 0 when every sequence matches within the
@@ -55,7 +64,7 @@ def register(subparsers) -> None:
                         "mamba | mamba_ckpt[:A], comma-separated)")
     p.add_argument("--group", type=int, metavar="I",
                    help="with --kv-groups: the attention group whose tables are checked "
-                        "(default: the first sliding-window group)")
+                        "(default: the first sliding-window group; its window applies)")
     p.add_argument("--layout", choices=("flat", "vllm"), default="flat")
     p.add_argument("--dtype", choices=DTYPES, default="float32")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
@@ -69,13 +78,24 @@ def register(subparsers) -> None:
     p.add_argument("--max-seqs", type=positive_int, help="validate only the first N sequences (by seq_id)")
     p.add_argument("--seed", type=int, default=0, help="seed of the queries")
     p.add_argument("--json", type=Path, help="write the full report here")
+    p.add_argument("--step", action="store_true",
+                   help="check the step's mixed batch (prefills + decodes) in one unified launch, "
+                        "instead of one decode query per sequence")
+    p.add_argument("--sliding-window", type=positive_int, metavar="TOKENS",
+                   help="with --step: the model's sliding window (keys outside it are masked)")
     p.add_argument("--save-snapshot", type=Path, metavar="FILE",
                    help="also save the snapshot as .npz (WORKLOAD form: validate it again with --snapshot)")
     p.set_defaults(func=run)
 
 
+# --step, WORKLOAD form: snapshot times after the first arrival at or after --at, one step apart
+# (the arrival is admitted at the first step boundary after it, so its prefill is in one of them)
+STEP_PROBES = 4
+
+
 def _simulated_snapshot(args):
-    """PoolSnapshot at args.at from replaying args.workload (``kvsim replay``'s flags and defaults)."""
+    """PoolSnapshot at args.at from replaying args.workload (``kvsim replay``'s flags and
+    defaults); with --step, the first snapshot after --at whose last step computed a prefill."""
     from kvsim.cli.replay import add_replay_args, run_one
 
     if args.num_blocks is None:
@@ -85,18 +105,30 @@ def _simulated_snapshot(args):
     replay = parser.parse_args([args.workload])
     replay.num_blocks, replay.block_size, replay.step_s = args.num_blocks, args.block_size, args.step_s
     replay.kv_groups = args.kv_groups
-    replay.max_requests, replay.snapshot_times_s, replay.quiet = args.max_requests, repr(args.at), True
+    replay.max_requests, replay.quiet = args.max_requests, True
+    times = [args.at]
+    if args.step:
+        from kvsim import workloads
+
+        arrival = next((r.arrival_s for r in workloads.load(args.workload, max_requests=args.max_requests)
+                        if r.arrival_s >= args.at), args.at)
+        times = [arrival + (j + 0.5) * args.step_s for j in range(STEP_PROBES)]
+    replay.snapshot_times_s = ",".join(map(repr, times))
     result = run_one(replay, "paged")
-    if not result.snapshots:
+    # Result.snapshots holds (time_s, replica, PoolSnapshot); one replica here
+    snapshots = [snap for _, _, snap in result.snapshots]
+    if not snapshots:
         raise InputError(f"--at {args.at}: the simulation ended before that time (no snapshot taken)")
-    # Result.snapshots holds (time_s, replica, PoolSnapshot): replica 0's comes first
-    return result.snapshots[0][-1]
+    mixed = [s for s in snapshots if s.step_num_new_tokens is not None and len(s.step_num_new_tokens)
+             and s.step_num_new_tokens.max() > 1]
+    return (mixed or snapshots)[0]
 
 
 def _group_pool(snapshot, kv_groups: str, group: int | None):
-    """One attention group's view of a grouped pool's snapshot (its block tables, the pool's
-    blocks and keys) and the group's window (None: full attention)."""
-    from kvsim.kernels.bridge import pool_arrays
+    """One attention group's view of a grouped pool's snapshot (its block tables over the pool's
+    blocks and keys; the step, if recorded, kept) and the group's window (None: full)."""
+    from dataclasses import replace
+
     from kvsim.simulator.config import parse_kv_groups
 
     groups = parse_kv_groups(kv_groups)
@@ -109,10 +141,7 @@ def _group_pool(snapshot, kv_groups: str, group: int | None):
         raise InputError(f"--group {group}: a Mamba group holds states, not attention KV",
                          field="group")
     tables = {s: t[group] for s, t in snapshot.group_block_tables.items()}
-    arrays = pool_arrays(block_tables=tables, seq_lens=snapshot.seq_lens,
-                         num_blocks=snapshot.num_cells, block_size=snapshot.block_size,
-                         block_key=snapshot.block_key)
-    return arrays, groups[group].sliding_window
+    return replace(snapshot, block_tables=tables), groups[group].sliding_window
 
 
 def _load_snapshot(path: Path):
@@ -128,21 +157,33 @@ def _load_snapshot(path: Path):
 
 
 def format_report(report) -> str:
-    """Per-sequence table (worst MAX_ROWS by relative error) and a summary line."""
+    """Per-sequence table (worst MAX_ROWS by relative error) and a summary line; a step report
+    (``--step``) adds each sequence's context and new tokens."""
+    step = hasattr(report, "sliding_window")
     rows = sorted(report.checks, key=lambda c: (c.passed, -c.max_rel_err))
     head = f"{'seq_id':>8} {'tokens':>7} {'blocks':>6} {'shared':>6} {'max_abs_err':>11} {'max_rel_err':>11} " \
            f"{'bitwise':>7} {'ok':>3}"
+    if step:
+        head += f" {'context':>7} {'new':>5}"
     lines = [head]
     for c in rows[:MAX_ROWS]:
-        lines.append(f"{c.seq_id:>8} {c.num_tokens:>7} {c.num_blocks:>6} {c.num_shared_blocks:>6} "
-                     f"{c.max_abs_err:>11.2e} {c.max_rel_err:>11.2e} {str(c.bitwise_equal):>7} "
-                     f"{'yes' if c.passed else 'NO':>3}")
+        line = (f"{c.seq_id:>8} {c.num_tokens:>7} {c.num_blocks:>6} {c.num_shared_blocks:>6} "
+                f"{c.max_abs_err:>11.2e} {c.max_rel_err:>11.2e} {str(c.bitwise_equal):>7} "
+                f"{'yes' if c.passed else 'NO':>3}")
+        lines.append(line + (f" {c.num_computed_tokens:>7} {c.num_new_tokens:>5}" if step else ""))
     if len(rows) > MAX_ROWS:
         lines.append(f"... {len(rows) - MAX_ROWS} more sequences")
     worst = max((c.max_rel_err for c in report.checks), default=0.0)
     num_failed = sum(not c.passed for c in report.checks)
+    if step:
+        num_prefill = sum(c.num_new_tokens > 1 for c in report.checks)
+        what = (f"one step of {len(report.checks)} sequences ({num_prefill} prefill or chunk, "
+                f"{len(report.checks) - num_prefill} decode, {report.num_tokens} new tokens, "
+                f"window {report.sliding_window or 'none'}) in one unified launch")
+    else:
+        what = f"{len(report.checks)} sequences ({report.num_skipped_empty} with 0 tokens not run)"
     lines.append(
-        f"{len(report.checks)} sequences ({report.num_skipped_empty} with 0 tokens not run), "
+        f"{what}, "
         f"{sum(c.num_shared_blocks > 0 for c in report.checks)} with shared blocks; {report.dtype} "
         f"{report.layout} layout on {report.device}, heads {report.num_heads}/{report.num_kv_heads} kv, "
         f"head_size {report.head_size}, partition {report.partition_size or 'auto'}: worst relative error "
@@ -152,6 +193,15 @@ def format_report(report) -> str:
 
 
 def run(args) -> int:
+    if args.kv_groups and (args.snapshot is not None or args.sliding_window is not None):
+        raise InputError("--kv-groups goes with the WORKLOAD form, and the group's own window "
+                         "applies (no --sliding-window)")
+    if args.group is not None and not args.kv_groups:
+        raise InputError("--group needs --kv-groups")
+    if args.sliding_window is not None and not args.step:
+        raise InputError("--sliding-window applies to --step (a decode-only check has no window)")
+    if args.step and args.max_seqs is not None:
+        raise InputError("--max-seqs does not apply to --step (a step is checked whole)")
     if (args.snapshot is None) == (args.workload is None):
         raise InputError("give exactly one of --snapshot FILE or WORKLOAD --at SECONDS")
     if args.workload is not None and args.at is None:
@@ -178,29 +228,33 @@ def run(args) -> int:
             os.environ["TRITON_INTERPRET"] = "1"
         elif os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
             raise InputError("--device cpu: the kernels were imported without TRITON_INTERPRET=1")
-    from kvsim.kernels.bridge import save_snapshot, validate_snapshot
+    from kvsim.kernels.bridge import save_snapshot, validate_snapshot, validate_step
 
     snapshot = _load_snapshot(args.snapshot) if args.snapshot is not None else _simulated_snapshot(args)
-    window = None
+    window = args.sliding_window
     if args.kv_groups:
-        if args.snapshot is not None:
-            raise InputError("--kv-groups goes with the WORKLOAD form (a saved snapshot keeps "
-                             "one block table per sequence)")
         snapshot, window = _group_pool(snapshot, args.kv_groups, args.group)
     if args.save_snapshot is not None:
         save_snapshot(args.save_snapshot, snapshot)
-    report = validate_snapshot(snapshot, layout=args.layout, dtype=getattr(torch, args.dtype), device=device,
-                               num_kv_heads=args.num_kv_heads, num_heads=args.num_heads,
-                               head_size=args.head_size, partition_size=args.partition_size,
-                               max_seqs=args.max_seqs, seed=args.seed, sliding_window=window)
+    geometry = dict(layout=args.layout, dtype=getattr(torch, args.dtype), device=device,
+                    num_kv_heads=args.num_kv_heads, num_heads=args.num_heads, head_size=args.head_size,
+                    partition_size=args.partition_size, seed=args.seed)
+    if args.step:
+        try:
+            report = validate_step(snapshot, sliding_window=window, **geometry)
+        except ValueError as err:   # the snapshot holds no step, or one that does not fit it
+            raise InputError(f"--step: {err}") from None
+    else:
+        report = validate_snapshot(snapshot, max_seqs=args.max_seqs, sliding_window=window,
+                                   **geometry)
     print(format_report(report))
-    if window is not None:
+    if args.kv_groups and window is not None:
         print(f"sliding window {window}: the sliding-window group's tables (null block below "
               f"the window), dense reference masked to the window")
     if args.json is not None:
         data = asdict(report)
         data["passed"] = report.passed
-        if window is not None:
+        if args.kv_groups:
             data["sliding_window"] = window
         args.json.write_text(json.dumps(data, indent=1) + "\n")
     return 0 if report.passed else 1
