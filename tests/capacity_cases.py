@@ -30,7 +30,7 @@ PRESET_CASES = [
     ("gpt-oss-20b", "H200", 1, 131072, True, False),
     ("gpt-oss-120b", "H100-80GB-SXM", 1, 131072, True, False),
     ("gpt-oss-120b", "H200", 1, 131072, True, False),
-    ("gpt-oss-120b", "H100-80GB-SXM", 1, 32768, True, True),
+    ("gpt-oss-120b", "H100-80GB-SXM", 1, 131072, True, True),
     ("gpt-oss-120b", "H200", 1, 131072, True, True),
     ("Gemma-3-27B", "H100-80GB-SXM", 1, 131072, True, False),
     ("Gemma-3-27B", "H200", 1, 131072, True, False),
