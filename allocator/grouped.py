@@ -48,6 +48,40 @@ class CacheHit:
         return not any(self.blocks)
 
 
+class _GroupCountingPool(BlockPool):
+    """The shared pool, also counting its cached free blocks by the group whose key each holds
+    (``block_group[b]``: the group that last took block b), so that a per-group breakdown is
+    O(1). Hooks only where a block becomes or stops being a cached free block: ``free`` (into
+    the queue with a key), ``touch`` (a hit takes it back), ``unregister`` (eviction)."""
+
+    def __init__(self, num_blocks: int, block_group: list[int], num_groups: int):
+        super().__init__(num_blocks, reserve_null_block=True)
+        self.block_group = block_group
+        self.num_cached_by_group = [0] * num_groups
+
+    def free(self, blocks_tail_first: list[int], num_reuse_first: int) -> None:
+        super().free(blocks_tail_first, num_reuse_first)
+        if self._key_to_block:
+            ref, key, group = self.ref_cnt, self.block_key, self.block_group
+            counts = self.num_cached_by_group
+            for block_id in blocks_tail_first[num_reuse_first:]:
+                if not ref[block_id] and key[block_id] is not None:
+                    counts[group[block_id]] += 1
+
+    def touch(self, blocks) -> None:
+        blocks = list(blocks)
+        ref, group, counts = self.ref_cnt, self.block_group, self.num_cached_by_group
+        for block_id in blocks:
+            if ref[block_id] == 0:
+                counts[group[block_id]] -= 1
+        super().touch(blocks)
+
+    def unregister(self, block_id: int) -> None:
+        if self.block_key[block_id] is not None and self.ref_cnt[block_id] == 0:
+            self.num_cached_by_group[self.block_group[block_id]] -= 1
+        super().unregister(block_id)
+
+
 class GroupedPagedAllocator(PoolQueries):
     """KV-cache groups over one pool, with vLLM's per-group rules.
 
@@ -77,8 +111,8 @@ class GroupedPagedAllocator(PoolQueries):
         self.enable_prefix_caching = enable_prefix_caching
         self.max_model_len = max_model_len
         self.num_usable_blocks = num_blocks - 1
-        self.pool = BlockPool(num_blocks, reserve_null_block=True)
         self._block_group = [-1] * num_blocks      # group that last took each block
+        self.pool = _GroupCountingPool(num_blocks, self._block_group, len(self.groups))
         in_flight = max_concurrent_batches * require_int("max_num_batched_tokens",
                                                          max_num_batched_tokens, 1)
         self.managers: tuple[GroupManager, ...] = tuple(
@@ -310,14 +344,9 @@ class GroupedPagedAllocator(PoolQueries):
         """Slots per group: token states (a Mamba state block counts whole), internal
         fragmentation (the unfilled tail of a request's last block) and cached free blocks
         keyed by the group. With the pool's free slots and the null block they sum to the
-        pool (``breakdown``). O(free blocks) for the cached split."""
+        pool (``breakdown``). O(groups): the pool counts cached blocks by group."""
         size = self.block_size
-        cached = [0] * len(self.groups)
-        key_of, group_of = self.pool.block_key, self._block_group
-        if self.pool.num_cached_blocks:
-            for block_id in self.pool.free_queue():
-                if key_of[block_id] is not None:
-                    cached[group_of[block_id]] += 1
+        cached = self.pool.num_cached_by_group
         return [{"token_states": m.num_used_blocks * size - self._tail_waste[i],
                  "internal_fragmentation": self._tail_waste[i], "cached": cached[i] * size}
                 for i, m in enumerate(self.managers)]
@@ -400,4 +429,10 @@ class GroupedPagedAllocator(PoolQueries):
             assert self._tail_waste[i] == waste, f"group {i}: tail waste {self._tail_waste[i]}"
         assert sum(len(u) for u in used_by_group) == self.num_used_blocks, \
             "blocks shared across groups"
+        cached = [0] * len(self.groups)
+        for block_id in pool.free_queue():
+            if pool.block_key[block_id] is not None:
+                cached[self._block_group[block_id]] += 1
+        assert cached == pool.num_cached_by_group, \
+            f"cached by group {pool.num_cached_by_group}, free queue says {cached}"
         check_breakdown(self.breakdown(), self.num_blocks * size)
