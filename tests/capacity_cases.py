@@ -75,14 +75,19 @@ def preset_cases() -> list[dict]:
 
 def report_plan(r) -> dict:
     """A capacity report in the harness's output format."""
+    return plan_dict(r.kv_plan)
+
+
+def plan_dict(plan) -> dict:
+    """A KVCachePlan in the harness's output format."""
     kinds = {"full_attention": "full_attention", "sliding_window": "sliding_window",
              "mla": "mla_attention", "mamba": "mamba"}
-    return {"num_gpu_blocks": r.num_gpu_blocks, "block_size": r.block_size,
-            "bytes_per_block": r.bytes_per_block, "kv_cache_tokens": r.kv_cache_tokens,
-            "max_concurrency": r.max_concurrency,
+    return {"num_gpu_blocks": plan.num_gpu_blocks, "block_size": plan.block_size,
+            "bytes_per_block": plan.bytes_per_block, "kv_cache_tokens": plan.kv_cache_tokens,
+            "max_concurrency": plan.max_concurrency,
             "groups": [{"kind": kinds[g.spec.kind], "layers": list(g.layers),
                         "block_size": g.block_size, "page_size_bytes": g.spec.page_size_bytes,
-                        "group_page_bytes": g.page_bytes} for g in r.kv_plan.groups]}
+                        "group_page_bytes": g.page_bytes} for g in plan.groups]}
 
 
 def cases() -> list[dict]:
@@ -136,14 +141,7 @@ def kvsim_plan(case: dict) -> dict:
                              2 * case.get("max_num_batched_tokens", 8192))
     except ValueError as err:
         return {"error": str(err)}
-    kinds = {"full_attention": "full_attention", "sliding_window": "sliding_window",
-             "mla": "mla_attention", "mamba": "mamba"}
-    return {"num_gpu_blocks": plan.num_gpu_blocks, "block_size": plan.block_size,
-            "bytes_per_block": plan.bytes_per_block, "kv_cache_tokens": plan.kv_cache_tokens,
-            "max_concurrency": plan.max_concurrency,
-            "groups": [{"kind": kinds[g.spec.kind], "layers": list(g.layers),
-                        "block_size": g.block_size, "page_size_bytes": g.spec.page_size_bytes,
-                        "group_page_bytes": g.page_bytes} for g in plan.groups]}
+    return plan_dict(plan)
 
 
 def vllm_plans(python: str, all_cases: list[dict]) -> list[dict]:
