@@ -30,8 +30,8 @@ import math
 from dataclasses import asdict, dataclass, field
 
 from kvsim.errors import InputError
-from kvsim.planner.kv_groups import (KVCachePlan, default_block_size, layer_kv_specs,
-                                     mamba_checkpoint_alignment, plan_kv_cache)
+from kvsim.planner.kv_groups import (KVCachePlan, default_block_size, kv_cache_groups,
+                                     layer_kv_specs, mamba_checkpoint_alignment, plan_kv_cache)
 from kvsim.planner.layers import AttentionLayer
 from kvsim.planner.specs import GIB, GpuSpec, ModelSpec, dtype_bytes
 
@@ -356,13 +356,31 @@ def group_rows(plan: KVCachePlan) -> tuple[dict, ...]:
     return tuple(rows)
 
 
-def kv_cache_group_specs(model: ModelSpec, plan: KVCachePlan) -> tuple:
-    """The simulator's groups for a plan (allocator.KVCacheGroupSpec), or () when vLLM would
-    run it as plain full attention (one full-attention or MLA group)."""
+def model_kv_groups(model: ModelSpec, *, tp: int, kv_dtype: str, block_size: int | None,
+                    enable_prefix_caching: bool, max_model_len: int,
+                    disable_hybrid: bool = False) -> tuple[tuple, int]:
+    """A hybrid model's KV-cache groups for a pool of any size (given in blocks): the
+    simulator's groups (``kv_cache_group_specs``) and vLLM's block size for them."""
+    layers = model.layers
+    kv_heads_per_rank(model, tp)                       # tp must suit the heads
+    try:
+        specs, block = layer_kv_specs(
+            layers, tp=tp, kv_dtype_bytes=resolve_kv_dtype_bytes(model, kv_dtype),
+            model_dtype=model.dtype, block_size=block_size or default_block_size(layers),
+            enable_prefix_caching=enable_prefix_caching, max_model_len=max_model_len,
+            disable_hybrid=disable_hybrid)
+    except ValueError as err:
+        raise InputError(f"{model.name}: {err}") from None
+    return kv_cache_group_specs(model, kv_cache_groups(specs)), block
+
+
+def kv_cache_group_specs(model: ModelSpec, groups) -> tuple:
+    """The simulator's groups (allocator.KVCacheGroupSpec) for vLLM's groups of a model
+    (planner.kv_groups.KVGroup), or () when vLLM would run it as plain full attention (one
+    full-attention or MLA group)."""
     from kvsim.allocator.group_managers import KVCacheGroupSpec
     from kvsim.planner.kv_groups import group_label
 
-    groups = plan.groups
     if len(groups) == 1 and groups[0].kind == "full_attention":
         return ()
     out = []

@@ -29,7 +29,8 @@ Hybrid models (per-layer shapes: sliding windows, Mamba state; the hybrid preset
 ``--hf-config`` imports): when the model sizes the pool, vLLM's KV-cache groups come with it
 (``capacity.kv_groups``; block_size None takes vLLM's: 16, MLA's 64, a Mamba hybrid's aligned
 block) and the simulator runs them (GroupedPagedAllocator + HybridScheduler). A pool given in
-blocks or tokens takes ``kv_cache_groups`` (``simulator.config.parse_kv_groups``) instead.
+blocks or tokens takes ``kv_cache_groups`` (``simulator.config.parse_kv_groups``), or, for a
+hybrid model, the model's groups and block size.
 
 Defaults a caller leaves as None: model and GPU (``DEFAULT_MODEL`` on ``DEFAULT_GPU``, resolved
 only when sizing or the roofline needs them; a name given is always resolved, so a typo is an
@@ -44,7 +45,8 @@ from dataclasses import dataclass
 
 from kvsim.errors import InputError
 from kvsim.planner.capacity import (DEFAULT_BLOCK_SIZE, DEFAULT_GPU_MEMORY_UTILIZATION, CapacityReport,
-                                    compute_capacity, kv_cache_group_specs, vllm_batch_defaults)
+                                    compute_capacity, kv_cache_group_specs, model_kv_groups,
+                                    vllm_batch_defaults)
 from kvsim.planner.presets import get_gpu, get_model
 from kvsim.planner.roofline import DEFAULT_STEP_OVERHEAD_S, RooflineCost
 from kvsim.planner.specs import GpuSpec, ModelSpec
@@ -197,7 +199,15 @@ def build_engine(*,
         block_size = report.block_size
         if report.kv_plan is not None and allocator == "paged":
             # (a contiguous pool reserves whole sequences: groups do not apply)
-            kv_cache_groups = kv_cache_group_specs(model_spec, report.kv_plan)
+            kv_cache_groups = kv_cache_group_specs(model_spec, report.kv_plan.groups)
+    elif not kv_cache_groups and allocator == "paged" and model_spec is not None and \
+            model_spec.layers is not None:
+        # a hybrid model on a pool given in blocks or tokens: its groups, whatever the pool
+        kv_cache_groups, block_size = model_kv_groups(
+            model_spec, tp=tensor_parallel_size, kv_dtype=kv_cache_dtype, block_size=block_size,
+            enable_prefix_caching=enable_prefix_caching,
+            max_model_len=max_model_len or DEFAULT_MAX_MODEL_LEN,
+            disable_hybrid=disable_hybrid_kv_cache_manager)
     block_size = DEFAULT_BLOCK_SIZE if block_size is None else block_size
     if kv_tokens is not None:
         num_gpu_blocks = kv_tokens // block_size + int(null_block)

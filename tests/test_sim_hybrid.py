@@ -196,3 +196,14 @@ def test_validate_runs_the_windowed_kernel_on_a_simulated_sliding_pool(capsys, t
     rc = cli.main(["validate", "sharegpt:rate=2,n=30,seed=0", "--at", "25", "--num-blocks", "500",
                    "--kv-groups", "mamba,full", "--group", "0", "--device", "cpu"])
     assert rc == 2 and "holds states" in capsys.readouterr().err
+
+
+def test_a_hybrid_model_on_a_pool_given_in_blocks_keeps_its_groups():
+    setup = build_engine(model="Gemma-3-27B", num_gpu_blocks=3000, step_s=0.01)
+    assert len(setup.config.kv_cache_groups) == 7 and setup.capacity is None
+    mla = build_engine(model="DeepSeek-V3", num_gpu_blocks=300, tensor_parallel_size=8,
+                       step_s=0.01)
+    assert mla.config.kv_cache_groups == () and mla.config.block_size == 64
+    explicit = build_engine(model="gpt-oss-120b", num_gpu_blocks=500, step_s=0.01,
+                            kv_cache_groups="sliding:64,full")
+    assert format_kv_groups(explicit.config.kv_cache_groups) == "sliding:64,full"
