@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvsim.allocator.group_managers import KVCacheGroupSpec
 from kvsim.errors import InputError
 
 ALLOCATORS = ("paged", "max", "pow2", "oracle")
@@ -92,6 +91,8 @@ class EngineConfig:
         if self.allocator != "paged" and self.null_block:
             raise InputError("null_block applies to the paged allocator only")
         if self.kv_cache_groups:
+            from kvsim.allocator.group_managers import KVCacheGroupSpec  # light module: lazy
+
             if not all(isinstance(g, KVCacheGroupSpec) for g in self.kv_cache_groups):
                 raise InputError("kv_cache_groups must be KVCacheGroupSpec (parse_kv_groups)")
             if self.allocator != "paged" or not self.null_block:
@@ -142,7 +143,7 @@ _GROUP_SPELLINGS = {"full": "full_attention", "sliding": "sliding_window", "mamb
                     "mamba_ckpt": "mamba"}
 
 
-def parse_kv_groups(text: str, field: str = "kv_groups") -> tuple[KVCacheGroupSpec, ...]:
+def parse_kv_groups(text: str, field: str = "kv_groups") -> tuple:
     """KV-cache groups from ``full,sliding:128,mamba,mamba_ckpt:64`` (vLLM's group order).
 
     ``full`` full attention (MLA too), ``sliding:W`` a sliding window of W tokens, ``mamba``
@@ -152,7 +153,11 @@ def parse_kv_groups(text: str, field: str = "kv_groups") -> tuple[KVCacheGroupSp
 
     Raises:
         InputError: an unknown kind or a bad number (naming the entry).
+    Returns:
+        a tuple of allocator.KVCacheGroupSpec.
     """
+    from kvsim.allocator.group_managers import KVCacheGroupSpec
+
     groups = []
     for i, item in enumerate(str(text).split(",")):
         kind, _, arg = item.strip().partition(":")
