@@ -33,7 +33,7 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
-from kvsim.cli.options import positive_float, positive_int
+from kvsim.cli.options import add_rate_args, positive_float, positive_int
 from kvsim.errors import InputError
 
 DTYPES = ("float32", "float16", "bfloat16")
@@ -65,6 +65,7 @@ def register(subparsers) -> None:
     p.add_argument("--group", type=int, metavar="I",
                    help="with --kv-groups: the attention group whose tables are checked "
                         "(default: the first sliding-window group; its window applies)")
+    add_rate_args(p)
     p.add_argument("--layout", choices=("flat", "vllm"), default="flat")
     p.add_argument("--dtype", choices=DTYPES, default="float32")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
@@ -75,7 +76,9 @@ def register(subparsers) -> None:
     p.add_argument("--partition-size", type=positive_int,
                    help=f"force split-KV (v2) with this many tokens per partition (a multiple of "
                         f"{PARTITION_TOKENS})")
-    p.add_argument("--max-seqs", type=positive_int, help="validate only the first N sequences (by seq_id)")
+    p.add_argument("--max-seqs", type=positive_int,
+                   help="validate at most N sequences, chosen so that shared blocks are read by two of "
+                        "them (the summary says how many were)")
     p.add_argument("--seed", type=int, default=0, help="seed of the queries")
     p.add_argument("--json", type=Path, help="write the full report here")
     p.add_argument("--step", action="store_true",
@@ -106,6 +109,7 @@ def _simulated_snapshot(args):
     replay.num_blocks, replay.block_size, replay.step_s = args.num_blocks, args.block_size, args.step_s
     replay.kv_groups = args.kv_groups
     replay.max_requests, replay.quiet = args.max_requests, True
+    replay.rate, replay.rate_scale = args.rate, args.rate_scale
     times = [args.at]
     if args.step:
         from kvsim import workloads
@@ -181,7 +185,9 @@ def format_report(report) -> str:
                 f"{len(report.checks) - num_prefill} decode, {report.num_tokens} new tokens, "
                 f"window {report.sliding_window or 'none'}) in one unified launch")
     else:
-        what = f"{len(report.checks)} sequences ({report.num_skipped_empty} with 0 tokens not run)"
+        what = (f"{len(report.checks)} of {report.num_sequences} sequences checked "
+                f"({report.num_skipped_empty} with 0 tokens not run; {report.num_shared_blocks_checked} of "
+                f"the {report.num_shared_blocks} shared blocks read by two checked sequences)")
     lines.append(
         f"{what}, "
         f"{sum(c.num_shared_blocks > 0 for c in report.checks)} with shared blocks; {report.dtype} "
@@ -210,6 +216,7 @@ def run(args) -> int:
         raise InputError(f"--num-heads {args.num_heads} is not a multiple of --num-kv-heads {args.num_kv_heads}")
     if args.partition_size is not None and args.partition_size % PARTITION_TOKENS:
         raise InputError(f"--partition-size must be a multiple of {PARTITION_TOKENS}, got {args.partition_size}")
+    from kvsim.cli.outputs import write_files
     from kvsim.simulator.result import prepare_output
 
     for path in (args.json, args.save_snapshot):  # checked before minutes of simulation
@@ -234,8 +241,6 @@ def run(args) -> int:
     window = args.sliding_window
     if args.kv_groups:
         snapshot, window = _group_pool(snapshot, args.kv_groups, args.group)
-    if args.save_snapshot is not None:
-        save_snapshot(args.save_snapshot, snapshot)
     geometry = dict(layout=args.layout, dtype=getattr(torch, args.dtype), device=device,
                     num_kv_heads=args.num_kv_heads, num_heads=args.num_heads, head_size=args.head_size,
                     partition_size=args.partition_size, seed=args.seed)
@@ -247,14 +252,15 @@ def run(args) -> int:
     else:
         report = validate_snapshot(snapshot, max_seqs=args.max_seqs, sliding_window=window,
                                    **geometry)
-    print(format_report(report))
+    print(format_report(report))   # the table first, whatever happens to the files below
     if args.kv_groups and window is not None:
         print(f"sliding window {window}: the sliding-window group's tables (null block below "
               f"the window), dense reference masked to the window")
-    if args.json is not None:
-        data = asdict(report)
-        data["passed"] = report.passed
-        if args.kv_groups:
-            data["sliding_window"] = window
-        args.json.write_text(json.dumps(data, indent=1) + "\n")
+    data = asdict(report)
+    data["passed"] = report.passed
+    if args.kv_groups:
+        data["sliding_window"] = window
+    write_files([(path, write) for path, write in (
+        (args.save_snapshot, lambda: save_snapshot(args.save_snapshot, snapshot)),
+        (args.json, lambda: args.json.write_text(json.dumps(data, indent=1) + "\n"))) if path is not None])
     return 0 if report.passed else 1
