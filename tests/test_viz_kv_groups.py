@@ -48,5 +48,7 @@ def test_figures_build_and_name_the_groups():
     fig = group_pool_figure(snap)
     assert [t.name for t in fig.data[:2]] == ["sliding 32", "full"]
     assert "sliding 32" in fig.layout.annotations[0].text
+    # one block axis: the second panel's labels would overlap the first panel
+    assert fig.layout.yaxis2.matches == "y" and fig.layout.yaxis2.showticklabels is False
     with pytest.raises(ValueError, match="not in this snapshot"):
         request_tables_figure(snap, 99)

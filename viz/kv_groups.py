@@ -63,7 +63,10 @@ def group_pool_figure(snapshot, max_cells: int = 4000, height: int = 380) -> go.
     counts = group_counts(snapshot)
     titles = [f"{n}: {c['held_blocks']} held, {c['cached_blocks']} cached"
               for n, c in zip(names, counts)]
-    fig = make_subplots(rows=1, cols=len(names), subplot_titles=titles, horizontal_spacing=0.03)
+    # one block axis for all panels: its labels on the first only (they would run into the
+    # panel to their left)
+    fig = make_subplots(rows=1, cols=len(names), subplot_titles=titles, shared_yaxes=True,
+                        horizontal_spacing=0.03)
     colors = list(code_colors())
     colors[CODE_EXTERNAL] = OTHER_GROUP_COLOR
     for g in range(len(names)):
