@@ -40,10 +40,11 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench.fidelity_diff import (REQUEST_COMPARED, ORACLE_DIR, compare_dirs,  # noqa: E402
-                                 find_oracle_python, load_requests, oracle_cli_args)
+from bench.fidelity_diff import (REQUEST_COMPARED, ORACLE_DIR, find_oracle_python,  # noqa: E402
+                                 load_requests, oracle_cli_args)
 from bench.fidelity_fuzz import random_case  # noqa: E402
-from bench.fidelity_vllm import MOONCAKE_ARGS, RUNS, make_trace, run_kvsim  # noqa: E402
+from bench.fidelity_vllm import (MOONCAKE_ARGS, RUNS, compare_with_kvsim, make_trace,  # noqa: E402
+                                 oracle_skip_reason)
 from bench.make_oracle_fixtures import write_trace  # noqa: E402
 
 HYBRID = RUNS / "hybrid"
@@ -191,15 +192,14 @@ def main(argv: list[str] | None = None) -> int:
 
     out_rows, compared, identical, requests, requests_identical = [], 0, 0, 0, 0
     for name, trace, args, odir in cases:
-        if (odir / "error").exists() or not (odir / "requests.csv").exists():
-            why = (odir / "error").read_text().strip() if (odir / "error").exists() else "none"
+        why = oracle_skip_reason(odir)
+        if why is not None:
             out_rows.append([name, json.dumps(args, sort_keys=True), "", "", "", "", why])
             continue
-        kv_dir, why, _ = run_kvsim(f"hybrid_{name}", trace, args)
-        if kv_dir is None:
+        d, kv_dir, why = compare_with_kvsim(name, f"hybrid_{name}", trace, args, odir)
+        if d is None:
             print(f"{name}: kvsim failed: {why}")
             return 1
-        d = compare_dirs(name, odir, kv_dir)
         compared += 1
         identical += d.identical
         want, got = load_requests(odir / "requests.csv"), load_requests(kv_dir / "requests.csv")
