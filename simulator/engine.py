@@ -30,7 +30,7 @@ import numpy as np
 import simpy
 from simpy.core import URGENT
 
-from kvsim.allocator import MEMORY_CLASSES, ContiguousAllocator, PagedAllocator
+from kvsim.allocator import MEMORY_CLASSES, ContiguousAllocator, GroupedPagedAllocator, PagedAllocator
 from kvsim.simulator.config import EngineConfig
 from kvsim.simulator.cost import (NS_PER_S, CostModel, FixedStepCost, StepBatch, StepTimer, to_ns,
                                   uses_max_context_tokens)
@@ -39,6 +39,7 @@ from kvsim.simulator.in_the_loop import IN_THE_LOOP_COLUMNS, scheduled_step
 from kvsim.simulator.recorder import DECODE_RUN, NUM_CLASSES, Recorder
 from kvsim.simulator.result import Result
 from kvsim.simulator.router import ROUTERS, Router
+from kvsim.simulator.hybrid_scheduler import HybridScheduler
 from kvsim.simulator.scheduler import Scheduler
 from kvsim.simulator.summary import summarize
 
@@ -58,6 +59,13 @@ def _urgent_timeout(env: simpy.Environment, delay_ns: int) -> simpy.Event:
 
 def make_allocator(config: EngineConfig):
     """The allocator an EngineConfig describes."""
+    if config.is_grouped:
+        # the synchronous scheduler: one batch in flight bounds how far a window may lag
+        return GroupedPagedAllocator(config.pool_blocks, config.block_size, config.kv_cache_groups,
+                                     enable_prefix_caching=config.enable_prefix_caching,
+                                     max_model_len=config.max_model_len,
+                                     max_num_batched_tokens=config.max_num_batched_tokens,
+                                     max_concurrent_batches=1)
     if config.is_paged:
         return PagedAllocator(config.pool_blocks, config.block_size,
                               enable_prefix_caching=config.enable_prefix_caching,
@@ -73,7 +81,8 @@ class _Replica:
                  step_clock: bool):
         self.index = index
         self.allocator = make_allocator(config)
-        self.sched = Scheduler(config, self.allocator, seed=seed + index)
+        policy = HybridScheduler if config.is_grouped else Scheduler
+        self.sched = policy(config, self.allocator, seed=seed + index)
         self.rec = recorder.replica(index, self.sched, self.allocator, step_clock)
         self.wake: simpy.Event | None = None
         self.num_steps = 0
@@ -230,7 +239,7 @@ class Simulation:
         summary = summarize(
             recorder, self.replicas, num_arrived=self.num_arrived,
             num_rejected=self.num_rejected, wall_s=self.wall_s,
-            config={"engine": {k: getattr(cfg, k) for k in cfg.__dataclass_fields__},
+            config={"engine": cfg.summary_fields(),
                     "replicas": len(self.replicas), "router": self.router.policy,
                     "seed": self.seed, "cost_model": type(self.cost).__name__,
                     "step_clock": self.step_clock})
@@ -291,7 +300,10 @@ class Simulation:
             return "prompt longer than max_model_len - 1"
         width = max(req.n, req.beam_width)
         final = req.prompt_tokens + min(req.output_tokens, cfg.max_model_len - req.prompt_tokens)
-        if cfg.is_paged:
+        if cfg.is_grouped:
+            if self.replicas[0].allocator.max_blocks_needed(final - 1) > cfg.pool_blocks - 1:
+                return "needs more blocks than the pool has"
+        elif cfg.is_paged:
             usable = cfg.pool_blocks - int(cfg.null_block)
             if -(-(final - 1) // cfg.block_size) > usable:
                 return "needs more blocks than the pool has"
