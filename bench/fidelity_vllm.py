@@ -219,8 +219,7 @@ def run_kvsim(name: str, trace: Path, args: dict) -> tuple[Path | None, str, flo
     from kvsim import cli
     out = RUNS / "kvsim" / name
     out.mkdir(parents=True, exist_ok=True)
-    sync_args = {k: v for k, v in args.items() if k != "async_scheduling"}
-    argv = kvsim_argv(trace, sync_args, out) + ["--quiet"]
+    argv = kvsim_argv(trace, args, out) + ["--quiet"]
     t0 = time.perf_counter()
     with contextlib.redirect_stdout(io.StringIO()):  # kvsim's one-line summary per case
         rc = cli.main(argv)
@@ -297,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
         d = compare_dirs(name, oracle_dir, kv_dir)
         summary_diffs = (compare_summary(kv_dir / "result.json", oracle_dir / "summary.json")
                          if (oracle_dir / "summary.json").exists() else [])
-        if summary_diffs and "async_scheduling" not in args:
+        if summary_diffs:
             print(f"  summary differs: {'; '.join(summary_diffs)}")
         k_steps, _ = load_steps(kv_dir / "steps.csv")
         k = step_totals(k_steps)

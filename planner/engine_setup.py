@@ -25,6 +25,14 @@ Step time, the first that applies: ``step_s`` (fixed; 1.0 is the step clock, sim
 vLLM's step index), ``cost_table`` (a measured CSV, simulator.cost.TableCost), else the roofline of
 ``model`` on ``gpu`` (planner.roofline). ``step_time_scale`` multiplies whichever it is.
 
+Scheduling: ``scheduler`` "v1" (vLLM 0.33) or "v0" (vLLM 0.2-0.5, prompt-only steps;
+simulator/scheduler_v0.py). ``async_scheduling`` left None follows vLLM, which turns
+AsyncScheduler on by default for generation on a GPU: on when the step time comes from a GPU (the
+roofline or a measured ``cost_table``) for the paged v1 scheduler, off with a fixed ``step_s``
+(the step clock included: there the caller chooses), a contiguous allocator or v0. vLLM v0's own
+defaults apply with ``scheduler="v0"``: max_num_seqs 256 and max_num_batched_tokens
+max(max_model_len, 2048) when left None (vLLM 0.4 ``SchedulerConfig``).
+
 Defaults a caller leaves as None: model and GPU (``DEFAULT_MODEL`` on ``DEFAULT_GPU``, resolved
 only when sizing or the roofline needs them; a name given is always resolved, so a typo is an
 error even when unused), max_num_seqs / max_num_batched_tokens (vLLM's ``vllm serve`` defaults
@@ -49,6 +57,7 @@ DEFAULT_MODEL = "Llama-3.1-8B"
 DEFAULT_GPU = "H100-80GB-SXM"
 # a pool given in blocks or tokens has no model to take a context length from
 DEFAULT_MAX_MODEL_LEN: int = EngineConfig.__dataclass_fields__["max_model_len"].default
+V0_MAX_NUM_SEQS = 256   # vLLM 0.2-0.5 EngineArgs.max_num_seqs
 
 
 @dataclass(frozen=True)
@@ -96,6 +105,8 @@ def build_engine(*,
                  long_prefill_token_threshold: int = 0,
                  scheduler_reserve_full_isl: bool = True,
                  watermark: float = 0.0,
+                 scheduler: str = "v1",
+                 async_scheduling: bool | None = None,
                  # step time
                  step_s: float | None = None,
                  cost_table: str | os.PathLike | None = None,
@@ -125,7 +136,11 @@ def build_engine(*,
         long_prefill_token_threshold: cap on one request's prefill chunk (0 = off).
         scheduler_reserve_full_isl: admit a request only when its whole prompt fits (vLLM's
             default); False admits when the first chunk fits.
-        watermark: fraction of blocks kept free when admitting (0 = off).
+        watermark: fraction of blocks kept free when admitting (0 = off; v0: 0 means vLLM
+            v0's 0.01).
+        scheduler: "v1" or "v0" (see the module docstring).
+        async_scheduling: vLLM's AsyncScheduler (two batches in flight); None: vLLM's default
+            (see the module docstring).
         step_s: fixed step time in seconds (1.0 = step clock).
         cost_table: a measured step-time CSV (TableCost).
         step_overhead_s, bandwidth_efficiency, flops_efficiency: roofline parameters.
@@ -150,6 +165,12 @@ def build_engine(*,
         model_spec = model_spec or get_model(DEFAULT_MODEL)
     if sized or roofline or max_num_seqs is None or max_num_batched_tokens is None:
         gpu_spec = gpu_spec or get_gpu(DEFAULT_GPU)
+    v0_tokens = scheduler == "v0" and max_num_batched_tokens is None
+    if scheduler == "v0":
+        # vLLM 0.4 EngineArgs / SchedulerConfig: 256 sequences, max(max_model_len, 2048) tokens
+        max_num_seqs = V0_MAX_NUM_SEQS if max_num_seqs is None else max_num_seqs
+        max_num_batched_tokens = max(max_model_len or 0, 2048) if v0_tokens else \
+            max_num_batched_tokens
     if max_num_seqs is None or max_num_batched_tokens is None:
         default_seqs, default_tokens = vllm_batch_defaults(gpu_spec)
         max_num_seqs = default_seqs if max_num_seqs is None else max_num_seqs
@@ -164,6 +185,17 @@ def build_engine(*,
                                     else gpu_memory_utilization),
             max_model_len=max_model_len, max_num_seqs=max_num_seqs,
             max_num_batched_tokens=max_num_batched_tokens, non_kv_bytes=non_kv_bytes)
+        if v0_tokens and report.max_model_len > max_num_batched_tokens:
+            # the model's context length sets v0's default budget: size again with it
+            max_num_batched_tokens = report.max_model_len
+            report = compute_capacity(
+                model_spec, gpu_spec, tp=tensor_parallel_size, block_size=block_size,
+                kv_dtype=kv_cache_dtype,
+                gpu_memory_utilization=(DEFAULT_GPU_MEMORY_UTILIZATION
+                                        if gpu_memory_utilization is None
+                                        else gpu_memory_utilization),
+                max_model_len=report.max_model_len, max_num_seqs=max_num_seqs,
+                max_num_batched_tokens=max_num_batched_tokens, non_kv_bytes=non_kv_bytes)
         num_gpu_blocks, max_model_len = report.num_gpu_blocks, report.max_model_len
     elif kv_tokens is not None:
         num_gpu_blocks = kv_tokens // block_size + int(null_block)
@@ -173,7 +205,12 @@ def build_engine(*,
     if max_model_len is None:
         max_model_len = DEFAULT_MAX_MODEL_LEN
 
+    if v0_tokens and max_model_len > max_num_batched_tokens:
+        max_num_batched_tokens = max_model_len
     paged = allocator == "paged"
+    if async_scheduling is None:
+        # vLLM's default: async for generation on a GPU (VllmConfig, docs/FIDELITY.md 1.6)
+        async_scheduling = step_s is None and paged and scheduler == "v1"
     # the one null-block rule: a contiguous pool gets the paged pool's usable blocks
     usable_blocks = num_gpu_blocks - int(null_block)
     config = EngineConfig(
@@ -184,7 +221,8 @@ def build_engine(*,
         max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
         enable_prefix_caching=enable_prefix_caching,
         long_prefill_token_threshold=long_prefill_token_threshold,
-        full_prompt_admission=scheduler_reserve_full_isl, watermark=watermark)
+        full_prompt_admission=scheduler_reserve_full_isl, watermark=watermark,
+        scheduler=scheduler, async_scheduling=async_scheduling)
 
     if step_s is not None:
         cost: CostModel = FixedStepCost(step_s)
