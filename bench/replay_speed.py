@@ -52,18 +52,9 @@ def run_case(name: str, profile: bool = False, mode: str = "sync") -> dict:
     from kvsim.simulator import simulate
 
     max_model_len = 32768 if name.startswith("mooncake") else 16384
-<<<<<<< ours
     setup = build_engine(model=MODEL, gpu=GPU, max_model_len=max_model_len, max_num_seqs=256,
-                         max_num_batched_tokens=8192)
+                         max_num_batched_tokens=8192, async_scheduling=mode == "async")
     config, cost, report = setup.config, setup.cost, setup.capacity
-=======
-    report = compute_capacity(model, gpu, max_model_len=max_model_len, max_num_seqs=256,
-                              max_num_batched_tokens=8192)
-    config = EngineConfig(num_blocks=report.num_gpu_blocks, null_block=True, block_size=16,
-                          max_num_seqs=256, max_num_batched_tokens=8192,
-                          max_model_len=max_model_len, async_scheduling=mode == "async")
-    cost = RooflineCost(model, gpu)
->>>>>>> theirs
     requests = workloads.load(CASES[name])
     cpu0 = time.process_time()
     t0 = time.perf_counter()
