@@ -33,10 +33,11 @@ from simpy.core import URGENT
 from kvsim.allocator import MEMORY_CLASSES, ContiguousAllocator, PagedAllocator
 from kvsim.simulator.config import EngineConfig
 from kvsim.simulator.cost import NS_PER_S, CostModel, FixedStepCost, StepBatch, StepTimer, to_ns
-from kvsim.simulator.recorder import NUM_CLASSES, Recorder
+from kvsim.simulator.in_the_loop import IN_THE_LOOP_COLUMNS, scheduled_step
+from kvsim.simulator.recorder import DECODE_RUN, NUM_CLASSES, Recorder
 from kvsim.simulator.result import Result
-from kvsim.simulator.router import ROUTERS, Router
 from kvsim.simulator.async_scheduling import AsyncScheduler
+from kvsim.simulator.router import ROUTERS, Router
 from kvsim.simulator.scheduler import Scheduler
 from kvsim.simulator.scheduler_v0 import V0Scheduler
 from kvsim.simulator.summary import summarize
@@ -116,6 +117,13 @@ class Simulation:
         self.config = config
         self.cost = cost_model
         self.timer = StepTimer(cost_model)
+        # hardware in the loop (simulator.in_the_loop): every step is executed and timed
+        self.in_the_loop = getattr(cost_model, "in_the_loop", False)
+        if self.in_the_loop:
+            if replicas != 1 or config.allocator != "paged":
+                raise ValueError("hardware in the loop runs one replica with the paged allocator, got "
+                                 f"{replicas} replicas of {config.allocator}")
+            record_steps = True
         self.step_clock = isinstance(cost_model, FixedStepCost) and cost_model.step_s == 1.0
         if sample_interval_s is None:
             sample_interval_s = 1.0
@@ -133,6 +141,10 @@ class Simulation:
                                  record_requests=record_requests)
         self.replicas = [_Replica(i, config, seed, self.recorder, self.step_clock)
                          for i in range(replicas)]
+        if self.in_the_loop:
+            for rep in self.replicas:
+                rep.sched.clock_enabled = False   # every running request visited every step
+            self.recorder.steps.extra_columns = IN_THE_LOOP_COLUMNS
         self.num_arrived = 0
         self.num_rejected = 0
         self.next_arrival_ns = _NEVER
@@ -308,7 +320,8 @@ class Simulation:
             run = None     # a decode run stepped one by one: (first step's batch, start state)
             # async scheduling, requests that finished in the batch in flight: a run may start
             # with the step that frees them, but step rows list them as running in it
-            k = 0 if record_steps and sched.done_in_flight else sched.plan_decode_run(_NEVER)
+            k = 0 if self.in_the_loop or (record_steps and sched.done_in_flight) else \
+                sched.plan_decode_run(_NEVER)
             if k > 0:
                 # k identical pure-decode steps, ending at the first step end at or after the
                 # next moment anything can observe the replica
@@ -343,6 +356,7 @@ class Simulation:
                     if not self._unobserved(rec, end):
                         yield _urgent_timeout(env, end - env.now)
                     finished = sched.finish_decode_run(end, step_index + k - 1)
+                    rec.last_step = DECODE_RUN
                     if record_steps:
                         rec.decode_rows(step_index, k, n, hist, used0, finished)
                     rep.num_steps += k
@@ -390,7 +404,11 @@ class Simulation:
                     batch = StepBatch(out.num_seqs, out.num_prefill_tokens, out.num_decode_seqs,
                                       out.num_scheduled_tokens, out.kv_read_tokens,
                                       out.attn_token_pairs)
-                    end = t + max(1, timer.step_ns(batch))
+                    if self.in_the_loop:
+                        step = scheduled_step(out, rep.allocator, idx, self.config.block_size)
+                        end = t + max(1, to_ns(self.cost.timed_step_s(batch, step)))
+                    else:
+                        end = t + max(1, timer.step_ns(batch))
                     bd_step = rec.breakdown()
                     usage = rep.allocator.usage
                     rec.integrate(bd_step, bd_step, usage, usage, t, end)
@@ -409,12 +427,16 @@ class Simulation:
                 if not self._unobserved(rec, end):
                     yield _urgent_timeout(env, end - env.now)
                 finished = sched.finish_step(out, end, idx)
+                rec.last_step = out
                 assert not finished or run is None or j == k - 1, \
                     "a request finished inside a decode run"
                 rep.num_steps += 1
                 sched.num_steps += 1
                 if record_steps:
-                    rec.step_row(idx, out, finished, row_state)
+                    extra = ()
+                    if self.in_the_loop:
+                        extra = (out.kv_read_tokens, out.attn_token_pairs, *self.cost.last, t / NS_PER_S)
+                    rec.step_row(idx, out, finished, row_state, extra)
                 if not sched.defers_retire:
                     for seq in finished:
                         rec.on_finished(seq)
