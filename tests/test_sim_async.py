@@ -8,14 +8,12 @@ import itertools
 import json
 import shutil
 
-import pandas as pd
 import pytest
 
 from bench.fidelity_diff import FIXTURE_DIR, compare_dirs, kvsim_argv
 from kvsim import workloads
 from kvsim.simulator import EngineConfig, FixedStepCost, simulate
 from kvsim.simulator.async_scheduling import AsyncScheduler
-from kvsim.workloads import Request
 
 
 def _run(reqs, async_scheduling, **kw):
@@ -28,20 +26,11 @@ def _run(reqs, async_scheduling, **kw):
     return res, table
 
 
-def _trace(*rows):
-    """Requests (arrival step, prompt, output) on the step clock."""
-    out = []
-    for i, (step, prompt, output) in enumerate(rows):
-        r = Request(i, float(step), prompt, output)
-        r.arrival_step = step
-        out.append(r)
-    return out
 
-
-def test_finished_request_holds_its_seat_until_the_next_step_is_scheduled():
+def test_finished_request_holds_its_seat_until_the_next_step_is_scheduled(step_clock_trace):
     """Rules 29-30: request 0 samples its last token in step 2; vLLM frees it only after step 3
     is scheduled, so with max_num_seqs 2 request 2 starts in step 4, not 3 (oracle: 3 / 4)."""
-    reqs = _trace((0, 16, 3), (0, 16, 10), (1, 16, 2))
+    reqs = step_clock_trace((0, 16, 3), (0, 16, 10), (1, 16, 2))
     for is_async, start in ((False, 3), (True, 4)):
         res, t = _run(reqs, is_async, max_num_seqs=2)
         assert t.loc[0, "finish_step"] == 2
@@ -51,11 +40,11 @@ def test_finished_request_holds_its_seat_until_the_next_step_is_scheduled():
         assert (step3["running"], step3["sched_reqs"]) == ((2, 1) if is_async else (2, 2))
 
 
-def test_nothing_to_schedule_while_a_batch_is_in_flight_is_not_a_step():
+def test_nothing_to_schedule_while_a_batch_is_in_flight_is_not_a_step(step_clock_trace):
     """Rule 31: max_num_seqs 1; after request 0's last step, schedule() finds nothing (0 holds
     the seat), the engine processes the batch in flight and schedules again at the same step:
     request 1 starts in step 2 as in the synchronous engine, and no empty step is counted."""
-    reqs = _trace((0, 16, 2), (0, 16, 1))
+    reqs = step_clock_trace((0, 16, 2), (0, 16, 1))
     for is_async in (False, True):
         res, t = _run(reqs, is_async, max_num_seqs=1)
         assert list(t["first_sched_step"]) == [0, 2]
@@ -63,12 +52,12 @@ def test_nothing_to_schedule_while_a_batch_is_in_flight_is_not_a_step():
         assert res.summary["num_steps"] == 3 and res.summary["simulated_duration_s"] == 3.0
 
 
-def test_a_request_whose_last_token_is_in_flight_can_be_preempted():
+def test_a_request_whose_last_token_is_in_flight_can_be_preempted(step_clock_trace):
     """Rule 32: 4 usable blocks, both prompts take 2; request 1 samples its only token in
     step 0. In step 1 request 0 needs a block: vLLM still holds request 1 (running[-1]) and
     preempts it, although it needs nothing more; it finishes in step 0 all the same, while
     waiting (oracle: num_preemptions 1 with async, 0 without)."""
-    reqs = _trace((0, 32, 6), (0, 32, 1))
+    reqs = step_clock_trace((0, 32, 6), (0, 32, 1))
     for is_async in (False, True):
         res, t = _run(reqs, is_async, num_blocks=5)
         assert t.loc[1, "finish_step"] == 0 and t.loc[1, "num_output"] == 1
@@ -99,8 +88,8 @@ def test_preempted_with_a_decode_in_flight_frees_that_block_unhashed(tmp_path, m
     assert not d.identical and d.step_mismatches["pc_preempted_hits"] > 0
 
 
-def test_async_result_records_the_mode():
-    reqs = _trace((0, 16, 3))
+def test_async_result_records_the_mode(step_clock_trace):
+    reqs = step_clock_trace((0, 16, 3))
     for is_async in (False, True):
         res, _t = _run(reqs, is_async)
         engine = res.summary["config"]["engine"]
@@ -109,10 +98,10 @@ def test_async_result_records_the_mode():
         assert ("async_scheduling" in engine) is is_async
 
 
-def test_async_in_time_mode_frees_after_the_next_schedule():
+def test_async_in_time_mode_frees_after_the_next_schedule(step_clock_trace):
     """With a step time, tokens and finishes are timed at the end of their step as in the
     synchronous engine; only the decisions move (here: the third request starts a step later)."""
-    reqs = _trace((0, 16, 3), (0, 16, 10), (1, 16, 2))
+    reqs = step_clock_trace((0, 16, 3), (0, 16, 10), (1, 16, 2))
     for r in reqs:
         r.arrival_s = r.arrival_step * 0.05
     cfg = dict(num_blocks=64, block_size=16, null_block=True, max_num_seqs=2,
@@ -128,16 +117,12 @@ CONV = "sharegpt:rate=4,n=50,seed=3,system=256,system_frac=0.5,turns=uniform(1,4
 
 
 @pytest.mark.parametrize("num_blocks,pc", [(250, True), (250, False), (900, True)])
-def test_async_decode_runs_identical_to_single_steps(num_blocks, pc):
+def test_async_decode_runs_identical_to_single_steps(num_blocks, pc, batched_equals_stepped):
     """The decode clock and batched decode runs make the same decisions in async mode."""
     reqs = list(itertools.islice(workloads.load(CONV), None))
     cfg = EngineConfig(num_blocks=num_blocks, block_size=16, null_block=True, max_num_seqs=32,
                        max_num_batched_tokens=1024, max_model_len=4096,
                        enable_prefix_caching=pc, async_scheduling=True)
-    fast, slow = (simulate(iter(reqs), cfg, FixedStepCost(0.025), sample_interval_s=0.5,
-                           batch_decode_steps=b) for b in (True, False))
-    assert fast.summary_json(include_wall_clock=False) == slow.summary_json(include_wall_clock=False)
-    pd.testing.assert_frame_equal(fast.timeseries, slow.timeseries)
-    pd.testing.assert_frame_equal(fast.requests, slow.requests)
+    fast = batched_equals_stepped(reqs, cfg)
     if num_blocks == 250:
         assert fast.summary["num_preemptions"] > 0

@@ -5,22 +5,12 @@ from __future__ import annotations
 
 import itertools
 
-import pandas as pd
 import pytest
 
 from kvsim import workloads
 from kvsim.simulator import EngineConfig, FixedStepCost, simulate
 from kvsim.workloads import Request
 
-
-def _trace(*rows):
-    """Requests (arrival step, prompt, output) on the step clock."""
-    out = []
-    for i, (step, prompt, output) in enumerate(rows):
-        r = Request(i, float(step), prompt, output)
-        r.arrival_step = step
-        out.append(r)
-    return out
 
 
 def _cfg(scheduler, **kw):
@@ -38,10 +28,10 @@ def _run(reqs, scheduler, **kw):
     return res, res.requests.set_index("request_id")
 
 
-def test_a_prompt_step_runs_prompts_only():
+def test_a_prompt_step_runs_prompts_only(step_clock_trace):
     """Request 1 arrives while 0 decodes: v0 spends step 2 on its prompt alone (0 gets no
     token), v1 runs both in one step."""
-    reqs = _trace((0, 16, 5), (2, 16, 1))
+    reqs = step_clock_trace((0, 16, 5), (2, 16, 1))
     res, t = _run(reqs, "v0")
     step2 = res.timeseries.set_index("step").loc[2]
     assert (step2["sched_reqs"], step2["prefill_tokens"], step2["decode_reqs"]) == (1, 16, 0)
@@ -50,13 +40,13 @@ def test_a_prompt_step_runs_prompts_only():
     assert t1.loc[0, "finish_step"] == 4
 
 
-def test_decode_preempts_when_no_block_is_free_even_if_none_is_needed():
+def test_decode_preempts_when_no_block_is_free_even_if_none_is_needed(step_clock_trace):
     """4 blocks, both 20-token prompts take 2: in step 1 neither decode needs a new block, but
     v0's can_append_slots wants one free block per turn, so request 0's turn preempts the
     latest arrival (1), which comes back as a 21-token prompt in step 2 (a prompt step), is
     preempted again in step 3 and gets its last token from a 22-token prompt in step 4. v1
     preempts nobody."""
-    reqs = _trace((0, 20, 3), (0, 20, 3))
+    reqs = step_clock_trace((0, 20, 3), (0, 20, 3))
     res, t = _run(reqs, "v0", num_blocks=4)
     assert list(t["num_preemptions"]) == [0, 2]
     rows = res.timeseries.set_index("step")
@@ -69,11 +59,11 @@ def test_decode_preempts_when_no_block_is_free_even_if_none_is_needed():
     assert list(t1["num_preemptions"]) == [0, 0]
 
 
-def test_prompts_fill_the_budget_in_order_head_of_line():
+def test_prompts_fill_the_budget_in_order_head_of_line(step_clock_trace):
     """Budget 64: prompts 40, 30, 10 arrive together. v0 admits 40 (30 would exceed the budget
     and blocks the 10 behind it), then 30 + 10 in a second prompt step, whole; v1 fills step 0
     with 40 + a 24-token chunk of the second prompt."""
-    reqs = _trace((0, 40, 4), (0, 30, 4), (0, 10, 4))
+    reqs = step_clock_trace((0, 40, 4), (0, 30, 4), (0, 10, 4))
     res, t = _run(reqs, "v0", max_num_batched_tokens=64, max_model_len=64)
     assert list(t["first_sched_step"]) == [0, 1, 1]
     assert list(res.timeseries["sched_tokens"][:2]) == [40, 40]
@@ -82,11 +72,11 @@ def test_prompts_fill_the_budget_in_order_head_of_line():
     assert res1.timeseries["sched_tokens"].iloc[0] == 64
 
 
-def test_watermark_of_one_percent_applies_to_an_empty_engine():
+def test_watermark_of_one_percent_applies_to_an_empty_engine(step_clock_trace):
     """100 blocks: int(0.01 * 100) = 1 block must stay free at admission, even into an empty
     engine. A 100-block prompt can never be admitted (rejected); a 99-block one is. v1 (no
     watermark by default, and none into an empty engine) admits both."""
-    reqs = _trace((0, 1600, 1), (10, 1584, 2))
+    reqs = step_clock_trace((0, 1600, 1), (10, 1584, 2))
     res, t = _run(reqs, "v0", num_blocks=100)
     assert list(t["rejected"]) == [True, False]
     assert res.summary["requests_rejected"] == 1
@@ -138,13 +128,8 @@ def test_a_prompt_step_prices_prefill_only():
 
 
 @pytest.mark.parametrize("num_blocks", [150, 900])
-def test_v0_decode_runs_identical_to_single_steps(num_blocks):
+def test_v0_decode_runs_identical_to_single_steps(num_blocks, batched_equals_stepped):
     reqs = list(itertools.islice(workloads.load("sharegpt:rate=6,n=80,seed=2"), None))
-    cfg = _cfg("v0", num_blocks=num_blocks, max_num_seqs=32)
-    fast, slow = (simulate(iter(reqs), cfg, FixedStepCost(0.025), sample_interval_s=0.5,
-                           batch_decode_steps=b) for b in (True, False))
-    assert fast.summary_json(include_wall_clock=False) == slow.summary_json(include_wall_clock=False)
-    pd.testing.assert_frame_equal(fast.timeseries, slow.timeseries)
-    pd.testing.assert_frame_equal(fast.requests, slow.requests)
+    fast = batched_equals_stepped(reqs, _cfg("v0", num_blocks=num_blocks, max_num_seqs=32))
     if num_blocks == 150:
         assert fast.summary["num_preemptions"] > 0
