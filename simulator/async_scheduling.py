@@ -98,15 +98,19 @@ class AsyncScheduler(Scheduler):
         """Done in flight: finished now, freed by ``retire_done`` after the next schedule."""
         assert not self.done_in_flight, "a step finished before the previous one was freed"
         q = self.num_sched_steps - 1
+        listed = False
         for seq in finished:
             seq.finish_ns = end_ns
             seq.finish_step = step_index
-            if seq.sched_seq != q:       # it decoded on the clock in its last step
+            if seq.sched_seq == q:       # visited in its last step: it is among ``loose``
+                listed = True
+            else:                        # it decoded on the clock in its last step
                 seq.inflight_seq = q
             seq.num_tokens -= 1          # nothing left to compute (vLLM: the skip, rule 29)
-        # still running but decoding no more: neither on the clock nor among the requests a
-        # step or a decode run visits
-        self.loose = [s for s in self.loose if s.finish_ns < 0]
+        if listed:
+            # still running but decoding no more: not among the requests a step or a decode
+            # run visits (the clock's finishers left the clock already)
+            self.loose = [s for s in self.loose if s.finish_ns < 0]
         self.done_in_flight = list(finished)
 
     def _head_admissible(self, num_blocks_taken: int) -> bool:
