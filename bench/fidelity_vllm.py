@@ -1,9 +1,10 @@
 """Decision-level fidelity of kvsim against vLLM 0.33's own scheduler, on the oracle's traces.
 
-For each case (trace x num_gpu_blocks x prefix caching x max_num_batched_tokens) it runs the
-vLLM oracle (../shared/tools/vllm_oracle/oracle.py: vLLM's unmodified v1 Scheduler and
-KVCacheManager, CPU only) and `kvsim replay --format vllm-oracle --step-clock` with the same
-settings, and prints per case: total steps, preemptions, prefix-hit tokens (first admissions),
+For each case (trace x num_gpu_blocks x prefix caching x max_num_batched_tokens, and the same
+cases under vLLM's AsyncScheduler: names ending in `_async`) it runs the vLLM oracle
+(../shared/tools/vllm_oracle/oracle.py: vLLM's unmodified v1 Scheduler or AsyncScheduler and
+KVCacheManager, CPU only) and `kvsim replay --format vllm-oracle --step-clock
+[--async-scheduling]` with the same settings, and prints per case: total steps, preemptions, prefix-hit tokens (first admissions),
 max running, for both sides, and the share of requests whose finish step is identical, plus the
 first diverging step. A CSV gets every figure. The golden fixtures of tests/fixtures/oracle/
 are included too (their oracle outputs are committed, so they need no oracle venv).
