@@ -61,6 +61,15 @@ DEFAULT_MAX_MODEL_LEN: int = EngineConfig.__dataclass_fields__["max_model_len"].
 V0_MAX_NUM_SEQS = 256   # vLLM 0.2-0.5 EngineArgs.max_num_seqs
 
 
+def default_async_scheduling(step_s: float | None, allocator: str = "paged",
+                             scheduler: str = "v1") -> bool:
+    """vLLM's default scheduling mode for an engine: async for generation on a GPU
+    (``VllmConfig``, docs/FIDELITY.md 1.6), i.e. when the step time comes from a GPU (the
+    roofline or a measured cost table, ``step_s`` None) for vLLM 0.33's paged scheduler; a fixed
+    step time (the step clock included), a contiguous allocator or v0: synchronous."""
+    return step_s is None and allocator == "paged" and scheduler == "v1"
+
+
 @dataclass(frozen=True)
 class EngineSetup:
     """What ``build_engine`` returns: everything a simulation of one replica needs.
@@ -211,8 +220,7 @@ def build_engine(*,
         max_num_batched_tokens = max_model_len
     paged = allocator == "paged"
     if async_scheduling is None:
-        # vLLM's default: async for generation on a GPU (VllmConfig, docs/FIDELITY.md 1.6)
-        async_scheduling = step_s is None and paged and scheduler == "v1"
+        async_scheduling = default_async_scheduling(step_s, allocator, scheduler)
     # the one null-block rule: a contiguous pool gets the paged pool's usable blocks
     usable_blocks = num_gpu_blocks - int(null_block)
     config = EngineConfig(

@@ -72,6 +72,20 @@ def test_prompts_fill_the_budget_in_order_head_of_line(step_clock_trace):
     assert res1.timeseries["sched_tokens"].iloc[0] == 64
 
 
+def test_a_prompt_waits_for_a_seat_under_max_num_seqs(step_clock_trace):
+    """max_num_seqs 2: three prompts arrive together; v0 admits two in step 0, and the third
+    only once request 0 has finished (step 1), in a prompt step of its own that stalls
+    request 1's decode. With a free seat (max_num_seqs 3) all three start in step 0."""
+    reqs = step_clock_trace((0, 16, 2), (0, 16, 4), (0, 16, 4))
+    res, t = _run(reqs, "v0", max_num_seqs=2)
+    assert list(t["first_sched_step"]) == [0, 0, 2]
+    step2 = res.timeseries.set_index("step").loc[2]
+    assert (step2["sched_reqs"], step2["decode_reqs"], step2["running"]) == (1, 0, 2)
+    assert list(t["finish_step"]) == [1, 4, 5]
+    _res, t3 = _run(reqs, "v0", max_num_seqs=3)
+    assert list(t3["first_sched_step"]) == [0, 0, 0]
+
+
 def test_watermark_of_one_percent_applies_to_an_empty_engine(step_clock_trace):
     """100 blocks: int(0.01 * 100) = 1 block must stay free at admission, even into an empty
     engine. A 100-block prompt can never be admitted (rejected); a 99-block one is. v1 (no
