@@ -147,3 +147,25 @@ def test_v0_decode_runs_identical_to_single_steps(num_blocks, batched_equals_ste
     fast = batched_equals_stepped(reqs, _cfg("v0", num_blocks=num_blocks, max_num_seqs=32))
     if num_blocks == 150:
         assert fast.summary["num_preemptions"] > 0
+
+
+def test_running_requests_are_always_the_earliest_arrivals(monkeypatch):
+    """FCFS head-of-line admission and the latest arrival as victim keep every running request
+    ahead of every waiting one in arrival order, at every step: the orders that vLLM 0.2-0.4
+    (re-sorted by arrival), 0.6 (admission order) and kvsim serve decodes in are one order
+    (docs/SIMULATOR.md, "Running order")."""
+    from kvsim.simulator.scheduler_v0 import V0Scheduler
+    checked = []
+    schedule = V0Scheduler.schedule
+
+    def checking(self, now_ns, step_index):
+        out = schedule(self, now_ns, step_index)
+        if self.running and self.waiting:
+            assert max(s.seq_id for s in self.running) < min(s.seq_id for s in self.waiting)
+            checked.append(step_index)
+        return out
+    monkeypatch.setattr(V0Scheduler, "schedule", checking)
+    reqs = list(itertools.islice(workloads.load("sharegpt:rate=6,n=80,seed=2"), None))
+    res = simulate(iter(reqs), _cfg("v0", num_blocks=150, max_num_seqs=32), FixedStepCost(0.025),
+                   batch_decode_steps=False)
+    assert res.summary["num_preemptions"] > 0 and len(checked) > 100
