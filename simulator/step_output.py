@@ -44,12 +44,16 @@ class StepOutput:
         if self.view is None:
             return self.entries
         listed = {id(s): n for s, n in self.entries[:self.num_view_entries]}
-        done = {id(s) for s in self.view_done}
+        # not on the clock, or done in flight (async): no token of this step (one set to test,
+        # the synchronous one as it is)
+        skip = self.view_loose
+        if self.view_done:
+            skip = skip | {id(s) for s in self.view_done}
         full = []
         for seq in self.view:
             key = id(seq)
             if key in listed:
                 full.append((seq, listed[key]))
-            elif key not in self.view_loose and key not in done:
+            elif key not in skip:
                 full.append((seq, 1))
         return full + self.entries[self.num_view_entries:]
