@@ -71,8 +71,8 @@ class BlockStream:
         return int(self.num_blocks.sum())
 
 
-def block_stream(requests: Iterable, block_size: int, *,
-                 max_model_len: int | None = None) -> BlockStream:
+def block_stream(requests: Iterable, block_size: int, *, max_model_len: int | None = None,
+                 prompt_only: bool = False) -> BlockStream:
     """The block stream of ``requests`` at ``block_size`` (sample 0 of each request).
 
     Args:
@@ -80,6 +80,9 @@ def block_stream(requests: Iterable, block_size: int, *,
         block_size: allocator block size in tokens (> 0).
         max_model_len: as the engine applies it: a prompt of ``max_model_len`` tokens or more is
             rejected, outputs stop at ``max_model_len`` tokens in all; None: no limit.
+        prompt_only: the stream a CPU offload tier sees in vLLM (``offload_prompt_only``): only
+            the prompt's full blocks are stored, and a lookup may hit all of them (the connector
+            looks up to ``num_tokens``, not ``num_tokens - 1``).
     Raises:
         InputError: a bad block size, or the workload serves no request.
     """
@@ -97,18 +100,20 @@ def block_stream(requests: Iterable, block_size: int, *,
         if max_model_len is not None:
             final = min(final, max_model_len)
         held = final - 1         # the last sampled token's KV is never computed
+        if prompt_only:
+            held = req.prompt_tokens
         r = len(request_ids)
         request_ids.append(req.request_id)
         prompt.append(req.prompt_tokens)
         held_blocks.append(held // block_size)
-        partial.append(held % block_size != 0)
+        partial.append(held % block_size != 0 and not prompt_only)
         occurrences += [(r, chain, first, count) for chain, first, count
                         in req.block_keys(block_size).block_runs(held // block_size)]
     if not request_ids:
         raise InputError("the workload serves no request (all rejected by max_model_len)",
                          field="max_model_len")
     prompt_arr = np.asarray(prompt, dtype=np.int64)
-    lookup = (prompt_arr - 1) // block_size
+    lookup = (prompt_arr - (0 if prompt_only else 1)) // block_size
     reuse = _merge(_holders(occurrences))
     nexts = _merge(_sorted(_holders(occurrences[::-1])))
     _check_chains(reuse, nexts)

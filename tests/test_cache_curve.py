@@ -281,3 +281,35 @@ def test_mooncake_excerpt_curve_equals_replays_one_request_at_a_time(shared_trac
                               max_model_len=131072, enable_prefix_caching=True)
         summary = simulate(iter(reqs), config, FixedStepCost(0.01), progress=False).summary
         assert summary["prefix_hit_tokens"] == curve.hit_tokens(usable)
+
+
+def tier_hit_blocks(reqs, block_size, num_chunks):
+    """kvsim's OffloadTier (vLLM's CPU offloading manager) alone, one request at a time, as the
+    connector drives it: look up the chain, load the hit, offer every prompt chunk, finish."""
+    from kvsim.allocator.offload import HIT, OffloadTier
+    tier = OffloadTier(num_chunks)
+    hits = 0
+    for req in reqs:
+        keys = list(req.block_keys(block_size))[:req.prompt_tokens // block_size]
+        h = 0
+        while h < len(keys) and tier.lookup(keys[h]) == HIT:
+            h += 1
+        hits += h
+        tier.prepare_load(req.request_id, keys[:h], list(range(h)))
+        tier.complete_load(keys[:h])
+        placed = tier.prepare_store(req.request_id, keys[h:], list(range(h, len(keys))))
+        assert placed is not None
+        tier.complete_store(placed[0])
+        tier.request_finished(req.request_id)
+        tier.check_invariants()
+    return hits
+
+
+@settings(max_examples=100, deadline=None)
+@given(conversations())
+def test_prompt_only_curve_equals_the_offload_tier_run_one_request_at_a_time(case):
+    reqs, bs = case
+    curve = lru_curve(block_stream(reqs, bs, prompt_only=True), free_queue=False)
+    smallest = max(r.prompt_tokens // bs for r in reqs)   # an offer larger than the tier fails
+    for chunks in range(max(1, smallest), curve.max_useful_blocks + 3):
+        assert tier_hit_blocks(reqs, bs, chunks) == curve.hit_blocks(chunks), chunks
