@@ -79,8 +79,11 @@ class OffloadTier:
 
     # ---- operations ------------------------------------------------------------------------
     def prepare_store(self, request_id: Hashable, keys: Sequence[Hashable],
-                      positions: Sequence[int]) -> tuple[list, list] | None:
+                      positions: Sequence[int] | None) -> tuple[list, list] | None:
         """Place the chunks of an offer (``keys`` at ``positions`` of the request's chain).
+
+        ``positions`` None: a copy from another tier, not a use by the request; new chunks are
+        then ranked most recent in the given order (vLLM's LRU ``insert`` without a position).
 
         Returns:
             ``(keys_to_store, evicted)``: the offered chunks not in the tier, now pending (the
@@ -92,8 +95,9 @@ class OffloadTier:
         ready = {k for k in keys if ref.get(k, -1) >= 0}
         fresh = set(to_store)
         # vLLM records the request's access before any allocation can fail
-        self._record_access(request_id, [(k, p) for k, p in zip(keys, positions)
-                                         if k in fresh or k in ready])
+        if positions is not None:
+            self._record_access(request_id, [(k, p) for k, p in zip(keys, positions)
+                                             if k in fresh or k in ready])
         if not to_store:
             return [], []
         evicted: list[Hashable] = []
@@ -106,11 +110,17 @@ class OffloadTier:
             if evicted is None:
                 self.num_failed_stores += 1
                 return None
-        rank = self._request_rank(request_id)
-        where = dict(zip(keys, positions))
-        for key in to_store:
-            ref[key] = -1
-            self._rank[key] = (rank, -where[key])
+        if positions is None:
+            for key in to_store:
+                ref[key] = -1
+                self._next_rank += 1
+                self._rank[key] = (self._next_rank, 0)
+        else:
+            rank = self._request_rank(request_id)
+            where = dict(zip(keys, positions))
+            for key in to_store:
+                ref[key] = -1
+                self._rank[key] = (rank, -where[key])
         self.num_pending += len(to_store)
         return to_store, evicted
 
@@ -124,8 +134,11 @@ class OffloadTier:
                 self._make_evictable(key)
 
     def prepare_load(self, request_id: Hashable, keys: Sequence[Hashable],
-                     positions: Sequence[int]) -> None:
-        """Pin ready chunks for a load to the GPU (they cannot be evicted until complete_load)."""
+                     positions: Sequence[int] | None) -> None:
+        """Pin ready chunks for a load (they cannot be evicted until complete_load).
+
+        ``positions`` None: a copy to another tier (vLLM's ``prepare_read``), which is not a
+        use by the request and leaves recency alone."""
         ref = self._ref
         for key in keys:
             count = ref.get(key, -1)
@@ -134,7 +147,8 @@ class OffloadTier:
             if count == 0:
                 self._evictable.discard(key)
             ref[key] = count + 1
-        self._record_access(request_id, list(zip(keys, positions)))
+        if positions is not None:
+            self._record_access(request_id, list(zip(keys, positions)))
 
     def complete_load(self, keys: Sequence[Hashable]) -> None:
         for key in keys:
