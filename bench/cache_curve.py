@@ -9,9 +9,14 @@ max_num_batched_tokens 8192). Order: curve, replay, curve (the machine is shared
 curve's figure is the faster of its two runs).
 
     python bench/cache_curve.py [--trace PATH] [--block-size 16] [--min-sizes 64]
+    python bench/cache_curve.py --gap 2048,8192,28873,131072 [--one-at-a-time]
 
 Prints CPU and wall seconds of each part, and the hit rates at the GPU pool's size: the replay's,
-the LRU curve's and MIN's.
+the LRU curve's and MIN's. ``--gap`` replays the trace at those pool sizes (num_gpu_blocks) and
+prints, per size, the replay's hit rate, the LRU curve's at the pool's usable blocks and at the
+blocks the replay left for reuse on average (cached + free), and MIN's; ``--one-at-a-time``
+re-times the trace so that each request arrives after the previous one finished (where the
+curve is exact).
 """
 from __future__ import annotations
 
@@ -72,15 +77,55 @@ def replay(trace: str, block_size: int) -> tuple[dict, float, float, int]:
     return result.summary, cpu, wall, report.num_gpu_blocks
 
 
+def gap(trace: str, block_size: int, pools: list[int], one_at_a_time: bool) -> None:
+    """Replays at several pool sizes against the curve (see the module doc)."""
+    from dataclasses import replace
+
+    from kvsim import workloads
+    from kvsim.allocator.block_stream import block_stream
+    from kvsim.allocator.cache_curve import lru_curve, min_hit_blocks
+    from kvsim.planner.presets import get_gpu, get_model
+    from kvsim.planner.roofline import RooflineCost
+    from kvsim.simulator import EngineConfig, simulate
+
+    reqs = list(workloads.load(trace))
+    if one_at_a_time:       # 1000 s apart: longer than any request takes on one H100
+        reqs = [replace(r, arrival_s=1000.0 * i) for i, r in enumerate(reqs)]
+    stream = block_stream(reqs, block_size, max_model_len=MAX_MODEL_LEN)
+    lru = lru_curve(stream)
+    opt = min_hit_blocks(stream, [p - 1 for p in pools])
+    model, gpu = get_model(MODEL), get_gpu(GPU)
+    print(f"| num_gpu_blocks | replay | LRU at pool | same tokens | mean cached + free blocks | "
+          f"LRU there | MIN at pool | preemptions | mean running |\n"
+          f"|---:|---:|---:|:---:|---:|---:|---:|---:|---:|")
+    for pool, best in zip(pools, opt):
+        config = EngineConfig(num_blocks=pool, null_block=True, block_size=block_size,
+                              max_num_seqs=256, max_num_batched_tokens=8192,
+                              max_model_len=MAX_MODEL_LEN)
+        s = simulate(iter(reqs), config, RooflineCost(model, gpu), progress=False).summary
+        reuse = int((s["memory_breakdown"]["cached"] + s["memory_breakdown"]["free"]) * (pool - 1))
+        same = "yes" if s["prefix_hit_tokens"] == int(lru.hit_tokens(pool - 1)) else "no"
+        print(f"| {pool:,} | {s['prefix_hit_rate']:.4f} | {float(lru.hit_rate(pool - 1)):.4f} | "
+              f"{same} | {reuse:,} | {float(lru.hit_rate(reuse)):.4f} | "
+              f"{best * block_size / stream.num_query_tokens:.4f} | {s['num_preemptions']:,} | "
+              f"{s['mean_running']:.1f} |", flush=True)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trace", default=str(TRACE))
     ap.add_argument("--block-size", type=int, default=16)
     ap.add_argument("--min-sizes", type=int, default=64)
+    ap.add_argument("--gap", help="comma-separated pool sizes (num_gpu_blocks) to replay")
+    ap.add_argument("--one-at-a-time", action="store_true")
     args = ap.parse_args()
     if not Path(args.trace).is_file():
         print(f"cache_curve: trace not found: {args.trace}", file=sys.stderr)
         return 2
+    if args.gap:
+        gap(args.trace, args.block_size, [int(p) for p in args.gap.split(",")],
+            args.one_at_a_time)
+        return 0
     from kvsim.planner.capacity import compute_capacity
     from kvsim.planner.presets import get_gpu, get_model
     pool = compute_capacity(get_model(MODEL), get_gpu(GPU), max_model_len=MAX_MODEL_LEN,
