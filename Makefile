@@ -16,14 +16,16 @@ $(STAMP): requirements.txt pyproject.toml
 	touch $(STAMP)
 
 run: $(STAMP)
-	$(VENV)/bin/streamlit run app.py --server.port $(PORT) --server.headless true
+	# kvsim dashboard serves the packaged entry script (not app.py: streamlit puts the script's folder
+	# on sys.path, and the repository root would shadow other packages with our folder names)
+	$(VENV)/bin/kvsim dashboard --port $(PORT)
 
 $(TEST_STAMP): $(STAMP) requirements-test.txt
 	$(PY) -m pip install -q -r requirements-test.txt
 	touch $(TEST_STAMP)
 
 test: $(TEST_STAMP)
-	$(PY) -m pytest -q -n 2 tests
+	$(PY) -m pytest -q -n 2 --dist loadgroup tests
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

@@ -8,8 +8,8 @@ is the other half of the order-(k+1) extent it came from, at ``offset ^ 2**k``::
     order 1                                free [0, 4): buddy [4, 8) is free -> merge to [0, 8)
 
 A request of n slots takes ``2**ceil(log2 n)`` slots: the rounding waste is external
-fragmentation (TEAM.md). A capacity that is not a power of two is cut into maximal power-of-two
-zones laid out largest first (7168 = 4096 + 2048 + 1024 at offsets 0, 4096, 6144). Each zone's
+fragmentation (the design card's "buddy splits"). A capacity that is not a power of two is cut
+into maximal power-of-two zones laid out largest first (7168 = 4096 + 2048 + 1024 at offsets 0, 4096, 6144). Each zone's
 offset is a multiple of its size, and its would-be buddy ``offset + size`` is the next, smaller
 zone, which never holds an extent that large: so zones never merge, without any extra check.
 Free extents are kept in one set per order, so the free space by order is O(1) to read.

@@ -1,23 +1,28 @@
 """Widgets shared by several pages (scenario picker in the sidebar). Layout only."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import streamlit as st
 
 from kvsim.app_pages import _state as S
+from kvsim.dashboard.comparison import ALLOCATOR_LABELS, rejected_warning
+from kvsim.dashboard.scenario import Scenario
+from kvsim.dashboard.sources import (MAX_UPLOAD_MB, Workload, shared_trace_files, store_upload,
+                                     user_message)
+from kvsim.simulator.config import ALLOCATORS, PLACEMENTS
+from kvsim.workloads import DEFAULT_WORKLOAD
 
 
-def scenario_sidebar() -> S.Scenario | None:
+def scenario_sidebar() -> Scenario | None:
     """Draw the workload and allocator pickers; returns the scenario, or None after st.error."""
-    workloads = S.backend("workloads", "load", "DEFAULT_WORKLOAD")
     S.defaults(k_max_requests=120, k_rate=2.0, k_max_model_len=4096, k_alloc_a="paged",
-               k_alloc_b="max", k_capacity=8192,
-               k_block_size=16, k_prefix=True)
-    if workloads is not None:
-        S.defaults(k_spec=workloads.DEFAULT_WORKLOAD)
+               k_alloc_b="max", k_capacity=8192, k_block_size=16, k_prefix=True,
+               k_spec=DEFAULT_WORKLOAD)
     sb = st.sidebar
     sb.header("Scenario")
     sources = ["built-in synthetic"]
-    shared = S.shared_trace_files()
+    shared = shared_trace_files()
     if shared:
         sources.append("shared trace")
     sources.append("upload a trace")
@@ -27,42 +32,38 @@ def scenario_sidebar() -> S.Scenario | None:
     max_requests = sb.slider("Requests", 20, 1000, step=20, key="k_max_requests")
     rate = sb.number_input("Arrival rate (req/s) for traces without timestamps", 0.1, 100.0,
                            step=0.5, key="k_rate")
-    workload: S.Workload | None = None
+    workload: Workload | None = None
     if source == "built-in synthetic":
-        if workloads is None:
-            st.info("The workloads package is not available yet (branch work).")
-            return None
         spec = sb.text_input("Synthetic spec", key="k_spec")
-        workload = S.Workload("builtin", spec, max_requests, rate)
+        workload = Workload("builtin", spec, max_requests, rate)
     elif source == "shared trace":
         name = sb.selectbox("Trace file", shared, key="k_shared_trace")
-        workload = S.Workload("shared", name, max_requests, rate)
+        workload = Workload("shared", name, max_requests, rate)
     else:
         # not a k_* key: an uploader's value cannot be re-assigned, so the stored upload is
         # kept in session state instead (it survives page switches that way)
         up = sb.file_uploader("Trace file (CSV / JSONL)",
-                              key="upload_trace", max_upload_size=S.MAX_UPLOAD_MB)
+                              key="upload_trace", max_upload_size=MAX_UPLOAD_MB)
         if up is not None:
-            stored = S.store_upload(up.name, up.getvalue(), max_requests, rate)
-            if isinstance(stored, str):
+            try:
+                st.session_state["upload_workload"] = store_upload(up.name, up.getvalue(),
+                                                                   max_requests, rate)
+            except ValueError as err:  # kvsim.errors.InputError: type, size, empty
                 st.session_state.pop("upload_workload", None)
-                st.error(stored)
+                st.error(str(err))
                 return None
-            st.session_state["upload_workload"] = stored
         workload = st.session_state.get("upload_workload")
         if workload is None:
             st.info("Upload a trace in the sidebar (mooncake / azure / sharegpt / generic CSV or "
                     "JSONL / vllm-oracle).")
             return None
-        workload = S.Workload("upload", workload.ref, max_requests, rate)
-        sb.caption(f"Using {S.Path(workload.ref).name}")
+        workload = Workload("upload", workload.ref, max_requests, rate)
+        sb.caption(f"Using {Path(workload.ref).name}")
 
     sb.header("Allocators")
-    a = sb.selectbox("Left", S.ALLOCATORS, key="k_alloc_a",
-                     format_func=S.ALLOCATOR_LABELS.get)
-    b = sb.selectbox("Right", S.ALLOCATORS, key="k_alloc_b",
-                     format_func=S.ALLOCATOR_LABELS.get)
-    placement = sb.radio("Contiguous placement", ["buddy", "first-fit"], horizontal=True,
+    a = sb.selectbox("Left", ALLOCATORS, key="k_alloc_a", format_func=ALLOCATOR_LABELS.get)
+    b = sb.selectbox("Right", ALLOCATORS, key="k_alloc_b", format_func=ALLOCATOR_LABELS.get)
+    placement = sb.radio("Contiguous placement", PLACEMENTS, horizontal=True,
                          key="k_placement")
     capacity = sb.select_slider("KV pool (tokens)",
                                 [2048, 4096, 8192, 16384, 32768, 65536, 131072, 262144],
@@ -74,30 +75,24 @@ def scenario_sidebar() -> S.Scenario | None:
                                      key="k_max_model_len",
                                      help="Longest request; the 'max' policy reserves this much.")
     prefix = sb.toggle("Prefix caching (paged)", key="k_prefix")
-    return S.Scenario(workload=workload, allocators=(a, b), placement=placement,
+    return Scenario(workload=workload, allocators=(a, b), placement=placement,
                       block_size=block_size, capacity_tokens=capacity,
                       max_model_len=max_model_len,
                       enable_prefix_caching=prefix)
 
 
-def load_runs(scenario: S.Scenario | None):
-    """The scenario's two runs, or None after showing why not (bad trace, missing backend)."""
+def load_runs(scenario: Scenario | None):
+    """The scenario's two runs, or None after showing why not (bad trace, impossible pool)."""
     if scenario is None:
         return None
     try:
         S.load_requests(scenario.workload)  # a bad trace is reported before anything else
-        if S.backend("simulator", "simulate", "EngineConfig") is None:
-            st.info("The simulator (branch sim) is not available yet; this page fills in when "
-                    "it lands.")
-            return None
         runs = S.run_scenario(scenario)
     except ValueError as err:  # kvsim.errors.InputError and impossible configurations
-        st.error(S.user_message(err, scenario.workload))
+        st.error(user_message(err, scenario.workload))
         return None
     for i, run in enumerate(runs):
-        if run.summary["requests_rejected"]:
-            st.warning(f"{S.run_label(i, run)}: {run.summary['requests_rejected']} of "
-                       f"{run.summary['requests_arrived']} requests rejected (prompt longer than "
-                       f"max_model_len = {scenario.max_model_len}, or more KV than the whole "
-                       "pool); raise them in the sidebar.")
+        warning = rejected_warning(i, run, scenario.max_model_len)
+        if warning:
+            st.warning(warning)
     return runs

@@ -3,6 +3,9 @@ import streamlit as st
 
 from kvsim.app_pages import _state as S
 from kvsim.app_pages import _ui
+from kvsim.dashboard.comparison import ALLOCATOR_LABELS
+from kvsim.dashboard.kernel_check import KERNEL_DTYPES, SPLIT_KV_PARTITION_TOKENS, kernel_device
+from kvsim.dashboard.playback import clamp_frame, default_frame
 from kvsim.viz.kernel_checks import kernel_error_figure
 
 st.title("Kernel validation")
@@ -13,36 +16,32 @@ st.caption(
     "the snapshot's block tables and compares every sequence with float64 dense attention. It also "
     "runs the same kernel on an identity block table: paging must change where KV lives, never "
     "what attention computes, so the two outputs must be bitwise equal.")
-bridge = S.kernel_bridge()
-if bridge is None:
-    st.info("The kernel bridge is not available yet (branch kern); this page fills in when it "
-            "lands.")
-    st.stop()
 scenario = _ui.scenario_sidebar()
 runs = _ui.load_runs(scenario)
 if runs is None:
     st.stop()
 num_frames = len(runs[0].snapshots)
-S.defaults(k_frame=S.default_frame(num_frames), k_kern_layout="flat", k_kern_dtype="float32",
+S.defaults(k_frame=default_frame(num_frames), k_kern_layout="flat", k_kern_dtype="float32",
            k_kern_max_seqs=4, k_kern_split=False)
-S.clamp_frame(num_frames)
-device = S.kernel_device()
+clamp_frame(st.session_state, num_frames)
+device = kernel_device()
 st.caption("Device: **CUDA**" if device == "cuda" else
            "Device: **CPU**, through the Triton interpreter (no GPU here); head sizes are scaled "
            "down so that it stays quick.")
 c = st.columns([1, 2])
 side = c[0].radio("Pool", [0, 1], key="k_kern_side",
-                  format_func=lambda i: S.ALLOCATOR_LABELS[runs[i].allocator])
+                  format_func=lambda i: ALLOCATOR_LABELS[runs[i].allocator])
 frame = c[1].slider("Simulated time (frame)", 0, num_frames - 1, key="k_frame")
 c = st.columns([1, 1, 2, 1], vertical_alignment="bottom")
 layout = c[0].selectbox("Layout", ["flat", "vllm"], key="k_kern_layout",
                         help="flat: [blocks, block_size, heads, head_size] (vLLM's Triton "
                              "backend); vllm: the CUDA PagedAttention layout (K split in 16-byte "
                              "vectors).")
-dtype = c[1].selectbox("dtype", S.KERNEL_DTYPES, key="k_kern_dtype")
+dtype = c[1].selectbox("dtype", KERNEL_DTYPES, key="k_kern_dtype")
 max_seqs = c[2].slider("Sequences (first by id)", 1, 32, key="k_kern_max_seqs")
 split_kv = c[3].toggle("Split-KV (v2)", key="k_kern_split",
-                       help="Force the split-KV kernel with 64-token partitions.")
+                       help="Force the split-KV kernel with "
+                            f"{SPLIT_KV_PARTITION_TOKENS}-token partitions.")
 if not runs[side].snapshots[frame].block_tables:
     st.info("No request holds memory at this moment; move the time slider.")
     st.stop()

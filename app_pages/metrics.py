@@ -1,11 +1,12 @@
 """Page 3: the two runs compared over time and per request; downloads."""
 import streamlit as st
 
-from kvsim.app_pages import _state as S
 from kvsim.app_pages import _ui
+from kvsim.dashboard.comparison import (ALLOCATOR_LABELS, HEADLINE, LATENCY_COLUMNS,
+                                        flat_summaries, prefix_frame, run_label, summary_table)
 from kvsim.viz.style import SIDE_COLORS
 from kvsim.viz.timeseries import (breakdown_area, compare_bars, concurrency_chart, latency_cdf,
-                           line_chart)
+                                  line_chart)
 
 st.title("Metrics")
 st.caption("The whole run of each configuration: where the KV memory went, how many requests ran "
@@ -15,14 +16,14 @@ scenario = _ui.scenario_sidebar()
 runs = _ui.load_runs(scenario)
 if runs is None:
     st.stop()
-labels = [S.ALLOCATOR_LABELS[r.allocator] for r in runs]
+labels = [ALLOCATOR_LABELS[r.allocator] for r in runs]
 end_s = max(r.end_s for r in runs)
-colors = {S.run_label(i, r): c for i, (r, c) in enumerate(zip(runs, SIDE_COLORS))}
+colors = {run_label(i, r): c for i, (r, c) in enumerate(zip(runs, SIDE_COLORS))}
 st.subheader("Headline")
-st.plotly_chart(compare_bars(S.flat_summaries(runs), S.HEADLINE, colors=colors, height=280),
+st.plotly_chart(compare_bars(flat_summaries(runs), HEADLINE, colors=colors, height=280),
                 key="met_headline")
 with st.expander("Every summary figure"):
-    st.dataframe(S.summary_table(runs), width="stretch", key="met_summary")
+    st.dataframe(summary_table(runs), width="stretch", key="met_summary")
 
 st.subheader("Memory breakdown over time")
 for side, (col, run, label) in enumerate(zip(st.columns(2), runs, labels)):
@@ -36,16 +37,16 @@ for side, (col, run, label) in enumerate(zip(st.columns(2), runs, labels)):
 st.subheader("Prefix caching")
 st.caption("Share of prompt tokens served from cached blocks so far (only the paged allocator "
            "caches prefixes; a preempted request's re-admission counts too).")
-hits = S.prefix_frame(runs)
+hits = prefix_frame(runs)
 st.plotly_chart(line_chart(hits, "time_s", {c: c for c in hits.columns if c != "time_s"},
                            title="Prefix hit rate (cumulative)", x_title="simulated time (s)",
                            y_title="hit rate", height=280, y_tickformat=".0%"), key="met_prefix")
 
 st.subheader("Latency")
 st.caption("Cumulative distribution over requests; further left is better.")
-per_run = {S.run_label(i, run): run.requests for i, run in enumerate(runs)}
-for col, column in zip(st.columns(len(S.LATENCY_COLUMNS)), S.LATENCY_COLUMNS):
-    col.plotly_chart(latency_cdf(per_run, column, title=S.LATENCY_COLUMNS[column], height=340,
+per_run = {run_label(i, run): run.requests for i, run in enumerate(runs)}
+for col, column in zip(st.columns(len(LATENCY_COLUMNS)), LATENCY_COLUMNS):
+    col.plotly_chart(latency_cdf(per_run, column, title=LATENCY_COLUMNS[column], height=340,
                                  colors=colors), key=f"met_cdf_{column}")
 
 st.subheader("Downloads")

@@ -3,6 +3,10 @@ import streamlit as st
 
 from kvsim.app_pages import _state as S
 from kvsim.app_pages import _ui
+from kvsim.dashboard.planning import (SIM_SWEEP_METRICS, SIM_SWEEPS, SWEEP_COLUMNS, SWEEPS,
+                                      capacity)
+from kvsim.dashboard.sources import user_message
+from kvsim.planner.presets import GPU_PRESETS, MODEL_PRESETS
 from kvsim.viz.capacity import gpu_memory_figure
 from kvsim.viz.plan_figures import sweep_metric_figure
 from kvsim.viz.style import color_allocator_traces
@@ -11,13 +15,7 @@ st.title("Capacity planner")
 st.caption("How many KV blocks a model gets on a GPU, by vLLM's formula: (GPU memory × "
            "gpu_memory_utilization − weights − activation peak − non-PyTorch memory) / bytes per "
            "block. Blocks / blocks per max_model_len request = how many such requests fit at once.")
-presets = S.backend("kvsim.planner.presets", "MODEL_PRESETS", "GPU_PRESETS")
-if presets is None or S.backend("kvsim.planner.capacity", "compute_capacity") is None:
-    st.info("The capacity planner is not available yet (branch plan); this page fills in when "
-            "it lands.")
-    st.stop()
-
-models, gpus = list(presets.MODEL_PRESETS), list(presets.GPU_PRESETS)
+models, gpus = list(MODEL_PRESETS), list(GPU_PRESETS)
 S.defaults(k_plan_model=models[0], k_plan_gpu=gpus[0], k_plan_tp=1, k_plan_util=0.9,
            k_plan_block=16, k_plan_dtype="auto", k_plan_len=8192, k_plan_sweep="tp")
 c = st.columns(4)
@@ -34,7 +32,7 @@ max_model_len = c[2].number_input("max_model_len (tokens)", 1, 1_048_576, step=1
 kwargs = dict(tp=tp, kv_dtype=kv_dtype, gpu_memory_utilization=util, block_size=block_size,
               max_model_len=int(max_model_len))
 try:
-    report = S.capacity(model, gpu, **kwargs)
+    report = capacity(model, gpu, **kwargs)
 except ValueError as err:
     st.error(str(err))
     report = None
@@ -48,13 +46,13 @@ if report is not None:
     st.plotly_chart(gpu_memory_figure(report), key="plan_mem")
 
 st.subheader("Sweep")
-param = st.radio("Vary", list(S.SWEEPS), key="k_plan_sweep", horizontal=True,
-                 format_func=lambda p: S.SWEEPS[p][0])
+param = st.radio("Vary", list(SWEEPS), key="k_plan_sweep", horizontal=True,
+                 format_func=lambda p: SWEEPS[p][0])
 base = tuple(sorted((k, v) for k, v in kwargs.items() if k != param))
 sweep = S.capacity_sweep(model, gpu, param, base)
-for col, (metric, title) in zip(st.columns(len(S.SWEEP_COLUMNS)), S.SWEEP_COLUMNS.items()):
+for col, (metric, title) in zip(st.columns(len(SWEEP_COLUMNS)), SWEEP_COLUMNS.items()):
     fig = sweep_metric_figure(sweep, param, metric, title=title)
-    fig.update_layout(height=300, showlegend=False, xaxis_title=S.SWEEPS[param][0],
+    fig.update_layout(height=300, showlegend=False, xaxis_title=SWEEPS[param][0],
                       yaxis_title=None)
     fig.update_xaxes(type="category")  # discrete settings: one tick per swept value
     col.plotly_chart(fig, key=f"plan_sweep_{metric}")
@@ -71,22 +69,22 @@ S.defaults(k_plan_sim_on=False, k_plan_sim_param="rate")
 simulate = st.toggle("Simulate the sweep (a few seconds)", key="k_plan_sim_on")
 scenario = _ui.scenario_sidebar()
 if simulate and scenario is not None:
-    sim_param = st.radio("Vary", list(S.SIM_SWEEPS), key="k_plan_sim_param", horizontal=True,
-                         format_func=lambda p: S.SIM_SWEEPS[p][0])
+    sim_param = st.radio("Vary", list(SIM_SWEEPS), key="k_plan_sim_param", horizontal=True,
+                         format_func=lambda p: SIM_SWEEPS[p][0])
     sim_base = tuple(sorted({"model": model, "gpu": gpu, **kwargs}.items()))
     try:
         table = S.simulated_sweep(scenario.workload, scenario.allocators, sim_param, sim_base)
     except ValueError as err:  # a bad trace
-        st.error(S.user_message(err, scenario.workload))
+        st.error(user_message(err, scenario.workload))
         table = None
     if table is not None:
         ok = table[table["error"].isna()]
         if len(ok):
-            for col, (metric, title) in zip(st.columns(len(S.SIM_SWEEP_METRICS)),
-                                            S.SIM_SWEEP_METRICS.items()):
+            for col, (metric, title) in zip(st.columns(len(SIM_SWEEP_METRICS)),
+                                            SIM_SWEEP_METRICS.items()):
                 fig = sweep_metric_figure(table, sim_param, metric, group_by=["allocator"],
                                           title=title)
-                fig.update_layout(height=300, xaxis_title=S.SIM_SWEEPS[sim_param][0],
+                fig.update_layout(height=300, xaxis_title=SIM_SWEEPS[sim_param][0],
                                   yaxis_title=None, legend=dict(orientation="h", y=-0.35))
                 fig.update_xaxes(type="category")
                 col.plotly_chart(color_allocator_traces(fig), key=f"plan_sim_{metric}")

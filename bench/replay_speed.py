@@ -4,8 +4,8 @@ Cases (each in its own subprocess, so peak RSS is the case's own):
   azure-conv      ../shared/traces/azure_llm_2023/AzureLLMInferenceTrace_conv.csv (19,366 requests)
   mooncake-conv   ../shared/traces/mooncake/conversation_trace.jsonl (12,031 requests)
   sharegpt-10k / -100k / -1m   synthetic ShareGPT-like requests (workloads spec)
-Setup: paged allocator, prefix caching on, vLLM's num_gpu_blocks for Llama-3.1-8B on one
-A100-80GB (planner.capacity), roofline step times (planner.roofline), max_num_seqs 256,
+Setup (planner.engine_setup.build_engine, as `kvsim replay`): paged allocator, prefix caching on,
+vLLM's num_gpu_blocks for Llama-3.1-8B on one A100-80GB, roofline step times, max_num_seqs 256,
 max_num_batched_tokens 8192, one replica, time series sampled every 10 s, per-request table
 off (only the latencies for the summary's percentiles are kept, as `kvsim replay` without
 --requests).
@@ -42,19 +42,13 @@ MODEL, GPU = "Llama-3.1-8B", "A100-80GB"
 
 def run_case(name: str, profile: bool = False) -> dict:
     from kvsim import workloads
-    from kvsim.planner.capacity import compute_capacity
-    from kvsim.planner.presets import get_gpu, get_model
-    from kvsim.planner.roofline import RooflineCost
-    from kvsim.simulator import EngineConfig, simulate
+    from kvsim.planner.engine_setup import build_engine
+    from kvsim.simulator import simulate
 
-    model, gpu = get_model(MODEL), get_gpu(GPU)
     max_model_len = 32768 if name.startswith("mooncake") else 16384
-    report = compute_capacity(model, gpu, max_model_len=max_model_len, max_num_seqs=256,
-                              max_num_batched_tokens=8192)
-    config = EngineConfig(num_blocks=report.num_gpu_blocks, null_block=True, block_size=16,
-                          max_num_seqs=256, max_num_batched_tokens=8192,
-                          max_model_len=max_model_len)
-    cost = RooflineCost(model, gpu)
+    setup = build_engine(model=MODEL, gpu=GPU, max_model_len=max_model_len, max_num_seqs=256,
+                         max_num_batched_tokens=8192)
+    config, cost, report = setup.config, setup.cost, setup.capacity
     requests = workloads.load(CASES[name])
     cpu0 = time.process_time()
     t0 = time.perf_counter()
@@ -99,9 +93,8 @@ def sample_case(name: str, interval_s: float = 0.0002, top: int = 40) -> None:
                 on_stack[key] += 1
             frame = frame.f_back
 
-    import kvsim.planner.capacity  # noqa: F401  (imported before sampling: run_case's own imports
-    import kvsim.planner.roofline  # noqa: F401   are then free, and the shares are the replay's)
-    from kvsim import simulator  # noqa: F401
+    import kvsim.planner.engine_setup  # noqa: F401  (imported before sampling: run_case's own
+    import kvsim.simulator.engine  # noqa: F401   imports are then free, the shares the replay's)
     from kvsim import workloads  # noqa: F401
     signal.signal(signal.SIGPROF, handler)
     signal.setitimer(signal.ITIMER_PROF, interval_s, interval_s)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
+from kvsim.errors import InputError
 from kvsim.planner.specs import GIB, GpuSpec, ModelSpec, dtype_bytes
 
 # vLLM's default gpu_memory_utilization in the release our notes read (0.33: 0.92; 0.9 before)
@@ -57,22 +58,22 @@ def kv_heads_per_rank(model: ModelSpec, tp: int) -> int:
     Query heads must always divide by tp.
 
     Raises:
-        ValueError: tp < 1, or heads and tp incompatible (message carries the numbers).
+        InputError: tp < 1, or heads and tp incompatible (message carries the numbers).
     """
     if tp < 1:
-        raise ValueError(f"tp (tensor_parallel_size) must be >= 1, got {tp}")
+        raise InputError(f"tp (tensor_parallel_size) must be >= 1, got {tp}")
     if model.num_attention_heads % tp:
-        raise ValueError(f"{model.name}: num_attention_heads ({model.num_attention_heads}) must be "
+        raise InputError(f"{model.name}: num_attention_heads ({model.num_attention_heads}) must be "
                          f"divisible by tp ({tp})")
     if model.is_mla:
         return 1
     kv = model.num_kv_heads
     if kv >= tp:
         if kv % tp:
-            raise ValueError(f"{model.name}: num_kv_heads ({kv}) must be divisible by tp ({tp})")
+            raise InputError(f"{model.name}: num_kv_heads ({kv}) must be divisible by tp ({tp})")
         return kv // tp
     if tp % kv:
-        raise ValueError(f"{model.name}: tp ({tp}) > num_kv_heads ({kv}) needs tp to be a multiple "
+        raise InputError(f"{model.name}: tp ({tp}) > num_kv_heads ({kv}) needs tp to be a multiple "
                          f"of num_kv_heads to replicate them")
     return 1
 
@@ -80,7 +81,7 @@ def kv_heads_per_rank(model: ModelSpec, tp: int) -> int:
 def resolve_kv_dtype_bytes(model: ModelSpec, kv_dtype: str) -> int:
     """Bytes per cached element: "auto" follows the model dtype (as vLLM's --kv-cache-dtype auto)."""
     if kv_dtype not in KV_DTYPES:
-        raise ValueError(f"kv_dtype must be one of {', '.join(KV_DTYPES)}, got {kv_dtype!r}")
+        raise InputError(f"kv_dtype must be one of {', '.join(KV_DTYPES)}, got {kv_dtype!r}")
     return model.dtype_bytes if kv_dtype == "auto" else dtype_bytes(kv_dtype)
 
 
@@ -153,7 +154,7 @@ class CapacityReport:
     def concurrency_for(self, num_tokens: int) -> float:
         """Requests of num_tokens tokens each that fit at once: num_blocks / cdiv(L, block_size)."""
         if num_tokens <= 0:
-            raise ValueError(f"num_tokens must be > 0, got {num_tokens}")
+            raise InputError(f"num_tokens must be > 0, got {num_tokens}")
         return self.num_gpu_blocks / math.ceil(num_tokens / self.block_size)
 
     def to_dict(self) -> dict:
@@ -185,27 +186,27 @@ def compute_capacity(model: ModelSpec, gpu: GpuSpec, *, tp: int = 1, block_size:
     Returns:
         The CapacityReport.
     Raises:
-        ValueError: impossible configuration (one line, with the numbers).
+        InputError: impossible configuration (one line, with the numbers).
     """
     if not 0 < gpu_memory_utilization <= 1:
-        raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
+        raise InputError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
     if block_size < 1:
-        raise ValueError(f"block_size must be >= 1, got {block_size}")
+        raise InputError(f"block_size must be >= 1, got {block_size}")
     default_seqs, default_tokens = vllm_batch_defaults(gpu)
     max_num_seqs = default_seqs if max_num_seqs is None else max_num_seqs
     max_num_batched_tokens = default_tokens if max_num_batched_tokens is None else max_num_batched_tokens
     if max_num_seqs < 1 or max_num_batched_tokens < 1:
-        raise ValueError(f"max_num_seqs and max_num_batched_tokens must be >= 1, got "
+        raise InputError(f"max_num_seqs and max_num_batched_tokens must be >= 1, got "
                          f"{max_num_seqs} and {max_num_batched_tokens}")
     derived_len = model.max_position_embeddings
     if max_model_len is None:
         if derived_len is None:
-            raise ValueError(f"{model.name}: max_model_len is required (no max_position_embeddings)")
+            raise InputError(f"{model.name}: max_model_len is required (no max_position_embeddings)")
         max_model_len = derived_len
     if max_model_len < 1:
-        raise ValueError(f"max_model_len must be >= 1, got {max_model_len}")
+        raise InputError(f"max_model_len must be >= 1, got {max_model_len}")
     if derived_len is not None and max_model_len > derived_len:
-        raise ValueError(f"max_model_len ({max_model_len}) exceeds {model.name}'s "
+        raise InputError(f"max_model_len ({max_model_len}) exceeds {model.name}'s "
                          f"max_position_embeddings ({derived_len})")
 
     elem = resolve_kv_dtype_bytes(model, kv_dtype)
@@ -216,12 +217,12 @@ def compute_capacity(model: ModelSpec, gpu: GpuSpec, *, tp: int = 1, block_size:
     budget = int(total * gpu_memory_utilization)
     weights = math.ceil(model.weight_bytes / tp)
     if weights > budget:
-        raise ValueError(f"{model.name} weights need {weights / GIB:.2f} GiB per GPU at tp={tp}, more than "
+        raise InputError(f"{model.name} weights need {weights / GIB:.2f} GiB per GPU at tp={tp}, more than "
                          f"{gpu.name}'s {total / GIB:.2f} GiB x gpu_memory_utilization "
                          f"{gpu_memory_utilization} = {budget / GIB:.2f} GiB")
     if non_kv_bytes is not None:
         if non_kv_bytes < 0:
-            raise ValueError(f"non_kv_bytes must be >= 0, got {non_kv_bytes}")
+            raise InputError(f"non_kv_bytes must be >= 0, got {non_kv_bytes}")
         activation, non_torch, non_kv = 0, 0, int(non_kv_bytes)
     else:
         activation = estimate_activation_bytes(model, max_num_batched_tokens, max_num_seqs, tp)
@@ -229,14 +230,14 @@ def compute_capacity(model: ModelSpec, gpu: GpuSpec, *, tp: int = 1, block_size:
         non_kv = weights + activation + non_torch
     available = budget - non_kv
     if available <= 0:
-        raise ValueError(f"no memory left for the KV cache on {gpu.name}: budget {budget / GIB:.2f} GiB "
+        raise InputError(f"no memory left for the KV cache on {gpu.name}: budget {budget / GIB:.2f} GiB "
                          f"- non-KV {non_kv / GIB:.2f} GiB = {available / GIB:.2f} GiB; raise "
                          f"gpu_memory_utilization or tp")
     num_blocks = available // per_block
     if check_max_model_len:
         needed = math.ceil(max_model_len / block_size) * per_block
         if needed > available:
-            raise ValueError(f"one request of max_model_len {max_model_len} needs {needed / GIB:.2f} GiB of KV "
+            raise InputError(f"one request of max_model_len {max_model_len} needs {needed / GIB:.2f} GiB of KV "
                              f"cache, more than the {available / GIB:.2f} GiB available; the largest that "
                              f"fits is {num_blocks * block_size} tokens (lower max_model_len or raise "
                              f"gpu_memory_utilization)")

@@ -288,6 +288,8 @@ def load_hf_config(path: str | Path, name: str | None = None) -> ModelSpec:
         text = Path(path).read_text()
     except UnicodeDecodeError as err:
         raise InputError(f"not UTF-8 text ({err.reason})", file=path) from None
+    except OSError as err:  # missing, a directory, unreadable
+        raise InputError(f"cannot read: {err.strerror}", file=path) from None
     try:
         raw = json.loads(text)
     except json.JSONDecodeError as err:
@@ -342,7 +344,5 @@ def load_hf_config(path: str | Path, name: str | None = None) -> ModelSpec:
                          dtype=dtype, kv_lora_rank=kv_lora_rank, qk_rope_head_dim=rope,
                          qk_head_dim=(nope + rope) if kv_lora_rank else None,
                          max_position_embeddings=max_pos, source=path)
-    except InputError:
-        raise
-    except ValueError as err:
+    except ValueError as err:  # the spec's own checks (an InputError without the file)
         raise InputError(str(err), file=path) from None

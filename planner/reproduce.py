@@ -16,14 +16,13 @@ planner/roofline.py for OPT-13B on an A100-40GB.
 
 Everything the paper leaves unsaid is a named field of ``ReproConfig`` (docs/REPRODUCTION.md
 explains each choice and how sensitive the figures are to it). ``run_reproduction`` runs the
-experiments and returns a JSON-able dict; ``write_outputs`` writes results.json, report.md and
-report.html. Same config and seed -> byte-identical results.json.
+experiments and returns a JSON-able dict; ``planner.reproduce_report`` compares it with the
+paper and writes results.json, report.md and report.html. Same config and seed ->
+byte-identical results.json.
 """
 from __future__ import annotations
 
-import json
 import math
-import os
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterable, Sequence
@@ -31,9 +30,11 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from kvsim.allocator import MEMORY_CLASSES
+from kvsim.errors import InputError
+from kvsim.planner.engine_setup import build_engine
 
-# names and labels are shared with the figure builders (viz sits below planner)
-from kvsim.viz.repro_figures import FIG2_CLASSES, FIG2_LABELS, SYSTEM_LABELS, SYSTEMS  # noqa: F401
+# names are shared with the figure builders (viz sits below planner)
+from kvsim.viz.repro_figures import FIG2_CLASSES, SYSTEMS
 
 # ---------------------------------------------------------------------------------------------
 # What the paper reports. Keys are those of results.json.
@@ -130,17 +131,17 @@ class ReproConfig:
                      "snapshot_interval_s"):
             value = getattr(self, name)
             if not value > 0:
-                raise ValueError(f"ReproConfig: {name} must be > 0, got {value}")
+                raise InputError(f"ReproConfig: {name} must be > 0, got {value}")
         if self.block_size & (self.block_size - 1):
-            raise ValueError(f"ReproConfig: block_size must be a power of two, got {self.block_size}")
+            raise InputError(f"ReproConfig: block_size must be a power of two, got {self.block_size}")
         if self.capacity_tokens < self.max_model_len:
-            raise ValueError(f"ReproConfig: the pool holds {self.capacity_tokens} tokens, less than "
+            raise InputError(f"ReproConfig: the pool holds {self.capacity_tokens} tokens, less than "
                              f"one max-length sequence ({self.max_model_len})")
         if self.fig15_workload not in WORKLOADS:
-            raise ValueError(f"ReproConfig: fig15_workload must be one of {WORKLOADS}, "
+            raise InputError(f"ReproConfig: fig15_workload must be one of {WORKLOADS}, "
                              f"got {self.fig15_workload!r}")
         if self.placement not in ("buddy", "first-fit"):
-            raise ValueError(f"ReproConfig: placement must be 'buddy' or 'first-fit', "
+            raise InputError(f"ReproConfig: placement must be 'buddy' or 'first-fit', "
                              f"got {self.placement!r}")
 
     @property
@@ -252,7 +253,7 @@ def find_sharegpt_file(config: ReproConfig) -> Path | None:
     if config.sharegpt_file is not None:
         path = Path(config.sharegpt_file)
         if not path.is_file():
-            raise FileNotFoundError(2, "No such file", str(path))
+            raise InputError("no such file (--sharegpt-file)", file=str(path))
         return path
     repo = Path(__file__).resolve().parent.parent
     for root in (repo.parent / "shared" / "traces", Path.cwd().parent / "shared" / "traces"):
@@ -274,19 +275,19 @@ def real_sharegpt_requests(path: Path, rate: float, config: ReproConfig, seed: i
     Returns:
         (requests, filter counts over the whole file, statistics of the file and of the kept rows).
     Raises:
-        ValueError: nothing survives the filter, or the file ends before ``config.duration_s``.
+        InputError: nothing survives the filter, or the file ends before ``config.duration_s``.
     """
     from kvsim import workloads
 
     rows = list(workloads.load(str(path), format="sharegpt", rate=1.0, seed=seed))
     kept_all, counts = filter_lengths(rows, config)
     if not kept_all:
-        raise ValueError(f"{path}: no request is left after the length filter "
+        raise InputError(f"{path}: no request is left after the length filter "
                          f"(prompt <= {config.max_prompt_tokens}, total <= {config.max_model_len})")
     load_rate = rate * len(rows) / len(kept_all)
     stream = list(workloads.load(str(path), format="sharegpt", rate=load_rate, seed=seed))
     if stream[-1].arrival_s < config.duration_s:
-        raise ValueError(f"{path}: {len(rows)} rows last {stream[-1].arrival_s:.0f} s at "
+        raise InputError(f"{path}: {len(rows)} rows last {stream[-1].arrival_s:.0f} s at "
                          f"{load_rate:.2f} req/s, shorter than the {config.duration_s:g} s trace")
     reqs, _ = filter_lengths((r for r in stream if r.arrival_s < config.duration_s), config)
     stats = {"rows_in_file": len(rows), "rows_kept": counts.num_kept,
@@ -312,72 +313,53 @@ def length_stats(requests: Sequence) -> dict[str, float]:
 # Engine and cost model
 # ---------------------------------------------------------------------------------------------
 
-def engine_config(system: str, config: ReproConfig):
-    """The simulator EngineConfig of one system of the paper.
+def system_engine(system: str, config: ReproConfig, step_time_scale: float | None = None):
+    """The EngineConfig and cost model of one system of the paper (planner.engine_setup).
 
     Orca: one contiguous reservation per request placed by a buddy allocator, admitted FCFS at
     iteration granularity only when the reservation fits. vLLM: paged blocks of 16, prefix
-    caching off (vLLM 0.1 had none), whole-prompt admission, recompute preemption.
-    """
-    from kvsim.simulator import EngineConfig
+    caching off (vLLM 0.1 had none), whole-prompt admission, recompute preemption. The pool is
+    the paper's 983 blocks (15,728 slots), every one usable: vLLM 0.1 reserved no null block
+    (v1's block 0), so ``null_block=False`` and every system gets the same slots.
+    Step times: the roofline of ``config.model`` on ``config.gpu`` (planner/roofline.py), times
+    ``step_time_scale`` (default ``config.step_time_scale``).
 
+    Returns:
+        planner.engine_setup.EngineSetup (``.config``, ``.cost``).
+    """
     if system not in SYSTEMS:
         raise ValueError(f"system must be one of {SYSTEMS}, got {system!r}")
-    common = dict(block_size=config.block_size, max_num_seqs=config.max_num_seqs,
-                  max_model_len=config.max_model_len, enable_prefix_caching=False,
-                  full_prompt_admission=True)
+    common = dict(model=config.model, gpu=config.gpu, block_size=config.block_size,
+                  num_gpu_blocks=config.num_blocks, null_block=False,
+                  max_num_seqs=config.max_num_seqs, max_model_len=config.max_model_len,
+                  enable_prefix_caching=False, scheduler_reserve_full_isl=True,
+                  step_time_scale=config.step_time_scale if step_time_scale is None else step_time_scale)
     if system == "vllm":
-        return EngineConfig(allocator="paged", num_blocks=config.num_blocks, null_block=False,
-                            watermark=config.watermark,
+        return build_engine(allocator="paged", watermark=config.watermark,
                             max_num_batched_tokens=config.max_num_batched_tokens, **common)
     # Orca batches whole prompts (selective batching, no chunked prefill) and is limited by its
     # batch size, not by a token budget: a budget no step can exhaust keeps every prompt whole
-    return EngineConfig(allocator=SYSTEM_ALLOCATOR[system], placement=config.placement,
-                        capacity_tokens=config.capacity_tokens,
+    return build_engine(allocator=SYSTEM_ALLOCATOR[system], placement=config.placement,
                         max_num_batched_tokens=config.max_num_seqs * config.max_model_len, **common)
 
 
-def run_simulation(requests: Sequence, system: str, config: ReproConfig, cost, *,
-                   snapshot_times_s: Sequence[float] = ()):
+def run_simulation(requests: Sequence, system: str, config: ReproConfig, cost=None, *,
+                   step_time_scale: float | None = None, snapshot_times_s: Sequence[float] = ()):
     """One simulation of ``system`` (simulator.Simulation), returning its Result.
 
     Orca (Pow2) is the allocator's ``pow2`` policy: prompt + next_pow2(output), the paper's rule.
+
+    Args:
+        cost: a cost model instead of the system's roofline (tests).
+        step_time_scale: passed to ``system_engine``.
     """
     from kvsim.simulator import Simulation
 
-    sim = Simulation(requests, engine_config(system, config), cost,
+    setup = system_engine(system, config, step_time_scale)
+    sim = Simulation(requests, setup.config, setup.cost if cost is None else cost,
                      sample_interval_s=config.sample_interval_s, snapshot_times_s=snapshot_times_s,
                      seed=config.seed, progress=False)
     return sim.run()
-
-
-class ScaledCost:
-    """A cost model whose step times are ``scale`` times another's (sensitivity checks)."""
-
-    def __init__(self, inner, scale: float):
-        self.inner = inner
-        self.scale = float(scale)
-
-    def step_time_s(self, batch) -> float:
-        return self.scale * self.inner.step_time_s(batch)
-
-    def run_time_s(self, batch, num_steps: int) -> float:
-        return self.scale * self.inner.run_time_s(batch, num_steps)
-
-
-def cost_model(config: ReproConfig, scale: float | None = None):
-    """The roofline cost model of ``config.model`` on ``config.gpu`` (planner/roofline.py).
-
-    Args:
-        config: model and GPU preset names, step_time_scale.
-        scale: overrides config.step_time_scale.
-    """
-    from kvsim.planner.presets import get_gpu, get_model
-    from kvsim.planner.roofline import RooflineCost
-
-    base = RooflineCost(get_model(config.model), get_gpu(config.gpu))
-    s = config.step_time_scale if scale is None else scale
-    return base if s == 1.0 else ScaledCost(base, s)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -601,7 +583,7 @@ def run_reproduction(config: ReproConfig, *, progress: bool = True) -> dict[str,
         cfg = config
         if run.placement is not None:
             cfg = replace(cfg, placement=run.placement)
-        result = run_simulation(reqs, run.system, cfg, cost_model(config, run.step_time_scale),
+        result = run_simulation(reqs, run.system, cfg, step_time_scale=run.step_time_scale,
                                 snapshot_times_s=snapshot_times if run.mode != "basic" else ())
         metrics[run.key] = measure(result, run.system, config)
     bar.close()
@@ -710,94 +692,3 @@ def assemble_results(config: ReproConfig, runs: Sequence[Run], metrics: dict[str
     setup["sharegpt_file"] = None if config.sharegpt_file is None else str(config.sharegpt_file)
     res["setup"] = setup
     return res
-
-
-# ---------------------------------------------------------------------------------------------
-# Outputs
-# ---------------------------------------------------------------------------------------------
-
-def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}`` (the dotted keys the docs name)."""
-    out: dict[str, Any] = {}
-    for k, v in tree.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, dict):
-            out.update(flatten(v, key + "."))
-        else:
-            out[key] = v
-    return out
-
-
-def expected_figure_keys(include_real: bool = False) -> list[str]:
-    """The dotted keys results.json must hold for the three figures."""
-    keys = [f"fig2.{s}.{c}" for s in SYSTEMS for c in FIG2_CLASSES]
-    wls = WORKLOADS + (("sharegpt_real",) if include_real else ())
-    keys += [f"fig13.{w}.{s}" for w in wls for s in SYSTEMS]
-    keys += [f"fig15.{m}.{n}" for m in FIG15_MODES for n in FIG15_NS]
-    if include_real:
-        keys += [f"fig2_sharegpt_real.{s}.{c}" for s in SYSTEMS for c in FIG2_CLASSES]
-    return keys
-
-
-def differences(results: dict[str, Any]) -> list[dict[str, Any]]:
-    """Every measured figure next to the paper's, with the flag the docs must explain.
-
-    A difference is flagged when it is larger than 3 percentage points (shares, savings) or
-    10 % of the paper's value (concurrency).
-    """
-    rows = []
-    paper = flatten(results["paper"])
-    measured = flatten({k: results[k] for k in ("fig2", "fig13", "fig15")})
-    for key, ours in measured.items():
-        ref = paper.get(key)
-        if ref is None or ours is None:
-            rows.append({"key": key, "paper": ref, "kvsim": ours, "delta": None, "flag": False})
-            continue
-        delta = ours - ref
-        if key.startswith("fig13."):
-            flag = abs(delta) > 0.10 * abs(ref)
-        else:
-            flag = abs(delta) > 3.0
-        rows.append({"key": key, "paper": ref, "kvsim": ours, "delta": round(delta, 2), "flag": flag})
-    return rows
-
-
-def ordering_checks(results: dict[str, Any]) -> dict[str, bool]:
-    """The orderings the paper reports: Max < Pow2 < Oracle < vLLM (token states, concurrency)."""
-    def increasing(values: list[float | None]) -> bool:
-        return all(a is not None and b is not None and a < b for a, b in zip(values, values[1:]))
-
-    checks = {"fig2.token_states": increasing([results["fig2"][s]["token_states"] for s in SYSTEMS])}
-    for wl in results["fig13"]:
-        checks[f"fig13.{wl}"] = increasing([results["fig13"][wl][s] for s in SYSTEMS])
-    for m in FIG15_MODES:
-        checks[f"fig15.{m}.grows_with_n"] = increasing([results["fig15"][m][str(n)] for n in FIG15_NS])
-    checks["fig15.beam_above_parallel"] = all(
-        (results["fig15"]["beam"][str(n)] or 0) > (results["fig15"]["parallel"][str(n)] or 0)
-        for n in FIG15_NS)
-    return checks
-
-
-def check_out_dir(out_dir: str | os.PathLike) -> Path:
-    """The output directory as a Path; ValueError if it exists and is not a directory."""
-    out = Path(out_dir)
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"--out {out}: exists and is not a directory")
-    return out
-
-
-def write_outputs(results: dict[str, Any], out_dir: str | os.PathLike) -> dict[str, Path]:
-    """Write results.json, report.md and report.html into ``out_dir`` (created if needed).
-
-    Returns:
-        {"json": path, "md": path, "html": path}.
-    """
-    from kvsim.planner.reproduce_report import render_html, render_markdown
-
-    out = check_out_dir(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    paths = {"json": out / "results.json", "md": out / "report.md", "html": out / "report.html"}
-    paths["json"].write_text(json.dumps(results, indent=2, sort_keys=True, allow_nan=False) + "\n")
-    paths["md"].write_text(render_markdown(results))
-    paths["html"].write_text(render_html(results))
-    return paths

@@ -1,15 +1,20 @@
-"""report.md and report.html of `kvsim reproduce vllm-paper`, from the results dict alone.
+"""The outputs of `kvsim reproduce vllm-paper`, from the results dict alone: the comparison with
+the paper (``differences``, ``ordering_checks``), report.md, report.html and ``write_outputs``.
 
-Both are pure functions of the results (no clock, no random ids), so the same results give the
-same bytes.
+All are pure functions of the results (no clock, no random ids), so the same results give the
+same bytes. ``planner.reproduce`` runs the experiments; this module only reads what they return.
 """
 from __future__ import annotations
 
 import html
+import json
+import os
+from pathlib import Path
 from typing import Any
 
-from kvsim.planner.reproduce import (FIG15_MODES, FIG15_NS, FIG2_CLASSES, FIG2_LABELS, SYSTEM_LABELS,
-                               SYSTEMS, differences, ordering_checks)
+from kvsim.planner.reproduce import FIG15_MODES, FIG15_NS, WORKLOADS
+from kvsim.simulator.result import prepare_output_dir
+from kvsim.viz.repro_figures import FIG2_CLASSES, FIG2_LABELS, SYSTEM_LABELS, SYSTEMS
 
 WORKLOAD_TITLES = {"sharegpt": "ShareGPT-like (synthetic)", "alpaca": "Alpaca-like (synthetic)",
                    "sharegpt_real": "real ShareGPT lengths (filtered)"}
@@ -226,3 +231,83 @@ def render_html(results: dict[str, Any]) -> str:
                    f"kvsim {_f(d['kvsim'], 2)}</li>" for d in flagged) or "<li>none</li>")
         + "</ul>",
         "</body></html>", ""])
+
+
+# ---------------------------------------------------------------------------------------------
+# Outputs
+# ---------------------------------------------------------------------------------------------
+
+def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}`` (the dotted keys the docs name)."""
+    out: dict[str, Any] = {}
+    for k, v in tree.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def expected_figure_keys(include_real: bool = False) -> list[str]:
+    """The dotted keys results.json must hold for the three figures."""
+    keys = [f"fig2.{s}.{c}" for s in SYSTEMS for c in FIG2_CLASSES]
+    wls = WORKLOADS + (("sharegpt_real",) if include_real else ())
+    keys += [f"fig13.{w}.{s}" for w in wls for s in SYSTEMS]
+    keys += [f"fig15.{m}.{n}" for m in FIG15_MODES for n in FIG15_NS]
+    if include_real:
+        keys += [f"fig2_sharegpt_real.{s}.{c}" for s in SYSTEMS for c in FIG2_CLASSES]
+    return keys
+
+
+def differences(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every measured figure next to the paper's, with the flag the docs must explain.
+
+    A difference is flagged when it is larger than 3 percentage points (shares, savings) or
+    10 % of the paper's value (concurrency).
+    """
+    rows = []
+    paper = flatten(results["paper"])
+    measured = flatten({k: results[k] for k in ("fig2", "fig13", "fig15")})
+    for key, ours in measured.items():
+        ref = paper.get(key)
+        if ref is None or ours is None:
+            rows.append({"key": key, "paper": ref, "kvsim": ours, "delta": None, "flag": False})
+            continue
+        delta = ours - ref
+        if key.startswith("fig13."):
+            flag = abs(delta) > 0.10 * abs(ref)
+        else:
+            flag = abs(delta) > 3.0
+        rows.append({"key": key, "paper": ref, "kvsim": ours, "delta": round(delta, 2), "flag": flag})
+    return rows
+
+
+def ordering_checks(results: dict[str, Any]) -> dict[str, bool]:
+    """The orderings the paper reports: Max < Pow2 < Oracle < vLLM (token states, concurrency)."""
+    def increasing(values: list[float | None]) -> bool:
+        return all(a is not None and b is not None and a < b for a, b in zip(values, values[1:]))
+
+    checks = {"fig2.token_states": increasing([results["fig2"][s]["token_states"] for s in SYSTEMS])}
+    for wl in results["fig13"]:
+        checks[f"fig13.{wl}"] = increasing([results["fig13"][wl][s] for s in SYSTEMS])
+    for m in FIG15_MODES:
+        checks[f"fig15.{m}.grows_with_n"] = increasing([results["fig15"][m][str(n)] for n in FIG15_NS])
+    checks["fig15.beam_above_parallel"] = all(
+        (results["fig15"]["beam"][str(n)] or 0) > (results["fig15"]["parallel"][str(n)] or 0)
+        for n in FIG15_NS)
+    return checks
+
+
+def write_outputs(results: dict[str, Any], out_dir: str | os.PathLike) -> dict[str, Path]:
+    """Write results.json, report.md and report.html into ``out_dir`` (created if needed).
+
+    Returns:
+        {"json": path, "md": path, "html": path}.
+    """
+    out = Path(prepare_output_dir(out_dir))
+    paths = {"json": out / "results.json", "md": out / "report.md", "html": out / "report.html"}
+    paths["json"].write_text(json.dumps(results, indent=2, sort_keys=True, allow_nan=False) + "\n")
+    paths["md"].write_text(render_markdown(results))
+    paths["html"].write_text(render_html(results))
+    return paths

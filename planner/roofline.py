@@ -1,6 +1,6 @@
 """Roofline step-cost model: a step takes as long as the slower of moving its bytes and doing its FLOPs.
 
-Implements the simulator's ``CostModel`` protocol (``simulator.cost``; TEAM.md) from a ModelSpec
+Implements the simulator's ``CostModel`` protocol (``simulator.cost``) from a ModelSpec
 and a GpuSpec, per tensor-parallel rank (all ranks work in parallel on equal shares)::
 
     bytes  = weights / tp + (kv_read_tokens + num_scheduled_tokens) * kv_bytes_per_token
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 
+from kvsim.errors import InputError
 from kvsim.planner.capacity import kv_bytes_per_token
 from kvsim.planner.specs import GpuSpec, ModelSpec
 
@@ -40,11 +41,11 @@ class RooflineCost:
                  step_overhead_s: float = DEFAULT_STEP_OVERHEAD_S, bandwidth_efficiency: float = 1.0,
                  flops_efficiency: float = 1.0):
         if step_overhead_s < 0:
-            raise ValueError(f"step_overhead_s must be >= 0, got {step_overhead_s}")
+            raise InputError(f"step_overhead_s must be >= 0, got {step_overhead_s}")
         for name, value in (("bandwidth_efficiency", bandwidth_efficiency),
                             ("flops_efficiency", flops_efficiency)):
             if not 0 < value <= 1:
-                raise ValueError(f"{name} must be in (0, 1], got {value}")
+                raise InputError(f"{name} must be in (0, 1], got {value}")
         self.model, self.gpu, self.tp = model, gpu, tp
         self.step_overhead_s = step_overhead_s
         self.weight_bytes = math.ceil(model.weight_bytes / tp)

@@ -1,11 +1,14 @@
 """Model and GPU specifications: the numbers capacity math and the roofline cost model need.
 
-Both are frozen dataclasses that validate in ``__post_init__``; a bad value raises ``ValueError``
-with the number in the message (the CLI turns it into one line and exit code 2).
+Both are frozen dataclasses that validate in ``__post_init__``; a bad value (a user's config.json
+or custom GPU flags) raises ``InputError`` with the number in the message (the CLI turns it into
+one line and exit code 2).
 """
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+
+from kvsim.errors import InputError
 
 GIB = 2**30
 
@@ -26,18 +29,18 @@ def dtype_bytes(dtype: str) -> int:
     Returns:
         Bytes per element.
     Raises:
-        ValueError: unknown name (the message lists the known ones).
+        InputError: unknown name (the message lists the known ones).
     """
     try:
         return DTYPE_BYTES[str(dtype).lower()]
     except KeyError:
-        raise ValueError(f"unknown dtype {dtype!r}; known: {', '.join(sorted(DTYPE_BYTES))}") from None
+        raise InputError(f"unknown dtype {dtype!r}; known: {', '.join(sorted(DTYPE_BYTES))}") from None
 
 
 def _require_positive(owner: str, **values) -> None:
     for name, value in values.items():
         if value is None or value <= 0:
-            raise ValueError(f"{owner}: {name} must be > 0, got {value}")
+            raise InputError(f"{owner}: {name} must be > 0, got {value}")
 
 
 @dataclass(frozen=True)
@@ -74,18 +77,18 @@ class ModelSpec:
                           vocab_size=self.vocab_size, num_params=self.num_params)
         dtype_bytes(self.dtype)
         if self.num_kv_heads > self.num_attention_heads:
-            raise ValueError(f"{who}: num_kv_heads ({self.num_kv_heads}) exceeds num_attention_heads "
+            raise InputError(f"{who}: num_kv_heads ({self.num_kv_heads}) exceeds num_attention_heads "
                              f"({self.num_attention_heads})")
         if self.num_attention_heads % self.num_kv_heads:
-            raise ValueError(f"{who}: num_attention_heads ({self.num_attention_heads}) is not a multiple "
+            raise InputError(f"{who}: num_attention_heads ({self.num_attention_heads}) is not a multiple "
                              f"of num_kv_heads ({self.num_kv_heads})")
         if (self.kv_lora_rank is None) != (self.qk_rope_head_dim is None):
-            raise ValueError(f"{who}: MLA needs both kv_lora_rank and qk_rope_head_dim, got "
+            raise InputError(f"{who}: MLA needs both kv_lora_rank and qk_rope_head_dim, got "
                              f"{self.kv_lora_rank} and {self.qk_rope_head_dim}")
         if self.is_mla:
             _require_positive(who, kv_lora_rank=self.kv_lora_rank, qk_rope_head_dim=self.qk_rope_head_dim)
         if self.num_active_params is not None and not 0 < self.num_active_params <= self.num_params:
-            raise ValueError(f"{who}: num_active_params must be in (0, num_params={self.num_params}], "
+            raise InputError(f"{who}: num_active_params must be in (0, num_params={self.num_params}], "
                              f"got {self.num_active_params}")
         if self.max_position_embeddings is not None:
             _require_positive(who, max_position_embeddings=self.max_position_embeddings)

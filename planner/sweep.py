@@ -5,10 +5,12 @@
     rows = run_sweep(points, base, jobs=4)           # local processes; rows in grid order
     table = results_table(rows, parse_slo("ttft_p99<2,preemptions=0"))
 
-Each point resolves model + GPU -> vLLM's num_gpu_blocks (planner.capacity) and a roofline cost
-model, loads the workload (``rate`` re-times it), and calls ``simulator.simulate``. A point whose
-configuration is impossible (weights larger than the GPU, tp not dividing the heads) becomes a row
-with an ``error`` column instead of stopping the sweep.
+Each point turns model + GPU + settings into vLLM's num_gpu_blocks (planner.capacity), an
+EngineConfig and a cost model (the roofline unless a fixed step time or a table is given) through
+``planner.engine_setup.build_engine``, loads the workload (``rate`` re-times it), and calls
+``simulator.simulate``. A point whose configuration is impossible (an InputError: weights larger
+than the GPU, tp not dividing the heads) becomes a row with an ``error`` column instead of
+stopping the sweep; any other exception is a bug and stops it.
 
 Cost of a point (to name the cheapest one meeting the SLO): ``num_gpus * price_rank`` where
 num_gpus = tp * replicas and price_rank is the GPU's ordinal price (planner/presets.py).
@@ -23,12 +25,13 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 
-from kvsim.planner.capacity import DEFAULT_BLOCK_SIZE, DEFAULT_GPU_MEMORY_UTILIZATION, compute_capacity
-from kvsim.planner.presets import get_gpu, get_model, load_hf_config
-from kvsim.planner.roofline import DEFAULT_STEP_OVERHEAD_S, RooflineCost
-from kvsim.planner.slo import Constraint, meets, resolve_metric
-from kvsim.planner.specs import GIB, GpuSpec, ModelSpec
 from kvsim.errors import InputError
+from kvsim.planner.capacity import DEFAULT_BLOCK_SIZE, DEFAULT_GPU_MEMORY_UTILIZATION
+from kvsim.planner.engine_setup import DEFAULT_GPU, DEFAULT_MODEL, build_engine
+from kvsim.planner.presets import load_hf_config
+from kvsim.planner.roofline import DEFAULT_STEP_OVERHEAD_S
+from kvsim.planner.slo import Constraint, meets, resolve_metric
+from kvsim.planner.specs import GIB, GpuSpec
 
 
 def _parse_bool(text: str) -> bool:
@@ -51,10 +54,13 @@ SWEEP_KEYS: dict[str, Callable[[str], object]] = {
     "replicas": int, "router": str, "seed": int, "step_overhead_s": float,
     "bandwidth_efficiency": float, "flops_efficiency": float,
 }
-# keys handed to simulator.EngineConfig as they are
-ENGINE_KEYS = ("allocator", "placement", "max_num_seqs", "max_num_batched_tokens",
-               "enable_prefix_caching", "long_prefill_token_threshold", "watermark",
-               "full_prompt_admission")
+# engine keys (EngineConfig's names, which sweep columns and PlanBase.engine use) -> the names of
+# planner.engine_setup.build_engine (vLLM's)
+ENGINE_KEYS = {"placement": "placement", "max_num_seqs": "max_num_seqs",
+               "max_num_batched_tokens": "max_num_batched_tokens",
+               "enable_prefix_caching": "enable_prefix_caching",
+               "long_prefill_token_threshold": "long_prefill_token_threshold",
+               "watermark": "watermark", "full_prompt_admission": "scheduler_reserve_full_isl"}
 
 
 def parse_sweep(specs: Iterable[str]) -> dict[str, list]:
@@ -102,9 +108,9 @@ class PlanBase:
     """
 
     workload: str
-    model: str = "Llama-3.1-8B"
+    model: str = DEFAULT_MODEL
     hf_config: str | None = None
-    gpu: str = "H100-80GB-SXM"
+    gpu: str = DEFAULT_GPU
     custom_gpu: GpuSpec | None = None
     tp: int = 1
     kv_dtype: str = "auto"
@@ -118,14 +124,12 @@ class PlanBase:
     replicas: int = 1
     router: str = "round-robin"
     seed: int = 0
+    step_s: float | None = None         # a fixed step time instead of the roofline (1.0: step clock)
+    cost_table: str | None = None       # a measured step-time table instead of the roofline
     step_overhead_s: float = DEFAULT_STEP_OVERHEAD_S
     bandwidth_efficiency: float = 1.0   # roofline: achievable fractions of the datasheet peaks
     flops_efficiency: float = 1.0
     engine: Mapping = field(default_factory=dict)  # further EngineConfig fields (max_num_seqs, ...)
-
-
-def _resolve_model(name: str, hf_config: str | None) -> ModelSpec:
-    return load_hf_config(hf_config) if hf_config else get_model(name)
 
 
 def load_requests(workload: str, *, rate: float | None = None, max_requests: int | None = None,
@@ -162,28 +166,6 @@ def load_requests(workload: str, *, rate: float | None = None, max_requests: int
     return requests
 
 
-def build_engine_config(num_gpu_blocks: int, block_size: int, max_model_len: int, allocator: str,
-                        engine: Mapping):
-    """A ``simulator.EngineConfig`` for a pool of num_gpu_blocks blocks.
-
-    vLLM's block 0 is its null block, so a paged pool has null_block=True and num_blocks - 1
-    usable blocks; a contiguous allocator gets the same usable memory as capacity_tokens
-    ((num_gpu_blocks - 1) * block_size, as ``kvsim replay`` does)."""
-    from kvsim.simulator import EngineConfig
-
-    names = {f.name for f in dataclasses.fields(EngineConfig)}
-    kwargs = dict(allocator=allocator, block_size=block_size, max_model_len=max_model_len)
-    if allocator == "paged":
-        kwargs.update(num_blocks=num_gpu_blocks, null_block=True)
-    else:
-        kwargs.update(capacity_tokens=(num_gpu_blocks - 1) * block_size)
-    for key, value in engine.items():
-        if key not in names:
-            raise InputError(f"{key!r} is not a simulator.EngineConfig field", field="sweep")
-        kwargs[key] = value
-    return EngineConfig(**{k: v for k, v in kwargs.items() if k in names})
-
-
 def _default_simulate(*args, **kwargs):
     from kvsim.simulator import simulate
 
@@ -213,43 +195,44 @@ class PointTask:
 def evaluate_point(task: PointTask) -> dict:
     """Run one grid point; returns its row (grid values, capacity figures, flattened summary).
 
-    A ValueError from an impossible configuration is recorded in the row's ``error`` column.
+    An impossible configuration (an InputError: weights larger than the GPU, tp not dividing the
+    heads, ...) is recorded in the row's ``error`` column; any other exception is a bug and
+    propagates.
     """
     base = dataclasses.replace(task.base, **{k: v for k, v in task.params.items()
                                              if k in {f.name for f in dataclasses.fields(PlanBase)}})
     engine = {**base.engine, **{k: v for k, v in task.params.items() if k in ENGINE_KEYS}}
     row: dict = {"point": task.index, **task.params}
     try:
-        model = _resolve_model(base.model, base.hf_config)
-        gpu = base.custom_gpu if (base.custom_gpu is not None and "gpu" not in task.params) \
-            else get_gpu(base.gpu)
-        report = compute_capacity(
-            model, gpu, tp=base.tp, block_size=base.block_size, kv_dtype=base.kv_dtype,
-            gpu_memory_utilization=base.gpu_memory_utilization, max_model_len=base.max_model_len,
-            max_num_seqs=engine.get("max_num_seqs"),
-            max_num_batched_tokens=engine.get("max_num_batched_tokens"),
-            non_kv_bytes=None if base.non_kv_gib is None else int(base.non_kv_gib * GIB))
+        unknown = sorted(set(engine) - set(ENGINE_KEYS))
+        if unknown:
+            raise InputError(f"{unknown[0]!r} is not a simulator.EngineConfig field", field="sweep")
+        setup = build_engine(
+            model=load_hf_config(base.hf_config) if base.hf_config else base.model,
+            gpu=base.custom_gpu if (base.custom_gpu is not None and "gpu" not in task.params)
+            else base.gpu,
+            tensor_parallel_size=base.tp, kv_cache_dtype=base.kv_dtype,
+            gpu_memory_utilization=base.gpu_memory_utilization, block_size=base.block_size,
+            max_model_len=base.max_model_len,
+            non_kv_bytes=None if base.non_kv_gib is None else int(base.non_kv_gib * GIB),
+            allocator=base.allocator, step_s=base.step_s, cost_table=base.cost_table,
+            step_overhead_s=base.step_overhead_s, bandwidth_efficiency=base.bandwidth_efficiency,
+            flops_efficiency=base.flops_efficiency,
+            **{ENGINE_KEYS[k]: v for k, v in engine.items()})
+        report, gpu = setup.capacity, setup.gpu
         num_gpus = base.tp * base.replicas
-        row.update(model_name=model.name, gpu_name=gpu.name, num_gpus=num_gpus,
+        row.update(model_name=setup.model.name, gpu_name=gpu.name, num_gpus=num_gpus,
                    cost=num_gpus * gpu.price_rank, num_gpu_blocks=report.num_gpu_blocks,
                    kv_cache_tokens=report.kv_cache_tokens, kv_bytes_per_token=report.kv_bytes_per_token,
                    max_concurrency=round(report.max_concurrency, 6))
-        engine.setdefault("max_num_seqs", report.max_num_seqs)
-        engine.setdefault("max_num_batched_tokens", report.max_num_batched_tokens)
-        cost_model = RooflineCost(model, gpu, tp=base.tp, kv_dtype=base.kv_dtype,
-                                  step_overhead_s=base.step_overhead_s,
-                                  bandwidth_efficiency=base.bandwidth_efficiency,
-                                  flops_efficiency=base.flops_efficiency)
-        config = build_engine_config(report.num_gpu_blocks, base.block_size, report.max_model_len,
-                                     base.allocator, engine)
         requests = load_requests(base.workload, rate=base.rate, max_requests=base.max_requests,
                                  seed=base.seed)
         simulate = task.simulate or _default_simulate
-        result = simulate(requests, config, cost_model, replicas=base.replicas, router=base.router,
-                          seed=base.seed)
+        result = simulate(requests, setup.config, setup.cost, replicas=base.replicas,
+                          router=base.router, seed=base.seed)
         row.update(flatten(result.summary))
         row["error"] = None
-    except ValueError as err:  # impossible point: keep the row, say why
+    except InputError as err:  # impossible point: keep the row, say why
         row["error"] = str(err)
     return row
 
@@ -282,7 +265,7 @@ def _run_ray(tasks: list[PointTask], address: str | None, progress: bool) -> lis
     try:
         import ray
     except ImportError:
-        raise ValueError("--backend ray needs Ray, which is an optional extra: "
+        raise InputError("--backend ray needs Ray, which is an optional extra: "
                          "pip install 'kvsim[ray]' (or pip install 'ray[default]')") from None
     from tqdm import tqdm
 
@@ -318,13 +301,13 @@ def run_sweep(points: Sequence[Mapping], base: PlanBase, *, jobs: int = 1, backe
         One dict per point.
     """
     if jobs < 1:
-        raise ValueError(f"jobs must be >= 1, got {jobs}")
+        raise InputError(f"jobs must be >= 1, got {jobs}")
     tasks = [PointTask(i, dict(p), base, simulate) for i, p in enumerate(points)]
     if backend == "local":
         return _run_local(tasks, jobs, progress)
     if backend == "ray":
         return _run_ray(tasks, address, progress)
-    raise ValueError(f"backend must be 'local' or 'ray', got {backend!r}")
+    raise InputError(f"backend must be 'local' or 'ray', got {backend!r}")
 
 
 def mark_slo(rows: list[dict], constraints: tuple[Constraint, ...]) -> list[dict]:

@@ -1,15 +1,24 @@
-"""EngineConfig: one serving replica's cache and scheduler settings (vLLM's names and meanings)."""
+"""EngineConfig: one serving replica's cache and scheduler settings (vLLM's names and meanings).
+
+The names users choose from live here, once, for the CLI, the sweeps and the dashboard:
+``ALLOCATORS``, ``PLACEMENTS`` and the replica ``ROUTERS``. This module is light (no simpy, no
+pandas), so a command line can offer the choices without loading the simulator.
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kvsim.errors import InputError
+
 ALLOCATORS = ("paged", "max", "pow2", "oracle")
 PLACEMENTS = ("buddy", "first-fit")
+ROUTERS = ("round-robin", "least-loaded", "prefix-affinity")
 
 
 @dataclass(frozen=True)
 class EngineConfig:
-    """Settings of one replica. Frozen and validated; messages carry the numbers.
+    """Settings of one replica. Frozen and validated: a bad value raises InputError (every field
+    is a user's setting), with the numbers in the message.
 
     Args:
         allocator: "paged" (vLLM blocks + prefix cache) or a contiguous reservation policy
@@ -50,32 +59,32 @@ class EngineConfig:
 
     def __post_init__(self):
         if self.allocator not in ALLOCATORS:
-            raise ValueError(f"allocator must be one of {', '.join(ALLOCATORS)}, got {self.allocator!r}")
+            raise InputError(f"allocator must be one of {', '.join(ALLOCATORS)}, got {self.allocator!r}")
         if self.placement not in PLACEMENTS:
-            raise ValueError(f"placement must be one of {', '.join(PLACEMENTS)}, got {self.placement!r}")
+            raise InputError(f"placement must be one of {', '.join(PLACEMENTS)}, got {self.placement!r}")
         if self.block_size <= 0:
-            raise ValueError(f"block_size must be positive, got {self.block_size}")
+            raise InputError(f"block_size must be positive, got {self.block_size}")
         if (self.num_blocks is None) == (self.capacity_tokens is None):
-            raise ValueError("give exactly one of num_blocks and capacity_tokens, got "
+            raise InputError("give exactly one of num_blocks and capacity_tokens, got "
                              f"num_blocks={self.num_blocks}, capacity_tokens={self.capacity_tokens}")
         if self.num_blocks is not None and self.num_blocks < 1 + int(self.null_block):
-            raise ValueError(f"num_blocks must be >= {1 + int(self.null_block)}, got {self.num_blocks}")
+            raise InputError(f"num_blocks must be >= {1 + int(self.null_block)}, got {self.num_blocks}")
         if self.capacity_tokens is not None and self.capacity_tokens < self.block_size:
-            raise ValueError(f"capacity_tokens must be >= block_size ({self.block_size}), "
+            raise InputError(f"capacity_tokens must be >= block_size ({self.block_size}), "
                              f"got {self.capacity_tokens}")
         if self.max_num_seqs < 1:
-            raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
+            raise InputError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
         if self.max_num_batched_tokens < 1:
-            raise ValueError(f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
+            raise InputError(f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
         if self.max_model_len < 2:
-            raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
+            raise InputError(f"max_model_len must be >= 2, got {self.max_model_len}")
         if self.long_prefill_token_threshold < 0:
-            raise ValueError("long_prefill_token_threshold must be >= 0, got "
+            raise InputError("long_prefill_token_threshold must be >= 0, got "
                              f"{self.long_prefill_token_threshold}")
         if not 0.0 <= self.watermark < 1.0:
-            raise ValueError(f"watermark must be in [0, 1), got {self.watermark}")
+            raise InputError(f"watermark must be in [0, 1), got {self.watermark}")
         if self.allocator != "paged" and self.null_block:
-            raise ValueError("null_block applies to the paged allocator only")
+            raise InputError("null_block applies to the paged allocator only")
 
     @property
     def is_paged(self) -> bool:

@@ -6,6 +6,10 @@ same protocol from a model and a GPU (the simulator never imports it).
 * ``FixedStepCost(step_s)``: every step takes ``step_s``. ``FixedStepCost(1.0)`` is the step
   clock: simulated time is vLLM's step index (used to diff against the vLLM oracle).
 * ``TableCost(csv_path)``: measured step times, interpolated (see its docstring).
+* ``ScaledCost(inner, scale)``: another model's step times times ``scale`` (sensitivity checks).
+
+``StepTimer`` turns a cost model's seconds into the engine's integer nanoseconds (so that runs of
+steps add up exactly) and finds how many decode steps reach a given time.
 """
 from __future__ import annotations
 
@@ -15,6 +19,13 @@ from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from kvsim.errors import InputError
+
+NS_PER_S = 1_000_000_000
+
+
+def to_ns(seconds: float) -> int:
+    """Seconds to the engine's integer nanoseconds."""
+    return int(round(seconds * NS_PER_S))
 
 
 @dataclass(slots=True)
@@ -78,7 +89,7 @@ class FixedStepCost:
 
     def __post_init__(self):
         if not (self.step_s > 0 and math.isfinite(self.step_s)):
-            raise ValueError(f"step_s must be a positive finite number, got {self.step_s}")
+            raise InputError(f"step_s must be a positive finite number, got {self.step_s}")
 
     def step_time_s(self, batch: StepBatch) -> float:
         return self.step_s
@@ -108,7 +119,11 @@ class TableCost:
     def __init__(self, path: str):
         self.path = str(path)
         rows: list[tuple[float, float, float]] = []
-        with open(path, newline="") as f:
+        try:
+            f = open(path, newline="")
+        except OSError as err:  # the user named this file: say which, in one line
+            raise InputError(f"cannot read the cost table: {err.strerror}", file=self.path) from None
+        with f:
             reader = csv.DictReader(f)
             fields = reader.fieldnames or []
             for need in ("num_scheduled_tokens", "step_s"):
@@ -180,3 +195,80 @@ class TableCost:
         base = max(0.0, self._f(batch.num_scheduled_tokens) + self.kv_coeff_s * batch.kv_read_tokens)
         grow = self.kv_coeff_s * batch.num_seqs * (num_steps * (num_steps - 1) / 2)
         return base * num_steps + grow
+
+
+class ScaledCost:
+    """Step times of another cost model multiplied by ``scale`` (sensitivity checks)."""
+
+    def __init__(self, inner: CostModel, scale: float):
+        if not (scale > 0 and math.isfinite(scale)):
+            raise InputError(f"step_time_scale must be a positive finite number, got {scale}")
+        self.inner = inner
+        self.scale = float(scale)
+
+    def step_time_s(self, batch: StepBatch) -> float:
+        return self.scale * self.inner.step_time_s(batch)
+
+    def run_time_s(self, batch: StepBatch, num_steps: int) -> float:
+        return self.scale * self.inner.run_time_s(batch, num_steps)
+
+
+class StepTimer:
+    """Durations in integer nanoseconds for the engine's clock, from a cost model.
+
+    A step lasts ``step_time_s`` rounded to ns; a run of k decode steps lasts ``run_time_s``
+    rounded once (at least 1 ns per step), so a run and the same steps one by one end at the same
+    nanosecond. The last run priced is kept: the engine prices one run several times (its bound,
+    then its end) with the same first-step batch.
+    """
+
+    def __init__(self, cost_model: CostModel):
+        self.cost = cost_model
+        self.fixed_step_ns = to_ns(cost_model.step_s) if isinstance(cost_model, FixedStepCost) \
+            else None
+        self._last_run = (None, 0, 0)     # (first-step batch, k, run ns) of the last run priced
+
+    def step_ns(self, batch: StepBatch) -> int:
+        """One step (before the engine's 1 ns floor)."""
+        if self.fixed_step_ns is not None:
+            return self.fixed_step_ns
+        return to_ns(self.cost.step_time_s(batch))
+
+    def run_ns(self, b0: StepBatch, k: int) -> int:
+        """A run of ``k`` decode steps whose first step is ``b0``."""
+        if self.fixed_step_ns is not None:
+            return self.fixed_step_ns * k
+        cached = self._last_run
+        if cached[0] is b0 and cached[1] == k:
+            return cached[2]
+        ns = max(k, int(round(self.cost.run_time_s(b0, k) * NS_PER_S)))
+        self._last_run = (b0, k, ns)
+        return ns
+
+    def steps_to_reach(self, b0: StepBatch, now: int, bound: int, k_max: int) -> int:
+        """Smallest k >= 1 whose run ends at or after ``bound`` (capped at k_max)."""
+        if bound <= now:
+            return 1
+        if self.fixed_step_ns is not None:
+            return max(1, min(k_max, -(-(bound - now) // self.fixed_step_ns)))
+        # steps only get longer in a decode run, so k = ceil(gap / first step) is enough; it is
+        # usually exact
+        first = max(1, self.step_ns(b0))
+        guess = min(k_max, max(1, -(-(bound - now) // first)))
+        if guess == 1 or now + self.run_ns(b0, guess - 1) < bound:
+            if guess < k_max:
+                self.run_ns(b0, guess)   # the run's end, cached for the caller
+            return guess
+        hi = 1
+        while hi < k_max and now + self.run_ns(b0, hi) < bound:
+            hi = min(k_max, hi * 2)
+        if now + self.run_ns(b0, hi) < bound:
+            return hi
+        lo = hi // 2  # run(lo) < bound (or lo == 0)
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if now + self.run_ns(b0, mid) >= bound:
+                hi = mid
+            else:
+                lo = mid
+        return max(1, hi)

@@ -5,8 +5,12 @@ import json
 import math
 import os
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-import pandas as pd
+from kvsim.errors import InputError
+
+if TYPE_CHECKING:  # pandas is heavy: this module is imported by `kvsim --help`'s path
+    import pandas as pd
 
 # Summary keys, in output order. Documented in docs/SIMULATOR.md; stable (add, never rename).
 SUMMARY_KEYS = (
@@ -38,6 +42,11 @@ def _clean(value):
     return value
 
 
+def json_text(value) -> str:
+    """JSON text as kvsim writes summaries: indented, NaN/inf as null, numpy scalars as numbers."""
+    return json.dumps(_clean(value), indent=2, default=_json_default) + "\n"
+
+
 @dataclass
 class Result:
     """What ``simulate`` returns.
@@ -61,7 +70,7 @@ class Result:
         summary = dict(self.summary)
         if not include_wall_clock:
             summary.pop("wall_clock_s", None)
-        return json.dumps(_clean(summary), indent=2, default=_json_default) + "\n"
+        return json_text(summary)
 
     def write_json(self, path: str | os.PathLike, *, include_wall_clock: bool = True) -> None:
         with open(path, "w") as f:
@@ -75,11 +84,10 @@ class Result:
         _write_table(self.requests, path)
 
 
-
 def prepare_output(path, suffixes: tuple[str, ...] = ()) -> str:
     """Check an output path before a long run, so that no result is lost at the end.
 
-    Creates missing parent directories; raises ValueError (one line, exit 2 from the CLI) if
+    Creates missing parent directories; raises InputError (one line, exit 2 from the CLI) if
     the path is a directory, has a suffix outside ``suffixes`` (when given), or cannot be
     written.
 
@@ -90,17 +98,35 @@ def prepare_output(path, suffixes: tuple[str, ...] = ()) -> str:
         ``path`` unchanged.
     """
     if suffixes and not str(path).endswith(suffixes):
-        raise ValueError(f"{path}: unknown file type (use {' or '.join(suffixes)})")
+        raise InputError(f"{path}: unknown file type (use {' or '.join(suffixes)})")
     if os.path.isdir(path):
-        raise ValueError(f"{path}: is a directory, expected a file name")
-    parent = os.path.dirname(os.path.abspath(path))
-    try:
-        os.makedirs(parent, exist_ok=True)
-    except OSError as err:
-        raise ValueError(f"{path}: cannot create its directory ({err.strerror})") from None
-    if not os.access(parent, os.W_OK):
-        raise ValueError(f"{path}: directory {parent} is not writable")
+        raise InputError(f"{path}: is a directory, expected a file name")
+    _writable_directory(os.path.dirname(os.path.abspath(path)), str(path))
     return path
+
+
+def prepare_output_dir(path, flag: str = "--out") -> str:
+    """Check (and create) an output directory before a long run, as ``prepare_output`` does for
+    a file; raises InputError naming ``flag`` if the path is a file or cannot be written.
+
+    Returns:
+        ``path`` unchanged.
+    """
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise InputError(f"{flag} {path}: exists and is not a directory")
+    _writable_directory(os.fspath(path), f"{flag} {path}")
+    return path
+
+
+def _writable_directory(directory: str, what: str) -> None:
+    """Create ``directory`` if missing; InputError about ``what`` if that fails or it is read-only."""
+    try:
+        os.makedirs(directory, exist_ok=True)
+    except OSError as err:
+        raise InputError(f"{what}: cannot create directory {directory} ({err.strerror})") from None
+    if not os.access(directory, os.W_OK):
+        raise InputError(f"{what}: directory {directory} is not writable")
+
 
 def _write_table(df: pd.DataFrame, path) -> None:
     path = os.fspath(path)
@@ -109,4 +135,4 @@ def _write_table(df: pd.DataFrame, path) -> None:
     elif path.endswith(".csv"):
         df.to_csv(path, index=False)
     else:
-        raise ValueError(f"{path}: unknown table format (use .csv or .parquet)")
+        raise InputError(f"{path}: unknown table format (use .csv or .parquet)")

@@ -4,12 +4,16 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from kvsim.app_pages import _state as S
+from kvsim.dashboard.comparison import ALLOCATOR_LABELS
+from kvsim.dashboard.launch import ENTRY_SCRIPT
+from kvsim.dashboard.planning import SIM_SWEEP_METRICS
+from kvsim.dashboard.playback import default_frame
+from kvsim.dashboard import router
+from kvsim.simulator.config import ALLOCATORS
 
 ROOT = Path(__file__).resolve().parent.parent
 
-PAGES = ["app_pages/live_pool.py", "app_pages/block_table.py", "app_pages/metrics.py",
-         "app_pages/planner.py", "app_pages/kernels.py"]
+PAGES = [f"app_pages/{name}" for name, _, _ in router.PAGES]  # relative to app.py
 TIMEOUT_S = 120  # per script run; generous for a loaded 2-core CI machine
 
 
@@ -125,13 +129,6 @@ def test_bad_upload_shows_the_loader_error_and_the_app_keeps_running(page):
     assert not at.exception
 
 
-def test_upload_limits():
-    assert "upload limit" in S.store_upload("big.csv", b"x" * (S.MAX_UPLOAD_MB * 2**20 + 1))
-    assert S.store_upload("empty.csv", b"  \n") == "empty.csv: the file is empty"
-    w = S.store_upload("ok.csv", b"a,b\n1,2\n", 30, 1.5)
-    assert w.kind == "upload" and w.ref.endswith("ok.csv") and (w.max_requests, w.rate) == (30, 1.5)
-
-
 def test_planner_impossible_configuration_is_an_error_not_a_crash():
     at = _app().run()
     at.switch_page("app_pages/planner.py").run()
@@ -142,57 +139,6 @@ def test_planner_impossible_configuration_is_an_error_not_a_crash():
     at.number_input(key="k_plan_len").set_value(1_000_000).run()
     assert not at.exception
     assert "max_model_len" in at.error[0].value
-
-
-def test_playback_state_machine():
-    state = {"k_frame": 9, "live_playing": False, "k_speed": 4}
-    S.toggle_play(10, state)  # at the end: play restarts from the first frame
-    assert state == {"k_frame": 0, "live_playing": True, "k_speed": 4}
-    assert not S.tick(10, state) and state["k_frame"] == 4
-    assert not S.tick(10, state) and state["k_frame"] == 8
-    assert S.tick(10, state) and state["k_frame"] == 9 and not state["live_playing"]
-    assert not S.tick(10, state) and state["k_frame"] == 9  # paused: nothing moves
-    S.step(10, state)
-    assert state["k_frame"] == 9
-    state["k_frame"] = 3
-    S.toggle_play(10, state)
-    S.step(10, state)  # stepping pauses
-    assert state["k_frame"] == 4 and not state["live_playing"]
-    S.clamp_frame(3, state)
-    assert state["k_frame"] == 2
-
-
-def test_playback_helpers():
-    assert S.next_frame(3, 10, 2) == (5, True)
-    assert S.next_frame(8, 10, 4) == (9, False)
-    assert list(S.frame_times(10.0, 3)) == [0.0, 5.0, 10.0]
-    with pytest.raises(ValueError, match="num_frames must be >= 2, got 1"):
-        S.frame_times(1.0, 1)
-    import pandas as pd
-    ts = pd.DataFrame({"time_s": [0.0, 1.0, 2.0], "v": [1, 2, 3]})
-    assert S.sample_at(ts, 1.5)["v"] == 2 and S.sample_at(ts, -1)["v"] == 1
-    assert list(S.upto(ts, 1.0)["v"]) == [1, 2]
-    assert S.fmt_duration(125.0) == "2 min 05.0 s"
-
-
-def test_huge_pools_get_fewer_frames():
-    w = S.Workload("builtin", "x")
-    assert S.num_frames_for(S.Scenario(w)) == 100  # 8192 tokens: 512 blocks + 8192 slots
-    for tokens in (65_536, 262_144):
-        cells = tokens // 16 + tokens
-        n = S.num_frames_for(S.Scenario(w, capacity_tokens=tokens))
-        assert n * cells <= S.SNAPSHOT_CELL_BUDGET < (n + 1) * cells
-    assert S.num_frames_for(S.Scenario(w, capacity_tokens=2**21)) == S.MIN_FRAMES
-
-
-def test_capacity_sweep_marks_impossible_points():
-    sweep = S.capacity_sweep("Llama-3.1-8B", "L4", "max_model_len",
-                             tuple(sorted(dict(tp=1, kv_dtype="auto", gpu_memory_utilization=0.9,
-                                               block_size=16).items())))
-    assert list(sweep["max_model_len"]) == list(S.SWEEPS["max_model_len"][1])
-    ok = sweep[sweep["error"].isna()]
-    assert ok["max_concurrency"].is_monotonic_decreasing and len(ok) >= 3
-    assert sweep["error"].notna().any()  # 131072 tokens of Llama KV do not fit on an L4
 
 
 def test_requests_that_can_never_fit_are_reported(small):
@@ -210,29 +156,13 @@ def test_planner_simulated_sweep_on_demand(small):
     charts = len(small.get("plotly_chart"))
     small.toggle(key="k_plan_sim_on").set_value(True).run()
     _clean(small)
-    assert len(small.get("plotly_chart")) == charts + len(S.SIM_SWEEP_METRICS)
+    assert len(small.get("plotly_chart")) == charts + len(SIM_SWEEP_METRICS)
     small.toggle(key="k_plan_sim_on").set_value(False).run()
 
 
-def test_simulated_sweep_replays_each_allocator_on_the_gpu_pool():
-    from kvsim import workloads
-    w = S.Workload("builtin", workloads.DEFAULT_WORKLOAD, 40)
-    base = tuple(sorted(dict(model="Llama-3.1-8B", gpu="A100-40GB", tp=1,
-                             max_model_len=4096).items()))
-    table = S.simulated_sweep(w, ("paged", "max"), "rate", base)
-    assert table["error"].isna().all()
-    assert sorted(set(table["allocator"])) == ["max", "paged"]
-    paged = table[table["allocator"] == "paged"].sort_values("rate")
-    assert list(paged["rate"]) == list(S.SIM_SWEEPS["rate"][1])
-    # the same 40 requests arrive faster: throughput cannot fall
-    assert paged["request_throughput_per_s"].is_monotonic_increasing
-    assert (paged["requests_finished"] == 40).all()
-
-
 def test_kernel_validation_runs_the_triton_kernels_on_the_snapshot(small):
-    pytest.importorskip("kvsim.kernels.bridge", reason="the kern branch's bridge has not landed")
     # the paged pool at the opening frame, while requests hold memory (other tests move it)
-    small.session_state["k_frame"] = S.default_frame(100)
+    small.session_state["k_frame"] = default_frame(100)
     small.session_state["k_kern_side"] = 0
     small.switch_page("app_pages/kernels.py").run()
     _clean(small)
@@ -242,31 +172,6 @@ def test_kernel_validation_runs_the_triton_kernels_on_the_snapshot(small):
     small.selectbox(key="k_kern_dtype").set_value("float16").run()
     _clean(small)
     assert 1e-5 < float(small.metric[2].value) < 2e-3  # half precision: visibly larger, in bound
-
-
-def test_traces_without_timestamps_get_generated_arrivals(shared_traces):
-    w = S.Workload("shared", "sharegpt_lengths/sharegpt_8k_filtered_stats_llama2_tokenizer.csv",
-                   30, rate=4.0)
-    assert S.needs_rate(w)
-    arrivals = [r.arrival_s for r in S.load_requests(w)]
-    assert len(arrivals) == 30 and arrivals == sorted(arrivals)
-    assert 30 / 4.0 / 3 < arrivals[-1] < 30 / 4.0 * 3  # about n / rate seconds
-    assert not S.needs_rate(S.Workload("shared", "mooncake/conversation_trace.jsonl", 5))
-
-
-def test_dashboard_subcommand_serves_app_py():
-    import argparse
-
-    from kvsim.app_pages import dashboard_cmd
-    parser = argparse.ArgumentParser()
-    dashboard_cmd.register(parser.add_subparsers())
-    args = parser.parse_args(["dashboard", "--port", "9000"])
-    cmd = dashboard_cmd.streamlit_command(args.port, args.headless)
-    assert cmd[1:4] == ["-m", "streamlit", "run"] and Path(cmd[4]) == ROOT / "app.py"
-    assert cmd[cmd.index("--server.port") + 1] == "9000"
-    assert cmd[cmd.index("--server.headless") + 1] == "true"
-    with pytest.raises(ValueError, match="port must be in 1..65535, got 0"):
-        dashboard_cmd.streamlit_command(0, True)
 
 
 def test_live_pool_on_a_shared_trace(shared_traces):
@@ -280,10 +185,24 @@ def test_live_pool_on_a_shared_trace(shared_traces):
         key="k_shared_trace").options
 
 
-def test_every_simulator_allocator_is_offered_and_explained():
-    from kvsim.simulator.config import ALLOCATORS
-    assert S.ALLOCATORS == ALLOCATORS
-    assert set(S.ALLOCATOR_NOTES) == set(ALLOCATORS) == set(S.ALLOCATOR_LABELS)
+def test_the_sidebar_offers_every_simulator_allocator(small):
+    small.switch_page("app_pages/live_pool.py").run()
+    labels = [ALLOCATOR_LABELS[a] for a in ALLOCATORS]
+    assert small.selectbox(key="k_alloc_a").options == labels
+    assert small.selectbox(key="k_alloc_b").options == labels
+
+
+def test_the_packaged_entry_script_routes_every_page():
+    """What `kvsim dashboard` runs (from a wheel too): the pages by their path in the package."""
+    at = AppTest.from_file(str(ENTRY_SCRIPT), default_timeout=TIMEOUT_S)
+    at.session_state["k_max_requests"] = 40
+    at.run()
+    _clean(at)
+    assert at.title[0].value == "Live KV-cache pool"
+    for name, _, _ in router.PAGES[1:]:
+        at.switch_page(str(router.PAGES_DIR / name)).run()
+        _clean(at)
+        assert at.title
 
 
 def test_a_good_upload_is_simulated_and_survives_a_page_switch():

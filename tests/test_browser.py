@@ -6,61 +6,34 @@ screenshot per page into pytest's temporary folder, or into $KVSIM_SCREENSHOT_DI
 README's pictures).
 """
 import os
-import socket
 import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
-import importlib.util
-
 import pytest
+from streamlit_server import free_port, stop, wait_until_serving
 
 pytestmark = pytest.mark.browser
-HAS_BRIDGE = importlib.util.find_spec("kvsim.kernels.bridge") is not None
 
 ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM = "/usr/bin/chromium"
 ERROR_TEXTS = ("Traceback", "StreamlitAPIException")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def app_url():
     if not os.path.exists(CHROMIUM):
         pytest.skip(f"{CHROMIUM} is absent (apt-get install -y chromium)")
-    pytest.importorskip("playwright.sync_api")
-    port = _free_port()
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "streamlit", "run", str(ROOT / "app.py"),
          "--server.port", str(port), "--server.address", "127.0.0.1",
          "--server.headless", "true", "--browser.gatherUsageStats", "false"],
-        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            urllib.request.urlopen(url + "/_stcore/health", timeout=1)
-            break
-        except OSError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                proc.kill()
-                out = proc.stdout.read().decode(errors="replace")[-2000:]
-                pytest.fail(f"streamlit did not start on port {port}:\n{out}")
-            time.sleep(0.3)
+    wait_until_serving(proc, url, timeout_s=30)
     yield url
-    proc.terminate()
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
+    stop(proc)
 
 
 @pytest.fixture(scope="module")
@@ -126,8 +99,7 @@ def test_live_pool_plays_and_every_page_renders(app_url, page, tmp_path):
             ("Block table inspector", "Block table inspector", "2_block_table.png"),
             ("Metrics", "Metrics", "3_metrics.png"),
             ("Capacity planner", "Capacity planner", "4_capacity_planner.png"),
-            ("Kernel validation", "Kernel validation", "5_kernel_validation.png")][
-            :None if HAS_BRIDGE else -1]:  # no kernel page to check before the kern branch lands
+            ("Kernel validation", "Kernel validation", "5_kernel_validation.png")]:
         page.locator('[data-testid="stSidebarNav"]').get_by_text(title).click()
         page.get_by_role("heading", name=heading).wait_for()
         _settle(page)

@@ -4,11 +4,9 @@ import json
 import pandas as pd
 import pytest
 
-pytest.importorskip("kvsim.simulator.engine", reason="needs the simulator (branch sim)")
-pytest.importorskip("kvsim.workloads.synthetic", reason="needs the workloads package (branch work)")
-
-from kvsim.planner.sweep import PlanBase, expand_grid, run_sweep  # noqa: E402
-from kvsim.planner.slo import resolve_metric  # noqa: E402
+from kvsim.cli import main
+from kvsim.planner.slo import resolve_metric
+from kvsim.planner.sweep import PlanBase, expand_grid, run_sweep
 
 # 300 ShareGPT-like requests at 20/s onto a small pool (H100 at 25% memory: ~1,700 blocks)
 WORKLOAD = "sharegpt:rate=20,n=300,seed=3"
@@ -16,9 +14,7 @@ COMMON = ["--model", "Llama-3.1-8B", "--gpu", "h100", "--max-model-len", "4096"]
 
 
 def kvsim(monkeypatch, argv):
-    import kvsim.cli as cli
-    monkeypatch.setattr(cli, "SUBCOMMAND_MODULES", ["kvsim.planner.capacity_cmd", "kvsim.planner.plan_cmd"])
-    return cli.main(argv)
+    return main(argv)
 
 
 def test_plan_writes_identical_results_serial_and_parallel(monkeypatch, capsys, tmp_path):

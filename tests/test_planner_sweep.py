@@ -78,7 +78,7 @@ class FakeResult:
 
 def fake_simulate(requests, config, cost_model, *, replicas=1, router="round-robin", seed=0):
     """Stands in for simulator.simulate: a pure function of the pool and the cost model."""
-    blocks = config["num_blocks"]
+    blocks = config.num_blocks
     prefill = type("B", (), dict(num_seqs=1, num_scheduled_tokens=1000, kv_read_tokens=1000,
                                  attn_token_pairs=500_000))()
     return FakeResult({"ttft_p99_s": cost_model.step_time_s(prefill) * 1e5 / blocks,
@@ -89,11 +89,8 @@ def fake_simulate(requests, config, cost_model, *, replicas=1, router="round-rob
 
 @pytest.fixture
 def fake_backend(monkeypatch):
-    """Requests and engine config without the workloads/simulator packages (fork carries these)."""
+    """Seven placeholder requests instead of loading a workload (the fake simulator counts them)."""
     monkeypatch.setattr(sweep, "load_requests", lambda workload, **kw: list(range(7)))
-    monkeypatch.setattr(sweep, "build_engine_config",
-                        lambda num_blocks, block_size, max_model_len, allocator, engine:
-                        {"num_blocks": num_blocks, "block_size": block_size, **engine})
 
 
 BASE = PlanBase(workload="synthetic", model="Llama-3.1-8B", gpu="h100", max_model_len=8192)
@@ -152,9 +149,8 @@ def test_unknown_backend_and_missing_ray():
 
 # --- CLI: one-line errors, exit code 2 -----------------------------------------------------------
 def kvsim(monkeypatch, argv):
-    import kvsim.cli as cli
-    monkeypatch.setattr(cli, "SUBCOMMAND_MODULES", ["kvsim.planner.capacity_cmd", "kvsim.planner.plan_cmd"])
-    return cli.main(argv)
+    from kvsim.cli import main
+    return main(argv)
 
 
 @pytest.mark.parametrize("argv,match", [

@@ -15,8 +15,10 @@ import pandas as pd
 import pytest
 
 from kvsim.allocator import MEMORY_CLASSES, PagedAllocator
+from kvsim.cli.reproduce import register
+from kvsim.errors import InputError
 from kvsim.planner import reproduce as rp
-from kvsim.planner.reproduce_cmd import register
+from kvsim.planner import reproduce_report as report
 from kvsim.planner.reproduce_report import render_html, render_markdown
 from kvsim.workloads.request import Request
 
@@ -43,11 +45,11 @@ def test_kv_bytes_per_token_matches_the_opt13b_preset():
 
 
 def test_config_rejects_bad_values_with_numbers():
-    with pytest.raises(ValueError, match="block_size must be a power of two, got 12"):
+    with pytest.raises(InputError, match="block_size must be a power of two, got 12"):
         rp.ReproConfig(block_size=12)
-    with pytest.raises(ValueError, match="duration_s must be > 0, got 0"):
+    with pytest.raises(InputError, match="duration_s must be > 0, got 0"):
         rp.ReproConfig(duration_s=0)
-    with pytest.raises(ValueError, match="less than one max-length sequence"):
+    with pytest.raises(InputError, match="less than one max-length sequence"):
         rp.ReproConfig(kv_cache_bytes=1000 * rp.KV_BYTES_PER_TOKEN_OPT13B)
 
 
@@ -110,7 +112,7 @@ def test_orca_pow2_runs_on_the_papers_rule_in_the_simulator():
     assert len(snap.block_tables[0]) == 128                  # buddy(40 + 32)
     assert counts["internal_fragmentation"] == 7             # 32 - 25 output slots never used
     assert counts["token_states"] + counts["reservation"] == 65
-    assert rp.engine_config("orca_pow2", cfg).allocator == "pow2"   # no allocator swapped in
+    assert rp.system_engine("orca_pow2", cfg).config.allocator == "pow2"   # no allocator swapped in
 
 
 # ---- measurements ----------------------------------------------------------------------------
@@ -192,7 +194,7 @@ def test_differences_flag_3_points_or_10_percent():
     res = _results(vllm=30.42 * 1.09, orca_oracle=13.62 * 1.11)
     res["fig2"]["orca_max"]["token_states"] = 20.4 + 3.5
     res["fig2"]["orca_pow2"]["token_states"] = 26.8 - 2.9
-    flags = {d["key"]: d["flag"] for d in rp.differences(res)}
+    flags = {d["key"]: d["flag"] for d in report.differences(res)}
     assert flags["fig2.orca_max.token_states"] is True
     assert flags["fig2.orca_pow2.token_states"] is False
     assert flags["fig13.sharegpt.vllm"] is False
@@ -203,9 +205,9 @@ def test_differences_flag_3_points_or_10_percent():
 
 def test_ordering_checks_catch_a_broken_order():
     res = _results()
-    assert all(rp.ordering_checks(res).values())
+    assert all(report.ordering_checks(res).values())
     res["fig13"]["sharegpt"]["orca_pow2"] = res["fig13"]["sharegpt"]["orca_oracle"]
-    checks = rp.ordering_checks(res)
+    checks = report.ordering_checks(res)
     assert checks["fig13.sharegpt"] is False and checks["fig13.alpaca"] is True
 
 
@@ -219,7 +221,7 @@ def test_reports_show_paper_and_measured_values_deterministically(tmp_path):
     html = render_html(res)
     assert html == render_html(res)                  # no random div ids, no clock
     assert 'id="kvsim-repro-fig2"' in html and 'id="kvsim-repro-fig15"' in html
-    paths = rp.write_outputs(res, tmp_path / "out")
+    paths = report.write_outputs(res, tmp_path / "out")
     assert json.loads(paths["json"].read_text())["fig13"]["sharegpt"]["vllm"] == 12.34
 
 
@@ -229,20 +231,20 @@ def test_cli_rejects_an_out_path_that_is_a_file(tmp_path, monkeypatch):
     target = tmp_path / "file"
     target.write_text("x")
     args = parser.parse_args(["reproduce", "vllm-paper", "--out", str(target), "--quiet"])
-    assert args.func.__module__ == "kvsim.planner.reproduce_cmd" and args.quiet and not args.quick
+    assert args.func.__module__ == "kvsim.cli.reproduce" and args.quiet and not args.quick
     def must_not_run(config, progress):
         raise AssertionError("the simulations ran before --out was checked")
 
     monkeypatch.setattr(rp, "run_reproduction", must_not_run)
-    with pytest.raises(ValueError, match="exists and is not a directory"):
+    with pytest.raises(InputError, match="exists and is not a directory"):
         args.func(args)
 
 
 def test_a_missing_sharegpt_file_is_a_clear_error(tmp_path):
     cfg = rp.ReproConfig(sharegpt_file=str(tmp_path / "nope.csv"))
-    with pytest.raises(FileNotFoundError) as err:
+    with pytest.raises(InputError) as err:
         rp.find_sharegpt_file(cfg)
-    assert err.value.filename == str(tmp_path / "nope.csv")
+    assert err.value.file == str(tmp_path / "nope.csv")
     assert rp.find_sharegpt_file(rp.ReproConfig(sharegpt_file="")) is None
 
 
@@ -265,8 +267,8 @@ def small_results():
 
 
 def test_small_run_has_the_results_schema(small_results):
-    flat = rp.flatten({k: small_results[k] for k in ("fig2", "fig13", "fig15")})
-    assert sorted(flat) == sorted(rp.expected_figure_keys())
+    flat = report.flatten({k: small_results[k] for k in ("fig2", "fig13", "fig15")})
+    assert sorted(flat) == sorted(report.expected_figure_keys())
     assert all(isinstance(v, float) for v in flat.values())
     for s in rp.SYSTEMS:
         assert sum(small_results["fig2"][s].values()) == pytest.approx(100.0, abs=0.05)

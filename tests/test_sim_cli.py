@@ -1,31 +1,22 @@
 """kvsim replay / compare (through their register() modules) and the cost models."""
 from __future__ import annotations
 
-import argparse
 import json
 
 import pandas as pd
 import pytest
 
-from kvsim.simulator import compare_cmd, replay_cmd
-from kvsim.simulator.cost import FixedStepCost, StepBatch, TableCost, summed_run_time_s
+from kvsim.cli import main
 from kvsim.errors import InputError
+from kvsim.simulator.cost import FixedStepCost, StepBatch, TableCost, summed_run_time_s
 
 ORACLE_TRACE = ("arrival_step,prompt_tokens,output_tokens,prefix_group,prefix_len\n"
                 "0,40,5,g,32\n0,50,4,g,32\n2,30,6,,\n3,45,3,g,32\n")
 
 
 def _main(argv: list[str]) -> int:
-    """What kvsim.cli.main does with our modules registered (ValueError -> exit 2)."""
-    parser = argparse.ArgumentParser(prog="kvsim")
-    sub = parser.add_subparsers(dest="command", required=True)
-    replay_cmd.register(sub)
-    compare_cmd.register(sub)
-    args = parser.parse_args(argv)
-    try:
-        return int(args.func(args) or 0)
-    except ValueError:
-        return 2
+    """The ``kvsim`` router itself (InputError -> exit 2; any other exception propagates)."""
+    return main(argv)
 
 
 def test_replay_fidelity_form_writes_oracle_columns(tmp_path):
@@ -112,13 +103,11 @@ def test_table_cost_interpolates_and_reports_bad_rows(tmp_path):
 def test_fixed_step_cost():
     cost = FixedStepCost(0.5)
     assert cost.run_time_s(StepBatch(num_seqs=3), 4) == 2.0
-    with pytest.raises(ValueError):
+    with pytest.raises(InputError):
         FixedStepCost(0)
 
 
 def test_outputs_are_checked_before_the_run_and_directories_created(tmp_path, capsys):
-    from kvsim.cli import main
-
     spec = "sharegpt:rate=2,n=20,seed=0"
     out = tmp_path / "new" / "dir" / "r.json"
     assert main(["replay", spec, "--allocator", "paged", "--num-blocks", "500", "--quiet",

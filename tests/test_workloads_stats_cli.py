@@ -8,7 +8,7 @@ from pathlib import Path
 from hypothesis import given, settings, strategies as st
 
 from kvsim.workloads import Request
-from kvsim.workloads.cli import register
+from kvsim.cli.workload import register
 from kvsim.workloads.stats import PrefixReuse
 
 FIX = Path(__file__).parent / "fixtures" / "workloads"
@@ -47,12 +47,7 @@ def test_segment_trie_equals_block_key_set(specs, block_size):
 
 
 def _kvsim(*args):
-    # only this subcommand registered, so the test exercises workloads.cli alone
-    code = ("import sys\n"
-            "from kvsim import cli\n"
-            "cli.SUBCOMMAND_MODULES[:] = ['kvsim.workloads.cli']\n"
-            "sys.exit(cli.main(sys.argv[1:]))\n")
-    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "kvsim.cli", *args], capture_output=True, text=True,
                           cwd=ROOT)
 
 

@@ -1,4 +1,4 @@
-"""Plotly figures for ``kvsim plan`` sweeps (HTML report; the dashboard can reuse them).
+"""Plotly figures for ``kvsim plan`` sweeps (HTML report) and the dashboard's capacity planner page.
 
 Every builder takes the sweep's results table (a pandas DataFrame, one row per grid point) and
 returns a ``plotly.graph_objects.Figure``; none computes anything the table does not hold.

@@ -43,11 +43,11 @@ import re
 from collections.abc import Iterator
 
 from kvsim.errors import InputError
+from kvsim.workloads.arrivals import Poisson, arrival_times, seed_streams
 from kvsim.workloads.reading import (check_text_file, first_data_line, iter_lines, parse_count,
                                parse_number)
 from kvsim.workloads.request import NS_GROUP, NS_PROMPT, Request, derived_id, label_id
 from kvsim.workloads.spec import parse_spec, plain
-from kvsim.workloads.synthetic import Poisson, arrival_times, seed_streams
 
 FORMATS = ("mooncake", "azure", "sharegpt", "vllm-oracle", "generic")
 MOONCAKE_BLOCK_TOKENS = 512

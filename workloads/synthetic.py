@@ -63,17 +63,18 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cache
 
 import numpy as np
 
 from kvsim.errors import InputError
+from kvsim.workloads.arrivals import CHUNK, Buffered, Gamma, Poisson, arrival_times, seed_streams
+from kvsim.workloads.loaders import load_file
 from kvsim.workloads.request import NS_PROMPT, NS_SYSTEM, NS_TURN_OUTPUT, NS_USER, Request, derived_id
 from kvsim.workloads.spec import Call, Spec, call_args, parse_spec, plain, to_float, to_int
 
-_CHUNK = 4096
 _MAX_TOKENS = 1 << 30  # keeps extreme lognormal draws inside int64 arithmetic
 
 
@@ -177,13 +178,13 @@ class LengthModel:
         """``size`` accepted (prompt, output) pairs, in draw order."""
         prompts, outputs, have = [], [], 0
         while have < size:
-            p = self.prompt.sample(rng, _CHUNK)
-            o = self.output.sample(rng, _CHUNK)
+            p = self.prompt.sample(rng, CHUNK)
+            o = self.output.sample(rng, CHUNK)
             if self.max_total_tokens is not None:
                 ok = p + o <= self.max_total_tokens
                 if not ok.any():
                     raise InputError(f"no drawn (prompt, output) pair fits max_len "
-                                     f"{self.max_total_tokens} in {_CHUNK} tries")
+                                     f"{self.max_total_tokens} in {CHUNK} tries")
                 p, o = p[ok], o[ok]
             prompts.append(p)
             outputs.append(o)
@@ -240,68 +241,6 @@ def preset_lengths(name: str) -> LengthModel:
 
 
 # ----------------------------------------------------------------------------- arrivals
-class _Buffered:
-    """Scalars from a vectorised sampler, drawn ``_CHUNK`` at a time."""
-
-    def __init__(self, draw: Callable[[int], np.ndarray]):
-        self._draw = draw
-        self._buf: list = []
-        self._i = 0
-
-    def next(self):
-        if self._i == len(self._buf):
-            self._buf = self._draw(_CHUNK).tolist()
-            self._i = 0
-        self._i += 1
-        return self._buf[self._i - 1]
-
-
-@dataclass(frozen=True)
-class Poisson:
-    """Exponential inter-arrival gaps, ``rate`` per second."""
-
-    rate: float
-
-    def __post_init__(self):
-        if not self.rate > 0:
-            raise ValueError(f"rate must be > 0, got {self.rate}")
-
-    def gaps(self, rng: np.random.Generator) -> _Buffered:
-        return _Buffered(lambda k: rng.exponential(1 / self.rate, k))
-
-
-@dataclass(frozen=True)
-class Gamma:
-    """Gamma inter-arrival gaps with mean ``1/rate`` and coefficient of variation ``cv``."""
-
-    rate: float
-    cv: float
-
-    def __post_init__(self):
-        if not self.rate > 0 or not self.cv > 0:
-            raise ValueError(f"rate and cv must be > 0, got rate={self.rate}, cv={self.cv}")
-
-    def gaps(self, rng: np.random.Generator) -> _Buffered:
-        shape = 1 / self.cv ** 2
-        return _Buffered(lambda k: rng.gamma(shape, 1 / (self.rate * shape), k))
-
-
-def seed_streams(seed: int) -> list[np.random.Generator]:
-    """The independent random streams of a workload: arrivals, lengths, turns, system
-    prompt choice, think time (in that order)."""
-    return [np.random.Generator(np.random.PCG64(s))
-            for s in np.random.SeedSequence(seed).spawn(5)]
-
-
-def arrival_times(process: Poisson | Gamma, rng: np.random.Generator) -> Iterator[float]:
-    """Arrival times of a renewal process; the first request arrives at 0."""
-    gaps = process.gaps(rng)
-    t = 0.0
-    while True:
-        yield t
-        t += gaps.next()
-
-
 @dataclass(frozen=True)
 class Replay:
     """Arrival times replayed from a trace file (any format with timestamps)."""
@@ -309,7 +248,6 @@ class Replay:
     path: str
 
     def times(self) -> Iterator[float]:
-        from kvsim.workloads.loaders import load_file  # loaders import this module
         for req in load_file(self.path):
             yield req.arrival_s
 
@@ -359,11 +297,11 @@ class SyntheticWorkload:
             starts = self.arrival.times()
         else:
             starts = arrival_times(self.arrival, rng_arrival)
-        lengths = _Buffered(lambda k: np.stack(self.lengths.sample(rng_length, k), axis=1))
-        with_system = _Buffered(lambda k: rng_system.random(k) < self.system_frac)
-        num_turns = (_Buffered(lambda k: self.turns.sample(rng_turns, k))
+        lengths = Buffered(lambda k: np.stack(self.lengths.sample(rng_length, k), axis=1))
+        with_system = Buffered(lambda k: rng_system.random(k) < self.system_frac)
+        num_turns = (Buffered(lambda k: self.turns.sample(rng_turns, k))
                      if self.turns is not None else None)
-        think = _Buffered(lambda k: rng_think.exponential(self.think_s, k))
+        think = Buffered(lambda k: rng_think.exponential(self.think_s, k))
         system_id = derived_id(NS_SYSTEM, 0)
         max_len = self.lengths.max_total_tokens
         fanout = max(self.samples, self.beam_width)

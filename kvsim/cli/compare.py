@@ -2,17 +2,15 @@
 
     kvsim compare WORKLOAD --allocators paged,max,pow2,oracle --num-blocks 4096 [--json out.json]
 
-Every allocator gets the same usable memory and the same scheduler settings (see ``kvsim replay
---help`` for the shared options); the table shows the time-averaged memory breakdown, batch size,
-preemptions, throughput and latency percentiles.
+Every allocator gets the same usable memory and the same scheduler settings (the flags are
+``kvsim replay``'s, kvsim.cli.options); the table shows the time-averaged memory breakdown, batch
+size, preemptions, throughput and latency percentiles.
 """
 from __future__ import annotations
 
-import json
-
+from kvsim.cli.replay import add_replay_args, run_one
+from kvsim.errors import InputError
 from kvsim.simulator.config import ALLOCATORS
-from kvsim.simulator.replay_cmd import add_workload_and_engine_args, run_one
-from kvsim.simulator.result import _clean, _json_default, prepare_output
 
 # (label, getter) rows of the table
 ROWS = (
@@ -40,15 +38,16 @@ ROWS = (
 
 
 def parse_allocators(text: str) -> list[str]:
+    """``--allocators paged,max`` as a list (known names, each once)."""
     names = [t.strip() for t in text.split(",") if t.strip()]
     if not names:
-        raise ValueError("--allocators: give at least one of " + ",".join(ALLOCATORS))
+        raise InputError("--allocators: give at least one of " + ",".join(ALLOCATORS))
     for name in names:
         if name not in ALLOCATORS:
-            raise ValueError(f"--allocators: unknown allocator {name!r} (choose from "
+            raise InputError(f"--allocators: unknown allocator {name!r} (choose from "
                              f"{','.join(ALLOCATORS)})")
     if len(set(names)) != len(names):
-        raise ValueError(f"--allocators: {text!r} names an allocator twice")
+        raise InputError(f"--allocators: {text!r} names an allocator twice")
     return names
 
 
@@ -74,11 +73,12 @@ def format_table(summaries: dict[str, dict]) -> str:
 
 
 def register(subparsers) -> None:
+    """Add ``kvsim compare``."""
     p = subparsers.add_parser(
         "compare", help="one workload through several allocators, side by side",
         description="Replay one workload through several allocators with the same memory and "
                     "scheduler settings and print one table (and JSON).")
-    add_workload_and_engine_args(p, allocator=False)
+    add_replay_args(p, allocator=False)
     p.add_argument("--allocators", default=",".join(ALLOCATORS),
                    help=f"comma-separated (default {','.join(ALLOCATORS)})")
     p.add_argument("--json", help="write {allocator: summary} here")
@@ -86,6 +86,8 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
+    from kvsim.simulator.result import json_text, prepare_output
+
     names = parse_allocators(args.allocators)
     if args.json:
         prepare_output(args.json)
@@ -93,5 +95,5 @@ def run(args) -> int:
     print(format_table(summaries))
     if args.json:
         with open(args.json, "w") as f:
-            f.write(json.dumps(_clean(summaries), indent=2, default=_json_default) + "\n")
+            f.write(json_text(summaries))
     return 0

@@ -4,45 +4,58 @@
     kvsim validate WORKLOAD --at SECONDS --num-blocks N [--block-size 16] [--step-s 0.02]
                    [--save-snapshot pool.npz]
 
-The first form reads a snapshot saved with ``kernels.bridge.save_snapshot``; the second simulates
-WORKLOAD (through ``simulator.replay_cmd``) and takes the pool at
-SECONDS. Runs on CUDA when present, else on CPU through the Triton interpreter (head sizes scaled
+The first form reads a snapshot saved with ``kernels.bridge.save_snapshot``; the second replays
+WORKLOAD (``kvsim replay``'s defaults, kvsim.cli.replay) and takes the pool at SECONDS. Hardware in
+the loop stays here, in the CLI: the simulator never imports the kernels. Runs on CUDA when present, else on CPU through the Triton interpreter (head sizes scaled
 down). Prints one row per sequence (worst first); exit code 0 when every sequence matches within the
 dtype's tolerance and is bitwise equal to the identity-table run, 1 otherwise, 2 on bad input.
 """
 from __future__ import annotations
 
+import argparse
 import json
 import os
+import sys
 from dataclasses import asdict
 from pathlib import Path
 
+from kvsim.cli.options import positive_float, positive_int
+from kvsim.errors import InputError
+
 DTYPES = ("float32", "float16", "bfloat16")
 MAX_ROWS = 20
+PARTITION_TOKENS = 16  # split-KV partitions are whole multiples of the kernels' 16-token tiles
 
 
 def register(subparsers) -> None:
+    """Add ``kvsim validate``."""
     p = subparsers.add_parser(
         "validate", help="check paged attention on a pool snapshot against dense attention",
         description="Fill a KV pool from a snapshot's block contents, run the Triton paged-attention "
                     "kernels on its block tables, and compare every sequence with dense attention "
                     "(and bitwise with the same kernel on contiguous blocks).")
     p.add_argument("workload", nargs="?", metavar="WORKLOAD",
-                   help="trace file or synthetic spec to simulate (needs the simulator; use with --at)")
+                   help="trace file or synthetic spec to simulate (use with --at)")
     p.add_argument("--snapshot", type=Path, help="pool snapshot (.npz from kernels.bridge.save_snapshot)")
     p.add_argument("--at", type=float, metavar="SECONDS", help="simulated time of the snapshot (WORKLOAD form)")
-    p.add_argument("--num-blocks", type=int, help="WORKLOAD form: vLLM's num_gpu_blocks")
-    p.add_argument("--block-size", type=int, default=16, help="WORKLOAD form: tokens per block (default 16)")
-    p.add_argument("--step-s", type=float, default=0.02, help="WORKLOAD form: fixed step time (default 0.02)")
-    p.add_argument("--max-requests", type=int, help="WORKLOAD form: simulate only the first N requests")
+    p.add_argument("--num-blocks", type=positive_int, help="WORKLOAD form: vLLM's num_gpu_blocks")
+    p.add_argument("--block-size", type=positive_int, default=16,
+                   help="WORKLOAD form: tokens per block (default 16)")
+    p.add_argument("--step-s", type=positive_float, default=0.02,
+                   help="WORKLOAD form: fixed step time (default 0.02)")
+    p.add_argument("--max-requests", type=positive_int,
+                   help="WORKLOAD form: simulate only the first N requests")
     p.add_argument("--layout", choices=("flat", "vllm"), default="flat")
     p.add_argument("--dtype", choices=DTYPES, default="float32")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
-    p.add_argument("--num-kv-heads", type=int, help="default 2 on CPU, 8 on CUDA")
-    p.add_argument("--num-heads", type=int, help="default 2x num_kv_heads on CPU, 32 on CUDA")
-    p.add_argument("--head-size", type=int, help="default 16 on CPU, 128 on CUDA")
-    p.add_argument("--partition-size", type=int, help="force split-KV (v2) with this many tokens per partition")
-    p.add_argument("--max-seqs", type=int, help="validate only the first N sequences (by seq_id)")
+    p.add_argument("--num-kv-heads", type=positive_int, help="default 2 on CPU, 8 on CUDA")
+    p.add_argument("--num-heads", type=positive_int,
+                   help="default 2x num_kv_heads on CPU, 32 on CUDA (a multiple of num_kv_heads)")
+    p.add_argument("--head-size", type=positive_int, help="default 16 on CPU, 128 on CUDA")
+    p.add_argument("--partition-size", type=positive_int,
+                   help=f"force split-KV (v2) with this many tokens per partition (a multiple of "
+                        f"{PARTITION_TOKENS})")
+    p.add_argument("--max-seqs", type=positive_int, help="validate only the first N sequences (by seq_id)")
     p.add_argument("--seed", type=int, default=0, help="seed of the queries")
     p.add_argument("--json", type=Path, help="write the full report here")
     p.add_argument("--save-snapshot", type=Path, metavar="FILE",
@@ -51,24 +64,33 @@ def register(subparsers) -> None:
 
 
 def _simulated_snapshot(args):
-    """PoolSnapshot at args.at from simulating args.workload (reuses the replay command's options)."""
-    import argparse
+    """PoolSnapshot at args.at from replaying args.workload (``kvsim replay``'s flags and defaults)."""
+    from kvsim.cli.replay import add_replay_args, run_one
 
-    from kvsim.simulator.replay_cmd import add_workload_and_engine_args, run_one
     if args.num_blocks is None:
-        raise ValueError("validate WORKLOAD: give --num-blocks")
+        raise InputError("validate WORKLOAD: give --num-blocks")
     parser = argparse.ArgumentParser(prog="kvsim validate")
-    add_workload_and_engine_args(parser)
-    argv = [args.workload, "--block-size", str(args.block_size), "--num-blocks", str(args.num_blocks),
-            "--step-s", str(args.step_s), "--snapshot-times-s", repr(args.at), "--quiet"]
-    if args.max_requests:
-        argv += ["--max-requests", str(args.max_requests)]
-    result = run_one(parser.parse_args(argv), "paged")
+    add_replay_args(parser)
+    replay = parser.parse_args([args.workload])
+    replay.num_blocks, replay.block_size, replay.step_s = args.num_blocks, args.block_size, args.step_s
+    replay.max_requests, replay.snapshot_times_s, replay.quiet = args.max_requests, repr(args.at), True
+    result = run_one(replay, "paged")
     if not result.snapshots:
-        raise ValueError(f"--at {args.at}: the simulation ended before that time (no snapshot taken)")
-    # TEAM.md's contract says (time_s, PoolSnapshot); the simulator adds the replica in between:
-    # the snapshot is the last element either way (replica 0 first)
+        raise InputError(f"--at {args.at}: the simulation ended before that time (no snapshot taken)")
+    # Result.snapshots holds (time_s, replica, PoolSnapshot): replica 0's comes first
     return result.snapshots[0][-1]
+
+
+def _load_snapshot(path: Path):
+    """The snapshot file the user named; a missing or malformed file is an InputError."""
+    from kvsim.kernels.bridge import load_snapshot
+
+    if not path.is_file():
+        raise InputError("no such snapshot file" if not path.exists() else "not a file", file=str(path))
+    try:
+        return load_snapshot(path)
+    except ValueError as err:  # load_snapshot's ValueErrors all describe the file's content
+        raise InputError(str(err)) from None
 
 
 def format_report(report) -> str:
@@ -97,29 +119,34 @@ def format_report(report) -> str:
 
 def run(args) -> int:
     if (args.snapshot is None) == (args.workload is None):
-        raise ValueError("give exactly one of --snapshot FILE or WORKLOAD --at SECONDS")
+        raise InputError("give exactly one of --snapshot FILE or WORKLOAD --at SECONDS")
     if args.workload is not None and args.at is None:
-        raise ValueError("WORKLOAD needs --at SECONDS")
-    for name in ("num_kv_heads", "num_heads", "head_size", "partition_size", "max_seqs", "max_requests"):
-        value = getattr(args, name)
-        if value is not None and value < 1:
-            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+        raise InputError("WORKLOAD needs --at SECONDS")
+    if args.num_heads is not None and args.num_kv_heads is not None and args.num_heads % args.num_kv_heads:
+        raise InputError(f"--num-heads {args.num_heads} is not a multiple of --num-kv-heads {args.num_kv_heads}")
+    if args.partition_size is not None and args.partition_size % PARTITION_TOKENS:
+        raise InputError(f"--partition-size must be a multiple of {PARTITION_TOKENS}, got {args.partition_size}")
+    from kvsim.simulator.result import prepare_output
+
+    for path in (args.json, args.save_snapshot):  # checked before minutes of simulation
+        if path is not None:
+            prepare_output(path)
     import torch  # after parsing: `kvsim --help` stays fast
 
     device = args.device
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device cuda: no CUDA device is available")
+        raise InputError("--device cuda: no CUDA device is available")
     if device == "cpu":
         # the interpreter must be chosen before the first kernel module is imported
-        if "kvsim.kernels.attention" not in __import__("sys").modules:
+        if "kvsim.kernels.attention" not in sys.modules:
             os.environ["TRITON_INTERPRET"] = "1"
         elif os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
-            raise ValueError("--device cpu: the kernels were imported without TRITON_INTERPRET=1")
-    from kvsim.kernels.bridge import load_snapshot, save_snapshot, validate_snapshot
+            raise InputError("--device cpu: the kernels were imported without TRITON_INTERPRET=1")
+    from kvsim.kernels.bridge import save_snapshot, validate_snapshot
 
-    snapshot = load_snapshot(args.snapshot) if args.snapshot is not None else _simulated_snapshot(args)
+    snapshot = _load_snapshot(args.snapshot) if args.snapshot is not None else _simulated_snapshot(args)
     if args.save_snapshot is not None:
         save_snapshot(args.save_snapshot, snapshot)
     report = validate_snapshot(snapshot, layout=args.layout, dtype=getattr(torch, args.dtype), device=device,

@@ -1,4 +1,8 @@
-"""`kvsim reproduce vllm-paper --out DIR [--quick] [--quiet]`: run the reproduction, write the report."""
+"""``kvsim reproduce vllm-paper --out DIR [--quick] [--quiet]``: run the reproduction, write the report.
+
+The paper's setup is fixed (OPT-13B on an A100-40GB, 12 GiB of KV cache: planner.reproduce), so
+this command takes no model, GPU or engine flags; ``ReproConfig`` names every knob.
+"""
 from __future__ import annotations
 
 import argparse
@@ -29,10 +33,11 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kvsim.planner.reproduce import (ReproConfig, check_out_dir, differences, ordering_checks,
-                                   run_reproduction, write_outputs)
+    from kvsim.planner.reproduce import ReproConfig, run_reproduction
+    from kvsim.planner.reproduce_report import differences, ordering_checks, write_outputs
+    from kvsim.simulator.result import prepare_output_dir
 
-    check_out_dir(args.out)   # fail before minutes of simulation, not after
+    prepare_output_dir(args.out)   # fail before minutes of simulation, not after
     overrides = dict(seed=args.seed, sensitivity=not args.no_sensitivity,
                      sharegpt_file=args.sharegpt_file)
     config = ReproConfig.quick(**overrides) if args.quick else ReproConfig(**overrides)

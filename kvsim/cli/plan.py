@@ -14,12 +14,7 @@ import json
 import sys
 from pathlib import Path
 
-import pandas as pd
-
-from kvsim.planner.capacity_cmd import add_model_gpu_args, base_from_args, gpu_from_args
-from kvsim.planner.slo import parse_slo, resolve_metric
-from kvsim.planner.sweep import (PlanBase, cheapest, expand_grid, load_requests, mark_slo, parse_sweep,
-                           run_sweep)
+from kvsim.cli import options
 from kvsim.errors import InputError
 
 FORMATS = ("csv", "parquet", "json")
@@ -28,15 +23,33 @@ _SHOWN = ("num_gpu_blocks", "max_concurrency", "mean_running", "max_running", "p
           "ttft_p99", "throughput")
 
 
-def _base_from_args(args) -> PlanBase:
-    custom = None
-    if any(v is not None for v in (args.gpu_memory_gib, args.gpu_bandwidth_gbps, args.gpu_tflops,
-                                   args.gpu_fp8_tflops)):
-        custom = gpu_from_args(args)
-    return base_from_args(args, custom)
+def plan_base(args):
+    """The sweep's base configuration (planner.sweep.PlanBase) from the flags of ``plan`` (and of
+    ``capacity``, whose replay is a one-point sweep)."""
+    from kvsim.planner.sweep import PlanBase
+
+    gpu = options.gpu_from_args(args)
+    engine = {k: v for k, v in (("max_num_seqs", args.max_num_seqs),
+                                ("max_num_batched_tokens", args.max_num_batched_tokens)) if v is not None}
+    engine.update(enable_prefix_caching=not args.no_prefix_caching, placement=args.placement,
+                  long_prefill_token_threshold=args.long_prefill_token_threshold,
+                  full_prompt_admission=not args.no_full_prompt_admission, watermark=args.watermark)
+    return PlanBase(workload=args.workload, model=args.model, hf_config=args.hf_config,
+                    gpu=gpu if isinstance(gpu, str) else gpu.name,
+                    custom_gpu=None if isinstance(gpu, str) else gpu, tp=args.tp,
+                    kv_dtype=args.kv_dtype, gpu_memory_utilization=args.gpu_memory_utilization,
+                    block_size=args.block_size, max_model_len=args.max_model_len,
+                    non_kv_gib=args.non_kv_gib, rate=args.rate, max_requests=args.max_requests,
+                    allocator=args.allocator, replicas=args.replicas, router=args.router,
+                    seed=args.seed, step_s=options.step_s_from_args(args), cost_table=args.cost_table,
+                    engine=engine)
 
 
-def _terminal_table(df: pd.DataFrame, swept: list[str], has_slo: bool) -> pd.DataFrame:
+def _terminal_table(df, swept: list[str], has_slo: bool):
+    import pandas as pd
+
+    from kvsim.planner.slo import resolve_metric
+
     cols = {"point": df["point"]}
     for key in swept:
         cols[key] = df[key]
@@ -55,7 +68,9 @@ def _terminal_table(df: pd.DataFrame, swept: list[str], has_slo: bool) -> pd.Dat
     return pd.DataFrame(cols)
 
 
-def _figures(df: pd.DataFrame, swept: list[str], best: dict | None, has_slo: bool) -> list:
+def _figures(df, swept: list[str], best: dict | None, has_slo: bool) -> list:
+    import pandas as pd
+
     from kvsim.viz.plan_figures import slo_scatter_figure, sweep_metric_figure
 
     ok = df[df["error"].isna()]
@@ -82,19 +97,21 @@ def _aliases(name: str) -> tuple[str, ...]:
 
 
 def run(args) -> int:
+    import pandas as pd
+
+    from kvsim.planner.slo import parse_slo
+    from kvsim.planner.sweep import cheapest, expand_grid, load_requests, mark_slo, parse_sweep, run_sweep
+    from kvsim.simulator.result import prepare_output_dir
+
     axes = parse_sweep(args.sweep or [])
     constraints = parse_slo(args.slo) if args.slo else ()
     formats = [f.strip() for f in args.format.split(",") if f.strip()]
     bad = [f for f in formats if f not in FORMATS]
     if bad:
         raise InputError(f"unknown format(s) {', '.join(bad)}; choose from {', '.join(FORMATS)}", field="format")
-    if args.jobs < 1:
-        raise InputError(f"must be >= 1, got {args.jobs}", field="--jobs")
-    base = _base_from_args(args)
-    try:
-        from kvsim.simulator import simulate  # noqa: F401
-    except ImportError:
-        raise ValueError("kvsim plan needs the simulator (simulator.simulate), which this install lacks") from None
+    if args.out:  # checked before the sweep: its minutes must not be lost at the end
+        prepare_output_dir(args.out)
+    base = plan_base(args)
     # a bad trace or spec fails here, once, rather than in every point
     load_requests(base.workload, rate=axes.get("rate", [base.rate])[0], max_requests=1, seed=base.seed)
 
@@ -102,7 +119,7 @@ def run(args) -> int:
     rows = run_sweep(points, base, jobs=args.jobs, backend=args.backend, address=args.address,
                      progress=not args.quiet and sys.stderr.isatty())
     if rows and all(r.get("error") for r in rows):
-        raise ValueError(f"every point is impossible; point 0: {rows[0]['error']}")
+        raise InputError(f"every point is impossible; point 0: {rows[0]['error']}")
     slo_error = None
     try:
         rows = mark_slo(rows, constraints)
@@ -118,7 +135,6 @@ def run(args) -> int:
     swept = list(axes)
     if args.out:
         out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
         if "csv" in formats:
             results.to_csv(out / "results.csv", index=False)
         if "parquet" in formats:
@@ -164,23 +180,22 @@ def register(subparsers) -> None:
         "plan", help="what-if sweep: one simulated replay per configuration, SLO check",
         description="Sweep a cartesian grid of configurations over a workload, one replay per point; "
                     "mark the points meeting an SLO and name the cheapest (cost = GPUs x price rank).")
-    p.add_argument("workload", help="trace path or synthetic spec")
-    p.add_argument("--sweep", action="append", metavar="KEY=V1,V2",
+    options.add_workload_args(p, trace_format=False, rate="retime")
+    g = p.add_argument_group("sweep")
+    g.add_argument("--sweep", action="append", metavar="KEY=V1,V2",
                    help="a grid axis (repeatable); keys: block_size, gpu_memory_utilization, gpu, model, tp, "
                         "kv_dtype, rate, max_num_seqs, max_num_batched_tokens, allocator, replicas, ...")
-    p.add_argument("--slo", help='e.g. "ttft_p99<2,preemptions=0" (seconds; "500ms" works too)')
-    p.add_argument("--out", metavar="DIR", help="write results, plan.json and report.html here")
-    p.add_argument("--format", default="csv,parquet,json", help="results formats (default %(default)s)")
-    p.add_argument("--backend", choices=("local", "ray"), default="local")
-    p.add_argument("--address", help="Ray cluster address (backend ray); default: a local Ray")
-    p.add_argument("--jobs", type=int, default=1, help="local worker processes (default 1)")
-    add_model_gpu_args(p)
-    p.add_argument("--rate", type=float, help="re-time the workload to this many requests/s")
-    p.add_argument("--max-requests", type=int, help="replay only the first N requests")
-    p.add_argument("--allocator", default="paged", choices=("paged", "max", "pow2", "oracle"))
-    p.add_argument("--no-prefix-caching", action="store_true")
-    p.add_argument("--replicas", type=int, default=1)
-    p.add_argument("--router", default="round-robin")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    g.add_argument("--slo", help='e.g. "ttft_p99<2,preemptions=0" (seconds; "500ms" works too)')
+    g.add_argument("--out", metavar="DIR", help="write results, plan.json and report.html here")
+    g.add_argument("--format", default="csv,parquet,json", help="results formats (default %(default)s)")
+    g.add_argument("--backend", choices=("local", "ray"), default="local")
+    g.add_argument("--address", help="Ray cluster address (backend ray); default: a local Ray")
+    g.add_argument("--jobs", type=options.positive_int, default=1,
+                   help="local worker processes (default 1)")
+    g.add_argument("--quiet", action="store_true", help="no progress bar")
+    options.add_model_gpu_args(p)
+    options.add_pool_args(p, explicit_size=False)
+    options.add_scheduler_args(p, batch_defaults=None)
+    options.add_step_time_args(p)
+    options.add_serving_args(p)
     p.set_defaults(func=run)

@@ -4,8 +4,8 @@ from __future__ import annotations
 import argparse
 import json
 
-from kvsim.workloads import FORMATS, load
-from kvsim.workloads.stats import workload_stats
+from kvsim.cli.options import positive_float, positive_int
+from kvsim.workloads.loaders import FORMATS
 
 
 def register(subparsers) -> None:
@@ -19,14 +19,14 @@ def register(subparsers) -> None:
     p.add_argument("--format", default=None,
                    help=f"trace format ({', '.join(FORMATS)}, generic:arrival=COL,...); "
                         "default: sniffed")
-    p.add_argument("--max-requests", type=int, default=None, help="stop after N requests")
-    p.add_argument("--time-window", type=float, default=None, metavar="SECONDS",
+    p.add_argument("--max-requests", type=positive_int, default=None, help="stop after N requests")
+    p.add_argument("--time-window", type=positive_float, default=None, metavar="SECONDS",
                    help="keep requests arriving in [0, SECONDS)")
-    p.add_argument("--rate", type=float, default=None,
+    p.add_argument("--rate", type=positive_float, default=None,
                    help="arrivals/s for sources without timestamps (ShareGPT length files, "
                         "specs without rate=)")
     p.add_argument("--seed", type=int, default=0, help="seed of generated arrivals/lengths")
-    p.add_argument("--block-size", type=int, default=16,
+    p.add_argument("--block-size", type=positive_int, default=16,
                    help="block size of the prefix-reuse figure (tokens, default 16)")
     p.add_argument("--json", action="store_true", help="print the statistics as JSON")
     p.set_defaults(func=run)
@@ -34,8 +34,9 @@ def register(subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Print the statistics; InputError propagates to the CLI (one line, exit 2)."""
-    if args.block_size < 1:
-        raise ValueError(f"--block-size must be >= 1, got {args.block_size}")
+    from kvsim.workloads import load
+    from kvsim.workloads.stats import workload_stats
+
     requests = load(args.source, format=args.format, max_requests=args.max_requests,
                     time_window_s=args.time_window, rate=args.rate, seed=args.seed)
     stats = workload_stats(requests, block_size=args.block_size)

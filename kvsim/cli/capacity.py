@@ -1,0 +1,110 @@
+"""``kvsim capacity``: vLLM's KV-cache capacity for a model on a GPU, optionally with a replay.
+
+    kvsim capacity --model Llama-3.1-8B --gpu h100 --max-model-len 8192
+    kvsim capacity --hf-config path/config.json --gpu-memory-gib 44 --gpu-bandwidth-gbps 864 \
+        --gpu-tflops 362 --tp 2 --kv-dtype fp8 --json
+    kvsim capacity --model Llama-3.1-8B --gpu h100 ../shared/traces/azure_llm_2023/AzureLLMInferenceTrace_conv.csv
+"""
+from __future__ import annotations
+
+import json
+
+from kvsim.cli import options
+from kvsim.errors import InputError
+from kvsim.planner.capacity import CapacityReport
+from kvsim.planner.specs import GIB
+
+
+def capacity_report(args) -> CapacityReport:
+    """vLLM's sizing for the flags: the capacity report of the pool a replay would get."""
+    from kvsim.planner.engine_setup import build_engine
+
+    return build_engine(**options.engine_kwargs(args)).capacity
+
+
+def format_report(r: CapacityReport) -> str:
+    """The human-readable report (vLLM's own log wording for the last two lines)."""
+    gib = lambda b: f"{b / GIB:.2f} GiB"  # noqa: E731
+    non_kv = (f"{gib(r.non_kv_bytes)} (given)" if r.non_kv_given else
+              f"{gib(r.non_kv_bytes)} = weights {gib(r.weight_bytes)} + activations (est.) "
+              f"{gib(r.activation_bytes)} + non-torch (est.) {gib(r.non_torch_bytes)}")
+    lines = [
+        f"model {r.model} on {r.tp} x {r.gpu}, KV dtype {r.kv_dtype} ({r.kv_dtype_bytes} B), "
+        f"block_size {r.block_size}, max_model_len {r.max_model_len}",
+        f"KV heads per GPU:          {r.kv_heads_per_rank}",
+        f"KV bytes per token:        {r.kv_bytes_per_token:,} B per GPU ({r.kv_bytes_per_token / 1024:.1f} KiB)",
+        f"bytes per block:           {r.bytes_per_block:,} B ({r.bytes_per_block / 2**20:.3f} MiB)",
+        f"GPU memory x utilization:  {gib(r.total_memory_bytes)} x {r.gpu_memory_utilization} = {gib(r.budget_bytes)}",
+        f"non-KV memory:             {non_kv}",
+        f"available KV cache memory: {gib(r.available_kv_bytes)}",
+        f"num_gpu_blocks:            {r.num_gpu_blocks:,}",
+        f"GPU KV cache size:         {r.kv_cache_tokens:,} tokens",
+        f"Maximum concurrency for {r.max_model_len:,} tokens per request: {r.max_concurrency:.2f}x",
+    ]
+    return "\n".join(lines)
+
+
+def simulate_workload(args) -> dict:
+    """Replay the workload through the capacity's pool (planner.sweep, one point); the sweep row."""
+    from kvsim.cli.plan import plan_base
+    from kvsim.planner.sweep import PointTask, evaluate_point
+
+    row = evaluate_point(PointTask(0, {}, plan_base(args)))
+    if row.get("error"):
+        raise InputError(row["error"])
+    return row
+
+
+def _sim_figures(row: dict) -> dict:
+    from kvsim.planner.slo import resolve_metric
+
+    out = {}
+    for label, metric in (("mean running requests", "mean_running"), ("max running requests", "max_running"),
+                          ("preemptions", "preemptions"), ("p99 TTFT (s)", "ttft_p99")):
+        try:
+            out[label] = resolve_metric(row, metric)
+        except InputError:
+            out[label] = None
+    return out
+
+
+def run(args) -> int:
+    report = capacity_report(args)
+    out = {"capacity": report.to_dict()}
+    if args.concurrency_tokens:
+        out["capacity"]["concurrency_for_tokens"] = {
+            "tokens": args.concurrency_tokens, "concurrency": report.concurrency_for(args.concurrency_tokens)}
+    if args.workload:
+        row = simulate_workload(args)
+        out["simulation"] = {k: v for k, v in row.items() if "wall" not in k}
+        out["simulated"] = _sim_figures(row)
+    if args.json:
+        print(json.dumps(out, indent=2, sort_keys=True))
+        return 0
+    print(format_report(report))
+    if args.concurrency_tokens:
+        print(f"Maximum concurrency for {args.concurrency_tokens:,} tokens per request: "
+              f"{report.concurrency_for(args.concurrency_tokens):.2f}x")
+    if args.workload:
+        print(f"simulated on {args.workload}:")
+        for label, value in out["simulated"].items():
+            print(f"  {label:<22} {'n/a' if value is None else f'{value:,.4g}'}")
+    return 0
+
+
+def register(subparsers) -> None:
+    """Add ``kvsim capacity``."""
+    p = subparsers.add_parser(
+        "capacity", help="KV-cache capacity (vLLM's num_gpu_blocks) for a model on a GPU",
+        description="vLLM's KV-cache sizing: KV bytes per token, num_gpu_blocks, KV tokens and "
+                    "maximum concurrency; with a WORKLOAD, also a simulated replay on that pool.")
+    options.add_workload_args(p, required=False, trace_format=False, rate="retime")
+    options.add_model_gpu_args(p)
+    options.add_pool_args(p, explicit_size=False)
+    options.add_scheduler_args(p, batch_defaults=None)
+    options.add_step_time_args(p)
+    options.add_serving_args(p)
+    p.add_argument("--concurrency-tokens", type=options.positive_int, metavar="L",
+                   help="also print vLLM's maximum concurrency for L tokens per request")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=run)

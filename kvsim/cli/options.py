@@ -1,0 +1,224 @@
+"""The one set of ``kvsim`` flags: workload, model and GPU, KV pool, scheduler, step time, serving.
+
+Every subcommand adds the groups it honours from here, so that a flag has one name, one type, one
+help text and one meaning in every command (vLLM's spellings where vLLM has the flag:
+``--tensor-parallel-size``/``--tp``, ``--kv-cache-dtype``/``--kv-dtype``, ``--max-num-seqs``...).
+``engine_kwargs(args)`` maps the parsed flags onto the keyword arguments of
+``planner.engine_setup.build_engine`` (vLLM's names), the one builder of EngineConfig + cost model.
+
+What differs between commands is stated where the command adds a group:
+  * batch limits: ``replay``/``compare``/``validate`` default to EngineConfig's 256 sequences and
+    8192 tokens; ``capacity``/``plan`` to vLLM's ``vllm serve`` defaults for the GPU (1024/8192 on
+    an H100);
+  * ``--rate``: for ``replay``/``compare`` the arrival rate of sources without timestamps; for
+    ``plan``/``capacity`` the rate the workload is re-timed to (planner.sweep.load_requests).
+
+Only argparse and light modules are imported here: ``kvsim --help`` must not load the simulator.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+
+from kvsim.errors import InputError
+from kvsim.planner.capacity import DEFAULT_BLOCK_SIZE, DEFAULT_GPU_MEMORY_UTILIZATION, KV_DTYPES
+from kvsim.planner.engine_setup import DEFAULT_GPU, DEFAULT_MODEL
+from kvsim.planner.presets import GPU_PRESETS, MODEL_PRESETS, custom_gpu, load_hf_config
+from kvsim.planner.specs import GIB
+from kvsim.simulator.config import ALLOCATORS, PLACEMENTS, ROUTERS, EngineConfig
+
+# replay's batch limits: EngineConfig's defaults, 256 and 8192 (capacity and plan use vLLM's
+# per-GPU ones)
+ENGINE_BATCH_DEFAULTS: tuple[int, int] = tuple(
+    EngineConfig.__dataclass_fields__[name].default for name in ("max_num_seqs", "max_num_batched_tokens"))
+
+
+def _number(kind, lo, *, strict: bool):
+    """An argparse type: a ``kind`` >= lo (> lo when strict); argparse reports a bad value as a
+    usage error (exit 2) before any work starts."""
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"not {'an integer' if kind is int else 'a number'}: {text!r}") from None
+        if not math.isfinite(value) or value < lo or (strict and value == lo):
+            raise argparse.ArgumentTypeError(f"must be {'>' if strict else '>='} {lo}, got {text}")
+        return value
+    parse.__name__ = kind.__name__  # argparse names the type in its messages
+    return parse
+
+
+positive_int = _number(int, 1, strict=False)
+nonneg_int = _number(int, 0, strict=False)
+positive_float = _number(float, 0, strict=True)
+
+
+# ------------------------------------------------------------------------------------- workload
+def add_workload_args(p: argparse.ArgumentParser, *, required: bool = True, trace_format: bool = True,
+                      rate: str = "source") -> None:
+    """WORKLOAD and the flags that say how to read it.
+
+    Args:
+        required: WORKLOAD is required (else optional: ``capacity``).
+        trace_format: offer ``--format`` (commands that hand the file to workloads.load).
+        rate: "source" (arrivals/s of sources without timestamps) or "retime" (re-time to it).
+    """
+    p.add_argument("workload", metavar="WORKLOAD", nargs=None if required else "?",
+                   help="trace file (mooncake, azure, sharegpt, vllm-oracle, csv/jsonl) or a "
+                        "synthetic spec such as sharegpt:rate=2,n=1000,seed=0"
+                        + ("" if required else " (optional: also replay it)"))
+    if trace_format:
+        p.add_argument("--format", help="trace format (default: sniffed from the file)")
+    p.add_argument("--max-requests", type=positive_int, metavar="N",
+                   help="replay only the first N requests")
+    p.add_argument("--rate", type=positive_float, metavar="PER_S",
+                   help="arrivals/s for sources without timestamps" if rate == "source" else
+                   "re-time the workload to this many requests/s")
+    p.add_argument("--seed", type=int, default=0, help="seed of generated arrivals and lengths")
+
+
+# -------------------------------------------------------------------------------- model and GPU
+def add_model_gpu_args(p: argparse.ArgumentParser) -> None:
+    """Model, GPU, parallelism and memory: what sizes the pool and the roofline."""
+    g = p.add_argument_group("model and GPU (pool size and roofline step time)")
+    g.add_argument("--model", default=DEFAULT_MODEL,
+                   help=f"model preset ({', '.join(MODEL_PRESETS)}); default %(default)s")
+    g.add_argument("--hf-config", metavar="PATH", help="a Hugging Face config.json instead of a preset")
+    g.add_argument("--gpu", default=DEFAULT_GPU,
+                   help=f"GPU preset ({', '.join(GPU_PRESETS)}); default %(default)s")
+    g.add_argument("--gpu-memory-gib", type=positive_float, metavar="GIB",
+                   help="custom GPU: total memory as the driver reports it (GiB); with the two below")
+    g.add_argument("--gpu-bandwidth-gbps", type=positive_float, metavar="GB/S",
+                   help="custom GPU: memory bandwidth")
+    g.add_argument("--gpu-tflops", type=positive_float, metavar="TFLOPS", help="custom GPU: dense BF16 peak")
+    g.add_argument("--gpu-fp8-tflops", type=positive_float, metavar="TFLOPS",
+                   help="custom GPU: dense FP8 peak")
+    g.add_argument("--tp", "--tensor-parallel-size", dest="tp", type=positive_int, default=1, metavar="N",
+                   help="tensor-parallel size (default 1)")
+    g.add_argument("--kv-dtype", "--kv-cache-dtype", dest="kv_dtype", default="auto", choices=KV_DTYPES,
+                   metavar="DTYPE", help=f"KV-cache dtype ({', '.join(KV_DTYPES)}); auto = the "
+                                         "model's dtype; fp8 halves KV bytes")
+    g.add_argument("--gpu-memory-utilization", type=float, default=DEFAULT_GPU_MEMORY_UTILIZATION,
+                   metavar="U", help="fraction of GPU memory vLLM may use (default %(default)s, vLLM 0.33's)")
+    g.add_argument("--non-kv-gib", type=float, metavar="GIB",
+                   help="per-GPU memory that is not KV cache (weights + activations + non-torch), "
+                        "e.g. from a vLLM log; replaces our estimate")
+
+
+def model_from_args(args):
+    """The model: a preset name (resolved by the builder) or a ModelSpec from --hf-config."""
+    return load_hf_config(args.hf_config) if args.hf_config else args.model
+
+
+def gpu_from_args(args):
+    """The GPU: a preset name, or a GpuSpec when the custom-GPU flags are given."""
+    flags = (args.gpu_memory_gib, args.gpu_bandwidth_gbps, args.gpu_tflops)
+    if all(v is None for v in flags) and args.gpu_fp8_tflops is None:
+        return args.gpu
+    if any(v is None for v in flags):
+        raise InputError("a custom GPU needs --gpu-memory-gib, --gpu-bandwidth-gbps and --gpu-tflops "
+                         "together", field="gpu")
+    return custom_gpu(args.gpu_memory_gib, args.gpu_bandwidth_gbps, args.gpu_tflops, args.gpu_fp8_tflops)
+
+
+def non_kv_bytes(args) -> int | None:
+    return None if args.non_kv_gib is None else int(args.non_kv_gib * GIB)
+
+
+# --------------------------------------------------------------------------------- the KV pool
+def add_pool_args(p: argparse.ArgumentParser, *, explicit_size: bool = True) -> None:
+    """Block size and, with ``explicit_size``, a pool given in blocks or tokens (else the model and
+    GPU size it, vLLM's formula)."""
+    g = p.add_argument_group("KV pool")
+    g.add_argument("--block-size", type=positive_int, default=DEFAULT_BLOCK_SIZE, metavar="TOKENS",
+                   help="tokens per KV block (default %(default)s)")
+    if explicit_size:
+        size = g.add_mutually_exclusive_group()
+        size.add_argument("--num-blocks", type=positive_int, metavar="N",
+                          help="vLLM's num_gpu_blocks (null block included: N-1 usable); "
+                               "default: sized by --model on --gpu")
+        size.add_argument("--kv-tokens", type=positive_int, metavar="N", help="usable KV-cache slots")
+
+
+# -------------------------------------------------------------------------------- the scheduler
+def add_scheduler_args(p: argparse.ArgumentParser, *, batch_defaults: tuple[int, int] | None,
+                       allocator: bool = True) -> None:
+    """The allocator and vLLM's scheduler settings.
+
+    Args:
+        batch_defaults: (max_num_seqs, max_num_batched_tokens) defaults, or None for vLLM's
+            defaults for the GPU.
+        allocator: offer ``--allocator`` (``compare`` takes ``--allocators`` instead).
+    """
+    g = p.add_argument_group("allocator and scheduler")
+    if allocator:
+        g.add_argument("--allocator", choices=ALLOCATORS, default="paged",
+                       help="paged (vLLM) or a contiguous reservation policy (default paged)")
+    g.add_argument("--placement", choices=PLACEMENTS, default="buddy",
+                   help="contiguous allocators: arena placement (default buddy)")
+    seqs, tokens = batch_defaults if batch_defaults else (None, None)
+    gpu_default = "default: vLLM's for the GPU"
+    g.add_argument("--max-num-seqs", type=positive_int, default=seqs, metavar="N",
+                   help=f"most requests running at once ({gpu_default if seqs is None else f'default {seqs}'})")
+    g.add_argument("--max-num-batched-tokens", type=positive_int, default=tokens, metavar="TOKENS",
+                   help=f"token budget of one step ({gpu_default if tokens is None else f'default {tokens}'})")
+    g.add_argument("--max-model-len", type=positive_int, metavar="TOKENS",
+                   help="longest request, prompt + output (default: the model's context length "
+                        "when the model sizes the pool, else 8192)")
+    g.add_argument("--no-prefix-caching", action="store_true", help="disable prefix caching")
+    g.add_argument("--long-prefill-token-threshold", type=nonneg_int, default=0, metavar="TOKENS",
+                   help="cap on one request's prefill chunk when several wait (0 = off)")
+    g.add_argument("--no-full-prompt-admission", action="store_true",
+                   help="admit when the first chunk fits (vLLM scheduler_reserve_full_isl=False)")
+    g.add_argument("--watermark", type=float, default=0.0, metavar="FRACTION",
+                   help="fraction of blocks kept free when admitting (default 0)")
+
+
+# --------------------------------------------------------------------------------- step time
+def add_step_time_args(p: argparse.ArgumentParser) -> None:
+    """How long a step takes: the step clock, a fixed time, a measured table, or the roofline."""
+    g = p.add_argument_group("step time (default: the roofline of --model on --gpu)")
+    cost = g.add_mutually_exclusive_group()
+    cost.add_argument("--step-clock", action="store_true",
+                      help="one step = one time unit (vLLM's step index)")
+    cost.add_argument("--step-s", type=float, metavar="S", help="fixed step time in seconds")
+    cost.add_argument("--cost-table", metavar="CSV", help="measured step times (TableCost)")
+
+
+def step_s_from_args(args) -> float | None:
+    """The fixed step time the flags ask for (1.0 for the step clock), or None."""
+    return 1.0 if getattr(args, "step_clock", False) else getattr(args, "step_s", None)
+
+
+# --------------------------------------------------------------------------------- serving
+def add_serving_args(p: argparse.ArgumentParser) -> None:
+    """Replicas behind a router."""
+    g = p.add_argument_group("serving")
+    g.add_argument("--replicas", type=positive_int, default=1, metavar="N", help="engine replicas (default 1)")
+    g.add_argument("--router", choices=ROUTERS, default="round-robin",
+                   help="how arrivals are spread over replicas (default round-robin)")
+
+
+def engine_kwargs(args, **overrides) -> dict:
+    """``build_engine`` keyword arguments from the flags of the groups above.
+
+    Args:
+        args: parsed flags of add_model_gpu_args, add_pool_args and add_scheduler_args (the
+            pool size, the allocator and the step-time flags are optional).
+        overrides: build_engine arguments that win (``compare`` sets the allocator per column).
+    """
+    kwargs = dict(
+        model=model_from_args(args), gpu=gpu_from_args(args), tensor_parallel_size=args.tp,
+        kv_cache_dtype=args.kv_dtype, gpu_memory_utilization=args.gpu_memory_utilization,
+        non_kv_bytes=non_kv_bytes(args), allocator=getattr(args, "allocator", "paged"),
+        placement=args.placement, block_size=args.block_size,
+        num_gpu_blocks=getattr(args, "num_blocks", None), kv_tokens=getattr(args, "kv_tokens", None),
+        max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        enable_prefix_caching=not args.no_prefix_caching,
+        long_prefill_token_threshold=args.long_prefill_token_threshold,
+        scheduler_reserve_full_isl=not args.no_full_prompt_admission, watermark=args.watermark,
+        step_s=step_s_from_args(args), cost_table=getattr(args, "cost_table", None))
+    kwargs.update(overrides)
+    return kwargs

@@ -1,0 +1,113 @@
+"""``kvsim replay``: replay a workload (trace file or synthetic spec) through the simulator.
+
+    kvsim replay WORKLOAD --allocator paged --num-blocks 4096 --out result.json \\
+        [--timeseries ts.parquet] [--requests req.csv]
+    kvsim replay TRACE.csv --format vllm-oracle --step-clock --allocator paged --block-size 16 \\
+        --num-blocks 1500 --max-num-seqs 128 --max-num-batched-tokens 2048 --max-model-len 8192 \\
+        --out result.json --requests req.csv --timeseries steps.csv
+
+Pool size: ``--num-blocks N`` is vLLM's num_gpu_blocks (block 0 is the null block, N-1 usable;
+contiguous allocators get the same usable memory, (N-1)*block_size slots), ``--kv-tokens N`` the
+usable KV slots, or by default vLLM's own formula for ``--model`` on ``--gpu``
+(``--gpu-memory-utilization``, planner.capacity). Step time: ``--step-clock`` (one step = one time
+unit, vLLM's step index; time series one row per step with the vLLM oracle's column names),
+``--step-s S`` (fixed), ``--cost-table CSV`` (measured, simulator.cost.TableCost) or, by default,
+the planner's roofline of ``--model`` on ``--gpu``. planner.engine_setup.build_engine turns the
+flags into the EngineConfig and the cost model.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from kvsim.cli import options
+from kvsim.errors import InputError
+
+
+def add_replay_args(p: argparse.ArgumentParser, *, allocator: bool = True) -> None:
+    """Everything a replay takes (shared by ``replay``, ``compare`` and ``validate WORKLOAD``)."""
+    options.add_workload_args(p)
+    options.add_model_gpu_args(p)
+    options.add_pool_args(p)
+    options.add_scheduler_args(p, batch_defaults=options.ENGINE_BATCH_DEFAULTS, allocator=allocator)
+    options.add_step_time_args(p)
+    options.add_serving_args(p)
+    g = p.add_argument_group("recording")
+    g.add_argument("--sample-interval-s", type=options.positive_float, metavar="S",
+                   help="time-series period (default 1 s)")
+    g.add_argument("--snapshot-times-s", default="", metavar="T1,T2",
+                   help="comma-separated times of pool snapshots (kept in memory only)")
+    g.add_argument("--no-decode-batching", action="store_true",
+                   help="schedule every step in detail (slow; for checking)")
+    g.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def snapshot_times(text: str) -> list[float]:
+    """``--snapshot-times-s`` as seconds (each >= 0)."""
+    times = []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        try:
+            value = float(part)
+        except ValueError:
+            raise InputError(f"--snapshot-times-s: not a number: {part!r}") from None
+        if not value >= 0:
+            raise InputError(f"--snapshot-times-s: times must be >= 0, got {part}")
+        times.append(value)
+    return times
+
+
+def run_one(args, allocator: str, record_requests: bool = True):
+    """Load the workload and simulate it with one allocator; returns the Result."""
+    from kvsim import workloads
+    from kvsim.planner.engine_setup import build_engine
+    from kvsim.simulator import simulate
+
+    setup = build_engine(**options.engine_kwargs(args, allocator=allocator))
+    times = snapshot_times(args.snapshot_times_s)
+    requests = workloads.load(args.workload, format=args.format, max_requests=args.max_requests,
+                              rate=args.rate, seed=args.seed)
+    return simulate(requests, setup.config, setup.cost, replicas=args.replicas, router=args.router,
+                    sample_interval_s=args.sample_interval_s, snapshot_times_s=times,
+                    seed=args.seed, progress=not args.quiet, record_steps=args.step_clock,
+                    batch_decode_steps=not args.no_decode_batching,
+                    record_requests=record_requests)
+
+
+def register(subparsers) -> None:
+    """Add ``kvsim replay``."""
+    p = subparsers.add_parser(
+        "replay", help="replay a workload through one allocator",
+        description="Replay a trace or synthetic workload through the vLLM-faithful scheduler "
+                    "and one allocator; write the summary (JSON), time series and requests.")
+    add_replay_args(p)
+    g = p.add_argument_group("outputs")
+    g.add_argument("--out", required=True, help="summary JSON (stable keys)")
+    g.add_argument("--timeseries", help="time series (.parquet or .csv)")
+    g.add_argument("--requests", help="per-request table (.csv or .parquet)")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from kvsim.simulator.result import prepare_output
+
+    # check every output before the run: minutes of simulation must not be lost at the end
+    prepare_output(args.out)
+    for path in (args.timeseries, args.requests):
+        if path:
+            prepare_output(path, (".csv", ".parquet"))
+    result = run_one(args, args.allocator, record_requests=bool(args.requests))
+    result.write_json(args.out)
+    if args.timeseries:
+        result.write_timeseries(args.timeseries)
+    if args.requests:
+        result.write_requests(args.requests)
+    s = result.summary
+    print(f"{s['requests_finished']} requests finished ({s['requests_rejected']} rejected) in "
+          f"{s['simulated_duration_s']:.3f} simulated s, {s['num_steps']} steps, "
+          f"{s['num_preemptions']} preemptions, prefix hit rate {s['prefix_hit_rate']:.3f}, "
+          f"wall {s['wall_clock_s']:.2f} s -> {args.out}")
+    if s["requests_rejected"]:
+        print(f"kvsim: warning: {s['requests_rejected']} requests could never fit "
+              "(prompt >= max_model_len, or larger than the pool); see --requests 'rejected'",
+              file=sys.stderr)
+    return 0

@@ -1,0 +1,91 @@
+"""What the pages show about the two runs of a scenario: names, notes, summaries, tables, the
+pool figure at a frame, and the warning for requests that can never fit."""
+from __future__ import annotations
+
+import pandas as pd
+
+from kvsim.dashboard.playback import fmt_duration
+from kvsim.dashboard.scenario import Run
+from kvsim.planner.sweep import flatten
+from kvsim.viz.pool import pool_heatmap
+
+# keyed by kvsim.simulator.config.ALLOCATORS (a test checks that every allocator is explained)
+ALLOCATOR_LABELS = {"paged": "paged (vLLM blocks)", "max": "contiguous, reserve max_model_len",
+                    "pow2": "contiguous, reserve next power of two",
+                    "oracle": "contiguous, reserve true length (oracle)"}
+# one line per allocator for newcomers (shown under each pool)
+ALLOCATOR_NOTES = {
+    "paged": "Blocks of block_size tokens are taken one at a time as a request grows, anywhere "
+             "in the pool; full prompt blocks with the same content are shared.",
+    "max": "Each admitted request gets one contiguous extent of max_model_len tokens up front, "
+           "however short it turns out to be.",
+    "pow2": "Each admitted request gets one contiguous extent of its final length rounded up "
+            "to a power of two.",
+    "oracle": "Each admitted request gets one contiguous extent of exactly its final length "
+              "(an oracle that knows the output length: the best a contiguous scheme can do).",
+}
+
+# per-request latency columns of Result.requests shown as CDFs (column -> title)
+LATENCY_COLUMNS = {"ttft_s": "Time to first token", "tpot_s": "Time per output token",
+                   "e2e_s": "End-to-end latency"}
+
+# headline summary metrics compared as bars (dotted summary key -> title)
+HEADLINE = {"request_throughput_per_s": "requests / s", "mean_running": "mean running",
+            "ttft_s.p90": "TTFT p90 (s)", "mean_kv_usage": "mean KV usage",
+            "num_preemptions": "preemptions"}
+
+
+def run_label(i: int, run: Run) -> str:
+    """How a run is named in tables and legends: its side and allocator."""
+    return f"{'left' if i == 0 else 'right'}: {ALLOCATOR_LABELS[run.allocator]}"
+
+
+def flat_summaries(runs) -> dict[str, dict]:
+    """run label -> summary flattened to dotted keys (``ttft_s.p90``)."""
+    return {run_label(i, r): flatten(r.summary) for i, r in enumerate(runs)}
+
+
+def summary_table(runs) -> pd.DataFrame:
+    """The runs' summaries side by side: one row per (dotted) metric, one text column per run."""
+    def text(v) -> str:
+        return f"{v:.4g}" if isinstance(v, float) else str(v)
+    return pd.DataFrame({label: {k: text(v) for k, v in flat.items()}
+                         for label, flat in flat_summaries(runs).items()})
+
+
+def prefix_frame(runs) -> pd.DataFrame:
+    """Cumulative prefix-cache hit rate of each run over time (one column per run label).
+
+    The timeseries counters are cumulative tokens, so hit rate so far = hits / queried.
+    """
+    frames = []
+    for i, run in enumerate(runs):
+        ts = run.timeseries
+        rate = ts["prefix_hit_tokens"] / ts["prefix_query_tokens"].where(
+            ts["prefix_query_tokens"] > 0)
+        frames.append(pd.DataFrame({"time_s": ts["time_s"], run_label(i, run): rate})
+                      .set_index("time_s"))
+    return pd.concat(frames, axis=1).sort_index().reset_index()
+
+
+def pool_figure(run: Run, frame: int, block_size: int):
+    """The pool heatmap of one run at one frame, titled with its allocator and the time.
+
+    Both pools are drawn at the paged block granularity (a contiguous snapshot has one cell per
+    token); past the run's end the figure says so (the faster side shows its final pool).
+    """
+    frame = min(frame, len(run.snapshots) - 1)
+    t_s = float(run.frame_times_s[frame])
+    done = " (all requests done)" if t_s > run.end_s else ""
+    title = f"{ALLOCATOR_LABELS[run.allocator]} · t = {fmt_duration(t_s)}{done}"
+    return pool_heatmap(run.snapshots[frame], title=title, height=430, tile_tokens=block_size)
+
+
+def rejected_warning(i: int, run: Run, max_model_len: int) -> str | None:
+    """The warning for a run that rejected requests (None when it rejected none)."""
+    rejected = run.summary["requests_rejected"]
+    if not rejected:
+        return None
+    return (f"{run_label(i, run)}: {rejected} of {run.summary['requests_arrived']} requests "
+            f"rejected (prompt longer than max_model_len = {max_model_len}, or more KV than the "
+            "whole pool); raise them in the sidebar.")

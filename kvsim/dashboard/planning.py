@@ -1,0 +1,77 @@
+"""The capacity planner page: vLLM's KV capacity for a model on a GPU, a one-parameter capacity
+sweep, and a simulated what-if (planner.sweep) over the sidebar's workload."""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from kvsim.dashboard.sources import Workload, needs_rate, workload_source
+from kvsim.planner.capacity import compute_capacity
+from kvsim.planner.presets import get_gpu, get_model
+from kvsim.planner.sweep import PlanBase, expand_grid, run_sweep
+
+SWEEPS = {  # parameter -> (label, values)
+    "tp": ("tensor parallel size", (1, 2, 4, 8)),
+    "gpu_memory_utilization": ("gpu_memory_utilization", (0.5, 0.6, 0.7, 0.8, 0.9, 0.95)),
+    "block_size": ("block size (tokens)", (8, 16, 32, 64, 128)),
+    "kv_dtype": ("KV dtype", ("auto", "fp8")),
+    "max_model_len": ("max_model_len (tokens)", (2048, 4096, 8192, 16384, 32768, 65536, 131072)),
+}
+SWEEP_COLUMNS = {"num_gpu_blocks": "KV blocks per GPU", "kv_cache_tokens": "KV tokens per GPU",
+                 "max_concurrency": "max_model_len requests at once"}
+
+# simulated what-if: parameter -> (label, values); every point replays the workload on the GPU's
+# real pool (vLLM's num_gpu_blocks) with the planner's roofline step cost
+SIM_SWEEPS = {
+    "rate": ("arrival rate (requests/s)", (1.0, 2.0, 4.0, 8.0, 16.0)),
+    "gpu_memory_utilization": ("gpu_memory_utilization", (0.5, 0.7, 0.9)),
+    "block_size": ("block size (tokens)", (8, 16, 32, 64)),
+    "max_num_seqs": ("max_num_seqs", (8, 32, 128, 256)),
+}
+SIM_SWEEP_METRICS = {"request_throughput_per_s": "requests / s", "ttft_s.p99": "TTFT p99 (s)",
+                     "num_preemptions": "preemptions", "mean_running": "mean running"}
+
+
+def capacity(model_name: str, gpu_name: str, **kwargs) -> dict:
+    """planner's CapacityReport as a dict; raises ValueError for impossible configurations."""
+    return compute_capacity(get_model(model_name), get_gpu(gpu_name), **kwargs).to_dict()
+
+
+def capacity_sweep(model_name: str, gpu_name: str, param: str, base: tuple) -> pd.DataFrame:
+    """Capacity over the values of one parameter, others fixed (``base``: sorted kwargs items).
+
+    Returns:
+        one row per value: the value, num_gpu_blocks, kv_cache_tokens, max_concurrency (NaN
+        where the configuration is impossible) and the error message there (None elsewhere),
+        the table viz.plan_figures.sweep_metric_figure draws.
+    """
+    rows = []
+    for value in SWEEPS[param][1]:
+        kwargs = dict(base)
+        kwargs[param] = value
+        try:
+            rep = capacity(model_name, gpu_name, **kwargs)
+            rows.append({param: value, **{c: rep[c] for c in SWEEP_COLUMNS}, "error": None})
+        except ValueError as err:
+            rows.append({param: value, **{c: np.nan for c in SWEEP_COLUMNS}, "error": str(err)})
+    return pd.DataFrame(rows)
+
+
+def simulated_sweep(workload: Workload, allocators: tuple[str, ...], param: str,
+                    base: tuple) -> pd.DataFrame:
+    """Replay the workload at every value of ``param`` for each allocator (planner.sweep).
+
+    Args:
+        workload: the requests.
+        allocators: EngineConfig allocators compared.
+        param: a key of SIM_SWEEPS.
+        base: sorted PlanBase keyword items (model, gpu, tp, kv_dtype, ...).
+    Returns:
+        one row per (allocator, value): the sweep's row (capacity figures, flattened summary,
+        ``error`` None or the reason the point is impossible).
+    """
+    plan = PlanBase(workload=workload_source(workload), max_requests=workload.max_requests,
+                    rate=workload.rate if needs_rate(workload) else None, **dict(base))
+    # max_num_seqs is an engine setting: planner.sweep routes it to EngineConfig per point
+    axes = {"allocator": list(dict.fromkeys(allocators)), param: list(SIM_SWEEPS[param][1])}
+    return pd.DataFrame(run_sweep(expand_grid(axes), plan))

@@ -1,0 +1,201 @@
+"""The one builder: (model, GPU, settings) -> the simulator's EngineConfig and step-cost model.
+
+Every caller that turns a user's settings into a simulation goes through ``build_engine``: the
+``kvsim`` commands (replay, compare, validate, capacity with a workload, plan's sweep points),
+the paper reproduction, the dashboard and the benchmarks. Keyword arguments carry vLLM's names
+(``vllm serve`` / ``EngineArgs``) where the setting is vLLM's; kvsim's own settings (allocator,
+placement, step-time model) keep kvsim's names.
+
+    setup = build_engine(model="Llama-3.1-8B", gpu="h100", max_model_len=8192)
+    simulate(requests, setup.config, setup.cost)        # setup.capacity: vLLM's sizing report
+
+Pool size, the first that applies:
+
+    num_gpu_blocks   given: vLLM's num_gpu_blocks (as ``--num-gpu-blocks-override``)
+    kv_tokens        given: usable KV slots, kv_tokens // block_size usable blocks
+    otherwise        vLLM's formula for ``model`` on ``gpu`` (planner.capacity), in ``.capacity``
+
+The null block, one rule: with ``null_block=True`` (vLLM v1, the default) block 0 of the pool is
+vLLM's null block, so ``num_gpu_blocks - 1`` blocks are usable and a contiguous allocator gets
+that same usable memory, ``(num_gpu_blocks - 1) * block_size`` slots. ``null_block=False`` counts
+a pool with no reserved block: every block is usable (vLLM 0.1, which the paper reproduction
+simulates, had none; the dashboard's teaching pools).
+
+Step time, the first that applies: ``step_s`` (fixed; 1.0 is the step clock, simulated time =
+vLLM's step index), ``cost_table`` (a measured CSV, simulator.cost.TableCost), else the roofline of
+``model`` on ``gpu`` (planner.roofline). ``step_time_scale`` multiplies whichever it is.
+
+Defaults a caller leaves as None: model and GPU (``DEFAULT_MODEL`` on ``DEFAULT_GPU``, resolved
+only when sizing or the roofline needs them; a name given is always resolved, so a typo is an
+error even when unused), max_num_seqs / max_num_batched_tokens (vLLM's ``vllm serve`` defaults
+for the GPU), max_model_len (the model's context length when the model sized the pool, else
+EngineConfig's 8192: a pool given in blocks says nothing about a model).
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from kvsim.errors import InputError
+from kvsim.planner.capacity import (DEFAULT_BLOCK_SIZE, DEFAULT_GPU_MEMORY_UTILIZATION, CapacityReport,
+                                    compute_capacity, vllm_batch_defaults)
+from kvsim.planner.presets import get_gpu, get_model
+from kvsim.planner.roofline import DEFAULT_STEP_OVERHEAD_S, RooflineCost
+from kvsim.planner.specs import GpuSpec, ModelSpec
+from kvsim.simulator.config import EngineConfig
+from kvsim.simulator.cost import CostModel, FixedStepCost, ScaledCost, TableCost
+
+DEFAULT_MODEL = "Llama-3.1-8B"
+DEFAULT_GPU = "H100-80GB-SXM"
+# a pool given in blocks or tokens has no model to take a context length from
+DEFAULT_MAX_MODEL_LEN: int = EngineConfig.__dataclass_fields__["max_model_len"].default
+
+
+@dataclass(frozen=True)
+class EngineSetup:
+    """What ``build_engine`` returns: everything a simulation of one replica needs.
+
+    config: the simulator's EngineConfig.
+    cost: the step-cost model (simulator.cost.CostModel).
+    capacity: vLLM's sizing report when model and GPU sized the pool, else None.
+    model, gpu: the specs used (resolved when named, needed for sizing or the roofline), or None.
+    """
+
+    config: EngineConfig
+    cost: CostModel
+    capacity: CapacityReport | None = None
+    model: ModelSpec | None = None
+    gpu: GpuSpec | None = None
+
+
+def _resolve(value, resolve):
+    """A spec as given, a preset name resolved, or None."""
+    return resolve(value) if isinstance(value, str) else value
+
+
+def build_engine(*,
+                 # model and GPU: preset names (aliases work) or specs (load_hf_config, custom_gpu)
+                 model: str | ModelSpec | None = None,
+                 gpu: str | GpuSpec | None = None,
+                 tensor_parallel_size: int = 1,
+                 kv_cache_dtype: str = "auto",
+                 gpu_memory_utilization: float | None = None,
+                 non_kv_bytes: int | None = None,
+                 # the KV pool
+                 allocator: str = "paged",
+                 placement: str = "buddy",
+                 block_size: int = DEFAULT_BLOCK_SIZE,
+                 num_gpu_blocks: int | None = None,
+                 kv_tokens: int | None = None,
+                 null_block: bool = True,
+                 # the scheduler
+                 max_model_len: int | None = None,
+                 max_num_seqs: int | None = None,
+                 max_num_batched_tokens: int | None = None,
+                 enable_prefix_caching: bool = True,
+                 long_prefill_token_threshold: int = 0,
+                 scheduler_reserve_full_isl: bool = True,
+                 watermark: float = 0.0,
+                 # step time
+                 step_s: float | None = None,
+                 cost_table: str | os.PathLike | None = None,
+                 step_overhead_s: float = DEFAULT_STEP_OVERHEAD_S,
+                 bandwidth_efficiency: float = 1.0,
+                 flops_efficiency: float = 1.0,
+                 step_time_scale: float = 1.0) -> EngineSetup:
+    """Turn a model, a GPU and serving settings into an EngineConfig and a cost model.
+
+    Args:
+        model: preset name or ModelSpec (default DEFAULT_MODEL where needed).
+        gpu: preset name or GpuSpec (default DEFAULT_GPU where needed).
+        tensor_parallel_size: GPUs per replica (KV heads and weights are split over them).
+        kv_cache_dtype: "auto" (the model's dtype), "fp16"/"bf16", "fp8", ...
+        gpu_memory_utilization: fraction of GPU memory vLLM may use (None: vLLM 0.33's 0.92).
+        non_kv_bytes: per-GPU memory that is not KV cache, if measured (replaces the estimate).
+        allocator: "paged" or a contiguous policy ("max", "pow2", "oracle").
+        placement: contiguous allocators' arena placement ("buddy", "first-fit").
+        block_size: tokens per KV block.
+        num_gpu_blocks: the pool in vLLM's blocks (null block included when ``null_block``).
+        kv_tokens: the pool in usable KV slots (rounded down to whole blocks).
+        null_block: reserve block 0 as vLLM v1 does (see the module docstring).
+        max_model_len: longest sequence, prompt + output.
+        max_num_seqs: most requests running at once.
+        max_num_batched_tokens: token budget of one step.
+        enable_prefix_caching: reuse cached full blocks (paged only).
+        long_prefill_token_threshold: cap on one request's prefill chunk (0 = off).
+        scheduler_reserve_full_isl: admit a request only when its whole prompt fits (vLLM's
+            default); False admits when the first chunk fits.
+        watermark: fraction of blocks kept free when admitting (0 = off).
+        step_s: fixed step time in seconds (1.0 = step clock).
+        cost_table: a measured step-time CSV (TableCost).
+        step_overhead_s, bandwidth_efficiency, flops_efficiency: roofline parameters.
+        step_time_scale: multiplies every step time (sensitivity checks).
+    Returns:
+        EngineSetup(config, cost, capacity, model, gpu).
+    Raises:
+        InputError: an unknown preset, an impossible configuration (capacity, EngineConfig,
+            cost model), a cost table that cannot be read; the message carries the numbers.
+    """
+    if num_gpu_blocks is not None and kv_tokens is not None:
+        raise InputError("give at most one of num_gpu_blocks and kv_tokens, got "
+                         f"num_gpu_blocks={num_gpu_blocks}, kv_tokens={kv_tokens}")
+    if step_s is not None and cost_table is not None:
+        raise InputError(f"give at most one of step_s and cost_table, got step_s={step_s}, "
+                         f"cost_table={cost_table}")
+    model_spec = _resolve(model, get_model)
+    gpu_spec = _resolve(gpu, get_gpu)
+    sized = num_gpu_blocks is None and kv_tokens is None
+    roofline = step_s is None and cost_table is None
+    if sized or roofline:
+        model_spec = model_spec or get_model(DEFAULT_MODEL)
+    if sized or roofline or max_num_seqs is None or max_num_batched_tokens is None:
+        gpu_spec = gpu_spec or get_gpu(DEFAULT_GPU)
+    if max_num_seqs is None or max_num_batched_tokens is None:
+        default_seqs, default_tokens = vllm_batch_defaults(gpu_spec)
+        max_num_seqs = default_seqs if max_num_seqs is None else max_num_seqs
+        max_num_batched_tokens = default_tokens if max_num_batched_tokens is None else max_num_batched_tokens
+
+    report = None
+    if sized:
+        report = compute_capacity(
+            model_spec, gpu_spec, tp=tensor_parallel_size, block_size=block_size,
+            kv_dtype=kv_cache_dtype,
+            gpu_memory_utilization=(DEFAULT_GPU_MEMORY_UTILIZATION if gpu_memory_utilization is None
+                                    else gpu_memory_utilization),
+            max_model_len=max_model_len, max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens, non_kv_bytes=non_kv_bytes)
+        num_gpu_blocks, max_model_len = report.num_gpu_blocks, report.max_model_len
+    elif kv_tokens is not None:
+        num_gpu_blocks = kv_tokens // block_size + int(null_block)
+        if num_gpu_blocks < 1 + int(null_block):
+            raise InputError(f"kv_tokens {kv_tokens} is less than one block of {block_size} tokens",
+                             field="kv_tokens")
+    if max_model_len is None:
+        max_model_len = DEFAULT_MAX_MODEL_LEN
+
+    paged = allocator == "paged"
+    # the one null-block rule: a contiguous pool gets the paged pool's usable blocks
+    usable_blocks = num_gpu_blocks - int(null_block)
+    config = EngineConfig(
+        allocator=allocator, placement=placement, block_size=block_size,
+        num_blocks=num_gpu_blocks if paged else None,
+        capacity_tokens=None if paged else usable_blocks * block_size,
+        null_block=null_block and paged, max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
+        enable_prefix_caching=enable_prefix_caching,
+        long_prefill_token_threshold=long_prefill_token_threshold,
+        full_prompt_admission=scheduler_reserve_full_isl, watermark=watermark)
+
+    if step_s is not None:
+        cost: CostModel = FixedStepCost(step_s)
+    elif cost_table is not None:
+        cost = TableCost(cost_table)
+    else:
+        cost = RooflineCost(model_spec, gpu_spec, tp=tensor_parallel_size, kv_dtype=kv_cache_dtype,
+                            step_overhead_s=step_overhead_s,
+                            bandwidth_efficiency=bandwidth_efficiency,
+                            flops_efficiency=flops_efficiency)
+    if step_time_scale != 1.0:
+        cost = ScaledCost(cost, step_time_scale)
+    return EngineSetup(config=config, cost=cost, capacity=report, model=model_spec, gpu=gpu_spec)
+

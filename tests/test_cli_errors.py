@@ -1,0 +1,119 @@
+"""The CLI's error contract, command by command.
+
+A user's mistake (an InputError, raised where the value is checked, or a file that is missing) is
+one line on stderr and exit code 2. Any other exception, ValueError included, escapes the router
+with its traceback (exit 1 from the interpreter): an internal bug never looks like a user mistake.
+"""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kvsim.cli import COMMANDS, main
+from kvsim.errors import InputError
+
+ROOT = Path(__file__).resolve().parent.parent
+SPEC = "sharegpt:rate=2,n=5,seed=0"
+POOL = ["--num-blocks", "200", "--step-s", "0.01", "--quiet"]
+
+
+def user_mistakes(tmp: Path) -> dict[str, list[list[str]]]:
+    a_file = tmp / "a_file"
+    a_file.write_text("x")
+    missing = str(tmp / "missing.csv")
+    return {
+        "replay": [["replay", SPEC, *POOL, "--watermark", "2", "--out", str(tmp / "r.json")],
+                   ["replay", missing, *POOL, "--out", str(tmp / "r.json")],
+                   ["replay", SPEC, "--num-blocks", "200", "--cost-table", missing, "--out",
+                    str(tmp / "r.json")],
+                   ["replay", SPEC, *POOL, "--snapshot-times-s", "-1", "--out", str(tmp / "r.json")],
+                   ["replay", SPEC, "--model", "gpt-5", "--out", str(tmp / "r.json")]],
+        "compare": [["compare", SPEC, *POOL, "--allocators", "paged,slab"]],
+        "workload": [["workload", "sharegpt:rate=1,colour=red"], ["workload", missing]],
+        "capacity": [["capacity", "--model", "gpt-5"], ["capacity", "--hf-config", missing],
+                     ["capacity", "--gpu-memory-gib", "40"]],
+        "plan": [["plan", SPEC, "--sweep", "colour=red"], ["plan", SPEC, "--slo", "ttft<"],
+                 ["plan", SPEC, "--out", str(a_file), "--quiet"]],
+        "reproduce": [["reproduce", "vllm-paper", "--out", str(a_file), "--quiet"]],
+        "validate": [["validate", "--snapshot", str(tmp / "missing.npz"), "--device", "cpu"],
+                     ["validate", SPEC, "--at", "1"]],
+    }
+
+
+def test_every_command_but_the_dashboard_has_a_case(tmp_path):
+    assert set(user_mistakes(tmp_path)) == set(COMMANDS) - {"dashboard"}
+
+
+@pytest.mark.parametrize("command", ["replay", "compare", "workload", "capacity", "plan",
+                                     "reproduce", "validate"])
+def test_a_user_mistake_is_one_line_and_exit_2(command, tmp_path, capsys):
+    for argv in user_mistakes(tmp_path)[command]:
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert err.startswith("kvsim: error: ") and err.count("\n") == 1, (argv, err)
+    assert not (tmp_path / "r.json").exists()  # nothing is written by a run that fails its checks
+
+
+def test_a_missing_file_names_the_path(tmp_path, capsys):
+    missing = tmp_path / "nope.csv"
+    assert main(["replay", SPEC, "--num-blocks", "100", "--cost-table", str(missing),
+                 "--out", str(tmp_path / "r.json")]) == 2
+    assert str(missing) in capsys.readouterr().err
+    assert main(["capacity", "--hf-config", str(missing)]) == 2
+    assert f"{missing}: cannot read" in capsys.readouterr().err
+
+
+def _internal_bug(*args, **kwargs):
+    raise ValueError("an internal bug, not the user's fault")
+
+
+# (command line, module attribute the command calls) for an injected internal ValueError
+INTERNAL = {
+    "replay": (["replay", SPEC, *POOL, "--out", "{tmp}/r.json"], "kvsim.planner.engine_setup.build_engine"),
+    "compare": (["compare", SPEC, *POOL], "kvsim.planner.engine_setup.build_engine"),
+    "workload": (["workload", SPEC], "kvsim.workloads.stats.workload_stats"),
+    "capacity": (["capacity"], "kvsim.planner.engine_setup.build_engine"),
+    # inside a sweep point: an internal error must stop the sweep, not become an "error" row
+    "plan": (["plan", SPEC, "--quiet"], "kvsim.planner.sweep.build_engine"),
+    "reproduce": (["reproduce", "vllm-paper", "--out", "{tmp}/repro", "--quiet"],
+                  "kvsim.planner.reproduce.run_reproduction"),
+    "validate": (["validate", SPEC, "--at", "1", "--num-blocks", "200", "--device", "cpu"],
+                 "kvsim.planner.engine_setup.build_engine"),
+}
+
+
+@pytest.mark.parametrize("command", sorted(INTERNAL))
+def test_an_internal_value_error_escapes_with_its_traceback(command, tmp_path, monkeypatch):
+    import importlib
+
+    argv, target = INTERNAL[command]
+    module, _, name = target.rpartition(".")
+    monkeypatch.setattr(importlib.import_module(module), name, _internal_bug)
+    with pytest.raises(ValueError, match="an internal bug") as err:
+        main([a.replace("{tmp}", str(tmp_path)) for a in argv])
+    assert not isinstance(err.value, InputError)
+
+
+def test_the_process_prints_the_traceback_and_exits_1(tmp_path):
+    code = ("import sys\n"
+            "import kvsim.planner.engine_setup as setup\n"
+            "def bug(**kwargs):\n"
+            "    raise ValueError('an internal bug')\n"
+            "setup.build_engine = bug\n"
+            "from kvsim.cli import main\n"
+            "sys.exit(main(sys.argv[1:]))\n")
+    out = subprocess.run([sys.executable, "-c", code, "capacity"], capture_output=True, text=True,
+                         cwd=ROOT)
+    assert out.returncode == 1
+    assert "Traceback (most recent call last)" in out.stderr
+    assert "ValueError: an internal bug" in out.stderr and "kvsim: error" not in out.stderr
+
+
+def test_argparse_checks_numbers_before_any_work(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["replay", SPEC, "--num-blocks", "0", "--out", "x.json"])
+    assert exc.value.code == 2
+    assert "--num-blocks: must be >= 1, got 0" in capsys.readouterr().err

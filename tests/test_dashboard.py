@@ -1,0 +1,320 @@
+"""kvsim.dashboard's logic, called directly (no Streamlit): sources, scenario, playback,
+comparison, planning, kernel check, launch. The pages over it are tested in test_app.py."""
+import argparse
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from kvsim import workloads
+from kvsim.dashboard import comparison, launch, planning, playback, sources
+from kvsim.dashboard.kernel_check import check_snapshot
+from kvsim.dashboard.scenario import (MIN_FRAMES, SNAPSHOT_CELL_BUDGET, Scenario, engine_setup,
+                                      frame_times, num_frames_for, simulate_scenario)
+from kvsim.dashboard.sources import Workload
+from kvsim.errors import InputError
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = ROOT / "tests" / "fixtures" / "workloads"
+SMALL = Workload("builtin", workloads.DEFAULT_WORKLOAD, 40)
+
+
+@pytest.fixture(scope="module")
+def runs():
+    """The default scenario's two runs on 40 requests (paged left, max right)."""
+    sc = Scenario(SMALL)
+    return sc, simulate_scenario(sc, sources.load_requests(SMALL))
+
+
+# ---------------------------------------------------------------- sources
+def test_dashboard_logic_does_not_import_streamlit():
+    code = ("import sys; import kvsim.dashboard.comparison, kvsim.dashboard.kernel_check, "
+            "kvsim.dashboard.launch, kvsim.dashboard.planning, kvsim.dashboard.playback, "
+            "kvsim.dashboard.scenario, kvsim.dashboard.sources, kvsim.cli.dashboard; "
+            "print('streamlit' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_upload_limits(tmp_path):
+    with pytest.raises(InputError, match=r"^big\.csv: 20\.0 MB is over the 20 MB upload limit"):
+        sources.store_upload("big.csv", b"x" * (sources.MAX_UPLOAD_MB * 2**20 + 1), store=tmp_path)
+    with pytest.raises(InputError, match=r"^empty\.csv: the file is empty$"):
+        sources.store_upload("empty.csv", b"  \n", store=tmp_path)
+    # never parsed as anything but a trace: a pickle is refused by its suffix
+    with pytest.raises(InputError, match=r"^evil\.pkl: unsupported file type \.pkl; use \.csv"):
+        sources.store_upload("evil.pkl", b"\x80\x04K\x01.", store=tmp_path)
+    assert list(tmp_path.iterdir()) == []  # nothing refused was written
+
+
+def test_upload_is_kept_under_its_digest_with_the_users_name(tmp_path):
+    w = sources.store_upload("ok.csv", b"a,b\n1,2\n", 30, 1.5, store=tmp_path)
+    assert w.kind == "upload" and (w.max_requests, w.rate) == (30, 1.5)
+    assert Path(w.ref).name == "ok.csv" and Path(w.ref).read_bytes() == b"a,b\n1,2\n"
+    assert sources.store_upload("ok.csv", b"a,b\n1,2\n", store=tmp_path).ref == w.ref
+    other = sources.store_upload("ok.csv", b"a,b\n3,4\n", store=tmp_path)
+    assert other.ref != w.ref and Path(w.ref).read_bytes() == b"a,b\n1,2\n"
+    # the user reads their file name, never the storage folder
+    err = InputError("not a number: 'abc'", file=w.ref, line=3, field="b")
+    assert sources.user_message(err, w) == "ok.csv:3: field 'b': not a number: 'abc'"
+    assert sources.user_message(err, SMALL) == str(err)
+
+
+def test_shared_trace_files_lists_traces_only(tmp_path):
+    assert sources.shared_trace_files(tmp_path / "absent") == []
+    (tmp_path / "azure").mkdir()
+    for name in ("azure/conv.csv", "a.jsonl", "notes.md", "azure/x.parquet"):
+        (tmp_path / name).write_text("x")
+    assert sources.shared_trace_files(tmp_path) == ["a.jsonl", "azure/conv.csv"]
+    assert sources.workload_source(Workload("shared", "azure/conv.csv")) == str(
+        sources.SHARED_TRACES / "azure/conv.csv")
+    assert sources.workload_source(SMALL) == workloads.DEFAULT_WORKLOAD
+
+
+def test_traces_without_timestamps_get_arrivals_at_the_rate():
+    lengths = Workload("upload", str(FIXTURES / "sharegpt.csv"), 2, rate=4.0)
+    assert sources.needs_rate(lengths)
+    arrivals = [r.arrival_s for r in sources.load_requests(lengths)]
+    assert len(arrivals) == 2 and 0 == arrivals[0] < arrivals[1]
+    timed = Workload("upload", str(FIXTURES / "azure.csv"), 3)
+    assert not sources.needs_rate(timed) and len(sources.load_requests(timed)) == 3
+    with pytest.raises(InputError, match="ContextTokens"):  # other loader errors propagate
+        sources.needs_rate(Workload("upload", str(FIXTURES / "bad" / "azure_non_numeric.csv")))
+
+
+def test_shared_traces_with_and_without_timestamps(shared_traces):
+    w = Workload("shared", "sharegpt_lengths/sharegpt_8k_filtered_stats_llama2_tokenizer.csv",
+                 30, rate=4.0)
+    assert sources.needs_rate(w)
+    arrivals = [r.arrival_s for r in sources.load_requests(w)]
+    assert len(arrivals) == 30 and arrivals == sorted(arrivals)
+    assert 30 / 4.0 / 3 < arrivals[-1] < 30 / 4.0 * 3  # about n / rate seconds
+    assert not sources.needs_rate(Workload("shared", "mooncake/conversation_trace.jsonl", 5))
+    assert "mooncake/conversation_trace.jsonl" in sources.shared_trace_files()
+
+
+# ---------------------------------------------------------------- scenario
+def test_engine_setup_sizes_both_sides_with_the_same_memory():
+    sc = Scenario(SMALL, capacity_tokens=4096, block_size=32, step_s=0.01)
+    paged = engine_setup(sc, "paged")
+    assert (paged.config.num_blocks, paged.config.capacity_tokens) == (128, None)
+    assert not paged.config.null_block and paged.cost.step_s == 0.01
+    contiguous = engine_setup(sc, "max").config
+    assert (contiguous.num_blocks, contiguous.capacity_tokens) == (None, 4096)
+    assert contiguous.max_model_len == sc.max_model_len == 4096
+    # replay's batch limits, not a GPU's (no model or GPU is involved)
+    assert (contiguous.max_num_seqs, contiguous.max_num_batched_tokens) == (256, 8192)
+
+
+def test_frame_times_and_frame_budget():
+    assert list(frame_times(10.0, 3)) == [0.0, 5.0, 10.0]
+    with pytest.raises(ValueError, match="num_frames must be >= 2, got 1"):
+        frame_times(1.0, 1)
+    assert num_frames_for(Scenario(SMALL)) == 100  # 8192 tokens: 512 blocks + 8192 slots
+    for tokens in (65_536, 262_144):
+        cells = tokens // 16 + tokens
+        n = num_frames_for(Scenario(SMALL, capacity_tokens=tokens))
+        assert n * cells <= SNAPSHOT_CELL_BUDGET < (n + 1) * cells
+    assert num_frames_for(Scenario(SMALL, capacity_tokens=2**21)) == MIN_FRAMES
+
+
+def test_both_sides_are_snapshotted_at_the_same_times(runs):
+    sc, (left, right) = runs
+    assert (left.allocator, right.allocator) == sc.allocators
+    np.testing.assert_array_equal(left.frame_times_s, right.frame_times_s)
+    assert len(left.snapshots) == len(right.snapshots) == sc.num_frames
+    assert left.frame_times_s[-1] == pytest.approx(max(left.end_s, right.end_s))
+    assert {left.snapshots[0].kind, right.snapshots[0].kind} == {"paged", "contiguous"}
+    for run in (left, right):
+        assert run.summary["requests_finished"] == 40
+        assert run.summary["simulated_duration_s"] == pytest.approx(run.end_s)
+        # past its end a side shows its final pool: nothing held any more
+        done = [s for s, t in zip(run.snapshots, run.frame_times_s) if t >= run.end_s]
+        assert done and all(not s.block_tables for s in done)
+    busy = left.snapshots[playback.default_frame(sc.num_frames)]
+    assert busy.block_tables  # the opening frame shows requests holding memory
+
+
+def test_scenario_is_deterministic(runs):
+    sc, first = runs
+    again = simulate_scenario(sc, sources.load_requests(SMALL))
+    for a, b in zip(first, again):
+        assert {**a.summary, "wall_clock_s": 0} == {**b.summary, "wall_clock_s": 0}
+        pd.testing.assert_frame_equal(a.timeseries, b.timeseries)
+
+
+def test_impossible_pool_is_an_input_error():
+    with pytest.raises(InputError, match="kv_tokens 8 is less than one block of 16 tokens"):
+        simulate_scenario(Scenario(SMALL, capacity_tokens=8), sources.load_requests(SMALL))
+
+
+# ---------------------------------------------------------------- playback
+def test_playback_state_machine():
+    state = {"k_frame": 9, "live_playing": False, "k_speed": 4}
+    playback.toggle_play(state, 10)  # at the end: play restarts from the first frame
+    assert state == {"k_frame": 0, "live_playing": True, "k_speed": 4}
+    assert not playback.tick(state, 10) and state["k_frame"] == 4
+    assert not playback.tick(state, 10) and state["k_frame"] == 8
+    assert playback.tick(state, 10) and state["k_frame"] == 9 and not state["live_playing"]
+    assert not playback.tick(state, 10) and state["k_frame"] == 9  # paused: nothing moves
+    playback.step(state, 10)
+    assert state["k_frame"] == 9
+    state["k_frame"] = 3
+    playback.toggle_play(state, 10)
+    playback.step(state, 10)  # stepping pauses
+    assert state["k_frame"] == 4 and not state["live_playing"]
+    playback.clamp_frame(state, 3)
+    assert state["k_frame"] == 2
+
+
+def test_playback_helpers():
+    assert playback.next_frame(3, 10, 2) == (5, True)
+    assert playback.next_frame(8, 10, 4) == (9, False)
+    assert playback.next_frame(2, 10, 0) == (3, True)  # a speed below 1 still moves
+    ts = pd.DataFrame({"time_s": [0.0, 1.0, 2.0], "v": [1, 2, 3]})
+    assert playback.sample_at(ts, 1.5)["v"] == 2 and playback.sample_at(ts, -1)["v"] == 1
+    with pytest.raises(ValueError, match="the timeseries is empty"):
+        playback.sample_at(ts.iloc[:0], 1.0)
+    assert list(playback.upto(ts, 1.0)["v"]) == [1, 2]
+    assert playback.fmt_duration(12.34) == "12.3 s"
+    assert playback.fmt_duration(125.0) == "2 min 05.0 s"
+
+
+# ---------------------------------------------------------------- comparison
+def test_every_simulator_allocator_is_explained():
+    from kvsim.simulator.config import ALLOCATORS
+    assert set(comparison.ALLOCATOR_NOTES) == set(ALLOCATORS) == set(comparison.ALLOCATOR_LABELS)
+
+
+def test_summaries_side_by_side(runs):
+    _, pair = runs
+    labels = [comparison.run_label(i, r) for i, r in enumerate(pair)]
+    assert labels == ["left: paged (vLLM blocks)", "right: contiguous, reserve max_model_len"]
+    table = comparison.summary_table(pair)
+    assert list(table.columns) == labels
+    assert set(table.loc["requests_finished"]) == {"40"}
+    assert set(comparison.HEADLINE) <= set(table.index)  # every headline bar has its metric
+    flat = comparison.flat_summaries(pair)[labels[0]]
+    assert flat["ttft_s.p90"] == pair[0].summary["ttft_s"]["p90"]
+
+
+def test_prefix_hit_rate_over_time(runs):
+    _, pair = runs
+    hits = comparison.prefix_frame(pair)
+    paged, contiguous = (hits[comparison.run_label(i, r)] for i, r in enumerate(pair))
+    assert hits["time_s"].is_monotonic_increasing
+    # the default workload shares a system prompt: the paged side hits, the contiguous never
+    assert 0 < paged.dropna().iloc[-1] <= 1
+    assert (contiguous.dropna() == 0).all()
+
+
+def test_pool_figure_title_says_when_a_side_is_done(runs):
+    sc, (left, right) = runs
+    faster = min((left, right), key=lambda r: r.end_s)
+    last = len(faster.snapshots) - 1
+    title = comparison.pool_figure(faster, last, sc.block_size).layout.title.text
+    assert title.startswith(comparison.ALLOCATOR_LABELS[faster.allocator] + " · t = ")
+    assert title.endswith("(all requests done)") == (faster.frame_times_s[last] > faster.end_s)
+    assert "done" not in comparison.pool_figure(left, 1, sc.block_size).layout.title.text
+    # a frame past the last one shows the last (a run may have fewer frames than the slider)
+    assert (comparison.pool_figure(left, 10_000, sc.block_size).layout.title.text ==
+            comparison.pool_figure(left, last, sc.block_size).layout.title.text)
+
+
+def test_rejected_requests_warning(runs):
+    _, (left, _) = runs
+    assert comparison.rejected_warning(0, left, 4096) is None
+    rejecting = Scenario(SMALL, max_model_len=1024)
+    run = simulate_scenario(rejecting, sources.load_requests(SMALL))[1]
+    text = comparison.rejected_warning(1, run, 1024)
+    n = run.summary["requests_rejected"]
+    assert n > 0 and text.startswith(f"right: contiguous, reserve max_model_len: {n} of 40 ")
+    assert "max_model_len = 1024" in text
+
+
+# ---------------------------------------------------------------- planning
+def test_capacity_and_its_sweep_mark_impossible_points():
+    with pytest.raises(ValueError, match="max_model_len"):
+        planning.capacity("Llama-3.1-8B", "L4", max_model_len=1_000_000)
+    base = tuple(sorted(dict(tp=1, kv_dtype="auto", gpu_memory_utilization=0.9,
+                             block_size=16).items()))
+    sweep = planning.capacity_sweep("Llama-3.1-8B", "L4", "max_model_len", base)
+    assert list(sweep["max_model_len"]) == list(planning.SWEEPS["max_model_len"][1])
+    ok = sweep[sweep["error"].isna()]
+    assert ok["max_concurrency"].is_monotonic_decreasing and len(ok) >= 3
+    assert ok["num_gpu_blocks"].nunique() == 1  # the pool does not depend on max_model_len
+    assert sweep["error"].notna().any()  # 131072 tokens of Llama KV do not fit on an L4
+    assert sweep["num_gpu_blocks"].isna().sum() == sweep["error"].notna().sum()
+
+
+def test_simulated_sweep_replays_each_allocator_on_the_gpu_pool():
+    base = tuple(sorted(dict(model="Llama-3.1-8B", gpu="A100-40GB", tp=1,
+                             max_model_len=4096).items()))
+    table = planning.simulated_sweep(SMALL, ("paged", "max"), "rate", base)
+    assert table["error"].isna().all()
+    assert sorted(set(table["allocator"])) == ["max", "paged"]
+    paged = table[table["allocator"] == "paged"].sort_values("rate")
+    assert list(paged["rate"]) == list(planning.SIM_SWEEPS["rate"][1])
+    # the same 40 requests arrive faster: throughput cannot fall
+    assert paged["request_throughput_per_s"].is_monotonic_increasing
+    assert (paged["requests_finished"] == 40).all()
+    assert set(planning.SIM_SWEEP_METRICS) <= set(table.columns)
+
+
+# ---------------------------------------------------------------- kernel check
+def test_kernel_check_on_a_scenario_snapshot(runs):
+    sc, (left, _) = runs
+    snap = left.snapshots[playback.default_frame(sc.num_frames)]
+    checks, info = check_snapshot(snap, "flat", "float32", 2, False)
+    assert len(checks) == min(2, len(snap.block_tables))
+    assert checks["passed"].all() and checks["bitwise_equal"].all() and info["passed"]
+    assert (checks["max_rel_err"] < info["tolerance"]).all()
+    assert info["device"] == "cpu" and info["dtype"] == "float32"
+
+
+# ---------------------------------------------------------------- launch
+def test_streamlit_command_serves_the_packaged_entry_script():
+    cmd = launch.streamlit_command(9000, True)
+    assert cmd[:5] == [sys.executable, "-m", "streamlit", "run", str(launch.ENTRY_SCRIPT)]
+    flags = dict(zip(cmd[5::2], cmd[6::2]))
+    assert flags["--server.port"] == "9000" and flags["--server.headless"] == "true"
+    assert flags["--browser.gatherUsageStats"] == "false"
+    assert launch.streamlit_command(9000, False)[-1] == "false"
+
+
+def test_entry_script_is_alone_in_its_folder():
+    # Streamlit puts this folder first on sys.path: anything else in it becomes a top-level name
+    assert [p.name for p in launch.ENTRY_SCRIPT.parent.iterdir()
+            if p.name != "__pycache__"] == ["kvsim_dashboard.py"]
+
+
+def test_repository_streamlit_config_matches_the_launch_flags():
+    config = tomllib.loads((ROOT / ".streamlit" / "config.toml").read_text())
+    flat = {f"{section}.{key}": value for section, table in config.items()
+            for key, value in table.items()}
+    assert flat == launch.STREAMLIT_OPTIONS
+
+
+def test_dashboard_subcommand_becomes_streamlit(monkeypatch):
+    from kvsim.cli import dashboard
+    calls = []
+    monkeypatch.setattr(dashboard.os, "execv", lambda path, argv: calls.append((path, argv)))
+    parser = argparse.ArgumentParser()
+    dashboard.register(parser.add_subparsers())
+    args = parser.parse_args(["dashboard", "--port", "9001", "--open"])
+    args.func(args)
+    assert calls == [(sys.executable, launch.streamlit_command(9001, False))]
+
+
+@pytest.mark.parametrize("port, why", [("70000", "must be <= 65535, got 70000"),
+                                       ("0", "must be >= 1, got 0")])
+def test_dashboard_subcommand_bad_port_is_a_usage_error(capsys, port, why):
+    from kvsim.cli import main
+    with pytest.raises(SystemExit) as stop:
+        main(["dashboard", "--port", port])
+    assert stop.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1].endswith(f"argument --port: {why}")

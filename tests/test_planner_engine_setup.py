@@ -1,0 +1,114 @@
+"""planner.engine_setup.build_engine: the one (model, GPU, flags) -> EngineConfig + cost builder."""
+from __future__ import annotations
+
+import pytest
+
+from kvsim.errors import InputError
+from kvsim.planner.capacity import compute_capacity, vllm_batch_defaults
+from kvsim.planner.engine_setup import DEFAULT_MAX_MODEL_LEN, build_engine
+from kvsim.planner.presets import custom_gpu, get_gpu, get_model
+from kvsim.planner.roofline import RooflineCost
+from kvsim.simulator.cost import FixedStepCost, ScaledCost, StepBatch, TableCost
+
+PREFILL = StepBatch(num_seqs=2, num_prefill_tokens=600, num_scheduled_tokens=600,
+                    kv_read_tokens=900, attn_token_pairs=200_000)
+
+
+@pytest.mark.parametrize("allocator", ["paged", "max", "pow2", "oracle"])
+def test_one_null_block_rule_gives_every_allocator_the_same_usable_slots(allocator):
+    vllm_v1 = build_engine(allocator=allocator, num_gpu_blocks=300, block_size=16, step_s=0.01).config
+    no_null = build_engine(allocator=allocator, num_gpu_blocks=300, block_size=16, step_s=0.01,
+                           null_block=False).config
+    if allocator == "paged":
+        assert (vllm_v1.num_blocks, vllm_v1.null_block) == (300, True)
+        assert (no_null.num_blocks, no_null.null_block) == (300, False)
+    else:
+        assert vllm_v1.capacity_tokens == 299 * 16 and not vllm_v1.null_block
+        assert no_null.capacity_tokens == 300 * 16
+
+
+def test_kv_tokens_are_usable_slots_rounded_to_whole_blocks():
+    paged = build_engine(kv_tokens=6000, block_size=16, step_s=0.01).config
+    assert paged.num_blocks == 6000 // 16 + 1 and paged.null_block
+    contiguous = build_engine(allocator="max", kv_tokens=6000, block_size=16, step_s=0.01).config
+    assert contiguous.capacity_tokens == 6000 // 16 * 16
+    with pytest.raises(InputError, match="less than one block of 16 tokens"):
+        build_engine(kv_tokens=15, step_s=0.01)
+
+
+def test_model_and_gpu_size_the_pool_with_vllms_formula():
+    setup = build_engine(model="Llama-3.1-8B", gpu="h100", max_model_len=8192)
+    expected = compute_capacity(get_model("Llama-3.1-8B"), get_gpu("h100"), max_model_len=8192)
+    assert setup.capacity == expected
+    assert setup.config.num_blocks == expected.num_gpu_blocks and setup.config.null_block
+    # batch limits left as None are vLLM's `vllm serve` defaults for the GPU, as in the report
+    assert (setup.config.max_num_seqs, setup.config.max_num_batched_tokens) == \
+        vllm_batch_defaults(get_gpu("h100")) == (expected.max_num_seqs, expected.max_num_batched_tokens)
+    assert isinstance(setup.cost, RooflineCost) and setup.gpu.name == "H100-80GB-SXM"
+
+
+def test_max_model_len_defaults_to_the_models_context_only_when_the_model_sizes_the_pool():
+    assert build_engine(gpu="h100").config.max_model_len == get_model("Llama-3.1-8B").max_position_embeddings
+    given = build_engine(num_gpu_blocks=100, step_s=0.01).config
+    assert given.max_model_len == DEFAULT_MAX_MODEL_LEN == 8192
+    assert build_engine(num_gpu_blocks=100, step_s=0.01).capacity is None
+
+
+def test_batch_defaults_follow_the_gpu():
+    small = build_engine(gpu="a100-40", num_gpu_blocks=100, step_s=0.01).config
+    assert (small.max_num_seqs, small.max_num_batched_tokens) == (256, 2048)
+    explicit = build_engine(gpu="a100-40", num_gpu_blocks=100, step_s=0.01, max_num_seqs=8,
+                            max_num_batched_tokens=512).config
+    assert (explicit.max_num_seqs, explicit.max_num_batched_tokens) == (8, 512)
+
+
+def test_step_time_models_in_order(tmp_path):
+    assert build_engine(num_gpu_blocks=100, step_s=1.0).cost == FixedStepCost(1.0)
+    table = tmp_path / "t.csv"
+    table.write_text("num_scheduled_tokens,step_s\n1,0.01\n1000,0.05\n")
+    assert isinstance(build_engine(num_gpu_blocks=100, cost_table=str(table)).cost, TableCost)
+    roof = build_engine(model="Llama-3.1-70B", gpu="h200", tensor_parallel_size=4,
+                        kv_cache_dtype="fp8", num_gpu_blocks=100).cost
+    ref = RooflineCost(get_model("Llama-3.1-70B"), get_gpu("h200"), tp=4, kv_dtype="fp8")
+    assert roof.step_time_s(PREFILL) == ref.step_time_s(PREFILL)
+    scaled = build_engine(num_gpu_blocks=100, step_time_scale=2.5).cost
+    assert isinstance(scaled, ScaledCost)
+    assert scaled.step_time_s(PREFILL) == 2.5 * RooflineCost(get_model("Llama-3.1-8B"),
+                                                             get_gpu("h100")).step_time_s(PREFILL)
+    assert scaled.run_time_s(PREFILL, 3) == 2.5 * scaled.inner.run_time_s(PREFILL, 3)
+
+
+def test_specs_are_accepted_as_well_as_names():
+    gpu = custom_gpu(40, 1000, 300)
+    setup = build_engine(model=get_model("Qwen2.5-7B"), gpu=gpu, max_model_len=4096)
+    assert setup.gpu is gpu and setup.capacity.gpu == "custom" and setup.capacity.model == "Qwen2.5-7B"
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(num_gpu_blocks=100, kv_tokens=1600, step_s=0.01), "at most one of num_gpu_blocks and kv_tokens"),
+    (dict(num_gpu_blocks=100, step_s=0.01, cost_table="x.csv"), "at most one of step_s and cost_table"),
+    # a name that is given is resolved even when nothing needs it: a typo is never ignored
+    (dict(model="Llama-9", num_gpu_blocks=100, step_s=0.01), "unknown model 'Llama-9'"),
+    (dict(model="Llama-3.1-70B", gpu="h100"), "weights need 131.42 GiB"),
+    (dict(num_gpu_blocks=100, step_s=0.01, watermark=1.5), r"watermark must be in \[0, 1\)"),
+    (dict(num_gpu_blocks=100, step_s=0), "step_s must be a positive finite number"),
+    (dict(num_gpu_blocks=100, cost_table="/nonexistent/t.csv"), "cannot read the cost table"),
+    (dict(num_gpu_blocks=100, step_time_scale=0), "step_time_scale must be a positive"),
+])
+def test_bad_settings_are_input_errors(kwargs, match):
+    with pytest.raises(InputError, match=match):
+        build_engine(**kwargs)
+
+
+def test_the_paper_reproduction_counts_the_pool_without_vllms_null_block():
+    from kvsim.planner.reproduce import ReproConfig, system_engine
+
+    cfg = ReproConfig()
+    vllm = system_engine("vllm", cfg).config
+    orca = system_engine("orca_max", cfg).config
+    assert (vllm.num_blocks, vllm.null_block, vllm.watermark) == (983, False, 0.01)
+    assert orca.capacity_tokens == vllm.num_blocks * vllm.block_size == cfg.capacity_tokens == 15_728
+    assert orca.max_num_batched_tokens == cfg.max_num_seqs * cfg.max_model_len
+    assert not vllm.enable_prefix_caching and not orca.enable_prefix_caching
+    slow = system_engine("vllm", cfg, step_time_scale=2.0).cost
+    assert slow.step_time_s(PREFILL) == 2.0 * system_engine("vllm", cfg).cost.step_time_s(PREFILL)
