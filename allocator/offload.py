@@ -56,6 +56,7 @@ class OffloadTier:
         self._requests: dict[Hashable, _Request] = {}
         self.num_pending = 0
         self.num_stored = self.num_evicted = self.num_failed_stores = 0
+        self.max_used = 0                          # most chunks held at once
 
     # ---- queries ---------------------------------------------------------------------------
     def lookup(self, key: Hashable) -> str:
@@ -122,6 +123,8 @@ class OffloadTier:
                 ref[key] = -1
                 self._rank[key] = (rank, -where[key])
         self.num_pending += len(to_store)
+        if len(ref) > self.max_used:
+            self.max_used = len(ref)
         return to_store, evicted
 
     def complete_store(self, keys: Sequence[Hashable]) -> None:

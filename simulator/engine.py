@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 import simpy
@@ -33,6 +33,8 @@ from simpy.core import URGENT
 from kvsim.allocator import MEMORY_CLASSES, ContiguousAllocator, PagedAllocator
 from kvsim.simulator.config import EngineConfig
 from kvsim.simulator.cost import NS_PER_S, CostModel, FixedStepCost, StepBatch, StepTimer, to_ns
+from kvsim.simulator.offload import OffloadConnector, TierConfig
+from kvsim.simulator.offload_scheduler import OffloadScheduler
 from kvsim.simulator.recorder import NUM_CLASSES, Recorder
 from kvsim.simulator.result import Result
 from kvsim.simulator.router import ROUTERS, Router
@@ -67,10 +69,15 @@ class _Replica:
     """One serving replica: its allocator, its scheduler and its recorder."""
 
     def __init__(self, index: int, config: EngineConfig, seed: int, recorder: Recorder,
-                 step_clock: bool):
+                 step_clock: bool, offload: Sequence[TierConfig] = ()):
         self.index = index
         self.allocator = make_allocator(config)
-        self.sched = Scheduler(config, self.allocator, seed=seed + index)
+        self.offload = OffloadConnector(offload, config.block_size) if offload else None
+        if self.offload is None:
+            self.sched = Scheduler(config, self.allocator, seed=seed + index)
+        else:
+            self.sched = OffloadScheduler(config, self.allocator, seed=seed + index,
+                                          connector=self.offload)
         self.rec = recorder.replica(index, self.sched, self.allocator, step_clock)
         self.wake: simpy.Event | None = None
         self.num_steps = 0
@@ -95,13 +102,17 @@ class Simulation:
             identical results, much slower).
         record_requests: keep the per-request table (False: only the latencies the summary's
             percentiles need, 24 bytes per request; ``Result.requests`` is then empty).
+        offload: KV offload tiers below every replica's GPU pool (simulator.offload.TierConfig:
+            CPU, then optionally disk); () for none. Needs the paged allocator with prefix
+            caching.
     """
 
     def __init__(self, requests: Iterable, config: EngineConfig, cost_model: CostModel, *,
                  replicas: int = 1, router: str = "round-robin",
                  sample_interval_s: float | None = None, snapshot_times_s: Iterable[float] = (),
                  seed: int = 0, progress: bool = False, record_steps: bool = False,
-                 batch_decode_steps: bool = True, record_requests: bool = True):
+                 batch_decode_steps: bool = True, record_requests: bool = True,
+                 offload: Sequence[TierConfig] = ()):
         if not isinstance(config, EngineConfig):
             raise TypeError("config must be an EngineConfig")
         if not hasattr(cost_model, "step_time_s") or not hasattr(cost_model, "run_time_s"):
@@ -123,11 +134,14 @@ class Simulation:
         self.seed = seed
         self.record_steps = record_steps
         self.batching = batch_decode_steps
+        offload = tuple(offload)
         self.env = simpy.Environment()
         self.recorder = Recorder(sample_ns=max(1, to_ns(sample_interval_s)),
                                  snapshot_ns=snapshot_ns, record_steps=record_steps,
-                                 record_requests=record_requests)
-        self.replicas = [_Replica(i, config, seed, self.recorder, self.step_clock)
+                                 record_requests=record_requests,
+                                 offload_tiers=tuple(t.name for t in offload))
+        self.offload = tuple(offload)
+        self.replicas = [_Replica(i, config, seed, self.recorder, self.step_clock, self.offload)
                          for i in range(replicas)]
         self.num_arrived = 0
         self.num_rejected = 0
@@ -154,7 +168,7 @@ class Simulation:
     def done(self) -> bool:
         """All requests arrived and finished (or were rejected)."""
         return self.arrivals_done and all(
-            not r.sched.running and not r.sched.waiting for r in self.replicas)
+            not r.sched.has_unfinished() for r in self.replicas)
 
     def run_until(self, t_s: float) -> None:
         """Advance simulated time to ``t_s`` (runs of decode steps end at the first step
@@ -279,17 +293,28 @@ class Simulation:
     # ------------------------------------------------------------------ the step loop
     def _engine(self, rep: _Replica):
         env, timer, record_steps = self.env, self.timer, self.record_steps
-        sched, rec = rep.sched, rep.rec
+        sched, rec, conn = rep.sched, rep.rec, rep.offload
         # ``now`` is the replica's time. It runs ahead of SimPy's across step ends that nothing
         # can observe (``_unobserved``): such a step is finished at once and the next one
         # scheduled, without a round trip through the event queue.
         now = env.now
         while True:
-            if not sched.running and not sched.waiting:
+            if not sched.has_unfinished():
                 if now > env.now:
                     yield _urgent_timeout(env, now - env.now)
                 rec.boundary(now)
                 rep.wake = env.event()
+                if conn is not None and conn.busy:
+                    # vLLM keeps taking empty steps while transfers are pending: they complete
+                    # (and are polled) on time, or an arrival comes first
+                    sched.empty_step()
+                    done_ns = conn.idle_until(now)
+                    yield rep.wake if done_ns is None else \
+                        rep.wake | env.timeout(max(0, done_ns - env.now))
+                    rep.wake = None
+                    now = env.now
+                    conn.poll(now)
+                    continue
                 yield rep.wake
                 rep.wake = None
                 now = env.now
@@ -299,6 +324,7 @@ class Simulation:
             step_index = now // NS_PER_S if self.step_clock else rep.num_steps
             run = None     # a decode run stepped one by one: (first step's batch, start state)
             k = sched.plan_decode_run(_NEVER)
+            polled = False          # the connector's step for the run's first step is done
             if k > 0:
                 # k identical pure-decode steps, ending at the first step end at or after the
                 # next moment anything can observe the replica
@@ -309,6 +335,15 @@ class Simulation:
                 kv = sched.decode_run_batch()[0]
                 b0 = StepBatch(n, 0, n, n, kv, kv)
                 bound = min(self.next_arrival_ns, rec.next_record_ns, self.stop_ns)
+                if conn is not None:
+                    # the run's first step polls and submits what waits; the run then ends at
+                    # the next transfer's end (a completion found now lands after step 1)
+                    conn.step(now, timer.run_ns(b0, 1))
+                    polled = True
+                    if conn.has_found:
+                        k = 1
+                    if conn.next_event_ns is not None:
+                        bound = min(bound, conn.next_event_ns)
                 if bound < _NEVER and now + timer.run_ns(b0, k) >= bound:
                     k = min(k, timer.steps_to_reach(b0, now, bound, k))
                 if self.batching:
@@ -323,6 +358,8 @@ class Simulation:
                     if not self._unobserved(rec, end):
                         yield _urgent_timeout(env, end - env.now)
                     finished = sched.finish_decode_run(end, step_index + k - 1)
+                    if conn is not None:
+                        conn.apply(end)
                     if record_steps:
                         rec.decode_rows(step_index, k, n, hist, used0, finished)
                     rep.num_steps += k
@@ -344,6 +381,21 @@ class Simulation:
                         "a planned decode step was not a pure decode step"
                 rec.scheduled(len(sched.running), len(sched.waiting), out.num_scheduled_tokens)
                 ran = out.num_scheduled_tokens > 0
+                if not ran and conn is not None and conn.busy and not sched.running:
+                    # nothing to run until a transfer completes (loads, deferred lookups): vLLM's
+                    # empty steps poll until then; an arrival may come first
+                    conn.step(t, 0)
+                    conn.apply(t)
+                    if t > env.now:
+                        yield _urgent_timeout(env, t - env.now)
+                    rep.wake = env.event()
+                    done_ns = conn.idle_until(t)
+                    yield rep.wake if done_ns is None else \
+                        rep.wake | env.timeout(max(0, done_ns - env.now))
+                    rep.wake = None
+                    t = env.now
+                    conn.poll(t)
+                    break
                 if not ran and not out.num_preempted and not sched.running and sched.waiting:
                     # the head can never be admitted (nothing runs that could make room)
                     seq = sched.waiting.popleft()
@@ -355,12 +407,16 @@ class Simulation:
                                       out.num_scheduled_tokens, out.kv_read_tokens,
                                       out.attn_token_pairs)
                     end = t + max(1, timer.step_ns(batch))
+                    if conn is not None:   # flushed stores delay the forward
+                        end += conn.step(t, end - t)
                     bd_step = rec.breakdown()
                     usage = rep.allocator.usage
                     rec.integrate(bd_step, bd_step, usage, usage, t, end)
                 else:
                     # priced and integrated as the run (trapezoid), exactly as when batched
                     end = now + timer.run_ns(run[0], j + 1)
+                    if conn is not None and not (j == 0 and polled):
+                        conn.step(t, end - t)
                     if j == k - 1:
                         rec.integrate(run[1], rec.breakdown(), run[2], rep.allocator.usage,
                                       now, end)
@@ -373,6 +429,8 @@ class Simulation:
                 if not self._unobserved(rec, end):
                     yield _urgent_timeout(env, end - env.now)
                 finished = sched.finish_step(out, end, idx)
+                if conn is not None:
+                    conn.apply(end)   # the completions this step's poll found
                 assert not finished or run is None or j == k - 1, \
                     "a request finished inside a decode run"
                 rep.num_steps += 1
@@ -395,7 +453,8 @@ def simulate(requests: Iterable, config: EngineConfig, cost_model: CostModel, *,
              replicas: int = 1, router: str = "round-robin",
              sample_interval_s: float | None = None, snapshot_times_s: Iterable[float] = (),
              seed: int = 0, progress: bool = False, record_steps: bool = False,
-             batch_decode_steps: bool = True, record_requests: bool = True) -> Result:
+             batch_decode_steps: bool = True, record_requests: bool = True,
+             offload: Sequence[TierConfig] = ()) -> Result:
     """Replay ``requests`` through ``replicas`` replicas of ``config``; see ``Simulation``.
 
     Returns:
@@ -404,5 +463,6 @@ def simulate(requests: Iterable, config: EngineConfig, cost_model: CostModel, *,
     sim = Simulation(requests, config, cost_model, replicas=replicas, router=router,
                      sample_interval_s=sample_interval_s, snapshot_times_s=snapshot_times_s,
                      seed=seed, progress=progress, record_steps=record_steps,
-                     batch_decode_steps=batch_decode_steps, record_requests=record_requests)
+                     batch_decode_steps=batch_decode_steps, record_requests=record_requests,
+                     offload=offload)
     return sim.run()

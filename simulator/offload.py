@@ -33,6 +33,7 @@ from kvsim.allocator.offload import HIT, MISS, PENDING, OffloadTier
 
 NS_PER_S = 1_000_000_000
 LOAD, STORE, CASCADE, PROMOTE = "load", "store", "cascade", "promote"
+WOULD_PROMOTE = "would promote"   # lookup(peek=True): a disk hit that a real lookup would promote
 
 
 @dataclass(frozen=True)
@@ -99,8 +100,10 @@ class _Request:
 class OffloadStats:
     """Counters over a run (summed over tiers where not per tier)."""
 
-    lookups: int = 0                  # connector lookups (fresh admissions)
-    query_tokens: int = 0             # num_tokens - GPU hit, over lookups that were admitted
+    lookups: int = 0                  # connector lookups (a blocked head is asked every step)
+    query_tokens: int = 0             # num_tokens - GPU hit, at first admissions
+    preempted_query_tokens: int = 0   # the same for re-admissions after preemption
+    preempted_hit_tokens: int = 0     # tokens loaded from CPU at re-admissions
     hit_tokens: dict = field(default_factory=dict)       # tier -> tokens loaded from it
     loaded_bytes: dict = field(default_factory=dict)     # tier -> bytes moved up (to GPU/CPU)
     stored_bytes: dict = field(default_factory=dict)     # tier -> bytes written into it
@@ -155,7 +158,7 @@ class OffloadConnector:
         """Tokens the offload tiers add after a GPU hit of ``num_gpu_hit_tokens``; None: defer.
 
         ``peek``: ask without side effects (no promotion, no counters); a disk hit then
-        answers None.
+        answers WOULD_PROMOTE.
         """
         B = self.block_size
         state = self._requests.get(request_id)
@@ -173,14 +176,13 @@ class OffloadConnector:
         cpu, disk = self.cpu, self.disk
         hits = 0
         defer = False
-        for i in range(start, stop):
-            key = keys[i]
+        for i, key in enumerate(keys[start:stop], start):
             found = cpu.lookup(key)
             if found == MISS and disk is not None and disk.lookup(key) == HIT:
                 # vLLM's tiering manager: room in the CPU tier now, a read from disk, and the
                 # chunk answers "pending"; no room: it is a miss
                 if peek:
-                    return None
+                    return WOULD_PROMOTE
                 found = PENDING if self._promote(request_id, key, i) else MISS
             if found == MISS:
                 break
@@ -188,7 +190,7 @@ class OffloadConnector:
             defer |= found == PENDING
         if defer:
             return self._defer(peek)
-        if any(keys[i] in self._being_loaded for i in range(start, start + hits)):
+        if self._being_loaded and any(k in self._being_loaded for k in keys[start:start + hits]):
             return self._defer(peek)       # another request is loading these chunks
         return hits * B
 
@@ -215,7 +217,7 @@ class OffloadConnector:
         return True
 
     def start_load(self, request_id: Hashable, keys: Sequence[int], num_gpu_hit_tokens: int,
-                   num_external_tokens: int, num_tokens: int) -> None:
+                   num_external_tokens: int, num_tokens: int, preempted: bool = False) -> None:
         """The request got GPU blocks for its GPU + offload hit: pin the chunks, queue the load
         (it starts when this step's forward ends)."""
         B = self.block_size
@@ -230,12 +232,20 @@ class OffloadConnector:
         state.loaded = False
         state.next_stored = -(-(num_gpu_hit_tokens + num_external_tokens) // B)   # chunk level
         self.stats.num_loads += 1
-        self.stats.hit_tokens["cpu"] += num_external_tokens
-        self.stats.query_tokens += num_tokens - num_gpu_hit_tokens
+        if preempted:   # vLLM counts re-admissions apart (connector_prefix_cache_stats)
+            self.stats.preempted_hit_tokens += num_external_tokens
+            self.stats.preempted_query_tokens += num_tokens - num_gpu_hit_tokens
+        else:
+            self.stats.hit_tokens["cpu"] += num_external_tokens
+            self.stats.query_tokens += num_tokens - num_gpu_hit_tokens
 
-    def count_query(self, num_tokens: int, num_gpu_hit_tokens: int) -> None:
+    def count_query(self, num_tokens: int, num_gpu_hit_tokens: int,
+                    preempted: bool = False) -> None:
         """An admission that loads nothing still asked the connector (vLLM's query count)."""
-        self.stats.query_tokens += num_tokens - num_gpu_hit_tokens
+        if preempted:
+            self.stats.preempted_query_tokens += num_tokens - num_gpu_hit_tokens
+        else:
+            self.stats.query_tokens += num_tokens - num_gpu_hit_tokens
 
     def load_done(self, request_id: Hashable) -> bool:
         """Whether the request's load was reported complete (then it may be scheduled)."""
@@ -245,6 +255,11 @@ class OffloadConnector:
         state.loaded = False
         state.loading = None
         return True
+
+    def load_reported(self, request_id: Hashable) -> bool:
+        """Whether ``load_done`` would say yes (without taking the answer)."""
+        state = self._requests.get(request_id)
+        return state is not None and state.loaded
 
     def is_loading(self, request_id: Hashable) -> bool:
         state = self._requests.get(request_id)
@@ -409,10 +424,38 @@ class OffloadConnector:
                                     len(placed[0]) * self.chunk_bytes), [])
         self._submit(job_id, now_ns)
 
+    # ---- recording ---------------------------------------------------------------------------
+    def sample_row(self) -> tuple:
+        """Per tier: chunks used, tokens loaded from it, bytes loaded from it, bytes stored."""
+        st = self.stats
+        row = ()
+        for tier in self.tiers:
+            store = self.cpu if tier.name == "cpu" else self.disk
+            row += (store.num_used, st.hit_tokens[tier.name], st.loaded_bytes[tier.name],
+                    st.stored_bytes[tier.name])
+        return row
+
+    def link_busy_ns(self) -> dict:
+        """Nanoseconds each transfer queue was busy."""
+        busy = {"cpu_load": self.h2d.busy_ns, "cpu_store": self.d2h.busy_ns}
+        if self.disk is not None:
+            busy.update(disk_read=self.disk_read.busy_ns, disk_write=self.disk_write.busy_ns)
+        return busy
+
     @property
     def next_event_ns(self) -> int | None:
         """When the next submitted transfer completes (None: none in flight)."""
         return self._inflight[0][0] if self._inflight else None
+
+    @property
+    def has_unflushed_finished_stores(self) -> bool:
+        """Stores of finished requests still pending (reusing their blocks would flush them)."""
+        return any(j in self._jobs for j in self._finished_stores)
+
+    @property
+    def has_found(self) -> bool:
+        """Completions polled in this step, not applied yet."""
+        return bool(self._found)
 
     @property
     def busy(self) -> bool:
@@ -439,3 +482,48 @@ class OffloadConnector:
             queue = self.disk_write if job.kind == CASCADE else self.disk_read
         job.done_ns = queue.schedule(ready_ns, job.num_bytes)
         heapq.heappush(self._inflight, (job.done_ns, job_id))
+
+
+def summarize_offload(connectors: Sequence[OffloadConnector], *, prefix_query_tokens: int,
+                      prefix_hit_tokens: int) -> dict:
+    """The summary's ``offload`` value, over every replica's connector (docs/SIMULATOR.md).
+
+    ``hit_tokens``: tokens loaded from each tier into the one above it (cpu: into the GPU, at
+    first admissions; disk: promoted into the CPU tier). ``hit_rate``: vLLM's connector hit rate
+    (CPU hit tokens over the tokens asked of the connector, ``num_tokens`` - GPU hit);
+    ``combined_hit_rate``: GPU and CPU hits over the prompt tokens looked up.
+    """
+    tiers = connectors[0].tiers
+    names = [t.name for t in tiers]
+
+    def total(field: str) -> dict:
+        return {n: sum(getattr(c.stats, field)[n] for c in connectors) for n in names}
+
+    hits = total("hit_tokens")
+    queries = sum(c.stats.query_tokens for c in connectors)
+    busy = {}
+    for c in connectors:
+        for k, v in c.link_busy_ns().items():
+            busy[k] = busy.get(k, 0) + v
+    stores = {"cpu": [c.cpu for c in connectors], "disk": [c.disk for c in connectors]}
+    return {
+        "tiers": [{"name": t.name, "num_chunks": t.num_chunks, "chunk_bytes": t.chunk_bytes,
+                   "size_gib": round(t.num_chunks * t.chunk_bytes / 2**30, 6),
+                   "bandwidth_gbps": round(t.bytes_per_s / 1e9, 6), "latency_s": t.latency_s}
+                  for t in tiers],
+        "hit_tokens": hits,
+        "query_tokens": queries,
+        "hit_rate": round(hits["cpu"] / queries, 6) if queries else 0.0,
+        "combined_hit_rate": round((prefix_hit_tokens + hits["cpu"]) / prefix_query_tokens, 6)
+        if prefix_query_tokens else 0.0,
+        "preempted_query_tokens": sum(c.stats.preempted_query_tokens for c in connectors),
+        "preempted_hit_tokens": sum(c.stats.preempted_hit_tokens for c in connectors),
+        "loaded_bytes": total("loaded_bytes"),
+        "stored_bytes": total("stored_bytes"),
+        "num_loads": sum(c.stats.num_loads for c in connectors),
+        "num_failed_offers": sum(c.stats.num_failed_offers for c in connectors),
+        "flush_stall_s": round(sum(c.stats.flush_stall_ns for c in connectors) / NS_PER_S, 9),
+        "link_busy_s": {k: round(v / NS_PER_S, 9) for k, v in busy.items()},
+        "max_used_chunks": {n: max(s.max_used for s in stores[n]) for n in names},
+        "evicted_chunks": {n: sum(s.num_evicted for s in stores[n]) for n in names},
+    }

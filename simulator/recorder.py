@@ -52,6 +52,17 @@ SAMPLE_COLUMNS = (
 ) + tuple((name, "q") for name in MEMORY_CLASSES)
 
 
+def offload_columns(tiers: tuple[str, ...]) -> tuple:
+    """Sample columns of offload tiers (only with tiers): per tier the chunks used, tokens loaded
+    from it, bytes loaded from it and bytes stored into it (running totals), then the requests
+    waiting for a load."""
+    if not tiers:
+        return ()
+    cols = tuple((f"{t}_{what}", "q") for t in tiers
+                 for what in ("used_chunks", "hit_tokens", "loaded_bytes", "stored_bytes"))
+    return cols + (("loading_requests", "q"),)
+
+
 class RequestLog:
     """One row per request, appended when it finishes (or is rejected).
 
@@ -155,12 +166,13 @@ class Recorder:
     """
 
     def __init__(self, *, sample_ns: int, snapshot_ns: list[int], record_steps: bool,
-                 record_requests: bool):
+                 record_requests: bool, offload_tiers: tuple[str, ...] = ()):
         self.sample_ns = sample_ns
         self.snapshot_ns = snapshot_ns
         self.record_steps = record_steps
         self.requests = RequestLog(keep_rows=record_requests)
-        self.samples = TableLog(SAMPLE_COLUMNS)
+        self.offload_tiers = offload_tiers
+        self.samples = TableLog(SAMPLE_COLUMNS + offload_columns(offload_tiers))
         self.steps = StepLog()
         self.snapshots: list = []          # (time_s, replica, PoolSnapshot)
         self.replicas: list[ReplicaRecorder] = []
@@ -332,6 +344,8 @@ class ReplicaRecorder:
         row_tail = (len(sched.running), len(sched.waiting), self.last_batch_tokens,
                     sched.num_preemptions, sched.num_prefix_queries, sched.num_prefix_hits,
                     self.num_finished, usage, saved, *bd)
+        if self.tables.offload_tiers:
+            row_tail += sched.offload.sample_row() + (len(sched.holding),)
         samples = self.tables.samples
         sample_ns = self.tables.sample_ns
         while self.next_sample_ns <= now:

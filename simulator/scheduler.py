@@ -122,6 +122,10 @@ class Scheduler(DecodeRuns, Forks, DecodeClock, KVSlots):
         self.waiting.append(seq)
         return seq
 
+    def has_unfinished(self) -> bool:
+        """Requests queued or running (the engine idles when there are none)."""
+        return bool(self.running or self.waiting)
+
     def _new_seq_id(self) -> int:
         sid = self.next_seq_id
         self.next_seq_id += 1

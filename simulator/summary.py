@@ -9,6 +9,7 @@ import numpy as np
 
 from kvsim.allocator import MEMORY_CLASSES
 from kvsim.simulator.cost import NS_PER_S
+from kvsim.simulator.offload import summarize_offload
 from kvsim.simulator.recorder import NUM_CLASSES, Recorder
 from kvsim.simulator.result import SUMMARY_KEYS
 
@@ -90,4 +91,8 @@ def summarize(recorder: Recorder, replicas: list, *, num_arrived: int, num_rejec
         "config": config,
     }
     assert tuple(summary) == SUMMARY_KEYS
+    connectors = [r.offload for r in replicas if getattr(r, "offload", None) is not None]
+    if connectors:   # only with offload tiers: the summary is otherwise unchanged
+        summary["offload"] = summarize_offload(connectors, prefix_query_tokens=queries,
+                                               prefix_hit_tokens=hits)
     return summary
