@@ -303,21 +303,22 @@ class Simulation:
                 if now > env.now:
                     yield _urgent_timeout(env, now - env.now)
                 rec.boundary(now)
-                rep.wake = env.event()
-                if conn is not None and conn.busy:
+                while conn is not None and conn.busy and not sched.has_unfinished():
                     # vLLM keeps taking empty steps while transfers are pending: they complete
-                    # (and are polled) on time, or an arrival comes first
+                    # (and are polled) on time, or an arrival comes first; no step boundary
                     sched.empty_step()
                     done_ns = conn.idle_until(now)
+                    rep.wake = env.event()
                     yield rep.wake if done_ns is None else \
                         rep.wake | env.timeout(max(0, done_ns - env.now))
                     rep.wake = None
                     now = env.now
                     conn.poll(now)
-                    continue
-                yield rep.wake
-                rep.wake = None
-                now = env.now
+                if not sched.has_unfinished():
+                    rep.wake = env.event()
+                    yield rep.wake
+                    rep.wake = None
+                    now = env.now
             if self.next_arrival_ns == now:
                 yield env.timeout(0)   # arrivals due now land before this step is scheduled
             bd_start = rec.boundary(now)
