@@ -25,6 +25,13 @@ Step time, the first that applies: ``step_s`` (fixed; 1.0 is the step clock, sim
 vLLM's step index), ``cost_table`` (a measured CSV, simulator.cost.TableCost), else the roofline of
 ``model`` on ``gpu`` (planner.roofline). ``step_time_scale`` multiplies whichever it is.
 
+Offload tiers (docs/OFFLOAD.md): ``cpu_offload_gib`` (vLLM's ``--kv-offloading-size``, the total
+over tensor-parallel ranks; 0 is no tier) with the host link's ``offload_bandwidth_gbps`` (default: the GPU
+preset's PCIe link, planner.tiers), and behind it optionally ``disk_offload_gib`` with
+``disk_bandwidth_gbps`` and ``disk_latency_ms``. ``EngineSetup.offload`` then holds the tiers the
+simulator takes (``simulate(..., offload=setup.offload)``); chunks are one GPU block on every
+rank (an MLA latent once, as vLLM's replicated layout).
+
 Defaults a caller leaves as None: model and GPU (``DEFAULT_MODEL`` on ``DEFAULT_GPU``, resolved
 only when sizing or the roofline needs them; a name given is always resolved, so a typo is an
 error even when unused), max_num_seqs / max_num_batched_tokens (vLLM's ``vllm serve`` defaults
@@ -38,12 +45,14 @@ from dataclasses import dataclass
 
 from kvsim.errors import InputError
 from kvsim.planner.capacity import (DEFAULT_BLOCK_SIZE, DEFAULT_GPU_MEMORY_UTILIZATION, CapacityReport,
-                                    compute_capacity, vllm_batch_defaults)
+                                    compute_capacity, kv_bytes_per_token, vllm_batch_defaults)
 from kvsim.planner.presets import get_gpu, get_model
 from kvsim.planner.roofline import DEFAULT_STEP_OVERHEAD_S, RooflineCost
 from kvsim.planner.specs import GpuSpec, ModelSpec
+from kvsim.planner.tiers import build_tiers
 from kvsim.simulator.config import EngineConfig
 from kvsim.simulator.cost import CostModel, FixedStepCost, ScaledCost, TableCost
+from kvsim.simulator.offload import TierConfig
 
 DEFAULT_MODEL = "Llama-3.1-8B"
 DEFAULT_GPU = "H100-80GB-SXM"
@@ -59,6 +68,7 @@ class EngineSetup:
     cost: the step-cost model (simulator.cost.CostModel).
     capacity: vLLM's sizing report when model and GPU sized the pool, else None.
     model, gpu: the specs used (resolved when named, needed for sizing or the roofline), or None.
+    offload: the offload tiers (simulator.offload.TierConfig), () without.
     """
 
     config: EngineConfig
@@ -66,6 +76,7 @@ class EngineSetup:
     capacity: CapacityReport | None = None
     model: ModelSpec | None = None
     gpu: GpuSpec | None = None
+    offload: tuple[TierConfig, ...] = ()
 
 
 def _resolve(value, resolve):
@@ -102,7 +113,13 @@ def build_engine(*,
                  step_overhead_s: float = DEFAULT_STEP_OVERHEAD_S,
                  bandwidth_efficiency: float = 1.0,
                  flops_efficiency: float = 1.0,
-                 step_time_scale: float = 1.0) -> EngineSetup:
+                 step_time_scale: float = 1.0,
+                 # offload tiers below the GPU pool
+                 cpu_offload_gib: float | None = None,
+                 offload_bandwidth_gbps: float | None = None,
+                 disk_offload_gib: float | None = None,
+                 disk_bandwidth_gbps: float | None = None,
+                 disk_latency_ms: float | None = None) -> EngineSetup:
     """Turn a model, a GPU and serving settings into an EngineConfig and a cost model.
 
     Args:
@@ -130,8 +147,10 @@ def build_engine(*,
         cost_table: a measured step-time CSV (TableCost).
         step_overhead_s, bandwidth_efficiency, flops_efficiency: roofline parameters.
         step_time_scale: multiplies every step time (sensitivity checks).
+        cpu_offload_gib, offload_bandwidth_gbps, disk_offload_gib, disk_bandwidth_gbps,
+            disk_latency_ms: offload tiers (module doc); None: no tier.
     Returns:
-        EngineSetup(config, cost, capacity, model, gpu).
+        EngineSetup(config, cost, capacity, model, gpu, offload).
     Raises:
         InputError: an unknown preset, an impossible configuration (capacity, EngineConfig,
             cost model), a cost table that cannot be read; the message carries the numbers.
@@ -146,7 +165,12 @@ def build_engine(*,
     gpu_spec = _resolve(gpu, get_gpu)
     sized = num_gpu_blocks is None and kv_tokens is None
     roofline = step_s is None and cost_table is None
-    if sized or roofline:
+    if cpu_offload_gib == 0:
+        # 0 GiB is "no CPU tier" (a sweep's baseline point): the other tier flags do not apply
+        cpu_offload_gib = offload_bandwidth_gbps = disk_offload_gib = None
+        disk_bandwidth_gbps = disk_latency_ms = None
+    offloaded = cpu_offload_gib is not None
+    if sized or roofline or offloaded:      # the tiers' chunk size is the model's block
         model_spec = model_spec or get_model(DEFAULT_MODEL)
     if sized or roofline or max_num_seqs is None or max_num_batched_tokens is None:
         gpu_spec = gpu_spec or get_gpu(DEFAULT_GPU)
@@ -197,5 +221,26 @@ def build_engine(*,
                             flops_efficiency=flops_efficiency)
     if step_time_scale != 1.0:
         cost = ScaledCost(cost, step_time_scale)
-    return EngineSetup(config=config, cost=cost, capacity=report, model=model_spec, gpu=gpu_spec)
+    offload = _offload_tiers(
+        model_spec, gpu_spec, tensor_parallel_size, kv_cache_dtype, block_size,
+        cpu_offload_gib=cpu_offload_gib, offload_bandwidth_gbps=offload_bandwidth_gbps,
+        disk_offload_gib=disk_offload_gib, disk_bandwidth_gbps=disk_bandwidth_gbps,
+        disk_latency_ms=disk_latency_ms)
+    if offload and not (paged and enable_prefix_caching):
+        raise InputError("needs the paged allocator with prefix caching",
+                         field="--cpu-offload-gib")
+    return EngineSetup(config=config, cost=cost, capacity=report, model=model_spec, gpu=gpu_spec,
+                       offload=offload)
+
+
+def _offload_tiers(model: ModelSpec | None, gpu: GpuSpec | None, tp: int, kv_dtype: str,
+                   block_size: int, **flags) -> tuple[TierConfig, ...]:
+    """The simulator's tiers for the flags (planner.tiers checks them, one-line errors)."""
+    per_rank = kv_bytes_per_token(model, kv_dtype, tp) * block_size if model else 1
+    copies = 1 if model is not None and model.is_mla else tp
+    tiers = build_tiers(gpu_name=gpu.name if gpu else None, bytes_per_block=per_rank, tp=copies,
+                        **flags)
+    return tuple(TierConfig(t.name, t.num_chunks(per_rank, copies),
+                            t.chunk_bytes(per_rank, copies), t.bytes_per_s, t.latency_s)
+                 for t in tiers)
 

@@ -54,16 +54,16 @@ class TierSpec:
         flag = f"--{self.name}-offload-gib"
         if not (isinstance(self.size_gib, (int, float)) and math.isfinite(self.size_gib)
                 and self.size_gib > 0):
-            raise InputError(f"{flag} must be a positive number of GiB, got {self.size_gib!r}",
+            raise InputError(f"must be a positive number of GiB, got {self.size_gib!r}",
                              field=flag)
         if not (isinstance(self.bandwidth_gbps, (int, float))
                 and math.isfinite(self.bandwidth_gbps) and self.bandwidth_gbps > 0):
-            raise InputError(f"{self.name} tier bandwidth must be a positive number of GB/s, "
-                             f"got {self.bandwidth_gbps!r}", field=_bandwidth_flag(self.name))
+            raise InputError(f"must be a positive number of GB/s, got {self.bandwidth_gbps!r}",
+                             field=_bandwidth_flag(self.name))
         if not (isinstance(self.latency_s, (int, float)) and math.isfinite(self.latency_s)
                 and self.latency_s >= 0):
-            raise InputError(f"{self.name} tier latency must be >= 0 seconds, got "
-                             f"{self.latency_s!r}", field=f"--{self.name}-latency-ms")
+            raise InputError(f"must be >= 0, got {self.latency_s * 1e3!r} ms",
+                             field=f"--{self.name}-latency-ms")
 
     @property
     def bytes_per_s(self) -> float:
@@ -115,35 +115,34 @@ def build_tiers(*, gpu_name: str | None, bytes_per_block: int, tp: int = 1,
                                           ("--disk-latency-ms", disk_latency_ms))
                  if value is not None]
         if stray:
-            raise InputError(f"{stray[0]} needs --cpu-offload-gib (vLLM offloads to CPU first; "
-                             f"disk sits behind it)", field=stray[0])
+            raise InputError("needs --cpu-offload-gib (vLLM offloads to CPU first; disk sits "
+                             "behind it)", field=stray[0])
         return ()
     bandwidth = offload_bandwidth_gbps
     if bandwidth is None:
         bandwidth = host_link_gbps(gpu_name) if gpu_name else None
         if bandwidth is None:
-            raise InputError(f"no host-link bandwidth known for GPU {gpu_name!r}: pass "
-                             f"--offload-bandwidth-gbps", field="--offload-bandwidth-gbps")
+            raise InputError(f"no host-link bandwidth known for GPU {gpu_name!r}: give it",
+                             field="--offload-bandwidth-gbps")
     tiers = [TierSpec("cpu", cpu_offload_gib, bandwidth)]
     if disk_offload_gib is not None:
         if disk_bandwidth_gbps is None:
-            raise InputError("--disk-offload-gib needs --disk-bandwidth-gbps",
-                             field="--disk-bandwidth-gbps")
+            raise InputError("--disk-offload-gib needs it", field="--disk-bandwidth-gbps")
         tiers.append(TierSpec("disk", disk_offload_gib, disk_bandwidth_gbps,
                               (disk_latency_ms or 0.0) / 1e3))
     elif disk_bandwidth_gbps is not None or disk_latency_ms is not None:
         flag = "--disk-bandwidth-gbps" if disk_bandwidth_gbps is not None else "--disk-latency-ms"
-        raise InputError(f"{flag} needs --disk-offload-gib", field=flag)
+        raise InputError("needs --disk-offload-gib", field=flag)
     limit = available_memory_bytes() if memory_limit_bytes is None else memory_limit_bytes
     for tier in tiers:
         chunk = tier.chunk_bytes(bytes_per_block, tp)
         n = tier.num_chunks(bytes_per_block, tp)
         flag = f"--{tier.name}-offload-gib"
         if n < 1:
-            raise InputError(f"{flag} {tier.size_gib:g} holds no chunk: one chunk (a block on "
+            raise InputError(f"{tier.size_gib:g} GiB holds no chunk: one chunk (a block on "
                              f"{tp} GPU(s)) takes {chunk / 2**20:.2f} MiB", field=flag)
         if limit is not None and n * TIER_BYTES_PER_CHUNK > limit:
-            raise InputError(f"{flag} {tier.size_gib:g} is {n:,} chunks: simulating it needs "
+            raise InputError(f"{tier.size_gib:g} GiB is {n:,} chunks: simulating it needs "
                              f"about {n * TIER_BYTES_PER_CHUNK / GIB:.1f} GiB of memory, more than "
                              f"the {limit / GIB:.1f} GiB available", field=flag)
     return tuple(tiers)

@@ -32,6 +32,7 @@ def add_replay_args(p: argparse.ArgumentParser, *, allocator: bool = True) -> No
     options.add_scheduler_args(p, batch_defaults=options.ENGINE_BATCH_DEFAULTS, allocator=allocator)
     options.add_step_time_args(p)
     options.add_serving_args(p)
+    options.add_offload_args(p)
     g = p.add_argument_group("recording")
     g.add_argument("--sample-interval-s", type=options.positive_float, metavar="S",
                    help="time-series period (default 1 s)")
@@ -62,7 +63,10 @@ def run_one(args, allocator: str, record_requests: bool = True):
     from kvsim.planner.engine_setup import build_engine
     from kvsim.simulator import simulate
 
-    setup = build_engine(**options.engine_kwargs(args, allocator=allocator))
+    overrides = {}
+    if allocator != "paged":   # offload tiers sit below a paged pool (compare's other columns)
+        overrides = dict.fromkeys(options.OFFLOAD_FLAGS)
+    setup = build_engine(**options.engine_kwargs(args, allocator=allocator, **overrides))
     times = snapshot_times(args.snapshot_times_s)
     requests = workloads.load(args.workload, format=args.format, max_requests=args.max_requests,
                               rate=args.rate, seed=args.seed)
@@ -70,7 +74,7 @@ def run_one(args, allocator: str, record_requests: bool = True):
                     sample_interval_s=args.sample_interval_s, snapshot_times_s=times,
                     seed=args.seed, progress=not args.quiet, record_steps=args.step_clock,
                     batch_decode_steps=not args.no_decode_batching,
-                    record_requests=record_requests)
+                    record_requests=record_requests, offload=setup.offload)
 
 
 def register(subparsers) -> None:
@@ -106,6 +110,13 @@ def run(args) -> int:
           f"{s['simulated_duration_s']:.3f} simulated s, {s['num_steps']} steps, "
           f"{s['num_preemptions']} preemptions, prefix hit rate {s['prefix_hit_rate']:.3f}, "
           f"wall {s['wall_clock_s']:.2f} s -> {args.out}")
+    if "offload" in s:
+        o = s["offload"]
+        print(f"offload: {', '.join(f'{k} hit {v:,} tokens' for k, v in o['hit_tokens'].items())}"
+              f", connector hit rate {o['hit_rate']:.3f}, GPU + CPU hit rate "
+              f"{o['combined_hit_rate']:.3f}, loaded "
+              f"{sum(o['loaded_bytes'].values()) / 2**30:.1f} GiB, stored "
+              f"{sum(o['stored_bytes'].values()) / 2**30:.1f} GiB")
     if s["requests_rejected"]:
         print(f"kvsim: warning: {s['requests_rejected']} requests could never fit "
               "(prompt >= max_model_len, or larger than the pool); see --requests 'rejected'",
