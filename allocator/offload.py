@@ -25,6 +25,12 @@ import heapq
 from collections.abc import Hashable, Sequence
 
 HIT, PENDING, MISS = "hit", "pending", "miss"     # vLLM's LookupResult HIT, HIT_PENDING, MISS
+_POS = 1 << 31        # vLLM's rank (r, -position) is kept as one int: r << 32 | (_POS - position)
+
+
+def _rank(r: int, position: int = 0) -> int:
+    """vLLM's LRU rank ``(r, -position)`` as an int with the same order (ints compare faster)."""
+    return r << 32 | (_POS - position)
 
 
 class _Request:
@@ -49,14 +55,15 @@ class OffloadTier:
         self.num_chunks = num_chunks
         self.name = name
         self._ref: dict[Hashable, int] = {}        # -1 pending, 0 ready, k > 0 read by k loads
-        self._rank: dict[Hashable, tuple[int, int]] = {}
+        self._rank: dict[Hashable, int] = {}      # _rank(r, position), vLLM's (r, -position)
         self._evictable: set[Hashable] = set()
-        self._heap: list[tuple[tuple[int, int], Hashable]] = []   # lazy: stale entries skipped
+        self._heap: list[tuple[int, Hashable]] = []   # lazy: stale entries skipped
         self._next_rank = 0
         self._requests: dict[Hashable, _Request] = {}
         self.num_pending = 0
         self.num_stored = self.num_evicted = self.num_failed_stores = 0
         self.max_used = 0                          # most chunks held at once
+        self.version = 0                           # bumped whenever a lookup answer can change
 
     # ---- queries ---------------------------------------------------------------------------
     def lookup(self, key: Hashable) -> str:
@@ -115,14 +122,15 @@ class OffloadTier:
             for key in to_store:
                 ref[key] = -1
                 self._next_rank += 1
-                self._rank[key] = (self._next_rank, 0)
+                self._rank[key] = _rank(self._next_rank)
         else:
             rank = self._request_rank(request_id)
             where = dict(zip(keys, positions))
             for key in to_store:
                 ref[key] = -1
-                self._rank[key] = (rank, -where[key])
+                self._rank[key] = _rank(rank, where[key])
         self.num_pending += len(to_store)
+        self.version += 1
         if len(ref) > self.max_used:
             self.max_used = len(ref)
         return to_store, evicted
@@ -135,6 +143,7 @@ class OffloadTier:
                 self.num_pending -= 1
                 self.num_stored += 1
                 self._make_evictable(key)
+        self.version += 1
 
     def prepare_load(self, request_id: Hashable, keys: Sequence[Hashable],
                      positions: Sequence[int] | None) -> None:
@@ -171,7 +180,7 @@ class OffloadTier:
         for key in reversed(order):
             if key in self._ref:
                 self._next_rank += 1
-                self._set_rank(key, (self._next_rank, 0))
+                self._set_rank(key, _rank(self._next_rank))
 
     def check_invariants(self) -> None:
         assert len(self._ref) <= self.num_chunks, f"{len(self._ref)} > {self.num_chunks} chunks"
@@ -198,10 +207,10 @@ class OffloadTier:
             state.seen[key] = position
         rank = self._request_rank(request_id)
         for key, position in new:
-            if key in self._ref and self._rank[key] < (rank, -position):
-                self._set_rank(key, (rank, -position))
+            if key in self._ref and self._rank[key] < _rank(rank, position):
+                self._set_rank(key, _rank(rank, position))
 
-    def _set_rank(self, key: Hashable, rank: tuple[int, int]) -> None:
+    def _set_rank(self, key: Hashable, rank: int) -> None:
         self._rank[key] = rank
         if key in self._evictable:
             heapq.heappush(self._heap, (rank, key))
@@ -234,6 +243,7 @@ class OffloadTier:
             del self._ref[key]
             del self._rank[key]
         self.num_evicted += len(chosen)
+        self.version += 1
         if len(heap) > 2 * len(self._evictable) + 64:    # drop stale entries now and then
             self._heap = [(self._rank[k], k) for k in self._evictable]
             heapq.heapify(self._heap)

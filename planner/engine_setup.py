@@ -45,11 +45,11 @@ from dataclasses import dataclass
 
 from kvsim.errors import InputError
 from kvsim.planner.capacity import (DEFAULT_BLOCK_SIZE, DEFAULT_GPU_MEMORY_UTILIZATION, CapacityReport,
-                                    compute_capacity, kv_bytes_per_token, vllm_batch_defaults)
+                                    compute_capacity, vllm_batch_defaults)
 from kvsim.planner.presets import get_gpu, get_model
 from kvsim.planner.roofline import DEFAULT_STEP_OVERHEAD_S, RooflineCost
 from kvsim.planner.specs import GpuSpec, ModelSpec
-from kvsim.planner.tiers import build_tiers
+from kvsim.planner.tiers import block_bytes, build_tiers
 from kvsim.simulator.config import EngineConfig
 from kvsim.simulator.cost import CostModel, FixedStepCost, ScaledCost, TableCost
 from kvsim.simulator.offload import TierConfig
@@ -236,8 +236,7 @@ def build_engine(*,
 def _offload_tiers(model: ModelSpec | None, gpu: GpuSpec | None, tp: int, kv_dtype: str,
                    block_size: int, **flags) -> tuple[TierConfig, ...]:
     """The simulator's tiers for the flags (planner.tiers checks them, one-line errors)."""
-    per_rank = kv_bytes_per_token(model, kv_dtype, tp) * block_size if model else 1
-    copies = 1 if model is not None and model.is_mla else tp
+    per_rank, copies = block_bytes(model, kv_dtype, tp, block_size) if model else (1, tp)
     tiers = build_tiers(gpu_name=gpu.name if gpu else None, bytes_per_block=per_rank, tp=copies,
                         **flags)
     return tuple(TierConfig(t.name, t.num_chunks(per_rank, copies),

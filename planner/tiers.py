@@ -14,6 +14,7 @@ import os
 from dataclasses import dataclass
 
 from kvsim.errors import InputError
+from kvsim.planner.capacity import kv_bytes_per_token
 
 GIB = 1 << 30
 PAGE_BYTES = 4096                 # mmap.PAGESIZE on x86-64 Linux: vLLM aligns chunks to it
@@ -51,11 +52,7 @@ class TierSpec:
     latency_s: float = 0.0
 
     def __post_init__(self):
-        flag = f"--{self.name}-offload-gib"
-        if not (isinstance(self.size_gib, (int, float)) and math.isfinite(self.size_gib)
-                and self.size_gib > 0):
-            raise InputError(f"must be a positive number of GiB, got {self.size_gib!r}",
-                             field=flag)
+        check_gib(self.size_gib, f"--{self.name}-offload-gib")
         if not (isinstance(self.bandwidth_gbps, (int, float))
                 and math.isfinite(self.bandwidth_gbps) and self.bandwidth_gbps > 0):
             raise InputError(f"must be a positive number of GB/s, got {self.bandwidth_gbps!r}",
@@ -70,13 +67,45 @@ class TierSpec:
         return self.bandwidth_gbps * 1e9
 
     def chunk_bytes(self, bytes_per_block: int, tp: int = 1) -> int:
-        """Bytes one chunk takes in the tier: one block on every rank, page-aligned."""
-        raw = bytes_per_block * tp
-        return -(-raw // PAGE_BYTES) * PAGE_BYTES
+        return chunk_bytes(bytes_per_block, tp)
 
     def num_chunks(self, bytes_per_block: int, tp: int = 1) -> int:
-        """Chunks the tier holds (vLLM's ``CPUOffloadingSpec.num_chunks``)."""
-        return int(self.size_gib * GIB) // self.chunk_bytes(bytes_per_block, tp)
+        return num_chunks(self.size_gib, bytes_per_block, tp)
+
+
+def check_gib(size_gib, flag: str) -> float:
+    """A tier size: a positive, finite number of GiB (one-line InputError naming ``flag``)."""
+    if not (isinstance(size_gib, (int, float)) and math.isfinite(size_gib) and size_gib > 0):
+        raise InputError(f"must be a positive number of GiB, got {size_gib!r}", field=flag)
+    return size_gib
+
+
+def chunk_bytes(bytes_per_block: int, copies: int = 1) -> int:
+    """Bytes one chunk takes in a tier: one block on every rank that holds a copy, page-aligned
+    (vLLM's ``CPUOffloadingSpec``)."""
+    return -(-(bytes_per_block * copies) // PAGE_BYTES) * PAGE_BYTES
+
+
+def num_chunks(size_gib: float, bytes_per_block: int, copies: int = 1) -> int:
+    """Chunks a tier of ``size_gib`` holds (vLLM: ``cpu_bytes_to_use // aligned chunk bytes``)."""
+    return int(size_gib * GIB) // chunk_bytes(bytes_per_block, copies)
+
+
+def checked_chunks(size_gib, bytes_per_block: int, copies: int, flag: str) -> int:
+    """``num_chunks`` of a size a user gave: a positive size that holds at least one chunk."""
+    n = num_chunks(check_gib(size_gib, flag), bytes_per_block, copies)
+    if n < 1:
+        raise InputError(f"{size_gib:g} GiB holds no chunk: one chunk (a block on {copies} "
+                         f"GPU(s)) takes {chunk_bytes(bytes_per_block, copies) / 2**20:.2f} MiB",
+                         field=flag)
+    return n
+
+
+def block_bytes(model, kv_dtype: str, tp: int, block_size: int) -> tuple[int, int]:
+    """(bytes of one block on one rank, ranks holding a copy): what one chunk of an offload tier
+    holds (vLLM: every rank's block; an MLA latent, the same on every rank, once)."""
+    per_rank = kv_bytes_per_token(model, kv_dtype, tp) * block_size
+    return per_rank, 1 if model.is_mla else tp
 
 
 def available_memory_bytes() -> int | None:
@@ -135,12 +164,8 @@ def build_tiers(*, gpu_name: str | None, bytes_per_block: int, tp: int = 1,
         raise InputError("needs --disk-offload-gib", field=flag)
     limit = available_memory_bytes() if memory_limit_bytes is None else memory_limit_bytes
     for tier in tiers:
-        chunk = tier.chunk_bytes(bytes_per_block, tp)
-        n = tier.num_chunks(bytes_per_block, tp)
         flag = f"--{tier.name}-offload-gib"
-        if n < 1:
-            raise InputError(f"{tier.size_gib:g} GiB holds no chunk: one chunk (a block on "
-                             f"{tp} GPU(s)) takes {chunk / 2**20:.2f} MiB", field=flag)
+        n = checked_chunks(tier.size_gib, bytes_per_block, tp, flag)
         if limit is not None and n * TIER_BYTES_PER_CHUNK > limit:
             raise InputError(f"{tier.size_gib:g} GiB is {n:,} chunks: simulating it needs "
                              f"about {n * TIER_BYTES_PER_CHUNK / GIB:.1f} GiB of memory, more than "

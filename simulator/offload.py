@@ -148,6 +148,11 @@ class OffloadConnector:
         self._flush: list[int] = []            # jobs the next step must wait for
         self._being_loaded: dict[Hashable, int] = {}  # key -> loads reading it (CPU to GPU)
         self._finished_stores: list[int] = []  # stores of finished requests (flush if reused)
+        # speed: a request's chunk keys, computed once; the last lookup answer per request with
+        # what it depended on (a blocked head is asked again every step)
+        self._key_cache: dict[Hashable, list] = {}
+        self._memo: dict[Hashable, tuple] = {}
+        self._loading_version = 0
         self.stats = OffloadStats(hit_tokens={t.name: 0 for t in tiers},
                                   loaded_bytes={t.name: 0 for t in tiers},
                                   stored_bytes={t.name: 0 for t in tiers})
@@ -174,9 +179,16 @@ class OffloadConnector:
         if stop - start < 1:
             return 0
         cpu, disk = self.cpu, self.disk
+        token = (num_tokens, num_gpu_hit_tokens, cpu.version,
+                 disk.version if disk is not None else 0, self._loading_version)
+        memo = self._memo.get(request_id)
+        if memo is not None and memo[0] == token:
+            return self._defer(peek) if memo[1] is None else memo[1]
+        chunk_keys = self._chunk_keys(request_id, keys, stop)
         hits = 0
         defer = False
-        for i, key in enumerate(keys[start:stop], start):
+        for i in range(start, stop):
+            key = chunk_keys[i]
             found = cpu.lookup(key)
             if found == MISS and disk is not None and disk.lookup(key) == HIT:
                 # vLLM's tiering manager: room in the CPU tier now, a read from disk, and the
@@ -188,11 +200,22 @@ class OffloadConnector:
                 break
             hits += 1
             defer |= found == PENDING
-        if defer:
+        if defer or self._being_loaded and any(k in self._being_loaded
+                                               for k in chunk_keys[start:start + hits]):
+            # still being written, or another request is loading these chunks
+            self._memo[request_id] = (token, None)
             return self._defer(peek)
-        if self._being_loaded and any(k in self._being_loaded for k in keys[start:start + hits]):
-            return self._defer(peek)       # another request is loading these chunks
+        self._memo[request_id] = (token, hits * B)
         return hits * B
+
+    def _chunk_keys(self, request_id: Hashable, keys: Sequence[int], stop: int) -> list:
+        """The request's first ``stop`` chunk keys (computed once per request)."""
+        cached = self._key_cache.get(request_id)
+        if cached is None:
+            cached = self._key_cache[request_id] = []
+        if len(cached) < stop:
+            cached += keys[len(cached):stop]
+        return cached
 
     def _defer(self, peek: bool) -> None:
         if not peek:
@@ -222,10 +245,11 @@ class OffloadConnector:
         (it starts when this step's forward ends)."""
         B = self.block_size
         first, stop = num_gpu_hit_tokens // B, (num_gpu_hit_tokens + num_external_tokens) // B
-        chunk_keys = list(keys[first:stop])
+        chunk_keys = self._chunk_keys(request_id, keys, stop)[first:stop]
         self.cpu.prepare_load(request_id, chunk_keys, list(range(first, stop)))
         for key in chunk_keys:
             self._being_loaded[key] = self._being_loaded.get(key, 0) + 1
+        self._loading_version += 1
         state = self._requests[request_id]
         state.loading = self._add_job(_Job(LOAD, request_id, chunk_keys,
                                            len(chunk_keys) * self.chunk_bytes), self._new_loads)
@@ -278,7 +302,7 @@ class OffloadConnector:
         start = state.next_stored
         if num_chunks <= start:
             return
-        new = list(keys[start:num_chunks])
+        new = self._chunk_keys(request_id, keys, num_chunks)[start:num_chunks]
         placed = self.cpu.prepare_store(request_id, new, list(range(start, num_chunks)))
         if placed is None:
             self.stats.num_failed_offers += 1
@@ -292,6 +316,8 @@ class OffloadConnector:
 
     def request_finished(self, request_id: Hashable) -> None:
         """Commit the request's recency in every tier (after its last offer)."""
+        self._key_cache.pop(request_id, None)
+        self._memo.pop(request_id, None)
         self.cpu.request_finished(request_id)
         if self.disk is not None:
             self.disk.request_finished(request_id)
@@ -391,6 +417,7 @@ class OffloadConnector:
                         self._being_loaded[key] = left
                     else:
                         del self._being_loaded[key]
+                self._loading_version += 1
                 if state is not None:
                     state.loaded = True
                 self.stats.loaded_bytes["cpu"] += job.num_bytes

@@ -59,14 +59,23 @@ def _fmt(value) -> str:
     return str(value)
 
 
+# rows added when a column ran with offload tiers ("-" for the others)
+OFFLOAD_ROWS = (
+    ("CPU hit tokens", lambda s: s["offload"]["hit_tokens"]["cpu"] if "offload" in s else None),
+    ("GPU + CPU hit rate",
+     lambda s: s["offload"]["combined_hit_rate"] if "offload" in s else None),
+)
+
+
 def format_table(summaries: dict[str, dict]) -> str:
     """Plain-text table: one column per allocator."""
     names = list(summaries)
-    width = max(len(label) for label, _ in ROWS)
-    cols = [[_fmt(get(summaries[n])) for _, get in ROWS] for n in names]
+    rows = ROWS + (OFFLOAD_ROWS if any("offload" in s for s in summaries.values()) else ())
+    width = max(len(label) for label, _ in rows)
+    cols = [[_fmt(get(summaries[n])) for _, get in rows] for n in names]
     col_w = [max(len(n), *(len(v) for v in c)) for n, c in zip(names, cols)]
     lines = [" " * width + "  " + "  ".join(n.rjust(w) for n, w in zip(names, col_w))]
-    for i, (label, _) in enumerate(ROWS):
+    for i, (label, _) in enumerate(rows):
         lines.append(label.ljust(width) + "  " +
                      "  ".join(c[i].rjust(w) for c, w in zip(cols, col_w)))
     return "\n".join(lines)
@@ -91,8 +100,11 @@ def run(args) -> int:
     names = parse_allocators(args.allocators)
     if args.json:
         prepare_output(args.json)
-    summaries = {name: run_one(args, name, record_requests=False).summary for name in names}
+    summaries = {name: run_one(args, name, record_requests=False, offload=name == "paged").summary
+                 for name in names}
     print(format_table(summaries))
+    if args.cpu_offload_gib and any(name != "paged" for name in names):
+        print("offload tiers sit below the paged pool: the contiguous columns run without them")
     if args.json:
         with open(args.json, "w") as f:
             f.write(json_text(summaries))

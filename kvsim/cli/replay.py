@@ -57,15 +57,15 @@ def snapshot_times(text: str) -> list[float]:
     return times
 
 
-def run_one(args, allocator: str, record_requests: bool = True):
-    """Load the workload and simulate it with one allocator; returns the Result."""
+def run_one(args, allocator: str, record_requests: bool = True, offload: bool = True):
+    """Load the workload and simulate it with one allocator; returns the Result.
+
+    ``offload``: honour the offload-tier flags (compare's contiguous columns run without)."""
     from kvsim import workloads
     from kvsim.planner.engine_setup import build_engine
     from kvsim.simulator import simulate
 
-    overrides = {}
-    if allocator != "paged":   # offload tiers sit below a paged pool (compare's other columns)
-        overrides = dict.fromkeys(options.OFFLOAD_FLAGS)
+    overrides = {} if offload else dict.fromkeys(options.OFFLOAD_FLAGS)
     setup = build_engine(**options.engine_kwargs(args, allocator=allocator, **overrides))
     times = snapshot_times(args.snapshot_times_s)
     requests = workloads.load(args.workload, format=args.format, max_requests=args.max_requests,
