@@ -16,13 +16,14 @@ exact); replay the answer (``kvsim replay --cpu-offload-gib``) to see it with th
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
 
-from kvsim.allocator.block_stream import BlockStream
-from kvsim.allocator.cache_curve import LruCurve, min_hit_blocks
+from kvsim.allocator.block_stream import BlockStream, block_stream
+from kvsim.allocator.cache_curve import LruCurve, lru_curve, min_hit_blocks
+from kvsim.planner.tiers import block_bytes, checked_chunks, chunk_bytes
 
 GIB = 1 << 30
 
@@ -125,3 +126,74 @@ def _smallest_min_size(stream: BlockStream, target: float, upper: int) -> int:
         else:
             lo = mid + 1
     return lo
+
+
+@dataclass
+class CurveReport:
+    """What ``kvsim cache-curve`` and the dashboard show: the table, the sizes to mark (GiB), one
+    line per finding, and the planner's answer when a target was asked."""
+
+    table: pd.DataFrame
+    marks: dict = field(default_factory=dict)
+    lines: list = field(default_factory=list)
+    plan: CachePlan | None = None
+
+
+def curve_report(requests, setup, *, kv_dtype: str = "auto", tp: int = 1,
+                 cpu_offload_gib: float | None = None, target_hit_rate: float | None = None,
+                 num_min_sizes: int = 40) -> CurveReport:
+    """The curves of ``requests`` with the GPU pool of ``setup`` (planner.engine_setup.EngineSetup:
+    its block size, max_model_len, pool and model) marked.
+
+    Args:
+        requests: the workload's requests (a list: it is read twice with a CPU tier).
+        cpu_offload_gib: also mark a CPU tier of this size and draw the CPU-tier curve.
+        target_hit_rate: answer "the smallest GPU + CPU cache that reaches it" (plan_cache).
+        num_min_sizes: sizes at which MIN is computed.
+    Raises:
+        InputError: a bad target or tier size.
+    """
+    from kvsim.errors import InputError
+
+    if target_hit_rate is not None and not 0 < target_hit_rate <= 1:
+        raise InputError(f"must be in (0, 1], got {target_hit_rate}", field="--target-hit-rate")
+    cfg = setup.config
+    B = cfg.block_size
+    per_rank, copies = block_bytes(setup.model, kv_dtype, tp, B)
+    cpu_chunks = None if cpu_offload_gib is None else \
+        checked_chunks(cpu_offload_gib, per_rank, copies, "--cpu-offload-gib")
+    gib = per_rank * copies / GIB
+    gpu_blocks = cfg.pool_blocks - int(cfg.null_block)
+    stream = block_stream(requests, B, max_model_len=cfg.max_model_len)
+    curve = lru_curve(stream)
+    cpu_curve = None
+    if cpu_chunks or target_hit_rate is not None:
+        cpu_curve = lru_curve(block_stream(requests, B, max_model_len=cfg.max_model_len,
+                                           prompt_only=True), free_queue=False)
+    table = curve_table(stream, curve, bytes_per_block=per_rank * copies,
+                        num_min_sizes=num_min_sizes,
+                        extra_sizes=[gpu_blocks] + ([cpu_chunks] if cpu_chunks else []))
+    if cpu_curve is not None:
+        table["cpu_tier_hit_rate"] = cpu_curve.hit_rate(table["cache_blocks"].to_numpy())
+    pool = f"{setup.model.name} on {tp} x {setup.gpu.name}" if setup.capacity else \
+        f"{cfg.pool_blocks:,} blocks"
+    at_pool = table.loc[table["cache_blocks"] == gpu_blocks, "min_hit_rate"]
+    best = f", MIN {float(at_pool.iloc[0]):.4f}" if at_pool.notna().any() else ""
+    report = CurveReport(table, {f"GPU pool ({pool})": gpu_blocks * gib})
+    report.lines += [
+        f"{stream.num_requests:,} requests ({stream.num_rejected:,} rejected by max_model_len "
+        f"{cfg.max_model_len:,}), block size {B}: {stream.num_block_touches:,} block touches, "
+        f"{stream.num_distinct_blocks:,} distinct blocks",
+        f"GPU pool ({pool}): {gpu_blocks:,} blocks, {gpu_blocks * gib:.2f} GiB: LRU hit rate "
+        f"{float(curve.hit_rate(gpu_blocks)):.4f}{best}",
+        f"an unbounded cache: {float(curve.hit_rate(curve.max_useful_blocks)):.4f} from "
+        f"{curve.max_useful_blocks:,} blocks ({curve.max_useful_blocks * gib:.2f} GiB)"]
+    if cpu_chunks:
+        report.marks[f"CPU tier {cpu_offload_gib:g} GiB"] = cpu_chunks * gib
+        report.lines.append(f"CPU tier ({cpu_offload_gib:g} GiB, {cpu_chunks:,} chunks): "
+                            f"CPU-tier curve {float(cpu_curve.hit_rate(cpu_chunks)):.4f}")
+    if target_hit_rate is not None:
+        report.plan = plan_cache(curve, cpu_curve, target_hit_rate, gpu_blocks=gpu_blocks,
+                                 chunk_bytes=chunk_bytes(per_rank, copies), min_stream=stream)
+        report.lines.append(report.plan.describe())
+    return report

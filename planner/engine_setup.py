@@ -172,7 +172,7 @@ def build_engine(*,
     offloaded = cpu_offload_gib is not None
     if sized or roofline or offloaded:      # the tiers' chunk size is the model's block
         model_spec = model_spec or get_model(DEFAULT_MODEL)
-    if sized or roofline or max_num_seqs is None or max_num_batched_tokens is None:
+    if sized or roofline or offloaded or max_num_seqs is None or max_num_batched_tokens is None:
         gpu_spec = gpu_spec or get_gpu(DEFAULT_GPU)
     if max_num_seqs is None or max_num_batched_tokens is None:
         default_seqs, default_tokens = vllm_batch_defaults(gpu_spec)

@@ -96,7 +96,7 @@ INTERNAL = {
                   "kvsim.planner.reproduce.run_reproduction"),
     "validate": (["validate", SPEC, "--at", "1", "--num-blocks", "200", "--device", "cpu"],
                  "kvsim.planner.engine_setup.build_engine"),
-    "cache-curve": (["cache-curve", SPEC], "kvsim.allocator.cache_curve.lru_curve"),
+    "cache-curve": (["cache-curve", SPEC], "kvsim.planner.cache_plan.curve_report"),
 }
 
 

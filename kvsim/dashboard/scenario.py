@@ -28,6 +28,7 @@ class Scenario:
     enable_prefix_caching: bool = True
     step_s: float = 0.025
     num_frames: int = 100
+    cpu_offload_gib: float = 0.0    # a CPU offload tier below the paged side(s); 0: none
 
 
 @dataclass
@@ -48,14 +49,16 @@ def engine_setup(scenario: Scenario, allocator: str) -> EngineSetup:
 
     A teaching pool: ``capacity_tokens`` usable slots on both sides, no null block, replay's batch
     limits (EngineConfig's 256 sequences and 8192 tokens, not a GPU's) and a fixed step time.
-    Raises InputError for a pool smaller than one block.
+    ``cpu_offload_gib`` puts a CPU tier (of the default model's blocks, over the default GPU's
+    PCIe link) below a paged side. Raises InputError for a pool smaller than one block.
     """
     max_num_seqs, max_num_batched_tokens = ENGINE_BATCH_DEFAULTS
     return build_engine(
         allocator=allocator, placement=scenario.placement, block_size=scenario.block_size,
         kv_tokens=scenario.capacity_tokens, null_block=False, max_model_len=scenario.max_model_len,
         max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-        enable_prefix_caching=scenario.enable_prefix_caching, step_s=scenario.step_s)
+        enable_prefix_caching=scenario.enable_prefix_caching, step_s=scenario.step_s,
+        cpu_offload_gib=scenario.cpu_offload_gib if allocator == "paged" else None)
 
 
 def frame_times(end_s: float, num_frames: int) -> np.ndarray:
@@ -87,14 +90,14 @@ def simulate_scenario(scenario: Scenario, requests: list) -> tuple[Run, Run]:
     """
     setups = [engine_setup(scenario, a) for a in scenario.allocators]
     # a first pass finds when each run ends; the second takes the snapshots
-    ends_s = [float(simulate(requests, s.config, s.cost, record_requests=False)
-                    .summary["simulated_duration_s"])
+    ends_s = [float(simulate(requests, s.config, s.cost, record_requests=False,
+                             offload=s.offload).summary["simulated_duration_s"])
               for s in setups]
     times = frame_times(max(ends_s), num_frames_for(scenario))
     runs = []
     for allocator, setup, end_s in zip(scenario.allocators, setups, ends_s):
         # one more snapshot at the run's end: the faster side shows its final pool from then on
-        result = simulate(requests, setup.config, setup.cost,
+        result = simulate(requests, setup.config, setup.cost, offload=setup.offload,
                           snapshot_times_s=tuple(sorted({*times.tolist(), end_s})))
         taken_s = np.array([t for t, _, _ in result.snapshots])
         pick = np.clip(np.searchsorted(taken_s, times, side="right") - 1, 0, len(taken_s) - 1)
