@@ -54,6 +54,8 @@ def pool_figure(sc: scenario.Scenario, side: int, frame: int):
 capacity_sweep = st.cache_data(max_entries=32, show_spinner=False)(planning.capacity_sweep)
 simulated_sweep = st.cache_data(max_entries=16, show_spinner="Simulating the sweep…")(
     planning.simulated_sweep)
+cache_curve = st.cache_data(max_entries=8, show_spinner="Computing the hit-rate curves…")(
+    planning.cache_curve)
 
 
 @st.cache_data(max_entries=16, show_spinner="Running the Triton kernels…")

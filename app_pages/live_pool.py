@@ -3,9 +3,10 @@ import streamlit as st
 
 from kvsim.app_pages import _state as S
 from kvsim.app_pages import _ui
-from kvsim.dashboard.comparison import ALLOCATOR_NOTES
+from kvsim.dashboard.comparison import ALLOCATOR_NOTES, tier_rows
 from kvsim.dashboard.playback import (TICK_S, clamp_frame, default_frame, fmt_duration,
                                       sample_at, step, tick, toggle_play, upto)
+from kvsim.viz.tiers import tier_occupancy_figure
 from kvsim.viz.timeseries import breakdown_area, concurrency_chart
 
 st.title("Live KV-cache pool")
@@ -54,6 +55,9 @@ def live_view():
             m[3].metric("preemptions", int(now["num_preemptions"]))
             st.plotly_chart(S.pool_figure(scenario, side, frame), key=f"live_pool_{side}",
                             config={"displayModeBar": False})
+            if "offload" in run.summary:   # the tiers below this pool, at the same moment
+                st.plotly_chart(tier_occupancy_figure(tier_rows(run, now)),
+                                key=f"live_tiers_{side}", config={"displayModeBar": False})
             past = upto(run.timeseries, t_s)
             st.plotly_chart(breakdown_area(past, title="Memory breakdown (colours as above)",
                                            now_s=t_s, height=230, x_range=(0, end_s),

@@ -33,8 +33,9 @@ def tier_occupancy_figure(rows: Sequence[dict], height: int = 170) -> go.Figure:
                                        _TIER_COLOR for n in names],
                          text=[r["label"] for r in rows][::-1], textposition="outside",
                          hovertemplate="%{y}: %{x:.0%} cached<extra></extra>"))
-    fig.update_layout(**base_layout(height=height), barmode="stack", showlegend=False,
-                      margin=dict(l=90, r=20, t=10, b=30))
+    layout = base_layout(height=height)
+    layout["margin"] = dict(l=90, r=20, t=10, b=30)     # room for the tier names
+    fig.update_layout(**layout, barmode="stack", showlegend=False)
     fig.update_xaxes(range=[0, 1.6], tickformat=".0%", tickvals=[0, 0.25, 0.5, 0.75, 1.0],
                      showgrid=True, gridcolor="#EEE")
     return fig
