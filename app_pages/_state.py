@@ -60,7 +60,7 @@ cache_curve = st.cache_data(max_entries=8, show_spinner="Computing the hit-rate 
 
 @st.cache_data(max_entries=16, show_spinner="Running the Triton kernels…")
 def kernel_check(sc: scenario.Scenario, side: int, frame: int, layout: str, dtype: str,
-                 max_seqs: int, split_kv: bool):
+                 max_seqs: int, split_kv: bool, step: bool = False):
     """kernel_check.check_snapshot on one side's snapshot at one frame, cached."""
     return check_snapshot(run_scenario(sc)[side].snapshots[frame], layout, dtype, max_seqs,
-                          split_kv)
+                          split_kv, step)

@@ -33,9 +33,10 @@ from simpy.core import URGENT
 from kvsim.allocator import MEMORY_CLASSES, ContiguousAllocator, PagedAllocator
 from kvsim.simulator.config import EngineConfig
 from kvsim.simulator.cost import NS_PER_S, CostModel, FixedStepCost, StepBatch, StepTimer, to_ns
+from kvsim.simulator.in_the_loop import IN_THE_LOOP_COLUMNS, scheduled_step
 from kvsim.simulator.offload import OffloadConnector, TierConfig
 from kvsim.simulator.offload_scheduler import OffloadScheduler
-from kvsim.simulator.recorder import NUM_CLASSES, Recorder
+from kvsim.simulator.recorder import DECODE_RUN, NUM_CLASSES, Recorder
 from kvsim.simulator.result import Result
 from kvsim.simulator.router import ROUTERS, Router
 from kvsim.simulator.scheduler import Scheduler
@@ -123,6 +124,13 @@ class Simulation:
         self.config = config
         self.cost = cost_model
         self.timer = StepTimer(cost_model)
+        # hardware in the loop (simulator.in_the_loop): every step is executed and timed
+        self.in_the_loop = getattr(cost_model, "in_the_loop", False)
+        if self.in_the_loop:
+            if replicas != 1 or config.allocator != "paged":
+                raise ValueError("hardware in the loop runs one replica with the paged allocator, got "
+                                 f"{replicas} replicas of {config.allocator}")
+            record_steps = True
         self.step_clock = isinstance(cost_model, FixedStepCost) and cost_model.step_s == 1.0
         if sample_interval_s is None:
             sample_interval_s = 1.0
@@ -140,9 +148,13 @@ class Simulation:
                                  snapshot_ns=snapshot_ns, record_steps=record_steps,
                                  record_requests=record_requests,
                                  offload_tiers=tuple(t.name for t in offload))
-        self.offload = tuple(offload)
+        self.offload = offload
         self.replicas = [_Replica(i, config, seed, self.recorder, self.step_clock, self.offload)
                          for i in range(replicas)]
+        if self.in_the_loop:
+            for rep in self.replicas:
+                rep.sched.clock_enabled = False   # every running request visited every step
+            self.recorder.steps.extra_columns = IN_THE_LOOP_COLUMNS
         self.num_arrived = 0
         self.num_rejected = 0
         self.next_arrival_ns = _NEVER
@@ -324,7 +336,7 @@ class Simulation:
             bd_start = rec.boundary(now)
             step_index = now // NS_PER_S if self.step_clock else rep.num_steps
             run = None     # a decode run stepped one by one: (first step's batch, start state)
-            k = sched.plan_decode_run(_NEVER)
+            k = 0 if self.in_the_loop else sched.plan_decode_run(_NEVER)
             polled = False          # the connector's step for the run's first step is done
             if k > 0:
                 # k identical pure-decode steps, ending at the first step end at or after the
@@ -361,6 +373,7 @@ class Simulation:
                     finished = sched.finish_decode_run(end, step_index + k - 1)
                     if conn is not None:
                         conn.apply(end)
+                    rec.last_step = DECODE_RUN
                     if record_steps:
                         rec.decode_rows(step_index, k, n, hist, used0, finished)
                     rep.num_steps += k
@@ -407,7 +420,11 @@ class Simulation:
                     batch = StepBatch(out.num_seqs, out.num_prefill_tokens, out.num_decode_seqs,
                                       out.num_scheduled_tokens, out.kv_read_tokens,
                                       out.attn_token_pairs)
-                    end = t + max(1, timer.step_ns(batch))
+                    if self.in_the_loop:
+                        step = scheduled_step(out, rep.allocator, idx, self.config.block_size)
+                        end = t + max(1, to_ns(self.cost.timed_step_s(batch, step)))
+                    else:
+                        end = t + max(1, timer.step_ns(batch))
                     if conn is not None:   # flushed stores delay the forward
                         end += conn.step(t, end - t)
                     bd_step = rec.breakdown()
@@ -432,12 +449,16 @@ class Simulation:
                 finished = sched.finish_step(out, end, idx)
                 if conn is not None:
                     conn.apply(end)   # the completions this step's poll found
+                rec.last_step = out
                 assert not finished or run is None or j == k - 1, \
                     "a request finished inside a decode run"
                 rep.num_steps += 1
                 sched.num_steps += 1
                 if record_steps:
-                    rec.step_row(idx, out, finished, row_state)
+                    extra = ()
+                    if self.in_the_loop:
+                        extra = (out.kv_read_tokens, out.attn_token_pairs, *self.cost.last, t / NS_PER_S)
+                    rec.step_row(idx, out, finished, row_state, extra)
                 for seq in finished:
                     rec.on_finished(seq)
                 t = end

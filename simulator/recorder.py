@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from array import array
+from dataclasses import replace
 
 import numpy as np
 import pandas as pd
@@ -23,6 +24,7 @@ from kvsim.simulator.cost import NS_PER_S
 from kvsim.simulator.seq_state import FINISHED
 
 _NEVER = 1 << 62
+DECODE_RUN = object()   # ReplicaRecorder.last_step after a batched run of pure decode steps
 NUM_CLASSES = len(MEMORY_CLASSES)
 
 # per-request columns: (name, array typecode)
@@ -150,9 +152,10 @@ class StepLog:
 
     def __init__(self):
         self.rows: list[tuple] = []
+        self.extra_columns: tuple = ()     # hardware in the loop: in_the_loop.IN_THE_LOOP_COLUMNS
 
     def frame(self) -> pd.DataFrame:
-        return pd.DataFrame(self.rows, columns=list(STEP_COLUMNS))
+        return pd.DataFrame(self.rows, columns=list(STEP_COLUMNS + self.extra_columns))
 
 
 class Recorder:
@@ -232,6 +235,7 @@ class ReplicaRecorder:
         self.next_sample_ns = 0
         self.next_snapshot = 0                 # index into tables.snapshot_ns
         self.next_record_ns = 0                # min(next sample, next snapshot): the engine's bound
+        self.last_step = None                  # the step that ended last: StepOutput, DECODE_RUN
         self._update_next_record()
         self.arrived_since_step = 0
         self.num_finished = 0
@@ -266,12 +270,24 @@ class ReplicaRecorder:
         return vals
 
     def pool_snapshot(self):
-        """PoolSnapshot of the replica's pool now (allocator.PoolSnapshot)."""
+        """PoolSnapshot of the replica's pool now (allocator.PoolSnapshot), with the batch of the
+        step that ended last (``step_seq_ids``, ``step_num_new_tokens``: the sequences still in
+        the pool, in batch order), which ``kvsim validate --step`` runs through the kernels."""
         self.sched.sync_allocator()
         if self.sched.paged:
-            return self.allocator.snapshot()
-        return self.allocator.snapshot(self._waiting_final_tokens(),
-                                       waiting_num_prompt_tokens=self._waiting_prompt_tokens())
+            snap = self.allocator.snapshot()
+        else:
+            snap = self.allocator.snapshot(self._waiting_final_tokens(),
+                                           waiting_num_prompt_tokens=self._waiting_prompt_tokens())
+        if self.last_step is None:
+            return snap
+        if self.last_step is DECODE_RUN:   # a run of pure decode steps: everyone running, 1 each
+            batch = [(seq.seq_id, 1) for seq in self.sched.running]
+        else:
+            batch = [(seq.seq_id, n) for seq, n in self.last_step.scheduled]
+        batch = [(s, n) for s, n in batch if s in snap.block_tables]   # finished, preempted: gone
+        return replace(snap, step_seq_ids=np.array([s for s, _ in batch], dtype=np.int64),
+                       step_num_new_tokens=np.array([n for _, n in batch], dtype=np.int64))
 
     # ---------------------------------------------------------------- time-weighted figures
     def _update_next_record(self) -> None:
@@ -360,8 +376,9 @@ class ReplicaRecorder:
         return (len(sched.running), len(sched.waiting), self.allocator.usage,
                 self.allocator.num_used_blocks if sched.paged else 0)
 
-    def step_row(self, idx: int, out, finished: list, state: tuple) -> None:
-        """The row of one step scheduled in detail (``state`` from ``row_state``)."""
+    def step_row(self, idx: int, out, finished: list, state: tuple, extra: tuple = ()) -> None:
+        """The row of one step scheduled in detail (``state`` from ``row_state``; ``extra``: the
+        values of ``StepLog.extra_columns``)."""
         sched = self.sched
         running, waiting, usage, used = state
         cum = self.cum
@@ -378,7 +395,7 @@ class ReplicaRecorder:
             used, out.num_preempted, cum[0], out.pc_queries, out.pc_hits, cum[1], cum[2],
             out.pc_preempted_queries, out.pc_preempted_hits, len(finished), cum[3],
             len(sched.running), len(sched.waiting), round(self.allocator.usage, 6), self.index,
-            idx * 1.0 if self.step_clock else math.nan))
+            idx * 1.0 if self.step_clock else math.nan) + extra)
 
     def decode_rows(self, step0: int, k: int, n: int, hist: list[int], used0: int,
                     finished: list) -> None:

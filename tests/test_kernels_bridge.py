@@ -138,6 +138,8 @@ def test_validate_command_on_a_snapshot_file(tmp_path, capsys):
     (["validate", "--snapshot", "x.npz", "--partition-size", "24"], "--partition-size must be a multiple of 16"),
     (["validate", "--snapshot", "x.npz", "--num-heads", "6", "--num-kv-heads", "4"],
      "--num-heads 6 is not a multiple of --num-kv-heads 4"),
+    (["validate", "--snapshot", "x.npz", "--sliding-window", "8"], "--sliding-window applies to --step"),
+    (["validate", "--snapshot", "x.npz", "--step", "--max-seqs", "2"], "--max-seqs does not apply to --step"),
 ])
 def test_validate_command_rejects_bad_arguments(argv, message):
     args = _parser().parse_args(argv)
@@ -224,3 +226,26 @@ def test_decode_step_is_the_snapshot_check():
 def test_step_arrays_checked(step, message):
     with pytest.raises(ValueError, match=message):
         validate_step(mixed_snapshot(), **step)
+
+
+def test_validate_step_command_on_a_simulated_mixed_step(capsys):
+    """kvsim validate WORKLOAD --step: the first step after --at that admits an arrival, run as one
+    unified launch; a shared system prompt makes that arrival a prefix hit (context > 0, new > 1)."""
+    args = _parser().parse_args(["validate", "sharegpt:rate=2,n=40,seed=0,system=256,system_frac=1",
+                                 "--at", "8", "--num-blocks", "400", "--device", "cpu", "--step"])
+    assert args.func(args) == 0
+    out = capsys.readouterr().out
+    rows = [line.split() for line in out.splitlines()[1:-1]]
+    assert rows and all(r[7] == "yes" for r in rows)
+    context, new = [int(r[8]) for r in rows], [int(r[9]) for r in rows]
+    assert any(n > 1 and c >= 256 for c, n in zip(context, new)), out     # a prefill after a hit
+    assert any(n == 1 for n in new), out                                  # beside decodes
+    assert "in one unified launch" in out and "PASS" in out
+
+
+def test_validate_step_on_a_snapshot_without_a_step_is_one_line(tmp_path):
+    path = tmp_path / "pool.npz"
+    save_snapshot(path, paged_snapshot())
+    args = _parser().parse_args(["validate", "--snapshot", str(path), "--device", "cpu", "--step"])
+    with pytest.raises(InputError, match="--step: .*step_seq_ids"):
+        args.func(args)

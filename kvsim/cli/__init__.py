@@ -29,6 +29,7 @@ COMMANDS: dict[str, str] = {
     "reproduce": "kvsim.cli.reproduce",
     "validate": "kvsim.cli.validate",
     "dashboard": "kvsim.cli.dashboard",
+    "profile": "kvsim.cli.profile",
     "cache-curve": "kvsim.cli.cache_curve",
 }
 

@@ -24,7 +24,7 @@ from kvsim.cli import options
 from kvsim.errors import InputError
 
 
-def add_replay_args(p: argparse.ArgumentParser, *, allocator: bool = True) -> None:
+def add_replay_args(p: argparse.ArgumentParser, *, allocator: bool = True, execute: bool = False) -> None:
     """Everything a replay takes (shared by ``replay``, ``compare`` and ``validate WORKLOAD``)."""
     options.add_workload_args(p)
     options.add_model_gpu_args(p)
@@ -41,6 +41,13 @@ def add_replay_args(p: argparse.ArgumentParser, *, allocator: bool = True) -> No
     g.add_argument("--no-decode-batching", action="store_true",
                    help="schedule every step in detail (slow; for checking)")
     g.add_argument("--quiet", action="store_true", help="no progress bar")
+    if execute:
+        g = p.add_argument_group("hardware in the loop")
+        g.add_argument("--execute", choices=("cuda", "cpu"),
+                       help="run every scheduled step on the step executor (random weights of --model or "
+                            "--hf-config, a pool of --num-blocks) and take its measured time as the "
+                            "step's; the step cost model's prediction is recorded beside (cpu: the Triton "
+                            "interpreter, for tests)")
 
 
 def snapshot_times(text: str) -> list[float]:
@@ -70,7 +77,11 @@ def run_one(args, allocator: str, record_requests: bool = True, offload: bool = 
     times = snapshot_times(args.snapshot_times_s)
     requests = workloads.load(args.workload, format=args.format, max_requests=args.max_requests,
                               rate=args.rate, seed=args.seed)
-    return simulate(requests, setup.config, setup.cost, replicas=args.replicas, router=args.router,
+    cost = setup.cost
+    if getattr(args, "execute", None):
+        from kvsim.cli.execute import in_the_loop
+        cost, requests = in_the_loop(args, setup, requests)
+    return simulate(requests, setup.config, cost, replicas=args.replicas, router=args.router,
                     sample_interval_s=args.sample_interval_s, snapshot_times_s=times,
                     seed=args.seed, progress=not args.quiet, record_steps=args.step_clock,
                     batch_decode_steps=not args.no_decode_batching,
@@ -83,7 +94,7 @@ def register(subparsers) -> None:
         "replay", help="replay a workload through one allocator",
         description="Replay a trace or synthetic workload through the vLLM-faithful scheduler "
                     "and one allocator; write the summary (JSON), time series and requests.")
-    add_replay_args(p)
+    add_replay_args(p, execute=True)
     g = p.add_argument_group("outputs")
     g.add_argument("--out", required=True, help="summary JSON (stable keys)")
     g.add_argument("--timeseries", help="time series (.parquet or .csv)")
