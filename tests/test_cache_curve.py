@@ -122,7 +122,7 @@ def exhaustive_optimum(reqs, block_size, capacity):
 
 
 # ---- LRU -----------------------------------------------------------------------------------
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=80, deadline=None)
 @given(conversations())
 def test_lru_curve_equals_a_literal_lru_cache_at_every_size(case):
     reqs, bs = case
