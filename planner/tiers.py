@@ -10,15 +10,14 @@ chunk per GPU block by default; the size is the total over tensor-parallel ranks
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 
 from kvsim.errors import InputError
 from kvsim.planner.capacity import kv_bytes_per_token
+from kvsim.simulator.footprint import BYTES_PER_TIER_CHUNK, available_memory_bytes
 
 GIB = 1 << 30
 PAGE_BYTES = 4096                 # mmap.PAGESIZE on x86-64 Linux: vLLM aligns chunks to it
-TIER_BYTES_PER_CHUNK = 320        # kvsim's bookkeeping per cached chunk (dicts, heap entry)
 
 # Host link of each GPU preset, GB/s (1e9 B/s) per direction, nominal: PCIe 4.0 x16 is 31.5,
 # PCIe 5.0 x16 63.0 (after 128b/130b encoding). Pinned-memory DMA sustains less (typically
@@ -108,14 +107,6 @@ def block_bytes(model, kv_dtype: str, tp: int, block_size: int) -> tuple[int, in
     return per_rank, 1 if model.is_mla else tp
 
 
-def available_memory_bytes() -> int | None:
-    """Physical memory free now (Linux), or None where it cannot be read."""
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return None
-
-
 def _bandwidth_flag(name: str) -> str:
     return "--offload-bandwidth-gbps" if name == "cpu" else f"--{name}-bandwidth-gbps"
 
@@ -166,8 +157,8 @@ def build_tiers(*, gpu_name: str | None, bytes_per_block: int, tp: int = 1,
     for tier in tiers:
         flag = f"--{tier.name}-offload-gib"
         n = checked_chunks(tier.size_gib, bytes_per_block, tp, flag)
-        if limit is not None and n * TIER_BYTES_PER_CHUNK > limit:
+        if limit is not None and n * BYTES_PER_TIER_CHUNK > limit:
             raise InputError(f"{tier.size_gib:g} GiB is {n:,} chunks: simulating it needs "
-                             f"about {n * TIER_BYTES_PER_CHUNK / GIB:.1f} GiB of memory, more than "
+                             f"about {n * BYTES_PER_TIER_CHUNK / GIB:.1f} GiB of memory, more than "
                              f"the {limit / GIB:.1f} GiB available", field=flag)
     return tuple(tiers)

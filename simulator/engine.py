@@ -33,6 +33,7 @@ from simpy.core import URGENT
 from kvsim.allocator import MEMORY_CLASSES, ContiguousAllocator, PagedAllocator
 from kvsim.simulator.config import EngineConfig
 from kvsim.simulator.cost import NS_PER_S, CostModel, FixedStepCost, StepBatch, StepTimer, to_ns
+from kvsim.simulator.footprint import check_simulation
 from kvsim.simulator.in_the_loop import IN_THE_LOOP_COLUMNS, scheduled_step
 from kvsim.simulator.offload import OffloadConnector, TierConfig
 from kvsim.simulator.offload_scheduler import OffloadScheduler
@@ -143,6 +144,10 @@ class Simulation:
         self.record_steps = record_steps
         self.batching = batch_decode_steps
         offload = tuple(offload)
+        # the sizes the user gave, against the memory there is, before anything is allocated
+        check_simulation(config, replicas=replicas, num_snapshots=len(snapshot_ns),
+                         sample_interval_s=sample_interval_s, record_requests=record_requests,
+                         offload=offload)
         self.env = simpy.Environment()
         self.recorder = Recorder(sample_ns=max(1, to_ns(sample_interval_s)),
                                  snapshot_ns=snapshot_ns, record_steps=record_steps,
@@ -199,7 +204,8 @@ class Simulation:
         return self.replicas[replica].rec.pool_snapshot()
 
     def state(self) -> dict:
-        """Live figures for a dashboard: time, running, waiting, finished, usage, breakdown."""
+        """Live figures for a dashboard: time, running, waiting, finished, preemptions, usage,
+        breakdown."""
         bd = [0] * NUM_CLASSES
         for rep in self.replicas:
             for i, v in enumerate(rep.rec.breakdown()):
@@ -208,6 +214,7 @@ class Simulation:
                 "waiting": sum(len(r.sched.waiting) for r in self.replicas),
                 "finished": self.recorder.requests.num_finished,
                 "rejected": self.num_rejected, "arrived": self.num_arrived,
+                "preemptions": sum(r.sched.num_preemptions for r in self.replicas),
                 "kv_usage": float(np.mean([r.allocator.usage for r in self.replicas])),
                 "breakdown": dict(zip(MEMORY_CLASSES, bd)), "done": self.done}
 
@@ -225,6 +232,7 @@ class Simulation:
             end_ns = recorder.end_ns
             for rep in self.replicas:   # close every replica's integrals at the end
                 rep.rec.close_idle_gap(end_ns)
+                rep.rec.final_sample(end_ns)
             self._finalised = True
         cfg = self.config
         summary = summarize(
@@ -402,11 +410,15 @@ class Simulation:
                     conn.apply(t)
                     if t > env.now:
                         yield _urgent_timeout(env, t - env.now)
+                    bd_wait, usage_wait = rec.breakdown(), rep.allocator.usage
                     rep.wake = env.event()
                     done_ns = conn.idle_until(t)
                     yield rep.wake if done_ns is None else \
                         rep.wake | env.timeout(max(0, done_ns - env.now))
                     rep.wake = None
+                    # not an idle gap: requests wait (for their loads) while nothing runs
+                    rec.last_batch_tokens = 0
+                    rec.integrate(bd_wait, bd_wait, usage_wait, usage_wait, t, env.now)
                     t = env.now
                     conn.poll(t)
                     break

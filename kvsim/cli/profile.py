@@ -61,7 +61,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def check_output(path: str) -> None:
-    """InputError unless ``path`` can be written (checked before any work)."""
+    """InputError unless ``path`` can be written (checked before any work: a file is created and
+    removed in its folder, since os.access answers yes to root on a read-only file system)."""
+    from kvsim.simulator.result import prepare_output
+
     out = Path(path)
     if out.is_dir():
         raise InputError("is a directory", file=path)
@@ -69,6 +72,7 @@ def check_output(path: str) -> None:
         raise InputError(f"directory {out.parent} does not exist", file=path)
     if not os.access(out.parent, os.W_OK) or (out.exists() and not os.access(out, os.W_OK)):
         raise InputError("not writable", file=path)
+    prepare_output(path)
 
 
 def run(args, command: str | None = None) -> int:
@@ -124,7 +128,12 @@ def run(args, command: str | None = None) -> int:
     header = provenance(ex, command, args.repeat)
     header["grid"] = f"{len(rows)} of {len(order)} step shapes of kernels.profile.default_grid" + \
         (" (time budget reached)" if len(rows) < len(order) else "")
-    write_table(args.out, rows, header)
+    from kvsim.cli.outputs import write_files
+    try:
+        write_files([(args.out, lambda: write_table(args.out, rows, header))])
+    except InputError:   # minutes of GPU time are not lost: the table goes to the terminal
+        write_table("/dev/stdout", rows, header)
+        raise
     if not args.quiet:
         print(f"wrote {args.out}: {len(rows)} step shapes of {shape.name} on {ex.device} "
               f"({num_blocks} KV blocks)")

@@ -1,6 +1,6 @@
 """``kvsim replay``: replay a workload (trace file or synthetic spec) through the simulator.
 
-    kvsim replay WORKLOAD --allocator paged --num-blocks 4096 --out result.json \\
+    kvsim replay WORKLOAD --allocator paged --num-blocks 4096 [--out result.json] \\
         [--timeseries ts.parquet] [--requests req.csv]
     kvsim replay TRACE.csv --format vllm-oracle --step-clock --allocator paged --block-size 16 \\
         --num-blocks 1500 --max-num-seqs 128 --max-num-batched-tokens 2048 --max-model-len 8192 \\
@@ -64,28 +64,68 @@ def snapshot_times(text: str) -> list[float]:
     return times
 
 
-def run_one(args, allocator: str, record_requests: bool = True, offload: bool = True):
+def run_one(args, allocator: str, record_requests: bool = True,
+            enable_prefix_caching: bool | None = None, offload: bool = True):
     """Load the workload and simulate it with one allocator; returns the Result.
 
-    ``offload``: honour the offload-tier flags (compare's contiguous columns run without)."""
+    Args:
+        enable_prefix_caching: overrides ``--no-prefix-caching`` when given (``compare``).
+        offload: honour the offload-tier flags (``compare`` runs its contiguous columns, and
+            the paged one without prefix caching, without them).
+    """
     from kvsim import workloads
     from kvsim.planner.engine_setup import build_engine
     from kvsim.simulator import simulate
+    from kvsim.simulator.footprint import WorkloadSize, check_simulation
 
-    overrides = {} if offload else dict.fromkeys(options.OFFLOAD_FLAGS)
+    overrides = {} if enable_prefix_caching is None else {"enable_prefix_caching": enable_prefix_caching}
+    if not offload:
+        overrides.update(dict.fromkeys(options.OFFLOAD_FLAGS))
     setup = build_engine(**options.engine_kwargs(args, allocator=allocator, **overrides))
     times = snapshot_times(args.snapshot_times_s)
-    requests = workloads.load(args.workload, format=args.format, max_requests=args.max_requests,
-                              rate=args.rate, seed=args.seed)
+    # every size (pool, snapshots, the spec's n= and samples=) before anything is allocated
+    check_simulation(setup.config, replicas=args.replicas, num_snapshots=len(times),
+                     sample_interval_s=args.sample_interval_s, record_requests=record_requests,
+                     workload=WorkloadSize(**workloads.workload_size(
+                         args.workload, format=args.format, max_requests=args.max_requests)))
+    requests = workloads.load_at_rate(args.workload, format=args.format, rate=args.rate,
+                                      rate_scale=args.rate_scale, max_requests=args.max_requests,
+                                      seed=args.seed)
+    if not args.quiet:   # the bar counts arrivals against the workload's size, when known
+        requests = _progress(requests, workloads.count_requests(
+            args.workload, format=args.format, max_requests=args.max_requests))
     cost = setup.cost
     if getattr(args, "execute", None):
         from kvsim.cli.execute import in_the_loop
         cost, requests = in_the_loop(args, setup, requests)
     return simulate(requests, setup.config, cost, replicas=args.replicas, router=args.router,
                     sample_interval_s=args.sample_interval_s, snapshot_times_s=times,
-                    seed=args.seed, progress=not args.quiet, record_steps=args.step_clock,
+                    seed=args.seed, record_steps=args.step_clock,
                     batch_decode_steps=not args.no_decode_batching,
                     record_requests=record_requests, offload=setup.offload)
+
+
+def _progress(requests, total: int | None):
+    """A tqdm bar on stderr over the requests as the simulation pulls them (total and ETA when
+    the workload's size is known)."""
+    from tqdm import tqdm
+
+    return tqdm(requests, total=total, unit="req", desc="replay", file=sys.stderr, mininterval=0.5,
+                leave=False)
+
+
+def overload_message(summary: dict, timeseries, label: str = "") -> str | None:
+    """The overload warning for one run (simulator.overload), or None."""
+    from kvsim.simulator.overload import overload_warning
+
+    return overload_warning(summary, timeseries, label)
+
+
+def format_summary(summary: dict) -> str:
+    """The summary as ``kvsim compare``'s table (one column), printed when there is no --out."""
+    from kvsim.cli.table import format_table
+
+    return format_table({"replay": summary})
 
 
 def register(subparsers) -> None:
@@ -95,32 +135,29 @@ def register(subparsers) -> None:
         description="Replay a trace or synthetic workload through the vLLM-faithful scheduler "
                     "and one allocator; write the summary (JSON), time series and requests.")
     add_replay_args(p, execute=True)
-    g = p.add_argument_group("outputs")
-    g.add_argument("--out", required=True, help="summary JSON (stable keys)")
+    g = p.add_argument_group("outputs (checked before the run; the summary is printed either way)")
+    g.add_argument("--out", help="summary JSON (stable keys)")
     g.add_argument("--timeseries", help="time series (.parquet or .csv)")
     g.add_argument("--requests", help="per-request table (.csv or .parquet)")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
+    from kvsim.cli.outputs import write_files
     from kvsim.simulator.result import prepare_output
 
     # check every output before the run: minutes of simulation must not be lost at the end
-    prepare_output(args.out)
+    if args.out:
+        prepare_output(args.out)
     for path in (args.timeseries, args.requests):
         if path:
             prepare_output(path, (".csv", ".parquet"))
     result = run_one(args, args.allocator, record_requests=bool(args.requests))
-    result.write_json(args.out)
-    if args.timeseries:
-        result.write_timeseries(args.timeseries)
-    if args.requests:
-        result.write_requests(args.requests)
     s = result.summary
     print(f"{s['requests_finished']} requests finished ({s['requests_rejected']} rejected) in "
           f"{s['simulated_duration_s']:.3f} simulated s, {s['num_steps']} steps, "
           f"{s['num_preemptions']} preemptions, prefix hit rate {s['prefix_hit_rate']:.3f}, "
-          f"wall {s['wall_clock_s']:.2f} s -> {args.out}")
+          f"wall {s['wall_clock_s']:.2f} s" + (f" -> {args.out}" if args.out else ""))
     if "offload" in s:
         o = s["offload"]
         print(f"offload: {', '.join(f'{k} hit {v:,} tokens' for k, v in o['hit_tokens'].items())}"
@@ -128,8 +165,17 @@ def run(args) -> int:
               f"{o['combined_hit_rate']:.3f}, loaded "
               f"{sum(o['loaded_bytes'].values()) / 2**30:.1f} GiB, stored "
               f"{sum(o['stored_bytes'].values()) / 2**30:.1f} GiB")
+    if not args.out:
+        print(format_summary(s))
     if s["requests_rejected"]:
         print(f"kvsim: warning: {s['requests_rejected']} requests could never fit "
               "(prompt >= max_model_len, or larger than the pool); see --requests 'rejected'",
               file=sys.stderr)
+    message = overload_message(s, result.timeseries)
+    if message:
+        print(f"kvsim: warning: {message}", file=sys.stderr)
+    write_files([(path, write) for path, write in (
+        (args.out, lambda: result.write_json(args.out)),
+        (args.timeseries, lambda: result.write_timeseries(args.timeseries)),
+        (args.requests, lambda: result.write_requests(args.requests))) if path])
     return 0
