@@ -50,7 +50,9 @@ def user_mistakes(tmp: Path) -> dict[str, list[list[str]]]:
         "cache-curve": [["cache-curve", SPEC, "--target-hit-rate", "1.5"],
                         ["cache-curve", SPEC, "--cpu-offload-gib", "0.0001"],
                         ["cache-curve", SPEC, "--csv", str(tmp / "c.txt")],
-                        ["cache-curve", missing]],
+                        ["cache-curve", missing],
+                        # its requests are held in a list: a spec too large is refused first
+                        ["cache-curve", "sharegpt:rate=2,n=100000000000,seed=0"]],
         "reproduce": [["reproduce", "vllm-paper", "--out", str(a_file), "--quiet"]],
         "profile": [["profile", "--model", "OPT-13B", "--out", str(tmp / "t.csv"), "--device", "cpu"],
                     ["profile", "--hf-config", missing, "--out", str(tmp / "t.csv"), "--device", "cpu"],

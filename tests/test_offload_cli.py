@@ -35,7 +35,7 @@ def test_compare_runs_the_paged_column_with_the_tier(tmp_path, capsys):
     assert main(["compare", SPEC, *POOL, "--allocators", "paged,max", "--cpu-offload-gib", "2",
                  "--json", str(tmp_path / "c.json")]) == 0
     printed = capsys.readouterr().out
-    assert "CPU hit tokens" in printed and "contiguous columns run without them" in printed
+    assert "CPU hit tokens" in printed and "the other columns run without them" in printed
     both = json.loads((tmp_path / "c.json").read_text())
     assert "offload" in both["paged"] and "offload" not in both["max"]
 
@@ -74,3 +74,20 @@ def test_cache_curve_of_the_mooncake_trace_marks_an_h100(shared_traces, capsys):
     assert main(["cache-curve", str(trace), "--block-size", "16", "--min-sizes", "0"]) == 0
     printed = capsys.readouterr().out
     assert "12,031 requests" in printed and "LRU hit rate 0.0448" in printed
+
+
+def test_a_cpu_tier_counts_in_the_memory_check_before_the_run(tmp_path, monkeypatch, capsys):
+    """The tier's bookkeeping joins the pool's and the requests' (simulator.footprint): with
+    memory for 2 GiB of chunks alone, the pool and the tier together are refused, in one line."""
+    import kvsim.simulator as simulator
+    from kvsim.simulator import footprint
+
+    limit = 1024 * footprint.BYTES_PER_TIER_CHUNK     # 2 GiB of Llama-3.1-8B: 1,024 chunks
+    monkeypatch.setattr(footprint, "available_memory_bytes", lambda: limit)
+    out = tmp_path / "r.json"
+    assert main(["replay", SPEC, *POOL, "--out", str(out)]) == 0      # without the tier it fits
+    capsys.readouterr()
+    monkeypatch.setattr(simulator, "simulate", lambda *a, **k: pytest.fail("the run started"))
+    assert main(["replay", SPEC, *POOL, "--cpu-offload-gib", "2", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "a cpu tier of 1,024 chunks" in err and "offload tiers" in err

@@ -45,10 +45,13 @@ def run(args) -> int:
     import time
 
     from kvsim import workloads
+    from kvsim.cli.outputs import write_files
     from kvsim.planner.cache_plan import curve_report
     from kvsim.planner.engine_setup import build_engine
+    from kvsim.simulator.footprint import WorkloadSize, check_requests_in_memory
     from kvsim.simulator.result import prepare_output
 
+    # the output contract (kvsim.cli.outputs): outputs checked before the work
     if args.csv:
         prepare_output(args.csv, (".csv",))
     if args.html:
@@ -59,21 +62,28 @@ def run(args) -> int:
                          non_kv_bytes=options.non_kv_bytes(args), block_size=args.block_size,
                          num_gpu_blocks=args.num_blocks, kv_tokens=args.kv_tokens,
                          max_model_len=args.max_model_len, step_s=1.0)
+    # the curve holds the workload's requests in a list: refuse a spec too large for memory
+    check_requests_in_memory(WorkloadSize(**workloads.workload_size(
+        args.workload, format=args.format, max_requests=args.max_requests)))
     started = time.perf_counter()
-    requests = list(workloads.load(args.workload, format=args.format,
-                                   max_requests=args.max_requests, rate=args.rate, seed=args.seed))
+    requests = list(workloads.load_at_rate(args.workload, format=args.format, rate=args.rate,
+                                           rate_scale=args.rate_scale,
+                                           max_requests=args.max_requests, seed=args.seed))
     report = curve_report(requests, setup, kv_dtype=args.kv_dtype, tp=args.tp,
                           cpu_offload_gib=args.cpu_offload_gib,
                           target_hit_rate=args.target_hit_rate, num_min_sizes=args.min_sizes)
     report.lines[0] += f"; curves in {time.perf_counter() - started:.2f} s"
     print("\n".join(report.lines))
-    if args.csv:
-        report.table.to_csv(args.csv, index=False, float_format="%.6g")
-    if args.html:
+
+    def write_html():
         from kvsim.viz.cache_curve import cache_curve_figure
 
         fig = cache_curve_figure(report.table, x="cache_gib", marks=report.marks,
                                  title=f"Prefix-cache hit rate by cache size: {args.workload}")
         with open(args.html, "w", encoding="utf-8") as f:
             f.write(fig.to_html(include_plotlyjs=True, full_html=True))
+
+    write_files([(path, write) for path, write in (
+        (args.csv, lambda: report.table.to_csv(args.csv, index=False, float_format="%.6g")),
+        (args.html, write_html)) if path])
     return 0

@@ -87,7 +87,8 @@ def run_one(args, allocator: str, record_requests: bool = True,
     check_simulation(setup.config, replicas=args.replicas, num_snapshots=len(times),
                      sample_interval_s=args.sample_interval_s, record_requests=record_requests,
                      workload=WorkloadSize(**workloads.workload_size(
-                         args.workload, format=args.format, max_requests=args.max_requests)))
+                         args.workload, format=args.format, max_requests=args.max_requests)),
+                     offload=setup.offload)
     requests = workloads.load_at_rate(args.workload, format=args.format, rate=args.rate,
                                       rate_scale=args.rate_scale, max_requests=args.max_requests,
                                       seed=args.seed)
