@@ -52,9 +52,10 @@ def test_plan_sweeps_the_cpu_tier(tmp_path):
 
 def test_cache_curve_writes_the_table_and_the_figure(tmp_path, capsys):
     csv, html = tmp_path / "c.csv", tmp_path / "c.html"
-    assert main(["cache-curve", SPEC, "--block-size", "16", "--model", "Llama-3.1-8B", "--gpu",
-                 "h100", "--min-sizes", "10", "--csv", str(csv), "--html", str(html),
-                 "--cpu-offload-gib", "4", "--target-hit-rate", "0.5"]) == 0
+    argv = ["cache-curve", SPEC, "--block-size", "16", "--model", "Llama-3.1-8B", "--gpu", "h100",
+            "--min-sizes", "10", "--csv", str(csv), "--html", str(html), "--cpu-offload-gib", "4",
+            "--target-hit-rate", "0.5"]
+    assert main(argv) == 0
     printed = capsys.readouterr().out
     assert "GPU pool (Llama-3.1-8B on 1 x H100-80GB-SXM): 28,872 blocks" in printed
     assert "CPU tier (4 GiB, 2,048 chunks)" in printed
@@ -66,6 +67,11 @@ def test_cache_curve_writes_the_table_and_the_figure(tmp_path, capsys):
     assert table["lru_hit_rate"].is_monotonic_increasing
     page = html.read_text()
     assert "GPU pool (Llama-3.1-8B" in page and "MIN (offline optimum)" in page
+    # the same workload gives the same bytes: the figure carries a fixed div id, no UUID
+    assert 'id="kvsim-cache-curve"' in page
+    again = [tmp_path / "again.csv", tmp_path / "again.html"]
+    assert main([a.replace(str(csv), str(again[0])).replace(str(html), str(again[1])) for a in argv]) == 0
+    assert again[0].read_bytes() == csv.read_bytes() and again[1].read_bytes() == html.read_bytes()
 
 
 @pytest.mark.shared

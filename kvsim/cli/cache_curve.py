@@ -81,7 +81,9 @@ def run(args) -> int:
         fig = cache_curve_figure(report.table, x="cache_gib", marks=report.marks,
                                  title=f"Prefix-cache hit rate by cache size: {args.workload}")
         with open(args.html, "w", encoding="utf-8") as f:
-            f.write(fig.to_html(include_plotlyjs=True, full_html=True))
+            # a fixed div id: the same workload gives the same bytes (no random UUID)
+            f.write(fig.to_html(include_plotlyjs=True, full_html=True, div_id="kvsim-cache-curve",
+                                config={"displaylogo": False}))
 
     write_files([(path, write) for path, write in (
         (args.csv, lambda: report.table.to_csv(args.csv, index=False, float_format="%.6g")),
