@@ -29,7 +29,7 @@ from collections import deque
 from kvsim.simulator.kv_slots import cdiv
 from kvsim.simulator.offload import WOULD_PROMOTE, OffloadConnector
 from kvsim.simulator.scheduler import Scheduler
-from kvsim.simulator.seq_state import PREEMPTED, RUNNING, SeqState
+from kvsim.simulator.seq_state import SeqState
 from kvsim.simulator.step_output import StepOutput
 
 SKIP = "skip"            # the connector cannot answer yet: try the next waiting request
@@ -240,17 +240,7 @@ class OffloadScheduler(Scheduler):
             ok = self.allocator.append(seq.seq_id, grow)
             assert ok, "append failed after the admission check"
             seq.num_alloc_tokens = c + n
-        seq.num_cached_tokens_total += c
-        if seq.status == PREEMPTED:
-            out.num_resumed += 1
-        else:
-            out.num_new += 1
-            seq.first_sched_ns = now_ns
-            seq.first_sched_step = step_index
-            seq.cached_tokens_first = c
-        seq.status = RUNNING
-        out.entries.append((seq, n))
-        return n
+        return self._start_running(seq, c, n, out, now_ns, step_index)
 
     # ------------------------------------------------------------------ decode runs
     def plan_decode_run(self, max_steps: int) -> int:

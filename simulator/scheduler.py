@@ -360,6 +360,13 @@ class Scheduler(DecodeRuns, Forks, DecodeClock, KVSlots):
             first = n
         seq.num_alloc_tokens = first
         seq.num_computed_tokens = hit
+        return self._start_running(seq, hit, n, out, now_ns, step_index)
+
+    @staticmethod
+    def _start_running(seq: SeqState, hit: int, n: int, out: StepOutput, now_ns: int,
+                       step_index: int) -> int:
+        """Mark an admitted request RUNNING with ``hit`` cached tokens and a first chunk of
+        ``n``: new or resumed, its first schedule, the step's entry. Returns ``n``."""
         seq.num_cached_tokens_total += hit
         if seq.status == PREEMPTED:
             out.num_resumed += 1
