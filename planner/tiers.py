@@ -158,7 +158,9 @@ def build_tiers(*, gpu_name: str | None, bytes_per_block: int, tp: int = 1,
         flag = f"--{tier.name}-offload-gib"
         n = checked_chunks(tier.size_gib, bytes_per_block, tp, flag)
         if limit is not None and n * BYTES_PER_TIER_CHUNK > limit:
-            raise InputError(f"{tier.size_gib:g} GiB is {n:,} chunks: simulating it needs "
-                             f"about {n * BYTES_PER_TIER_CHUNK / GIB:.1f} GiB of memory, more than "
-                             f"the {limit / GIB:.1f} GiB available", field=flag)
+            # kvsim keeps bookkeeping per chunk, never the KV bytes: a tier larger than this
+            # machine's DRAM is a valid what-if as long as its chunks' bookkeeping fits
+            raise InputError(f"{tier.size_gib:g} GiB is {n:,} chunks: simulating it would need "
+                             f"about {n * BYTES_PER_TIER_CHUNK / GIB:,.1f} GiB of memory, more "
+                             f"than the {limit / GIB:,.1f} GiB available", field=flag)
     return tuple(tiers)
