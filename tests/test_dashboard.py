@@ -353,6 +353,25 @@ def test_the_cache_curve_marks_the_gpu_pool():
         planning.cache_curve(SMALL, "Llama-3.1-8B", "L4", base, target_hit_rate=2.0)
 
 
+def test_the_cache_curve_takes_an_uploaded_config(tmp_path):
+    """An uploaded config.json is the model of the curve's GPU pool and of its CPU tier's chunks
+    (planning.resolve_model), as on the capacity page."""
+    import json
+
+    config = {"model_type": "llama", "hidden_size": 512, "intermediate_size": 1024,
+              "num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 2,
+              "vocab_size": 1000, "_name_or_path": "tiny-llama"}
+    path = planning.store_hf_config("config.json", json.dumps(config).encode(), store=tmp_path)
+    base = tuple(sorted(dict(tp=1, kv_dtype="auto", gpu_memory_utilization=0.9, block_size=16,
+                             max_model_len=2048).items()))
+    report = planning.cache_curve(SMALL, path, "L4", base, cpu_offload_gib=1.0)
+    label, gib = next(iter(report.marks.items()))
+    assert label.startswith("GPU pool (tiny-llama on 1 x L4)")
+    # 4 layers x 2 KV heads x 64 dims x 2 (K, V) x 2 bytes = 2 KiB a token, 32 KiB a block:
+    # 1 GiB is 32,768 chunks
+    assert "1 GiB, 32,768 chunks" in report.lines[-1]
+
+
 # ---------------------------------------------------------------- kernel check
 def test_kernel_check_on_a_scenario_snapshot(runs):
     sc, (left, _) = runs

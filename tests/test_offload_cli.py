@@ -97,3 +97,23 @@ def test_a_cpu_tier_counts_in_the_memory_check_before_the_run(tmp_path, monkeypa
     assert main(["replay", SPEC, *POOL, "--cpu-offload-gib", "2", "--out", str(out)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "a cpu tier of 1,024 chunks" in err and "offload tiers" in err
+
+
+def test_a_model_folder_sizes_the_pool_and_the_chunks(tmp_path, capsys):
+    """--hf-config FOLDER (its config.json) is the model of cache-curve's pool and CPU tier, and
+    of replay's tier chunks: 2 KiB of KV a token, 32 KiB a block."""
+    folder = tmp_path / "tiny-llama"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(
+        {"model_type": "llama", "hidden_size": 512, "intermediate_size": 1024,
+         "num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 2,
+         "vocab_size": 1000}))
+    assert main(["cache-curve", SPEC, "--hf-config", str(folder), "--gpu", "l4", "--min-sizes",
+                 "0", "--max-model-len", "2048", "--cpu-offload-gib", "1"]) == 0
+    printed = capsys.readouterr().out
+    assert "GPU pool (tiny-llama on 1 x L4)" in printed and "1 GiB, 32,768 chunks" in printed
+    out = tmp_path / "r.json"
+    assert main(["replay", SPEC, *POOL, "--hf-config", str(folder), "--cpu-offload-gib", "1",
+                 "--offload-bandwidth-gbps", "25", "--out", str(out)]) == 0
+    tier = json.loads(out.read_text())["offload"]["tiers"][0]
+    assert (tier["num_chunks"], tier["bandwidth_gbps"]) == (32768, 25.0)
