@@ -212,17 +212,7 @@ class OffloadScheduler(Scheduler):
         self.offload.start_load(seq.seq_id, keys, hit, ext, seq.num_tokens,
                                 preempted=seq.num_preemptions > 0)
         # vLLM records the prefix-cache query (GPU hits) at this admission
-        num_tokens = seq.num_tokens
-        if seq.num_preemptions > 0:
-            out.pc_preempted_queries += num_tokens
-            out.pc_preempted_hits += hit
-            self.num_preempted_queries += num_tokens
-            self.num_preempted_hits += hit
-        else:
-            out.pc_queries += num_tokens
-            out.pc_hits += hit
-            self.num_prefix_queries += num_tokens
-            self.num_prefix_hits += hit
+        self._count_prefix_query(seq, hit, out)
         self._load_hit[seq.seq_id] = hit + ext
 
     def _loaded(self, seq: SeqState) -> None:

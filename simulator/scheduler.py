@@ -333,7 +333,6 @@ class Scheduler(DecodeRuns, Forks, DecodeClock, KVSlots):
         """Start the head that ``_admission`` let in: allocate its hit blocks and first chunk
         (vLLM allocate_slots), count the prefix-cache query, mark it RUNNING. Returns ``n``."""
         alloc = self.allocator
-        num_tokens = seq.num_tokens
         if self.paged:
             keys = seq.keys
             first = min(hit + n, self.config.max_model_len)
@@ -342,17 +341,7 @@ class Scheduler(DecodeRuns, Forks, DecodeClock, KVSlots):
             got = alloc.num_cached_tokens(seq.seq_id) if keys is not None else 0
             assert got == hit, f"allocator hit {got} != lookup {hit}"
             if self.prefix_caching:
-                # vLLM's prefix_cache_stats: re-admissions after preemption are counted apart
-                if seq.num_preemptions > 0:
-                    out.pc_preempted_queries += num_tokens
-                    out.pc_preempted_hits += hit
-                    self.num_preempted_queries += num_tokens
-                    self.num_preempted_hits += hit
-                else:
-                    out.pc_queries += num_tokens
-                    out.pc_hits += hit
-                    self.num_prefix_queries += num_tokens
-                    self.num_prefix_hits += hit
+                self._count_prefix_query(seq, hit, out)
         else:
             final = seq.num_prompt_tokens + seq.max_output_tokens
             ok = alloc.allocate(seq.seq_id, n, final, num_prompt_tokens=seq.num_prompt_tokens)
@@ -361,6 +350,21 @@ class Scheduler(DecodeRuns, Forks, DecodeClock, KVSlots):
         seq.num_alloc_tokens = first
         seq.num_computed_tokens = hit
         return self._start_running(seq, hit, n, out, now_ns, step_index)
+
+    def _count_prefix_query(self, seq: SeqState, hit: int, out: StepOutput) -> None:
+        """vLLM's prefix_cache_stats for one admission: its tokens queried, ``hit`` found;
+        re-admissions after preemption are counted apart."""
+        num_tokens = seq.num_tokens
+        if seq.num_preemptions > 0:
+            out.pc_preempted_queries += num_tokens
+            out.pc_preempted_hits += hit
+            self.num_preempted_queries += num_tokens
+            self.num_preempted_hits += hit
+        else:
+            out.pc_queries += num_tokens
+            out.pc_hits += hit
+            self.num_prefix_queries += num_tokens
+            self.num_prefix_hits += hit
 
     @staticmethod
     def _start_running(seq: SeqState, hit: int, n: int, out: StepOutput, now_ns: int,
