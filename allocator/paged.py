@@ -135,7 +135,8 @@ class PagedAllocator(PoolQueries):
     # ---- operations ------------------------------------------------------------------------
     def allocate(self, seq_id: Hashable, num_tokens: int,
                  block_hashes: Sequence[int] | None = None,
-                 num_reserve_tokens: int | None = None) -> bool:
+                 num_reserve_tokens: int | None = None,
+                 delay_cache_blocks: bool = False) -> bool:
         """Admit a new sequence with slots for ``num_tokens`` tokens.
 
         Args:
@@ -148,6 +149,8 @@ class PagedAllocator(PoolQueries):
                 full-prompt admission); only ``num_tokens`` are allocated. The prefix-cache
                 query counters count max(num_tokens, num_reserve_tokens), the request's length
                 as vLLM counts it.
+            delay_cache_blocks: register no block yet (vLLM's ``delay_cache_blocks``: the KV of
+                the blocks past the hits arrives by a transfer); ``cache_blocks`` does it later.
         Returns:
             False, with nothing changed, if the free blocks do not suffice.
         """
@@ -180,8 +183,14 @@ class PagedAllocator(PoolQueries):
         seq = _Seq(table, num_tokens, num_hit_tokens, block_hashes,
                    *self._count_keys(block_hashes), len(hits), len(hits))
         self._seqs[seq_id] = seq
-        self._register_full_blocks(seq)
+        if not delay_cache_blocks:
+            self._register_full_blocks(seq)
         return True
+
+    def cache_blocks(self, seq_id: Hashable) -> None:
+        """Register the full blocks of a sequence allocated with ``delay_cache_blocks`` (vLLM's
+        ``cache_blocks`` once a KV transfer has filled them)."""
+        self._register_full_blocks(self._seq(seq_id))
 
     def append(self, seq_id: Hashable, num_tokens: int = 1) -> bool:
         """Grow a sequence by ``num_tokens`` (may cross several blocks).
@@ -263,31 +272,44 @@ class PagedAllocator(PoolQueries):
         # blocks the parent already registered are skipped (register is a no-op on them)
         self._register_full_blocks(child)
 
-    def free(self, seq_id: Hashable, preempted: bool = False) -> None:
+    def free(self, seq_id: Hashable, preempted: bool = False,
+             num_hashed_tokens: int | None = None) -> None:
         """Release a sequence's blocks, tail first (so its tail is evicted before its head).
 
         Args:
             preempted: the sequence will come back (vLLM recompute preemption): register its
                 private full blocks too, so that it can hit them on re-admission.
+            num_hashed_tokens: only blocks within the first this-many tokens have a hash
+                (default: all its tokens). A full block past it is freed like a partial one:
+                not registered, front of the free queue. vLLM's AsyncScheduler frees a request
+                preempted while a decode is in flight that way: the block completed by that
+                decode's input token was not hashed yet (docs/FIDELITY.md rule 34).
         """
         seq = self._seq(seq_id)
         del self._seqs[seq_id]
         pool, size, table = self.pool, self.block_size, seq.block_table
         num_full = seq.num_tokens // size
+        num_hashed = num_full       # full blocks with a hash (vLLM: the rest go to the front)
+        if num_hashed_tokens is not None and num_hashed_tokens < seq.num_tokens:
+            # blocks that have a key already (prefix hits, shareable blocks registered as they
+            # filled) keep it
+            num_hashed = max(require_int("num_hashed_tokens", num_hashed_tokens) // size,
+                             seq.num_hit_blocks,
+                             min(seq.num_keyed_blocks, seq.num_shareable_blocks))
         if self.enable_prefix_caching:
             if preempted:
                 self._preempted_seq_ids.add(seq_id)
-                start, stop = seq.num_shareable_blocks, min(num_full, seq.num_hashes)
+                start, stop = seq.num_shareable_blocks, min(num_hashed, seq.num_hashes)
                 if start < stop:
                     pool.register_many(table[start:stop], seq.block_hashes[start:stop])
             else:
                 # private blocks keyed by a hit after an earlier preemption: nobody else can
                 # use them, so once released they count as free (same LRU place)
                 ref, key = pool.ref_cnt, pool.block_key
-                for i in range(seq.num_shareable_blocks, min(seq.num_hit_blocks, num_full)):
+                for i in range(seq.num_shareable_blocks, min(seq.num_hit_blocks, num_hashed)):
                     if key[table[i]] is not None and ref[table[i]] == 1:
                         pool.unregister(table[i])
-            num_reuse_first = len(table) - num_full
+            num_reuse_first = len(table) - num_hashed
         else:
             num_reuse_first = len(table)
         tail_fill = seq.num_tokens - num_full * size

@@ -30,7 +30,26 @@ Hybrid models (per-layer shapes: sliding windows, Mamba state; the hybrid preset
 (``capacity.kv_groups``; block_size None takes vLLM's: 16, MLA's 64, a Mamba hybrid's aligned
 block) and the simulator runs them (GroupedPagedAllocator + HybridScheduler). A pool given in
 blocks or tokens takes ``kv_cache_groups`` (``simulator.config.parse_kv_groups``), or, for a
-hybrid model, the model's groups and block size.
+hybrid model, the model's groups and block size. KV-cache groups run on the synchronous v1
+scheduler (vLLM's async mode with groups is not modelled: ``async_scheduling`` None is off for
+them, True is an InputError).
+
+Scheduling: ``scheduler`` "v1" (vLLM 0.33) or "v0" (vLLM 0.2-0.5, prompt-only steps;
+simulator/scheduler_v0.py). ``async_scheduling`` left None follows vLLM, which turns
+AsyncScheduler on by default for generation on a GPU: on when the step time comes from a GPU (the
+roofline or a measured ``cost_table``) for the paged v1 scheduler, off with a fixed ``step_s``
+(the step clock included: there the caller chooses), a contiguous allocator or v0. vLLM v0's own
+defaults apply with ``scheduler="v0"``: max_num_seqs 256 and max_num_batched_tokens
+max(max_model_len, 2048) when left None (vLLM 0.4 ``SchedulerConfig``).
+
+Offload tiers (docs/OFFLOAD.md): ``cpu_offload_gib`` (vLLM's ``--kv-offloading-size``, the total
+over tensor-parallel ranks; 0 is no tier) with the host link's ``offload_bandwidth_gbps`` (default: the GPU
+preset's PCIe link, planner.tiers), and behind it optionally ``disk_offload_gib`` with
+``disk_bandwidth_gbps`` and ``disk_latency_ms``. ``EngineSetup.offload`` then holds the tiers the
+simulator takes (``simulate(..., offload=setup.offload)``); chunks are one GPU block on every
+rank (an MLA latent once, as vLLM's replicated layout). The tiers run on the synchronous v1
+scheduler with one KV-cache group (OffloadScheduler): ``async_scheduling`` None is off with
+tiers; async, v0 or KV-cache groups with tiers are an InputError.
 
 Defaults a caller leaves as None: model and GPU (``DEFAULT_MODEL`` on ``DEFAULT_GPU``, resolved
 only when sizing or the roofline needs them; a name given is always resolved, so a typo is an
@@ -50,15 +69,27 @@ from kvsim.planner.capacity import (DEFAULT_BLOCK_SIZE, DEFAULT_GPU_MEMORY_UTILI
 from kvsim.planner.presets import get_gpu, get_model
 from kvsim.planner.roofline import DEFAULT_STEP_OVERHEAD_S, RooflineCost
 from kvsim.planner.specs import GpuSpec, ModelSpec
+from kvsim.planner.tiers import block_bytes, build_tiers
 from kvsim.planner.weights import serve_weights_as
 from kvsim.simulator.config import EngineConfig, parse_kv_groups
 from kvsim.simulator.cost import CostModel, FixedStepCost, ScaledCost
 from kvsim.simulator.cost_table import load_cost_table
+from kvsim.simulator.offload import TierConfig
 
 DEFAULT_MODEL = "Llama-3.1-8B"
 DEFAULT_GPU = "H100-80GB-SXM"
 # a pool given in blocks or tokens has no model to take a context length from
 DEFAULT_MAX_MODEL_LEN: int = EngineConfig.__dataclass_fields__["max_model_len"].default
+V0_MAX_NUM_SEQS = 256   # vLLM 0.2-0.5 EngineArgs.max_num_seqs
+
+
+def default_async_scheduling(step_s: float | None, allocator: str = "paged",
+                             scheduler: str = "v1") -> bool:
+    """vLLM's default scheduling mode for an engine: async for generation on a GPU
+    (``VllmConfig``, docs/FIDELITY.md 1.6), i.e. when the step time comes from a GPU (the
+    roofline or a measured cost table, ``step_s`` None) for vLLM 0.33's paged scheduler; a fixed
+    step time (the step clock included), a contiguous allocator or v0: synchronous."""
+    return step_s is None and allocator == "paged" and scheduler == "v1"
 
 
 @dataclass(frozen=True)
@@ -69,6 +100,7 @@ class EngineSetup:
     cost: the step-cost model (simulator.cost.CostModel).
     capacity: vLLM's sizing report when model and GPU sized the pool, else None.
     model, gpu: the specs used (resolved when named, needed for sizing or the roofline), or None.
+    offload: the offload tiers (simulator.offload.TierConfig), () without.
     """
 
     config: EngineConfig
@@ -76,6 +108,7 @@ class EngineSetup:
     capacity: CapacityReport | None = None
     model: ModelSpec | None = None
     gpu: GpuSpec | None = None
+    offload: tuple[TierConfig, ...] = ()
 
 
 def _resolve(value, resolve):
@@ -109,13 +142,21 @@ def build_engine(*,
                  long_prefill_token_threshold: int = 0,
                  scheduler_reserve_full_isl: bool = True,
                  watermark: float = 0.0,
+                 scheduler: str = "v1",
+                 async_scheduling: bool | None = None,
                  # step time
                  step_s: float | None = None,
                  cost_table: str | os.PathLike | None = None,
                  step_overhead_s: float = DEFAULT_STEP_OVERHEAD_S,
                  bandwidth_efficiency: float = 1.0,
                  flops_efficiency: float = 1.0,
-                 step_time_scale: float = 1.0) -> EngineSetup:
+                 step_time_scale: float = 1.0,
+                 # offload tiers below the GPU pool
+                 cpu_offload_gib: float | None = None,
+                 offload_bandwidth_gbps: float | None = None,
+                 disk_offload_gib: float | None = None,
+                 disk_bandwidth_gbps: float | None = None,
+                 disk_latency_ms: float | None = None) -> EngineSetup:
     """Turn a model, a GPU and serving settings into an EngineConfig and a cost model.
 
     Args:
@@ -146,14 +187,20 @@ def build_engine(*,
         long_prefill_token_threshold: cap on one request's prefill chunk (0 = off).
         scheduler_reserve_full_isl: admit a request only when its whole prompt fits (vLLM's
             default); False admits when the first chunk fits.
-        watermark: fraction of blocks kept free when admitting (0 = off).
+        watermark: fraction of blocks kept free when admitting (0 = off; v0: 0 means vLLM
+            v0's 0.01).
+        scheduler: "v1" or "v0" (see the module docstring).
+        async_scheduling: vLLM's AsyncScheduler (two batches in flight); None: vLLM's default
+            (see the module docstring).
         step_s: fixed step time in seconds (1.0 = step clock).
         cost_table: a measured step-time CSV (simulator.cost_table.load_cost_table: a ``kvsim
             profile`` table, or the older TableCost columns).
         step_overhead_s, bandwidth_efficiency, flops_efficiency: roofline parameters.
         step_time_scale: multiplies every step time (sensitivity checks).
+        cpu_offload_gib, offload_bandwidth_gbps, disk_offload_gib, disk_bandwidth_gbps,
+            disk_latency_ms: offload tiers (module doc); None: no tier.
     Returns:
-        EngineSetup(config, cost, capacity, model, gpu).
+        EngineSetup(config, cost, capacity, model, gpu, offload).
     Raises:
         InputError: an unknown preset, an impossible configuration (capacity, EngineConfig,
             cost model), a cost table that cannot be read; the message carries the numbers.
@@ -173,12 +220,23 @@ def build_engine(*,
         raise InputError("kv_cache_groups go with a pool given in blocks or tokens (a model that "
                          "sizes the pool brings its own groups)", field="kv_groups")
     roofline = step_s is None and cost_table is None
-    if sized or roofline:
+    if cpu_offload_gib == 0:
+        # 0 GiB is "no CPU tier" (a sweep's baseline point): the other tier flags do not apply
+        cpu_offload_gib = offload_bandwidth_gbps = disk_offload_gib = None
+        disk_bandwidth_gbps = disk_latency_ms = None
+    offloaded = cpu_offload_gib is not None
+    if sized or roofline or offloaded:      # the tiers' chunk size is the model's block
         model_spec = model_spec or get_model(DEFAULT_MODEL)
     if model_spec is not None:
         model_spec = serve_weights_as(model_spec, weight_dtype)
-    if sized or roofline or max_num_seqs is None or max_num_batched_tokens is None:
+    if sized or roofline or offloaded or max_num_seqs is None or max_num_batched_tokens is None:
         gpu_spec = gpu_spec or get_gpu(DEFAULT_GPU)
+    v0_tokens = scheduler == "v0" and max_num_batched_tokens is None
+    if scheduler == "v0":
+        # vLLM 0.4 EngineArgs / SchedulerConfig: 256 sequences, max(max_model_len, 2048) tokens
+        max_num_seqs = V0_MAX_NUM_SEQS if max_num_seqs is None else max_num_seqs
+        max_num_batched_tokens = max(max_model_len or 0, 2048) if v0_tokens else \
+            max_num_batched_tokens
     if max_num_seqs is None or max_num_batched_tokens is None:
         default_seqs, default_tokens = vllm_batch_defaults(gpu_spec)
         max_num_seqs = default_seqs if max_num_seqs is None else max_num_seqs
@@ -186,15 +244,23 @@ def build_engine(*,
 
     report = None
     if sized:
-        report = compute_capacity(
-            model_spec, gpu_spec, tp=tensor_parallel_size, block_size=block_size,
-            kv_dtype=kv_cache_dtype,
-            gpu_memory_utilization=(DEFAULT_GPU_MEMORY_UTILIZATION if gpu_memory_utilization is None
-                                    else gpu_memory_utilization),
-            max_model_len=max_model_len, max_num_seqs=max_num_seqs,
-            max_num_batched_tokens=max_num_batched_tokens, non_kv_bytes=non_kv_bytes,
-            enable_prefix_caching=enable_prefix_caching,
-            disable_hybrid_kv_cache_manager=disable_hybrid_kv_cache_manager)
+        def size(max_model_len: int | None, max_num_batched_tokens: int):
+            return compute_capacity(
+                model_spec, gpu_spec, tp=tensor_parallel_size, block_size=block_size,
+                kv_dtype=kv_cache_dtype,
+                gpu_memory_utilization=(DEFAULT_GPU_MEMORY_UTILIZATION
+                                        if gpu_memory_utilization is None
+                                        else gpu_memory_utilization),
+                max_model_len=max_model_len, max_num_seqs=max_num_seqs,
+                max_num_batched_tokens=max_num_batched_tokens, non_kv_bytes=non_kv_bytes,
+                enable_prefix_caching=enable_prefix_caching,
+                disable_hybrid_kv_cache_manager=disable_hybrid_kv_cache_manager)
+
+        report = size(max_model_len, max_num_batched_tokens)
+        if v0_tokens and report.max_model_len > max_num_batched_tokens:
+            # the model's context length sets v0's default budget: size again with it
+            max_num_batched_tokens = report.max_model_len
+            report = size(report.max_model_len, max_num_batched_tokens)
         num_gpu_blocks, max_model_len = report.num_gpu_blocks, report.max_model_len
         block_size = report.block_size
         if report.kv_plan is not None and allocator == "paged":
@@ -217,7 +283,14 @@ def build_engine(*,
     if max_model_len is None:
         max_model_len = DEFAULT_MAX_MODEL_LEN
 
+    if v0_tokens and max_model_len > max_num_batched_tokens:
+        max_num_batched_tokens = max_model_len
     paged = allocator == "paged"
+    if async_scheduling is None:
+        # KV-cache groups and offload tiers: HybridScheduler and OffloadScheduler are synchronous
+        # (vLLM's async mode with them is not modelled), so they follow the synchronous scheduler
+        async_scheduling = default_async_scheduling(step_s, allocator, scheduler) and \
+            not kv_cache_groups and not offloaded
     # the one null-block rule: a contiguous pool gets the paged pool's usable blocks
     usable_blocks = num_gpu_blocks - int(null_block)
     config = EngineConfig(
@@ -229,6 +302,7 @@ def build_engine(*,
         enable_prefix_caching=enable_prefix_caching,
         long_prefill_token_threshold=long_prefill_token_threshold,
         full_prompt_admission=scheduler_reserve_full_isl, watermark=watermark,
+        scheduler=scheduler, async_scheduling=async_scheduling,
         kv_cache_groups=tuple(kv_cache_groups))
 
     if step_s is not None:
@@ -242,5 +316,30 @@ def build_engine(*,
                             flops_efficiency=flops_efficiency)
     if step_time_scale != 1.0:
         cost = ScaledCost(cost, step_time_scale)
-    return EngineSetup(config=config, cost=cost, capacity=report, model=model_spec, gpu=gpu_spec)
+    offload = _offload_tiers(
+        model_spec, gpu_spec, tensor_parallel_size, kv_cache_dtype, block_size,
+        cpu_offload_gib=cpu_offload_gib, offload_bandwidth_gbps=offload_bandwidth_gbps,
+        disk_offload_gib=disk_offload_gib, disk_bandwidth_gbps=disk_bandwidth_gbps,
+        disk_latency_ms=disk_latency_ms)
+    if offload and not (paged and enable_prefix_caching):
+        raise InputError("needs the paged allocator with prefix caching",
+                         field="--cpu-offload-gib")
+    if offload and (async_scheduling or scheduler != "v1" or kv_cache_groups):
+        raise InputError("offload tiers are modelled with vLLM v1's synchronous scheduler and "
+                         "one KV-cache group only: --no-async-scheduling, --scheduler v1, no "
+                         "KV-cache groups (--disable-hybrid-kv-cache-manager)",
+                         field="--cpu-offload-gib")
+    return EngineSetup(config=config, cost=cost, capacity=report, model=model_spec, gpu=gpu_spec,
+                       offload=offload)
+
+
+def _offload_tiers(model: ModelSpec | None, gpu: GpuSpec | None, tp: int, kv_dtype: str,
+                   block_size: int, **flags) -> tuple[TierConfig, ...]:
+    """The simulator's tiers for the flags (planner.tiers checks them, one-line errors)."""
+    per_rank, copies = block_bytes(model, kv_dtype, tp, block_size) if model else (1, tp)
+    tiers = build_tiers(gpu_name=gpu.name if gpu else None, bytes_per_block=per_rank, tp=copies,
+                        **flags)
+    return tuple(TierConfig(t.name, t.num_chunks(per_rank, copies),
+                            t.chunk_bytes(per_rank, copies), t.bytes_per_s, t.latency_s)
+                 for t in tiers)
 

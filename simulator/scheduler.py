@@ -81,6 +81,14 @@ class Scheduler(DecodeRuns, Forks, DecodeClock, KVSlots):
         seed: seeds beam reselection.
     """
 
+    # vLLM's AsyncScheduler (async_scheduling.py) frees what finished in a step only after the
+    # next step is scheduled; this synchronous scheduler frees at once and defers nothing
+    defers_retire = False
+    done_in_flight: tuple | list = ()
+    # free blocks a decode step must leave (decode clock and runs): vLLM v1 preempts only when a
+    # request's new block is missing; vLLM v0 (scheduler_v0.py) keeps one free for each turn
+    decode_block_reserve = 0
+
     def __init__(self, config: EngineConfig, allocator, seed: int = 0):
         self.config = config
         self.allocator = allocator
@@ -124,6 +132,10 @@ class Scheduler(DecodeRuns, Forks, DecodeClock, KVSlots):
             self._start_fork_group(seq, width)      # forks.py
         self.waiting.append(seq)
         return seq
+
+    def has_unfinished(self) -> bool:
+        """Requests queued or running (the engine idles when there are none)."""
+        return bool(self.running or self.waiting)
 
     def _new_seq_id(self) -> int:
         sid = self.next_seq_id
@@ -226,12 +238,17 @@ class Scheduler(DecodeRuns, Forks, DecodeClock, KVSlots):
 
     def _preempt(self, seq: SeqState, now_ns: int) -> None:
         """2b. vLLM _preempt_request: free (recompute), reset, front of the waiting queue."""
-        self._free(seq, preempted=True)
+        self._free(seq, preempted=True, num_hashed_tokens=self._hashed_on_preemption(seq))
         seq.status = PREEMPTED
         seq.num_computed_tokens = 0
         seq.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.appendleft(seq)
+
+    def _hashed_on_preemption(self, seq: SeqState) -> int | None:
+        """Tokens of a preempted request whose blocks have a hash (None: all; the synchronous
+        engine hashes every block a request has computed)."""
+        return None
 
     def _admit_waiting(self, out: StepOutput, slow: list, token_budget: int, lpt: int,
                        now_ns: int, step_index: int) -> None:
@@ -347,28 +364,38 @@ class Scheduler(DecodeRuns, Forks, DecodeClock, KVSlots):
             ok = alloc.allocate(seq.seq_id, n, final, num_prompt_tokens=seq.num_prompt_tokens)
             assert ok, "contiguous allocate failed after can_allocate"
             first = n
-        self._start(seq, hit, n, first, out, now_ns, step_index)
-        return n
+        return self._start(seq, hit, n, first, out, now_ns, step_index)
 
     def _start(self, seq: SeqState, hit: int, n: int, num_alloc_tokens: int, out: StepOutput,
-               now_ns: int, step_index: int) -> None:
+               now_ns: int, step_index: int) -> int:
         """An admission's bookkeeping once its slots are allocated: the prefix-cache query
-        (vLLM's prefix_cache_stats), the counters, RUNNING, the step's entry."""
+        (vLLM's prefix_cache_stats), the counters, RUNNING, the step's entry. Returns ``n``."""
         if self.prefix_caching:
-            num_tokens = seq.num_tokens
-            # vLLM's prefix_cache_stats: re-admissions after preemption are counted apart
-            if seq.num_preemptions > 0:
-                out.pc_preempted_queries += num_tokens
-                out.pc_preempted_hits += hit
-                self.num_preempted_queries += num_tokens
-                self.num_preempted_hits += hit
-            else:
-                out.pc_queries += num_tokens
-                out.pc_hits += hit
-                self.num_prefix_queries += num_tokens
-                self.num_prefix_hits += hit
+            self._count_prefix_query(seq, hit, out)
         seq.num_alloc_tokens = num_alloc_tokens
         seq.num_computed_tokens = hit
+        return self._start_running(seq, hit, n, out, now_ns, step_index)
+
+    def _count_prefix_query(self, seq: SeqState, hit: int, out: StepOutput) -> None:
+        """vLLM's prefix_cache_stats for one admission: its tokens queried, ``hit`` found;
+        re-admissions after preemption are counted apart."""
+        num_tokens = seq.num_tokens
+        if seq.num_preemptions > 0:
+            out.pc_preempted_queries += num_tokens
+            out.pc_preempted_hits += hit
+            self.num_preempted_queries += num_tokens
+            self.num_preempted_hits += hit
+        else:
+            out.pc_queries += num_tokens
+            out.pc_hits += hit
+            self.num_prefix_queries += num_tokens
+            self.num_prefix_hits += hit
+
+    @staticmethod
+    def _start_running(seq: SeqState, hit: int, n: int, out: StepOutput, now_ns: int,
+                       step_index: int) -> int:
+        """Mark an admitted request RUNNING with ``hit`` cached tokens and a first chunk of
+        ``n``: new or resumed, its first schedule, the step's entry. Returns ``n``."""
         seq.num_cached_tokens_total += hit
         if seq.status == PREEMPTED:
             out.num_resumed += 1
@@ -379,6 +406,7 @@ class Scheduler(DecodeRuns, Forks, DecodeClock, KVSlots):
             seq.cached_tokens_first = hit
         seq.status = RUNNING
         out.entries.append((seq, n))
+        return n
 
     def _update_after_schedule(self, out: StepOutput, slow: list, num_fast: int,
                                fast_ctx: int) -> None:

@@ -146,6 +146,27 @@ class SegmentKeys(Sequence):
         s = bisect_right(self._starts, t) - 1
         return mix64(self._chains[s] ^ ((t - self._starts[s]) << 1 | 1))
 
+    def block_runs(self, stop: int) -> list[tuple[int, int, int]]:
+        """Blocks ``0..stop-1`` grouped by the segment that holds their last token, as
+        ``(segment key, first block, number of blocks)``.
+
+        The segment key names the segment and everything before it (so also where it starts):
+        blocks of two sequences have equal keys exactly when they have the same block number in
+        runs with equal segment keys. A cache analysis compares runs, not blocks (a Mooncake
+        512-token id is one run at any block size).
+        """
+        if not 0 <= stop <= len(self):
+            raise IndexError(f"{stop} blocks out of range for {len(self)} full blocks")
+        if self._chains is None:
+            self._build_deferred()
+        size, out = self.block_size, []
+        for start, chain, end in zip(self._starts, self._chains, self._starts[1:] + [None]):
+            first = start // size
+            last = stop if end is None else min(end // size, stop)
+            if last > first:
+                out.append((chain, first, last - first))
+        return out
+
     def _key_range(self, start: int, stop: int) -> list[int]:
         """Keys of blocks ``start..stop-1`` in one walk over the segments (a slice: registering
         a prefill's blocks asks for many consecutive keys; no bisect per key)."""

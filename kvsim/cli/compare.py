@@ -4,7 +4,9 @@
     kvsim compare TRACE --allocators paged --prefix-caching on,off     # what prefix caching saves
 
 Every allocator gets the same usable memory and the same scheduler settings (the flags are
-``kvsim replay``'s, kvsim.cli.options); the table shows the time-averaged memory breakdown, batch
+``kvsim replay``'s, kvsim.cli.options), the scheduling mode included: ``--async-scheduling`` or,
+left out, vLLM's default for its paged engine (async when the step time comes from the GPU) for
+every column, so that a column differs from another by its allocator only; the table shows the time-averaged memory breakdown, batch
 size, preemptions, throughput and latency percentiles, and which runs are overloaded
 (simulator.overload: their latencies measure the queue).
 """
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from kvsim.cli import options
 from kvsim.cli.replay import add_replay_args, run_one
 from kvsim.cli.table import format_table
 from kvsim.errors import InputError
@@ -106,6 +109,7 @@ def run(args) -> int:
 
     from kvsim.cli.outputs import write_files
     from kvsim.cli.replay import overload_message
+    from kvsim.planner.engine_setup import build_engine
     from kvsim.simulator.result import json_text, prepare_output
 
     names = parse_allocators(args.allocators)
@@ -113,17 +117,31 @@ def run(args) -> int:
     if prefix is not None and args.no_prefix_caching:
         raise InputError("give --prefix-caching or --no-prefix-caching, not both")
     cols = columns(names, prefix)
+    if args.async_scheduling is None:
+        # one mode for every column: the paged engine's default (synchronous with KV-cache
+        # groups or offload tiers, which are modelled on the synchronous scheduler only)
+        tiers = any(name == "paged" and on is not False for _, name, on in cols)
+        probe = {} if tiers else dict.fromkeys(options.OFFLOAD_FLAGS)
+        if tiers and prefix is not None:
+            probe["enable_prefix_caching"] = True
+        args.async_scheduling = build_engine(**options.engine_kwargs(
+            args, allocator="paged", **probe)).config.async_scheduling
     if args.json:
         prepare_output(args.json)
     summaries, overloaded = {}, {}
     for label, name, on in cols:
-        result = run_one(args, name, record_requests=False, enable_prefix_caching=on)
+        # offload tiers sit below a paged pool with prefix caching
+        result = run_one(args, name, record_requests=False, enable_prefix_caching=on,
+                         offload=name == "paged" and on is not False)
         summaries[label] = result.summary
         message = overload_message(result.summary, result.timeseries, label)
         overloaded[label] = message is not None
         if message:
             print(f"kvsim: warning: {message}", file=sys.stderr)
     print(format_table(summaries, overloaded))
+    if args.cpu_offload_gib and len(cols) > 1:
+        print("offload tiers sit below the paged pool with prefix caching: the other columns run "
+              "without them")
     if prefix == [True, False] or prefix == [False, True]:
         print(prefix_savings(summaries["paged (prefix on)"], summaries["paged (prefix off)"]))
     if args.json:

@@ -31,6 +31,24 @@ ROWS = (
     ("E2E p99 (s)", lambda s: s["e2e_s"]["p99"], None),
     ("wall clock (s)", lambda s: s["wall_clock_s"], None),
 )
+# rows added when a run had offload tiers ("-" for the runs without)
+OFFLOAD_ROWS = (
+    ("CPU hit tokens", lambda s: s["offload"]["hit_tokens"]["cpu"] if "offload" in s else None,
+     None),
+    ("GPU + CPU hit rate",
+     lambda s: s["offload"]["combined_hit_rate"] if "offload" in s else None, _pct),
+)
+
+
+def scheduling(summary: dict) -> str:
+    """The scheduling mode a run used: "v1 sync" (vLLM 0.33's Scheduler), "v1 async"
+    (AsyncScheduler, two batches in flight) or "v0" (vLLM 0.2-0.5's prompt-only steps)."""
+    engine = summary["config"]["engine"]
+    if engine.get("scheduler") == "v0":
+        return "v0"
+    return "v1 async" if engine.get("async_scheduling") else "v1 sync"
+
+
 def _fmt(value) -> str:
     if value is None:
         return "-"
@@ -40,12 +58,17 @@ def _fmt(value) -> str:
 
 
 def format_table(summaries: dict[str, dict], overloaded: dict[str, bool] | None = None) -> str:
-    """Plain-text table: one column per run (shares of the pool in %); with ``overloaded``, a
-    last row saying which runs are (simulator.overload)."""
+    """Plain-text table: one column per run (shares of the pool in %); a first row with the
+    scheduling mode when a run is not synchronous v1; with ``overloaded``, a last row saying
+    which runs are (simulator.overload)."""
     names = list(summaries)
+    table_rows = ROWS + (OFFLOAD_ROWS if any("offload" in s for s in summaries.values()) else ())
     rows = [(label, [fmt(get(summaries[n])) if fmt else _fmt(get(summaries[n])) for n in names])
-            for label, get, fmt in ROWS]
+            for label, get, fmt in table_rows]
     rows = [(label, [v if v is not None else "-" for v in values]) for label, values in rows]
+    modes = [scheduling(summaries[n]) for n in names]
+    if any(m != "v1 sync" for m in modes):   # the synchronous tables keep their rows
+        rows.insert(0, ("scheduling", modes))
     if overloaded is not None:
         rows.append(("overloaded", ["yes" if overloaded[n] else "no" for n in names]))
     width = max(len(label) for label, _ in rows)
