@@ -3,6 +3,8 @@
 Cases (each in its own subprocess, so peak RSS is the case's own):
   azure-conv      ../shared/traces/azure_llm_2023/AzureLLMInferenceTrace_conv.csv (19,366 requests)
   mooncake-conv   ../shared/traces/mooncake/conversation_trace.jsonl (12,031 requests)
+  mooncake-conv-nopc  the same replay with prefix caching off (issue 20: prefix caching on
+                  should cost at most 2x this)
   sharegpt-10k / -100k / -1m   synthetic ShareGPT-like requests (workloads spec)
 Setup (planner.engine_setup.build_engine, as `kvsim replay`): paged allocator, prefix caching on,
 vLLM's num_gpu_blocks for Llama-3.1-8B on one A100-80GB, roofline step times, max_num_seqs 256,
@@ -11,8 +13,12 @@ off (only the latencies for the summary's percentiles are kept, as `kvsim replay
 --requests).
 
     python bench/replay_speed.py [--cases azure-conv,sharegpt-10k] [--profile CASE | --sample CASE]
+    python bench/replay_speed.py --against OTHER/.venv/bin/python --rounds 3 [--cases ...]
 
-Prints one line per case and a Markdown table. Targets (issue 8, one core): azure-conv < 1 s,
+Prints one line per case and a Markdown table. ``--against`` runs every case alternately under
+this checkout's Python and another checkout's (its venv's editable kvsim: the code before a
+change), round after round, and prints both CPU times side by side with a check that the two
+summaries are equal. Targets (issue 8, one core): azure-conv < 1 s,
 sharegpt-1m < 2 min, peak memory not growing with trace length beyond recorded samples.
 """
 from __future__ import annotations
@@ -33,11 +39,13 @@ TRACES = ROOT.parent / "shared" / "traces"
 CASES = {
     "azure-conv": str(TRACES / "azure_llm_2023" / "AzureLLMInferenceTrace_conv.csv"),
     "mooncake-conv": str(TRACES / "mooncake" / "conversation_trace.jsonl"),
+    "mooncake-conv-nopc": str(TRACES / "mooncake" / "conversation_trace.jsonl"),
     "sharegpt-10k": "sharegpt:rate=20,n=10000,seed=0",
     "sharegpt-100k": "sharegpt:rate=20,n=100000,seed=0",
     "sharegpt-1m": "sharegpt:rate=20,n=1000000,seed=0",
 }
 MODEL, GPU = "Llama-3.1-8B", "A100-80GB"
+NO_PREFIX_CACHING = "-nopc"   # case-name suffix: the same replay with prefix caching off
 
 
 def run_case(name: str, profile: bool = False) -> dict:
@@ -47,7 +55,8 @@ def run_case(name: str, profile: bool = False) -> dict:
 
     max_model_len = 32768 if name.startswith("mooncake") else 16384
     setup = build_engine(model=MODEL, gpu=GPU, max_model_len=max_model_len, max_num_seqs=256,
-                         max_num_batched_tokens=8192)
+                         max_num_batched_tokens=8192,
+                         enable_prefix_caching=not name.endswith(NO_PREFIX_CACHING))
     config, cost, report = setup.config, setup.cost, setup.capacity
     requests = workloads.load(CASES[name])
     cpu0 = time.process_time()
@@ -71,7 +80,8 @@ def run_case(name: str, profile: bool = False) -> dict:
             "wall_s": round(wall, 3), "cpu_s": round(cpu, 3),
             "requests_per_wall_s": round(s["requests_arrived"] / wall, 1),
             "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
-            "num_gpu_blocks": report.num_gpu_blocks}
+            "num_gpu_blocks": report.num_gpu_blocks,
+            "kvsim_root": str(Path(sys.modules["kvsim.simulator"].__file__).parent.parent)}
 
 
 def sample_case(name: str, interval_s: float = 0.0002, top: int = 40) -> None:
@@ -111,6 +121,51 @@ def sample_case(name: str, interval_s: float = 0.0002, top: int = 40) -> None:
         print(f"{100 * n / total:6.1f} | {100 * on_top[key] / total:5.1f} | {where}:{key[1]}")
 
 
+def _run_child(python: str, name: str) -> dict | str:
+    """One case in its own process under ``python``: its row, or the error text."""
+    out = subprocess.run([python, __file__, "--one", name], capture_output=True, text=True)
+    if out.returncode:
+        return out.stderr[-2000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _machine_line() -> str:
+    return (f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores "
+            f"(load {os.getloadavg()[0]:.1f}), Python {platform.python_version()}, "
+            f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+
+
+_TIMINGS = ("wall_s", "cpu_s", "requests_per_wall_s", "peak_rss_mib", "kvsim_root")
+
+
+def compare_against(other_python: str, names: list[str], rounds: int) -> int:
+    """Run every case alternately under the other Python and this one, ``rounds`` times."""
+    runs: dict[str, dict[str, list]] = {n: {"old": [], "new": []} for n in names}
+    for r in range(rounds):
+        for name in names:
+            for side, python in (("old", other_python), ("new", sys.executable)):
+                row = _run_child(python, name)
+                if isinstance(row, str):
+                    print(f"{name} ({side}): failed\n{row}")
+                    return 1
+                runs[name][side].append(row)
+                print(json.dumps({"round": r, "side": side, **row}), flush=True)
+    print("\n" + _machine_line())
+    print("| case | old CPU s | new CPU s | old / new (min) | old peak RSS MiB | new peak RSS MiB "
+          "| summaries equal |")
+    print("| --- | --- | --- | ---: | ---: | ---: | --- |")
+    for name in names:
+        old, new = runs[name]["old"], runs[name]["new"]
+        same = all({k: v for k, v in o.items() if k not in _TIMINGS} ==
+                   {k: v for k, v in n.items() if k not in _TIMINGS} for o, n in zip(old, new))
+        old_cpu, new_cpu = [o["cpu_s"] for o in old], [n["cpu_s"] for n in new]
+        print(f"| {name} | {', '.join(f'{c:.2f}' for c in old_cpu)} | "
+              f"{', '.join(f'{c:.2f}' for c in new_cpu)} | {min(old_cpu) / min(new_cpu):.2f}x | "
+              f"{max(o['peak_rss_mib'] for o in old):.0f} | "
+              f"{max(n['peak_rss_mib'] for n in new):.0f} | {'yes' if same else 'NO'} |")
+    return 0
+
+
 def _absent(name: str) -> bool:
     """A trace case whose file is not there (../shared/traces missing)."""
     return ":" not in CASES[name] and not os.path.exists(CASES[name])
@@ -124,6 +179,9 @@ def main() -> int:
                     help="run one case under cProfile (stderr)")
     ap.add_argument("--sample", choices=CASES, metavar="CASE",
                     help="run one case under a sampling profiler (shares per function)")
+    ap.add_argument("--against", metavar="PYTHON",
+                    help="another checkout's venv Python: run each case alternately under both")
+    ap.add_argument("--rounds", type=int, default=3, help="rounds of --against (default 3)")
     args = ap.parse_args()
     single = args.sample or args.one or args.profile
     if single and _absent(single):
@@ -134,24 +192,25 @@ def main() -> int:
     if single:
         print(json.dumps(run_case(single, profile=bool(args.profile))))
         return 0
-    rows = []
+    names = []
     for name in args.cases.split(","):
         if name not in CASES:
             ap.error(f"unknown case {name!r}; choose from {', '.join(CASES)}")
         if _absent(name):
             print(f"{name}: skipped ({CASES[name]} is absent)")
             continue
-        out = subprocess.run([sys.executable, __file__, "--one", name], capture_output=True,
-                             text=True)
-        if out.returncode:
-            print(f"{name}: failed\n{out.stderr[-2000:]}")
+        names.append(name)
+    if args.against:
+        return compare_against(args.against, names, args.rounds)
+    rows = []
+    for name in names:
+        row = _run_child(sys.executable, name)
+        if isinstance(row, str):
+            print(f"{name}: failed\n{row}")
             continue
-        row = json.loads(out.stdout.strip().splitlines()[-1])
         rows.append(row)
         print(json.dumps(row), flush=True)
-    print(f"\nmachine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores "
-          f"(load {os.getloadavg()[0]:.1f}), Python {platform.python_version()}, "
-          f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+    print("\n" + _machine_line())
     print("| case | requests | steps | simulated s | mean running | preemptions | wall s | "
           "CPU s | requests / wall s | peak RSS MiB |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
