@@ -18,8 +18,8 @@ Only argparse and light modules are imported here: ``kvsim --help`` must not loa
 from __future__ import annotations
 
 import argparse
-import math
 
+from kvsim.cli.argtypes import nonneg_int, positive_float, positive_int
 from kvsim.errors import InputError
 from kvsim.planner.capacity import DEFAULT_BLOCK_SIZE, DEFAULT_GPU_MEMORY_UTILIZATION, KV_DTYPES
 from kvsim.planner.engine_setup import DEFAULT_GPU, DEFAULT_MODEL
@@ -33,25 +33,6 @@ ENGINE_BATCH_DEFAULTS: tuple[int, int] = tuple(
     EngineConfig.__dataclass_fields__[name].default for name in ("max_num_seqs", "max_num_batched_tokens"))
 
 
-def _number(kind, lo, *, strict: bool):
-    """An argparse type: a ``kind`` >= lo (> lo when strict); argparse reports a bad value as a
-    usage error (exit 2) before any work starts."""
-    def parse(text: str):
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(
-                f"not {'an integer' if kind is int else 'a number'}: {text!r}") from None
-        if not math.isfinite(value) or value < lo or (strict and value == lo):
-            raise argparse.ArgumentTypeError(f"must be {'>' if strict else '>='} {lo}, got {text}")
-        return value
-    parse.__name__ = kind.__name__  # argparse names the type in its messages
-    return parse
-
-
-positive_int = _number(int, 1, strict=False)
-nonneg_int = _number(int, 0, strict=False)
-positive_float = _number(float, 0, strict=True)
 
 
 # ------------------------------------------------------------------------------------- workload
