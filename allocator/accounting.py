@@ -63,6 +63,10 @@ class PoolSnapshot:
     block_tables: dict[int, np.ndarray] = field(default_factory=dict)  # seq_id -> cells
     seq_lens: dict[int, int] = field(default_factory=dict)             # seq_id -> tokens
     owner_ids: tuple | None = None  # None: owner values are the (int) seq_ids; else code -> id
+    # the engine step that ran just before the snapshot, in batch order (set by the simulator;
+    # None from a bare allocator): which sequences, and how many tokens each computed in it
+    step_seq_ids: np.ndarray | None = None          # int64 [num_step_seqs]
+    step_num_new_tokens: np.ndarray | None = None   # int64 [num_step_seqs], >= 1
 
     def __post_init__(self):
         if self.kind not in ("paged", "contiguous"):

@@ -58,7 +58,7 @@ simulated_sweep = st.cache_data(max_entries=16, show_spinner="Simulating the swe
 
 @st.cache_data(max_entries=16, show_spinner="Running the Triton kernels…")
 def kernel_check(sc: scenario.Scenario, side: int, frame: int, layout: str, dtype: str,
-                 max_seqs: int, split_kv: bool):
+                 max_seqs: int, split_kv: bool, step: bool = False):
     """kernel_check.check_snapshot on one side's snapshot at one frame, cached."""
     return check_snapshot(run_scenario(sc)[side].snapshots[frame], layout, dtype, max_seqs,
-                          split_kv)
+                          split_kv, step)

@@ -22,7 +22,7 @@ if runs is None:
     st.stop()
 num_frames = len(runs[0].snapshots)
 S.defaults(k_frame=default_frame(num_frames), k_kern_layout="flat", k_kern_dtype="float32",
-           k_kern_max_seqs=4, k_kern_split=False)
+           k_kern_max_seqs=4, k_kern_split=False, k_kern_step=False)
 clamp_frame(st.session_state, num_frames)
 device = kernel_device()
 st.caption("Device: **CUDA**" if device == "cuda" else
@@ -32,7 +32,7 @@ c = st.columns([1, 2])
 side = c[0].radio("Pool", [0, 1], key="k_kern_side",
                   format_func=lambda i: ALLOCATOR_LABELS[runs[i].allocator])
 frame = c[1].slider("Simulated time (frame)", 0, num_frames - 1, key="k_frame")
-c = st.columns([1, 1, 2, 1], vertical_alignment="bottom")
+c = st.columns([1, 1, 2, 1, 1], vertical_alignment="bottom")
 layout = c[0].selectbox("Layout", ["flat", "vllm"], key="k_kern_layout",
                         help="flat: [blocks, block_size, heads, head_size] (vLLM's Triton "
                              "backend); vllm: the CUDA PagedAttention layout (K split in 16-byte "
@@ -42,16 +42,27 @@ max_seqs = c[2].slider("Sequences (first by id)", 1, 32, key="k_kern_max_seqs")
 split_kv = c[3].toggle("Split-KV (v2)", key="k_kern_split",
                        help="Force the split-KV kernel with "
                             f"{SPLIT_KV_PARTITION_TOKENS}-token partitions.")
+step = c[4].toggle("Whole engine step", key="k_kern_step",
+                   help="Run the engine step that produced this frame as vLLM v1 does: its "
+                        "prefills, chunks after prefix-cache hits and decodes in one unified "
+                        "attention launch (the sequence slider does not apply).")
 if not runs[side].snapshots[frame].block_tables:
     st.info("No request holds memory at this moment; move the time slider.")
     st.stop()
 try:
-    checks, info = S.kernel_check(scenario, side, frame, layout, dtype, max_seqs, split_kv)
+    checks, info = S.kernel_check(scenario, side, frame, layout, dtype, max_seqs, split_kv, step)
 except ValueError as err:  # shapes or block ids the kernels refuse: say so, keep running
     st.error(str(err))
     st.stop()
+if step and (checks["num_new_tokens"] == 1).all():
+    st.info("This frame ended a decode-only step. `kvsim validate WORKLOAD --at S --step` picks "
+            "the first step after S that admits an arrival, so its prefill runs beside the decodes.")
 m = st.columns(4)
-m[0].metric("Sequences checked", len(checks))
+m[0].metric("Sequences checked", len(checks),
+            help=(f"{int((checks['num_new_tokens'] > 1).sum())} prefill or chunk rows, "
+                  f"{int((checks['num_new_tokens'] == 1).sum())} decodes, "
+                  f"{int(checks['num_new_tokens'].sum())} new tokens in one launch")
+            if step else None)
 m[1].metric("Within tolerance", f"{int(checks['passed'].sum())} / {len(checks)}")
 m[2].metric("Worst relative error", f"{checks['max_rel_err'].max():.2e}")
 m[3].metric("Bitwise equal to identity table", "all" if checks["bitwise_equal"].all() else

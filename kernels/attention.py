@@ -1,49 +1,65 @@
-"""Paged decode attention in Triton: v1 (one pass per sequence) and v2 (split-KV plus a merge).
+"""Paged attention in Triton for the batches vLLM v1 runs: one kernel family for prefills, chunked
+prefills over cached context and decodes, mixed in one launch (``unified_attention``).
+``paged_attention`` (one new token per sequence) is its decode case: the same kernel, the same code.
 
-One query token per sequence attends to the ``seq_len`` tokens of its KV, which live in blocks of
-``block_size`` slots scattered over a pool; ``block_tables[seq, i]`` names the physical block that
-holds tokens ``[i*block_size, (i+1)*block_size)``. Changing where KV lives must never change what
-attention computes: paged attention on a shuffled block table is bitwise equal to the same kernel on
-an identity table (the tile order and arithmetic are the same, only addresses differ).
+A batch is ``num_seqs`` sequences. Sequence i brings ``q_len_i`` new tokens (rows
+``query_start_loc[i] : query_start_loc[i+1]`` of the query) and has ``seq_lens[i]`` tokens of K/V in
+the pool, the new ones included (``reshape_and_cache`` has run). New token j of sequence i sits at
+position ``p = seq_lens[i] - q_len_i + j`` and attends to positions ``[0, p]``, or to
+``[p - sliding_window + 1, p]``. K/V live in blocks of ``block_size`` slots scattered over the pool;
+``block_tables[i, b]`` names the block that holds positions ``[b*block_size, (b+1)*block_size)``.
+Paging must change where K/V live, never what attention computes: a shuffled block table gives the
+same bits as an identity table (same tiles, same arithmetic, only the addresses differ).
 
-Work decomposition (both versions)::
+Work decomposition::
 
-    program (seq, kv_head[, partition])
-      Q rows  = the GROUP = num_heads // num_kv_heads query heads of kv_head, padded to BLOCK_H >= 16
-                rows so tl.dot runs on tensor cores; each K/V tile is read once per group (GQA)
-      loop over TILE tokens:  block = block_tables[seq, t // BLOCK_SIZE]   (per token: a tile may span
-                              several small blocks or part of a large one)
-                              S = Q K^T * scale; online softmax in fp32 (running max m, sum l, acc)
-      v1: out = acc / l
-      v2: store (acc, m, l) per partition; merge the partitions in partition order:
+    program (q-block, kv_head[, partition])
+      q-block = BLOCK_Q consecutive new tokens of one sequence (1 for a decode-only launch)
+      rows    = those tokens x the GROUP = num_heads // num_kv_heads query heads of kv_head, row r
+                being token r // GROUP and head r % GROUP, padded to BLOCK_M >= 16 rows so that
+                tl.dot runs on tensor cores; each K/V tile is read once for all of them (GQA)
+      KV range [lo, hi): the union of the rows' windows, hi = the last row's position + 1
+      loop over TILE tokens: block = block_tables[seq, t // BLOCK_SIZE] (per token: a tile may span
+                several small blocks or part of a large one); S = Q K^T * scale; online softmax in
+                fp32 (running max m, sum l, acc). Tiles that every row sees whole run without masks;
+                only the tiles at the window's edge and on the causal diagonal are masked
+      one partition: out = acc / l
+      split-KV: store (acc, m, l) per partition; merge in partition order:
           M = max_p m_p;  out = sum_p acc_p 2^(m_p - M) / sum_p l_p 2^(m_p - M)
 
-The v2 merge runs in one of two places:
-- fused (one launch): after storing its partial result, each partition program takes a ticket from
-  an int32 counter of its (seq, kv_head) (``tl.atomic_add``, acq_rel, GPU scope, after a barrier so
-  that all of the program's stores are released with it). The program that draws the last ticket
-  merges all partitions, reading them back from memory in partition order, so the result never
-  depends on arrival order. It then writes the output and resets the counter to zero, so one
-  counter buffer serves every call and CUDA-graph replay. Under TRITON_INTERPRET=1 programs run one
-  after another, and the last one in launch order merges.
-- separate (``_reduce_partitions_kernel``, a second launch of one program per query head): chosen
-  when one program would merge more than FUSED_MERGE_MAX_ROWS partial rows (partitions x GROUP),
-  where spreading the merge over the query heads measured faster.
+Programs find their sequence without the host: q-block b of sequence i is program
+``query_start_loc[i] // BLOCK_Q + i + b`` (a binary search over query_start_loc inverts it), so the
+grid ``num_tokens // BLOCK_Q + num_seqs`` bounds every batch and programs past their sequence's
+last q-block return at once. A decode-only launch (num_tokens == num_seqs: every q_len is 1) maps
+program i to sequence i and never reads query_start_loc.
 
-Dispatch (``plan_launch``, ``plan_partitions``): v1 gives num_seqs * num_kv_heads programs. Under
-one wave of the GPU's multiprocessors, the sequence is split into a power of two of partitions so
-that the launch fills at most ``TARGET_WAVES`` waves. Small batch x long context is therefore carried
-by split-KV (batch 1 at 128k tokens has 4-32 programs unsplit). Constants were tuned on an H200
+Split-KV merges in one of two places:
+- fused (one launch): after storing its partial result, each partition program takes a ticket from
+  an int32 counter of its (q-block, kv_head) (``tl.atomic_add``, acq_rel, GPU scope, after a barrier
+  so that all of the program's stores are released with it). The program that draws the last ticket
+  merges all partitions, reading them back in partition order, so the result never depends on
+  arrival order. It then writes the output and resets the counter to zero, so one counter buffer
+  serves every call and CUDA-graph replay. Under TRITON_INTERPRET=1 programs run one after another,
+  and the last one in launch order merges.
+- separate (``_reduce_partitions_kernel``, a second launch of one program per query token x head):
+  chosen when one program would merge more than FUSED_MERGE_MAX_ROWS partial rows (partitions x
+  rows), where spreading the merge over the query heads measured faster.
+
+Dispatch (``plan_attention``): decode-only launches use 16+ rows and the decode rule tuned on an
+H200 (``plan_partitions``: split-KV below one wave of multiprocessors, fused merge up to 64 rows);
+launches with prefills use PREFILL_ROWS rows per program. In a mixed launch, q-blocks that hold few
+rows (decodes) take a second, small-row path of the same code (``KernelConfig.small_rows``), so a
+decode next to a prefill costs what it costs in a decode launch. Constants were measured on an H200
 (bench/kernels.py, docs/BENCHMARKS.md, "Kernels").
 
-Tiles: full tiles run without token masks and one masked tile takes the tail (large flat v1
-launches mask every tile: measured faster there). Tokens past seq_len are never loaded into the
-result: masked loads, or for the vLLM V layout whole 16-byte runs zeroed after loading (free slots
-may hold NaN).
+Host cost per call (eager mode): launch plans and cache geometry are cached, the split-KV scratch
+and counters are per-device buffers that grow and are reused (no allocation per call besides the
+output, which ``out=`` also avoids), and with ``validate=False`` plus ``max_seq_len`` there is no
+host-device sync.
 
 Triton portability (same source on triton 3.6 and 3.9, compiled and under TRITON_INTERPRET=1):
 plain pointer arithmetic (no block pointers), no autotune decorator (configs chosen in Python),
-block ids widened to int64 before multiplying by strides, GQA rows padded to 16 for tl.dot on GPU,
+block ids widened to int64 before multiplying by strides, rows padded to 16 for tl.dot on GPU,
 input_precision="ieee" for fp32, and in the interpreter bf16 operands are upcast before tl.dot (its
 bf16 dot reads raw bits).
 """
@@ -63,148 +79,120 @@ LOG2E = 1.4426950408889634
 
 # dispatch constants (see module docstring); tuned on an H200, 132 SMs
 TARGET_WAVES = 4
-FUSED_MERGE_MAX_ROWS = 64  # partitions x query heads per KV head that one program merges, at most
-# launch order: the programs of one sequence's KV heads side by side (they read neighbouring bytes
-# of the same blocks in the flat layout); measured no different from sequence-fastest on the H200
-HEAD_FASTEST_GRID = True
+FUSED_MERGE_MAX_ROWS = 64  # partitions x query rows that one program merges, at most
 MERGE_TILE_ELEMS = 4096  # fp32 partial-result elements one merge step loads on GPU (16 KB)
+PREFILL_ROWS = 128  # query rows (tokens x heads of a group) of a program in a launch with prefills
+PREFILL_TILE = 64  # KV tokens per tile there
+PREFILL_WARPS = 4  # H200 sweep (bench/results/kernels_h200_tune5.csv): 4 warps beat 8 by 1.2-1.3x
+PREFILL_STAGES = 3
+INTERPRETER_ROWS = 128  # the interpreter pays per program-iteration: big blocks
 
 
 @dataclass(frozen=True)
 class KernelConfig:
-    """Launch configuration of the attention kernel (chosen in Python; no autotuner)."""
+    """Launch configuration of the attention kernel (chosen in Python; no autotuner).
+
+    tile_tokens: KV tokens per loop step (a power of two >= 16).
+    unmasked_full_tiles: False masks every tile (measured faster for large decode launches).
+    fused_reduce: split-KV: the last partition program merges (False: a second launch).
+    block_rows: query rows per program (tokens x query heads of one KV head); None = planned.
+        A decode-only launch always has one token per program.
+    small_rows: mixed launches: q-blocks of at most this many rows run a path of this many rows
+        (0 = none; None = planned).
+    longest_first: launches with prefills start with the last q-blocks (the longest causal rows and
+        the decodes listed after the prefills), so that short programs fill the tail.
+    small_unmasked_full_tiles: ``unmasked_full_tiles`` of the small-row path.
+    """
     tile_tokens: int
     num_warps: int = 4
     num_stages: int = 2
-    unmasked_full_tiles: bool = True  # False: every tile masked (measured faster for large v1 launches)
-    fused_reduce: bool = True  # split-KV: the last partition program merges (False: a second launch)
+    unmasked_full_tiles: bool = True
+    fused_reduce: bool = True
+    block_rows: int | None = None
+    small_rows: int | None = None
+    longest_first: bool = True
+    small_unmasked_full_tiles: bool = True
 
     def __post_init__(self):
-        if self.tile_tokens < 16 or self.tile_tokens & (self.tile_tokens - 1):
-            raise ValueError(f"tile_tokens must be a power of two >= 16, got {self.tile_tokens}")
+        for name in ("tile_tokens", "block_rows", "small_rows"):
+            value = getattr(self, name)
+            if value is None or (name == "small_rows" and value == 0):
+                continue
+            if value < 16 or value & (value - 1):
+                raise ValueError(f"{name} must be a power of two >= 16, got {value}")
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """Everything about a launch that depends only on the problem's sizes (cached per size)."""
+    decode_only: bool
+    block_q: int           # query tokens per program
+    block_rows: int        # rows per program (>= block_q * group, a power of two >= 16)
+    small_rows: int        # rows of the small path (0: none)
+    tile: int
+    partition_size: int | None  # None: no split
+    num_parts: int
+    num_qblocks: int       # grid size along q-blocks (an upper bound for launches with prefills)
+    fused: bool
+    merge_rows: int        # rows one fused merge loads (a power of two >= 2)
+    small_merge_rows: int
+    parts_per_step: int
+    reduce_parts_per_step: int
+    reduce_warps: int
+    config: KernelConfig
+
+
+_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
 def interpreting() -> bool:
-    """True when Triton runs kernels in its CPU interpreter (TRITON_INTERPRET=1)."""
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+    """True when Triton runs kernels in its CPU interpreter (TRITON_INTERPRET=1 at import)."""
+    return _INTERPRET
 
 
 def default_config(head_size: int, device: torch.device) -> KernelConfig:
-    """Base configuration: 64-token tiles, 4 warps, 2 stages on GPU (the H200 sweet spot at head size
-    128; 32 tokens at head size 256 to bound registers). The interpreter pays per program-iteration,
-    not per element, so it takes 256-token tiles. ``plan_launch`` adapts the tile to the launch."""
+    """Base decode configuration: 64-token tiles, 4 warps, 2 stages on GPU (the H200 sweet spot at
+    head size 128; 32 tokens at head size 256 to bound registers). The interpreter pays per
+    program-iteration, not per element, so it takes 256-token tiles. ``plan_attention`` adapts the
+    tile to the launch."""
     if device.type != "cuda":
         return KernelConfig(tile_tokens=256, num_warps=1, num_stages=1)
     return KernelConfig(tile_tokens=64 if head_size <= 128 else 32)
-
-
-def plan_launch(num_seqs: int, num_kv_heads: int, max_seq_len: int, head_size: int, layout: str,
-                device: torch.device, partition_size: int | None = None,
-                config: KernelConfig | None = None, num_queries_per_kv: int = 1) -> tuple[int | None, KernelConfig]:
-    """Choose v1 or v2 and the kernel configuration (the whole dispatch rule in one place).
-
-    On GPU, with no explicit config: the base tile (``default_config``) for v2 and for large v1
-    launches; twice that for a v1 launch of at most two waves (fewer, longer programs need more bytes
-    in flight each: 68 vs 80 us at 256 programs x 2k tokens on the H200) and for the vLLM layout
-    (its 16-byte runs along tokens want long tiles: 2.6x faster than 64-token tiles there). Full
-    tiles run without token masks (7-10% faster on split and small launches, 15% on the vLLM
-    layout), except for large flat v1 launches, where masking every tile measured faster.
-    Split-KV merges its partitions inside the attention kernel (fused) when one program merges at
-    most FUSED_MERGE_MAX_ROWS partial rows (partitions x query heads per KV head); above that a
-    separate reduce launch, one program per query head, spreads the merge and measured faster.
-
-    Args:
-        num_seqs, num_kv_heads, max_seq_len, head_size, layout: the problem.
-        device: where it runs.
-        partition_size: None = ``plan_partitions`` (GPU) or v1 (interpreter); else forced v2.
-        config: an explicit configuration (kept as given; partitions are planned with its tile).
-        num_queries_per_kv: query heads per KV head (GQA group), for the choice of merge.
-    Returns:
-        (partition_size or None for v1, KernelConfig).
-    """
-    base = config or default_config(head_size, device)
-    if partition_size is None and device.type == "cuda":
-        partition_size = plan_partitions(num_seqs, num_kv_heads, max_seq_len, base.tile_tokens, num_sms(device))
-    if partition_size is not None and partition_size >= max_seq_len:
-        partition_size = None  # one partition: v1 computes the same thing without the reduce
-    if config is not None or device.type != "cuda":
-        return partition_size, base
-    fused = (partition_size is None
-             or math.ceil(max_seq_len / partition_size) * num_queries_per_kv <= FUSED_MERGE_MAX_ROWS)
-    few_programs = partition_size is None and num_seqs * num_kv_heads <= 2 * num_sms(device)
-    if layout == "vllm" or few_programs:
-        return partition_size, KernelConfig(2 * base.tile_tokens, base.num_warps, base.num_stages,
-                                            fused_reduce=fused)
-    # a v1 launch of more than two waves, flat layout: masking every tile measured up to 25% faster
-    # there (H200, 512 programs, block 128) while unmasked full tiles win everywhere else
-    return partition_size, KernelConfig(base.tile_tokens, base.num_warps, base.num_stages,
-                                        unmasked_full_tiles=partition_size is not None, fused_reduce=fused)
-
-
-def merge_tile_elems(device: torch.device) -> int:
-    """Elements of partial results the merge loads per step (partitions x group heads x head size):
-    16 KB of fp32 on GPU; the interpreter pays per step, not per element, so it takes everything."""
-    return MERGE_TILE_ELEMS if device.type == "cuda" else 1 << 20
-
-
-_COUNTERS: dict[torch.device, torch.Tensor] = {}
-
-
-def attention_workspace(num_seqs: int, num_kv_heads: int, device: torch.device | str) -> torch.Tensor:
-    """Arrival counters for the fused split-KV merge (int32 zeros), to pass as ``workspace=``.
-
-    Args:
-        num_seqs, num_kv_heads: the largest batch the workspace serves (one counter per pair).
-        device: where the kernel runs.
-    Returns:
-        int32 zeros [num_seqs * num_kv_heads]; paged_attention leaves them at zero.
-    """
-    return torch.zeros(num_seqs * num_kv_heads, dtype=torch.int32, device=device)
-
-
-def _counters(workspace: torch.Tensor | None, num_counters: int, device: torch.device) -> torch.Tensor:
-    if workspace is not None:
-        if workspace.dtype != torch.int32 or workspace.device != device or workspace.numel() < num_counters:
-            raise ValueError(f"workspace must be int32 on {device} with at least {num_counters} elements "
-                             f"(num_seqs * num_kv_heads), got {workspace.dtype} on {workspace.device} with "
-                             f"{workspace.numel()}")
-        return workspace
-    buf = _COUNTERS.get(device)
-    if buf is None or buf.numel() < num_counters:
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            # a buffer allocated during capture would belong to the graph's memory pool
-            raise ValueError(f"the fused split-KV merge needs {num_counters} counters: call once before "
-                             "capturing a CUDA graph, or pass workspace=attention_workspace(...)")
-        buf = torch.zeros(max(num_counters, 1 << 16), dtype=torch.int32, device=device)
-        _COUNTERS[device] = buf
-    return buf
 
 
 def num_sms(device: torch.device) -> int:
     """Multiprocessors of a CUDA device (1 elsewhere: the interpreter runs programs one by one)."""
     if device.type != "cuda":
         return 1
-    return torch.cuda.get_device_properties(device).multi_processor_count
+    return _num_sms_cuda(device.index if device.index is not None else torch.cuda.current_device())
+
+
+_SMS: dict[int, int] = {}
+
+
+def _num_sms_cuda(index: int) -> int:
+    if index not in _SMS:
+        _SMS[index] = torch.cuda.get_device_properties(index).multi_processor_count
+    return _SMS[index]
 
 
 def plan_partitions(num_seqs: int, num_kv_heads: int, max_seq_len: int, tile_tokens: int,
                     num_sms_: int) -> int | None:
-    """The dispatch rule between v1 and v2 (measured on an H200, docs/BENCHMARKS.md, "Kernels").
+    """The split-KV rule (measured on an H200, docs/BENCHMARKS.md, "Kernels").
 
-    v1 launches num_seqs * num_kv_heads programs. Below one wave of the multiprocessors the GPU
-    cannot keep enough loads in flight, so the sequence is split into the largest power of two of
-    partitions that keeps the launch within TARGET_WAVES waves (powers of two measured better than
-    exact fills), with at least one tile per partition. A launch that already fills a wave runs
-    v1: splitting it measured no faster at any context (2 partitions of a 256-program launch ran
-    up to 25% slower).
+    Without a split a launch has num_seqs (q-blocks) x num_kv_heads programs. Below one wave of the
+    multiprocessors the GPU cannot keep enough loads in flight, so the KV is split into the largest
+    power of two of partitions that keeps the launch within TARGET_WAVES waves (powers of two
+    measured better than exact fills), with at least one tile per partition. A launch that already
+    fills a wave is not split: splitting it measured no faster at any context.
 
     Args:
-        num_seqs, num_kv_heads: v1 launches one program per (sequence, KV head).
-        max_seq_len: longest context in the batch (tokens).
+        num_seqs, num_kv_heads: programs along q-blocks and KV heads.
+        max_seq_len: the longest KV range a program reads (tokens).
         tile_tokens: the kernel's tile; partitions are a multiple of it.
         num_sms_: multiprocessors of the device.
     Returns:
-        None for v1, else the partition size in tokens for v2.
+        None for no split, else the partition size in tokens.
     """
     num_programs = num_seqs * num_kv_heads
     if num_programs >= num_sms_:
@@ -216,26 +204,239 @@ def plan_partitions(num_seqs: int, num_kv_heads: int, max_seq_len: int, tile_tok
     return tile_tokens * math.ceil(max_seq_len / num_parts / tile_tokens)
 
 
+def merge_tile_elems(device: torch.device) -> int:
+    """Elements of partial results the merge loads per step (partitions x rows x head size): 16 KB
+    of fp32 on GPU; the interpreter pays per step, not per element, so it takes everything."""
+    return MERGE_TILE_ELEMS if device.type == "cuda" else 1 << 20
+
+
+def _p2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def _decode_config(num_programs: int, layout: str, split: bool, base: KernelConfig, device,
+                   fused: bool) -> KernelConfig:
+    """The decode tile rule: the base tile for split launches and large launches; twice that for a
+    launch of at most two waves (fewer, longer programs need more bytes in flight each: 68 vs 80 us
+    at 256 programs x 2k tokens on the H200) and for the vLLM layout (its 16-byte runs along tokens
+    want long tiles: 2.6x faster than 64-token tiles there). Full tiles run without token masks
+    (7-10% faster on split and small launches, 15% on the vLLM layout), except for large flat
+    launches, where masking every tile measured faster (up to 25%, 512 programs, block 128)."""
+    few_programs = not split and num_programs <= 2 * num_sms(device)
+    if layout == "vllm" or few_programs:
+        return KernelConfig(2 * base.tile_tokens, base.num_warps, base.num_stages, fused_reduce=fused)
+    return KernelConfig(base.tile_tokens, base.num_warps, base.num_stages, unmasked_full_tiles=split,
+                        fused_reduce=fused)
+
+
+def plan_attention(num_tokens: int, num_seqs: int, num_heads: int, num_kv_heads: int, head_size: int,
+                   max_seq_len: int, max_query_len: int, layout: str, device: torch.device,
+                   partition_size: int | None = None, config: KernelConfig | None = None,
+                   sliding_window: int | None = None) -> LaunchPlan:
+    """The whole dispatch rule in one place: rows per program, tile, split-KV, merge.
+
+    Decode-only launches (num_tokens == num_seqs) run one token per program, 16+ rows, with the
+    decode tile rule (``_decode_config``) and split-KV below one wave (``plan_partitions``).
+    Launches with prefills run PREFILL_ROWS rows (fewer when every q_len x group is smaller), with
+    PREFILL_TILE-token tiles, PREFILL_WARPS warps and PREFILL_STAGES stages; their q-blocks of few
+    rows (decodes) run a small-row path, with every tile masked in large flat launches as the
+    decode rule does; they split only when few programs would read long KV (few query tokens over
+    a long context). Split-KV merges in the attention kernel when partitions x rows <= 64
+    (FUSED_MERGE_MAX_ROWS), else in a separate reduce launch.
+
+    Args:
+        num_tokens, num_seqs, num_heads, num_kv_heads, head_size: the problem.
+        max_seq_len, max_query_len: the longest seq_len and q_len (upper bounds are fine).
+        layout: "flat" or "vllm".
+        device: where it runs.
+        partition_size: None = the rule (GPU) or no split (interpreter); an int forces split-KV with
+            partitions of that many tokens (no split when one partition covers every range).
+        config: an explicit configuration (kept as given where it says something).
+        sliding_window: None or the window in tokens (bounds the KV range a program reads).
+    Returns:
+        LaunchPlan.
+    """
+    on_gpu = device.type == "cuda"
+    group = num_heads // num_kv_heads
+    decode_only = num_tokens == num_seqs
+    base = config or default_config(head_size, device)
+    group_rows = max(16, _p2(group))
+    if decode_only:
+        block_rows, small_rows = group_rows, 0
+    else:
+        want = base.block_rows or (PREFILL_ROWS if on_gpu else INTERPRETER_ROWS)
+        block_rows = max(group_rows, min(want, _p2(max_query_len * group)))
+        small_rows = base.small_rows if base.small_rows is not None else group_rows
+        if small_rows >= block_rows:
+            small_rows = 0
+    block_q = 1 if decode_only else max(1, block_rows // group)
+    num_qblocks = num_seqs if decode_only else num_tokens // block_q + num_seqs
+    # the longest KV range one program reads
+    span = max_seq_len if sliding_window is None else min(max_seq_len, sliding_window + block_q - 1)
+    tile0 = base.tile_tokens if (decode_only or config is not None or not on_gpu or block_rows <= 32) \
+        else PREFILL_TILE
+    if partition_size is None and on_gpu:
+        partition_size = plan_partitions(num_qblocks, num_kv_heads, span, tile0, num_sms(device))
+    if partition_size is not None and partition_size >= span:
+        partition_size = None  # one partition: no split computes the same thing without the merge
+    if partition_size is not None:
+        num_parts = math.ceil(span / partition_size) + (sliding_window is not None)  # tile alignment
+        fused = num_parts * block_q * group <= FUSED_MERGE_MAX_ROWS
+    else:
+        num_parts, fused = 1, True
+    if config is not None or not on_gpu:
+        cfg = base  # as given; the interpreter always fuses the merge unless told otherwise
+    elif decode_only or block_rows <= 32:
+        cfg = _decode_config(num_qblocks * num_kv_heads, layout, partition_size is not None, base, device, fused)
+    else:
+        # the small-row path (decodes) follows the decode rule: a large flat launch masks every tile
+        large = num_qblocks * num_kv_heads > 2 * num_sms(device)
+        cfg = KernelConfig(PREFILL_TILE, PREFILL_WARPS, PREFILL_STAGES, fused_reduce=fused,
+                           small_unmasked_full_tiles=not (large and layout == "flat"))
+    tile = cfg.tile_tokens
+    if partition_size is not None:
+        # the tile must divide the partition so that no tile straddles two partitions
+        tile = min(tile, partition_size & -partition_size)
+    merge_rows = max(2, _p2(block_q * group))
+    small_merge_rows = max(2, _p2((small_rows // group) * group)) if small_rows else 2
+    block_d = max(16, _p2(head_size))
+    parts_per_step = max(2, min(_p2(num_parts), merge_tile_elems(device) // (merge_rows * block_d)))
+    return LaunchPlan(decode_only, block_q, block_rows, small_rows, tile, partition_size, num_parts,
+                      num_qblocks, cfg.fused_reduce, merge_rows, small_merge_rows, parts_per_step,
+                      min(128, max(2, _p2(num_parts))), (8 if num_parts > 32 else 4) if on_gpu else 1, cfg)
+
+
+def plan_launch(num_seqs: int, num_kv_heads: int, max_seq_len: int, head_size: int, layout: str,
+                device: torch.device, partition_size: int | None = None,
+                config: KernelConfig | None = None, num_queries_per_kv: int = 1) -> tuple[int | None, KernelConfig]:
+    """The decode dispatch (one token per sequence): (partition size or None, KernelConfig).
+    A view of ``plan_attention`` for decode-only launches."""
+    plan = plan_attention(num_seqs, num_seqs, num_kv_heads * num_queries_per_kv, num_kv_heads, head_size,
+                          max_seq_len, 1, layout, device, partition_size, config)
+    return plan.partition_size, plan.config
+
+
+# ---------------------------------------------------------------------------------------------
+# per-device buffers: counters of the fused merge and the split-KV scratch
+
+_COUNTERS: dict[torch.device, torch.Tensor] = {}
+_SCRATCH: dict[tuple, torch.Tensor] = {}
+_RETIRED: list[torch.Tensor] = []  # replaced counter buffers: a captured CUDA graph may still use them
+
+
+def attention_workspace(num_seqs: int, num_kv_heads: int, device: torch.device | str) -> torch.Tensor:
+    """Arrival counters for the fused split-KV merge (int32 zeros), to pass as ``workspace=``.
+
+    Args:
+        num_seqs, num_kv_heads: the largest launch the workspace serves: one counter per (program
+            along q-blocks, KV head); for a launch with prefills, pass num_tokens + num_seqs as
+            num_seqs (a bound on its q-blocks).
+        device: where the kernel runs.
+    Returns:
+        int32 zeros [num_seqs * num_kv_heads]; the kernels leave them at zero.
+    """
+    return torch.zeros(num_seqs * num_kv_heads, dtype=torch.int32, device=device)
+
+
+def _check_not_capturing(device: torch.device, what: str) -> None:
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        # a buffer allocated during capture would belong to the graph's memory pool
+        raise ValueError(f"split-KV needs {what}: call once with this shape before capturing a CUDA "
+                         "graph, or pass workspace=attention_workspace(...)")
+
+
+def _counters(workspace: torch.Tensor | None, num_counters: int, device: torch.device) -> torch.Tensor:
+    if workspace is not None:
+        if workspace.dtype != torch.int32 or workspace.device != device or workspace.numel() < num_counters:
+            raise ValueError(f"workspace must be int32 on {device} with at least {num_counters} elements "
+                             f"(q-blocks x num_kv_heads), got {workspace.dtype} on {workspace.device} with "
+                             f"{workspace.numel()}")
+        return workspace
+    buf = _COUNTERS.get(device)
+    if buf is None or buf.numel() < num_counters:
+        _check_not_capturing(device, f"{num_counters} merge counters")
+        if buf is not None:
+            _RETIRED.append(buf)
+        buf = torch.zeros(max(num_counters, 1 << 16), dtype=torch.int32, device=device)
+        _COUNTERS[device] = buf
+    return buf
+
+
+def _scratch(device: torch.device, num_elems: int) -> torch.Tensor:
+    """fp32 scratch for the partial results of split-KV, per device and stream, grown and reused.
+    Inside CUDA-graph capture it comes from the graph's pool, as the graph must own it."""
+    if device.type == "cuda":
+        if torch.cuda.is_current_stream_capturing():
+            return torch.empty(num_elems, dtype=torch.float32, device=device)
+        key = (device, torch.cuda.current_stream(device).cuda_stream)
+    else:
+        key = (device, 0)
+    buf = _SCRATCH.get(key)
+    if buf is None or buf.numel() < num_elems:
+        buf = torch.empty(max(num_elems, 2 * buf.numel() if buf is not None else 0, 1 << 16),
+                          dtype=torch.float32, device=device)
+        _SCRATCH[key] = buf
+    return buf
+
+
+# ---------------------------------------------------------------------------------------------
+# the kernel
+
+
 @triton.jit
-def _attend_tile(q, m_i, l_i, acc, t0, end, bt_row, k_base, v_base, k_d, v_d, d_ok, qk_scale,
-                 k_stride_block, k_stride_token, v_stride_block, v_stride_token,
+def _find_seq(qsl_ptr, target, num_seqs, BLOCK_Q: tl.constexpr, BY_QBLOCK: tl.constexpr):
+    """The last sequence whose first program (BY_QBLOCK: q-block index query_start_loc[s] //
+    BLOCK_Q + s; else its first token query_start_loc[s]) is <= target (binary search)."""
+    # explicit int32 scalars: an int argument equal to 1 is specialised to a constant, and loop-carried
+    # values must keep one type
+    lo = tl.full([], 0, tl.int32)
+    hi = tl.full([], 0, tl.int32) + num_seqs - 1
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        key = tl.load(qsl_ptr + mid)
+        if BY_QBLOCK:
+            key = key // BLOCK_Q + mid
+        below = key <= target
+        lo = tl.where(below, mid, lo)
+        hi = tl.where(below, hi, mid - 1)
+    return lo
+
+
+@triton.jit
+def _kv_range(seq_len, q_len, first, n_tok, sliding_window, WINDOW: tl.constexpr):
+    """KV positions of the q-block of tokens [first, first + n_tok) of a sequence: (p_lo, p_hi, lo,
+    full_lo). p_lo/p_hi: positions of its first and last token; [lo, p_hi] holds every position a
+    row attends to; positions >= full_lo are in every row's window."""
+    p_lo = seq_len - q_len + first
+    p_hi = p_lo + n_tok - 1
+    if WINDOW:
+        lo = tl.maximum(p_lo - sliding_window + 1, 0)
+        full_lo = tl.maximum(p_hi - sliding_window + 1, 0)
+    else:
+        lo = p_lo * 0
+        full_lo = p_lo * 0
+    return p_lo, p_hi, lo, full_lo
+
+
+@triton.jit
+def _attend_tile(q, m_i, l_i, acc, j, lo, hi, pos, bt_row, k_base, v_base, k_d, v_d, d_ok, qk_scale,
+                 sliding_window, k_stride_block, k_stride_token, v_stride_block, v_stride_token,
                  HEAD_SIZE: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr,
                  V_TOKENS_CONTIGUOUS: tl.constexpr, RUN: tl.constexpr, UPCAST_DOT: tl.constexpr,
-                 IEEE: tl.constexpr, MASKED: tl.constexpr):
-    """One tile of TILE tokens from t0: gather K/V through the block table, online-softmax update.
-    MASKED: the tile may run past ``end`` (tokens there are never read into the result)."""
-    t = t0 + tl.arange(0, TILE)
-    t_ok = t < end
+                 IEEE: tl.constexpr, MASKED: tl.constexpr, ROW_MASKS: tl.constexpr, WINDOW: tl.constexpr):
+    """Tile j (tokens [j*TILE, (j+1)*TILE)): gather K/V through the block table, online-softmax
+    update. MASKED: the tile may hold tokens outside [lo, hi) (never read into the result) or, with
+    ROW_MASKS (several tokens per program), tokens past a row's position or before its window."""
+    t = j * TILE + tl.arange(0, TILE)
     if MASKED:
-        # past the end the block-table entry may be unused: read block 0 instead (always in the pool)
+        t_ok = t < hi
+        if WINDOW:
+            t_ok = t_ok & (t >= lo)
+        # outside [lo, hi) the block-table entry may be unused: read block 0 instead (always in the pool)
         block = tl.load(bt_row + t // BLOCK_SIZE, mask=t_ok, other=0).to(tl.int64)
     else:
         block = tl.load(bt_row + t // BLOCK_SIZE).to(tl.int64)
     slot = t % BLOCK_SIZE
-    if MASKED:
-        kv_mask = t_ok[:, None] & d_ok[None, :]
-    else:
-        kv_mask = d_ok[None, :]
     k_ptrs = k_base + (block * k_stride_block + slot * k_stride_token)[:, None] + k_d[None, :]
     v_tok = block * v_stride_block + slot * v_stride_token
     if V_TOKENS_CONTIGUOUS:
@@ -246,15 +447,20 @@ def _attend_tile(q, m_i, l_i, acc, t0, end, bt_row, k_base, v_base, k_d, v_d, d_
     if HEAD_SIZE == BLOCK_D and not MASKED:
         k = tl.load(k_ptrs)
         v = tl.load(v_ptrs)
-    elif V_TOKENS_CONTIGUOUS and MASKED:
-        # a mask varying along tokens would stop 16-byte loads: load the whole runs (every address is
-        # inside the pool) and zero the tokens past the end, which may hold NaN (free slots)
+    elif MASKED:
+        kv_mask = t_ok[:, None] & d_ok[None, :]
         k = tl.load(k_ptrs, mask=kv_mask, other=0.0)
-        v = tl.load(v_ptrs, mask=d_ok[None, :], other=0.0)
-        v = tl.where(t_ok[:, None], v, 0.0)
+        if V_TOKENS_CONTIGUOUS:
+            # a mask varying along tokens would stop 16-byte loads: load the whole runs (every
+            # address is inside the pool) and zero the tokens outside the range, which may hold
+            # NaN (free slots)
+            v = tl.load(v_ptrs, mask=d_ok[None, :], other=0.0)
+            v = tl.where(t_ok[:, None], v, 0.0)
+        else:
+            v = tl.load(v_ptrs, mask=kv_mask, other=0.0)
     else:
-        k = tl.load(k_ptrs, mask=kv_mask, other=0.0)
-        v = tl.load(v_ptrs, mask=kv_mask, other=0.0)
+        k = tl.load(k_ptrs, mask=d_ok[None, :], other=0.0)
+        v = tl.load(v_ptrs, mask=d_ok[None, :], other=0.0)
     if UPCAST_DOT:
         k = k.to(tl.float32)
         v = v.to(tl.float32)
@@ -263,12 +469,23 @@ def _attend_tile(q, m_i, l_i, acc, t0, end, bt_row, k_base, v_base, k_d, v_d, d_
     else:
         s = tl.dot(q, tl.trans(k))
     if MASKED:
-        s = tl.where(t_ok[None, :], s * qk_scale, float("-inf"))
+        if ROW_MASKS:
+            ok = t_ok[None, :] & (t[None, :] <= pos[:, None])
+            if WINDOW:
+                ok = ok & (t[None, :] > pos[:, None] - sliding_window)
+        else:
+            ok = t_ok[None, :]
+        s = tl.where(ok, s * qk_scale, float("-inf"))
     else:
         s = s * qk_scale
     m_new = tl.maximum(m_i, tl.max(s, 1))
-    alpha = tl.math.exp2(m_i - m_new)
-    p = tl.math.exp2(s - m_new[:, None])
+    if MASKED and ROW_MASKS:
+        # a row may have no token in this tile yet (m = -inf): exponentiate against 0 instead
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+    else:
+        m_use = m_new
+    alpha = tl.math.exp2(m_i - m_use)
+    p = tl.math.exp2(s - m_use[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
     if IEEE:
         pv = tl.dot(p, v, input_precision="ieee")
@@ -279,48 +496,83 @@ def _attend_tile(q, m_i, l_i, acc, t0, end, bt_row, k_base, v_base, k_d, v_d, d_
 
 
 @triton.jit
-def _paged_attention_kernel(
-    out_ptr, tmp_ptr, m_ptr, l_ptr, counters_ptr,
-    q_ptr, k_ptr, v_ptr, block_tables_ptr, seq_lens_ptr,
-    qk_scale, partition_size,
-    stride_q_seq, stride_q_head,
-    stride_o_seq, stride_o_head,
-    stride_t_seq, stride_t_head, stride_t_part,
-    stride_ml_seq, stride_ml_head,
-    stride_c_seq,
-    stride_bt_seq,
-    k_stride_block, k_stride_token, k_stride_head, k_stride_dx, k_stride_x,
-    v_stride_block, v_stride_token, v_stride_head, v_stride_dx, v_stride_x,
-    GROUP: tl.constexpr, HEAD_SIZE: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr, K_X: tl.constexpr, V_X: tl.constexpr,
-    V_TOKENS_CONTIGUOUS: tl.constexpr, RUN: tl.constexpr, SPLIT: tl.constexpr, UPCAST_DOT: tl.constexpr,
-    IEEE: tl.constexpr, HEAD_FASTEST: tl.constexpr, UNMASKED_FULL_TILES: tl.constexpr,
-    FUSED: tl.constexpr, GROUP_P2: tl.constexpr, PARTS_PER_STEP: tl.constexpr,
-):
-    if HEAD_FASTEST:
-        kv_head = tl.program_id(0)
-        seq = tl.program_id(1)
-    else:
-        seq = tl.program_id(0)
-        kv_head = tl.program_id(1)
-    part = tl.program_id(2)
-    seq_len = tl.load(seq_lens_ptr + seq).to(tl.int32)
-    if SPLIT:
-        start = part * partition_size
-        end = tl.minimum(start + partition_size, seq_len)
-    else:
-        start = 0
-        end = seq_len
-
-    rows = tl.arange(0, BLOCK_H)
-    row_ok = rows < GROUP
-    heads = kv_head * GROUP + rows
+def _merge_partitions(tmp_ptr, m_ptr, l_ptr, t_rows, ml_rows, rows_ok, num_parts, stride_t_part,
+                      ROWS: tl.constexpr, HEAD_SIZE: tl.constexpr, BLOCK_D: tl.constexpr,
+                      PARTS_PER_STEP: tl.constexpr, CACHE: tl.constexpr):
+    """Merge the partial results (acc, m, l) of partitions 0 .. num_parts - 1 of ROWS query rows
+    (t_rows / ml_rows: each row's offset in the partials; parts are contiguous in m and l), in
+    partition order, so that the result never depends on which program finished last:
+    M = max_p m_p;  L = sum_p l_p 2^(m_p - M);  A = sum_p acc_p 2^(m_p - M).
+    A row may have no token in a partition (m = -inf, l = 0, acc = 0): it adds nothing.
+    CACHE: load cache modifier (".cg": read from L2, where other programs wrote the partials).
+    Returns (L, A), [ROWS] and [ROWS, BLOCK_D] (rows not ok: 0)."""
     d = tl.arange(0, BLOCK_D)
     d_ok = d < HEAD_SIZE
-    q = tl.load(q_ptr + seq.to(tl.int64) * stride_q_seq + heads[:, None] * stride_q_head + d[None, :],
+    pp = tl.arange(0, PARTS_PER_STEP)
+    big_m = tl.full([ROWS], float("-inf"), dtype=tl.float32)
+    big_l = tl.zeros([ROWS], dtype=tl.float32)
+    acc = tl.zeros([ROWS, BLOCK_D], dtype=tl.float32)
+    for p0 in range(0, num_parts, PARTS_PER_STEP):
+        p = p0 + pp
+        ok = rows_ok[:, None] & (p < num_parts)[None, :]
+        m_p = tl.load(m_ptr + ml_rows[:, None] + p[None, :], mask=ok, other=float("-inf"), cache_modifier=CACHE)
+        l_p = tl.load(l_ptr + ml_rows[:, None] + p[None, :], mask=ok, other=0.0, cache_modifier=CACHE)
+        a_p = tl.load(tmp_ptr + t_rows[:, None, None] + p[None, :, None] * stride_t_part + d[None, None, :],
+                      mask=ok[:, :, None] & d_ok[None, None, :], other=0.0, cache_modifier=CACHE)
+        m_new = tl.maximum(big_m, tl.max(m_p, 1))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # no token yet (or a padding row)
+        rescale_old = tl.math.exp2(big_m - m_use)
+        w_p = tl.math.exp2(m_p - m_use[:, None])
+        big_l = big_l * rescale_old + tl.sum(l_p * w_p, 1)
+        acc = acc * rescale_old[:, None] + tl.sum(a_p * w_p[:, :, None], 1)
+        big_m = m_new
+    return big_l, acc
+
+
+@triton.jit
+def _attend_qblock(
+    out_ptr, tmp_ptr, m_ptr, l_ptr, counters_ptr, q_ptr, k_ptr, v_ptr, bt_row,
+    qblock, kv_head, part, tok0, n_tok, seq_len, q_len, first, qk_scale, sliding_window,
+    tiles_per_part, num_kv_heads,
+    stride_q_tok, stride_q_head, stride_o_tok, stride_o_head,
+    stride_t_tok, stride_t_head, stride_t_part, stride_ml_tok, stride_ml_head,
+    k_stride_block, k_stride_token, k_stride_head, k_stride_dx, k_stride_x,
+    v_stride_block, v_stride_token, v_stride_head, v_stride_dx, v_stride_x,
+    ROWS: tl.constexpr, MERGE_ROWS: tl.constexpr, GROUP: tl.constexpr, HEAD_SIZE: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr, K_X: tl.constexpr,
+    V_X: tl.constexpr, V_TOKENS_CONTIGUOUS: tl.constexpr, RUN: tl.constexpr, SPLIT: tl.constexpr,
+    UPCAST_DOT: tl.constexpr, IEEE: tl.constexpr, UNMASKED_FULL_TILES: tl.constexpr, FUSED: tl.constexpr,
+    PARTS_PER_STEP: tl.constexpr, ROW_MASKS: tl.constexpr, WINDOW: tl.constexpr,
+):
+    """One program's work: the n_tok new tokens [first, first + n_tok) of a sequence (tok0: the
+    first one's query row) x the GROUP query heads of kv_head, as ROWS rows; all of their KV range,
+    or partition ``part`` of it (SPLIT)."""
+    p_lo, p_hi, lo, full_lo = _kv_range(seq_len, q_len, first, n_tok, sliding_window, WINDOW)
+    hi = p_hi + 1
+    j_lo = lo // TILE
+    j_hi = tl.cdiv(hi, TILE)
+    if SPLIT:
+        num_parts = tl.cdiv(j_hi - j_lo, tiles_per_part)
+        a = j_lo + part * tiles_per_part
+        j_hi = tl.minimum(j_hi, a + tiles_per_part)
+    else:
+        num_parts = 1
+        a = j_lo
+    # the loops run for every program (empty past the q-block's range) and only the stores below are
+    # guarded, as in the decode-only kernel before: guarding the whole body made MHA split launches
+    # 1.2-1.3x slower on the H200 (bench/results/kernels_h200_decode_fix.csv)
+    rows = tl.arange(0, ROWS)
+    r_tok = rows // GROUP
+    row_ok = (rows < (ROWS // GROUP) * GROUP) & (r_tok < n_tok)
+    heads = kv_head * GROUP + rows % GROUP
+    d = tl.arange(0, BLOCK_D)
+    d_ok = d < HEAD_SIZE
+    q_rows = tok0 + r_tok
+    q = tl.load(q_ptr + q_rows.to(tl.int64)[:, None] * stride_q_tok + heads[:, None] * stride_q_head + d[None, :],
                 mask=row_ok[:, None] & d_ok[None, :], other=0.0)
     if UPCAST_DOT:
         q = q.to(tl.float32)
+    pos = p_lo + tl.minimum(r_tok, n_tok - 1)  # padding rows: the last token's position
     # address pieces that do not depend on the token
     k_d = (d // K_X) * k_stride_dx + (d % K_X) * k_stride_x
     if K_X > 1:
@@ -330,284 +582,461 @@ def _paged_attention_kernel(
     v_d = (d // V_X) * v_stride_dx + (d % V_X) * v_stride_x
     k_base = k_ptr + kv_head.to(tl.int64) * k_stride_head
     v_base = v_ptr + kv_head.to(tl.int64) * v_stride_head
-    bt_row = block_tables_ptr + seq.to(tl.int64) * stride_bt_seq
 
-    m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
-    # full tiles carry no token masks (vectorised, pipelined loads); one masked tile takes the tail
-    end = tl.maximum(end, start)  # a v2 partition past the sequence's end has no tokens
+    m_i = tl.full([ROWS], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([ROWS], dtype=tl.float32)
+    acc = tl.zeros([ROWS, BLOCK_D], dtype=tl.float32)
     if UNMASKED_FULL_TILES:
-        num_full = (end - start) // TILE
-        for i in range(0, num_full):
+        # tiles [a, b): window edge, masked; [b, c): seen whole by every row, no masks;
+        # [c, j_hi): the causal diagonal (a decode's last, partial tile), masked
+        b = tl.minimum(tl.maximum(tl.cdiv(full_lo, TILE), a), j_hi)
+        c = tl.minimum(tl.maximum((p_lo + 1) // TILE, b), j_hi)
+        if WINDOW:
+            for j in range(a, b):
+                m_i, l_i, acc = _attend_tile(
+                    q, m_i, l_i, acc, j, lo, hi, pos, bt_row, k_base, v_base, k_d, v_d, d_ok, qk_scale,
+                    sliding_window, k_stride_block, k_stride_token, v_stride_block, v_stride_token,
+                    HEAD_SIZE, BLOCK_D, BLOCK_SIZE, TILE, V_TOKENS_CONTIGUOUS, RUN, UPCAST_DOT, IEEE,
+                    True, ROW_MASKS, WINDOW)
+        for j in range(b, c):
             m_i, l_i, acc = _attend_tile(
-                q, m_i, l_i, acc, start + i * TILE, end, bt_row, k_base, v_base, k_d, v_d, d_ok, qk_scale,
-                k_stride_block, k_stride_token, v_stride_block, v_stride_token,
-                HEAD_SIZE, BLOCK_D, BLOCK_SIZE, TILE, V_TOKENS_CONTIGUOUS, RUN, UPCAST_DOT, IEEE, False)
-        tail = start + num_full * TILE
-        if tail < end:
+                q, m_i, l_i, acc, j, lo, hi, pos, bt_row, k_base, v_base, k_d, v_d, d_ok, qk_scale,
+                sliding_window, k_stride_block, k_stride_token, v_stride_block, v_stride_token,
+                HEAD_SIZE, BLOCK_D, BLOCK_SIZE, TILE, V_TOKENS_CONTIGUOUS, RUN, UPCAST_DOT, IEEE,
+                False, ROW_MASKS, WINDOW)
+        if ROW_MASKS:
+            for j in range(c, j_hi):
+                m_i, l_i, acc = _attend_tile(
+                    q, m_i, l_i, acc, j, lo, hi, pos, bt_row, k_base, v_base, k_d, v_d, d_ok, qk_scale,
+                    sliding_window, k_stride_block, k_stride_token, v_stride_block, v_stride_token,
+                    HEAD_SIZE, BLOCK_D, BLOCK_SIZE, TILE, V_TOKENS_CONTIGUOUS, RUN, UPCAST_DOT, IEEE,
+                    True, ROW_MASKS, WINDOW)
+        elif c < j_hi:  # one token per program: at most one partial tile
             m_i, l_i, acc = _attend_tile(
-                q, m_i, l_i, acc, tail, end, bt_row, k_base, v_base, k_d, v_d, d_ok, qk_scale,
-                k_stride_block, k_stride_token, v_stride_block, v_stride_token,
-                HEAD_SIZE, BLOCK_D, BLOCK_SIZE, TILE, V_TOKENS_CONTIGUOUS, RUN, UPCAST_DOT, IEEE, True)
+                q, m_i, l_i, acc, c, lo, hi, pos, bt_row, k_base, v_base, k_d, v_d, d_ok, qk_scale,
+                sliding_window, k_stride_block, k_stride_token, v_stride_block, v_stride_token,
+                HEAD_SIZE, BLOCK_D, BLOCK_SIZE, TILE, V_TOKENS_CONTIGUOUS, RUN, UPCAST_DOT, IEEE,
+                True, ROW_MASKS, WINDOW)
     else:
-        for t0 in range(start, end, TILE):
+        for j in range(a, j_hi):
             m_i, l_i, acc = _attend_tile(
-                q, m_i, l_i, acc, t0, end, bt_row, k_base, v_base, k_d, v_d, d_ok, qk_scale,
-                k_stride_block, k_stride_token, v_stride_block, v_stride_token,
-                HEAD_SIZE, BLOCK_D, BLOCK_SIZE, TILE, V_TOKENS_CONTIGUOUS, RUN, UPCAST_DOT, IEEE, True)
+                q, m_i, l_i, acc, j, lo, hi, pos, bt_row, k_base, v_base, k_d, v_d, d_ok, qk_scale,
+                sliding_window, k_stride_block, k_stride_token, v_stride_block, v_stride_token,
+                HEAD_SIZE, BLOCK_D, BLOCK_SIZE, TILE, V_TOKENS_CONTIGUOUS, RUN, UPCAST_DOT, IEEE,
+                True, ROW_MASKS, WINDOW)
 
     out_mask = row_ok[:, None] & d_ok[None, :]
     if SPLIT:
-        num_parts = tl.cdiv(seq_len, partition_size)
-        if part < num_parts:  # a partition past this sequence's end has no tokens: nothing to merge
+        if part < num_parts:  # a partition past this q-block's range has no tokens: nothing to merge
             # unnormalised partial result (acc, m, l), merged in partition order (below, or by
             # _reduce_partitions_kernel)
-            t_offs = seq.to(tl.int64) * stride_t_seq + heads[:, None] * stride_t_head + d[None, :]
+            t_offs = q_rows.to(tl.int64)[:, None] * stride_t_tok + heads[:, None] * stride_t_head + d[None, :]
             tl.store(tmp_ptr + t_offs + part * stride_t_part, acc, mask=out_mask)
-            ml_offs = seq.to(tl.int64) * stride_ml_seq + heads * stride_ml_head + part
+            ml_offs = q_rows.to(tl.int64) * stride_ml_tok + heads * stride_ml_head + part
             tl.store(m_ptr + ml_offs, m_i, mask=row_ok)
             tl.store(l_ptr + ml_offs, l_i, mask=row_ok)
             if FUSED:
-                # the last partition program of (seq, kv_head) to arrive merges them all, in
+                # the last partition program of (q-block, kv_head) to arrive merges them all, in
                 # partition order. The barrier orders every thread's stores above before the release
                 # of the ticket (taken by one thread); the ticket's acquire makes the other
                 # programs' partials visible to this one.
                 tl.debug_barrier()
-                counter = counters_ptr + seq * stride_c_seq + kv_head
+                counter = counters_ptr + qblock.to(tl.int64) * num_kv_heads + kv_head
                 ticket = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
                 if ticket == num_parts - 1:
-                    _, big_l, big_acc = _merge_partitions(
-                        tmp_ptr, m_ptr, l_ptr, seq, kv_head, num_parts, stride_t_seq, stride_t_head,
-                        stride_t_part, stride_ml_seq, stride_ml_head, GROUP, GROUP_P2, HEAD_SIZE, BLOCK_D,
-                        PARTS_PER_STEP, ".cg")
-                    # every program of (seq, kv_head) has taken its ticket: reset for the next call
+                    mr = tl.arange(0, MERGE_ROWS)
+                    mr_tok = mr // GROUP
+                    mr_ok = (mr < (ROWS // GROUP) * GROUP) & (mr_tok < n_tok)
+                    mr_rows = (tok0 + mr_tok).to(tl.int64)
+                    mr_heads = kv_head * GROUP + mr % GROUP
+                    big_l, big_acc = _merge_partitions(
+                        tmp_ptr, m_ptr, l_ptr, mr_rows * stride_t_tok + mr_heads * stride_t_head,
+                        mr_rows * stride_ml_tok + mr_heads * stride_ml_head, mr_ok, num_parts, stride_t_part,
+                        MERGE_ROWS, HEAD_SIZE, BLOCK_D, PARTS_PER_STEP, ".cg")
+                    # every program of (q-block, kv_head) has taken its ticket: reset for the next call
                     tl.store(counter, 0)
-                    _store_output(out_ptr, seq, kv_head, big_l, big_acc, stride_o_seq, stride_o_head,
-                                  GROUP, GROUP_P2, HEAD_SIZE, BLOCK_D)
+                    out = big_acc / tl.where(mr_ok, big_l, 1.0)[:, None]
+                    tl.store(out_ptr + mr_rows[:, None] * stride_o_tok + mr_heads[:, None] * stride_o_head
+                             + d[None, :], out.to(out_ptr.dtype.element_ty), mask=mr_ok[:, None] & d_ok[None, :])
     else:
-        out_offs = seq.to(tl.int64) * stride_o_seq + heads[:, None] * stride_o_head + d[None, :]
         out = acc / l_i[:, None]
-        tl.store(out_ptr + out_offs, out.to(out_ptr.dtype.element_ty), mask=out_mask)
+        tl.store(out_ptr + q_rows.to(tl.int64)[:, None] * stride_o_tok + heads[:, None] * stride_o_head
+                 + d[None, :], out.to(out_ptr.dtype.element_ty), mask=out_mask)
 
 
 @triton.jit
-def _merge_partitions(tmp_ptr, m_ptr, l_ptr, seq, kv_head, num_parts,
-                      stride_t_seq, stride_t_head, stride_t_part, stride_ml_seq, stride_ml_head,
-                      GROUP: tl.constexpr, GROUP_P2: tl.constexpr, HEAD_SIZE: tl.constexpr,
-                      BLOCK_D: tl.constexpr, PARTS_PER_STEP: tl.constexpr, CACHE: tl.constexpr):
-    """Merge the partial results (acc, m, l) of partitions 0 .. num_parts - 1 of the GROUP query
-    heads of (seq, kv_head), in partition order, so that the result never depends on which program
-    finished last:  M = max_p m_p;  L = sum_p l_p 2^(m_p - M);  A = sum_p acc_p 2^(m_p - M).
-    CACHE: load cache modifier (".cg": read from L2, where other programs wrote the partials).
-    Returns (M, L, A), [GROUP_P2] and [GROUP_P2, BLOCK_D] (padding rows: M = 0, L = 0, A = 0)."""
-    g = tl.arange(0, GROUP_P2)
-    g_ok = g < GROUP
-    heads = kv_head * GROUP + g
-    d = tl.arange(0, BLOCK_D)
-    d_ok = d < HEAD_SIZE
-    pp = tl.arange(0, PARTS_PER_STEP)
-    ml_base = seq.to(tl.int64) * stride_ml_seq + heads * stride_ml_head
-    t_base = seq.to(tl.int64) * stride_t_seq + heads * stride_t_head
-    big_m = tl.full([GROUP_P2], float("-inf"), dtype=tl.float32)
-    big_l = tl.zeros([GROUP_P2], dtype=tl.float32)
-    acc = tl.zeros([GROUP_P2, BLOCK_D], dtype=tl.float32)
-    for p0 in range(0, num_parts, PARTS_PER_STEP):
-        p = p0 + pp
-        ok = g_ok[:, None] & (p < num_parts)[None, :]
-        m_p = tl.load(m_ptr + ml_base[:, None] + p[None, :], mask=ok, other=float("-inf"), cache_modifier=CACHE)
-        l_p = tl.load(l_ptr + ml_base[:, None] + p[None, :], mask=ok, other=0.0, cache_modifier=CACHE)
-        a_p = tl.load(tmp_ptr + t_base[:, None, None] + p[None, :, None] * stride_t_part + d[None, None, :],
-                      mask=ok[:, :, None] & d_ok[None, None, :], other=0.0, cache_modifier=CACHE)
-        # finite for the group's heads (partition 0 always holds a token); padding rows stay at 0
-        m_new = tl.where(g_ok, tl.maximum(big_m, tl.max(m_p, 1)), 0.0)
-        rescale_old = tl.math.exp2(big_m - m_new)
-        w_p = tl.math.exp2(m_p - m_new[:, None])
-        big_l = big_l * rescale_old + tl.sum(l_p * w_p, 1)
-        acc = acc * rescale_old[:, None] + tl.sum(a_p * w_p[:, :, None], 1)
-        big_m = m_new
-    return big_m, big_l, acc
-
-
-@triton.jit
-def _store_output(out_ptr, seq, kv_head, l, acc, stride_o_seq, stride_o_head,
-                  GROUP: tl.constexpr, GROUP_P2: tl.constexpr, HEAD_SIZE: tl.constexpr, BLOCK_D: tl.constexpr):
-    """out = acc / l for the GROUP heads of (seq, kv_head)."""
-    g = tl.arange(0, GROUP_P2)
-    g_ok = g < GROUP
-    heads = kv_head * GROUP + g
-    d = tl.arange(0, BLOCK_D)
-    out = acc / tl.where(g_ok, l, 1.0)[:, None]
-    tl.store(out_ptr + seq.to(tl.int64) * stride_o_seq + heads[:, None] * stride_o_head + d[None, :],
-             out.to(out_ptr.dtype.element_ty), mask=g_ok[:, None] & (d < HEAD_SIZE)[None, :])
+def _attention_kernel(
+    out_ptr, tmp_ptr, m_ptr, l_ptr, counters_ptr,
+    q_ptr, k_ptr, v_ptr, block_tables_ptr, seq_lens_ptr, qsl_ptr,
+    qk_scale, sliding_window, tiles_per_part, num_seqs, num_qblocks, num_kv_heads,
+    stride_q_tok, stride_q_head, stride_o_tok, stride_o_head,
+    stride_t_tok, stride_t_head, stride_t_part, stride_ml_tok, stride_ml_head,
+    stride_bt_seq,
+    k_stride_block, k_stride_token, k_stride_head, k_stride_dx, k_stride_x,
+    v_stride_block, v_stride_token, v_stride_head, v_stride_dx, v_stride_x,
+    GROUP: tl.constexpr, HEAD_SIZE: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr,
+    SMALL_M: tl.constexpr, MERGE_ROWS: tl.constexpr, SMALL_MERGE_ROWS: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr, K_X: tl.constexpr, V_X: tl.constexpr,
+    V_TOKENS_CONTIGUOUS: tl.constexpr, RUN: tl.constexpr, SPLIT: tl.constexpr, UPCAST_DOT: tl.constexpr,
+    IEEE: tl.constexpr, UNMASKED_FULL_TILES: tl.constexpr, FUSED: tl.constexpr,
+    PARTS_PER_STEP: tl.constexpr, DECODE_ONLY: tl.constexpr, WINDOW: tl.constexpr,
+    LONGEST_FIRST: tl.constexpr, SMALL_UNMASKED: tl.constexpr,
+):
+    if DECODE_ONLY:
+        # the KV heads of one sequence side by side, as the decode-only kernel before did: they read
+        # neighbouring bytes of the same blocks (flat layout)
+        pid = tl.program_id(1)
+        kv_head = tl.program_id(0)
+    else:
+        pid = tl.program_id(0)
+        kv_head = tl.program_id(1)
+    part = tl.program_id(2)
+    if DECODE_ONLY:
+        qblock = pid
+        seq = pid
+        tok0 = pid
+        q_len = 1
+        first = 0
+        n_tok = 1
+    else:
+        if LONGEST_FIRST:
+            qblock = num_qblocks - 1 - pid
+        else:
+            qblock = pid
+        seq = _find_seq(qsl_ptr, qblock, num_seqs, BLOCK_Q, True)
+        q_start = tl.load(qsl_ptr + seq)
+        q_len = tl.load(qsl_ptr + seq + 1) - q_start
+        first = (qblock - (q_start // BLOCK_Q + seq)) * BLOCK_Q
+        tok0 = q_start + first
+        n_tok = tl.minimum(q_len - first, BLOCK_Q)
+    if n_tok > 0:  # programs past their sequence's last q-block (the grid is a bound) do nothing
+        seq_len = tl.load(seq_lens_ptr + seq).to(tl.int32)
+        bt_row = block_tables_ptr + seq.to(tl.int64) * stride_bt_seq
+        # (a constexpr test outside: a variable set to False in Triton is a tensor, and both paths
+        # would be compiled). The call sites below and the _attend_tile loops of _attend_qblock repeat
+        # their argument lists because each is one compile-time instance (rows, masking): Triton
+        # takes no *args and no loop over constexprs.
+        if SMALL_M > 0:
+            # mixed launch: a q-block of few rows (a decode) runs the small-row path
+            if n_tok * GROUP <= SMALL_M:
+                _attend_qblock(
+                    out_ptr, tmp_ptr, m_ptr, l_ptr, counters_ptr, q_ptr, k_ptr, v_ptr, bt_row,
+                    qblock, kv_head, part, tok0, n_tok, seq_len, q_len, first, qk_scale, sliding_window,
+                    tiles_per_part, num_kv_heads, stride_q_tok, stride_q_head, stride_o_tok, stride_o_head,
+                    stride_t_tok, stride_t_head, stride_t_part, stride_ml_tok, stride_ml_head,
+                    k_stride_block, k_stride_token, k_stride_head, k_stride_dx, k_stride_x,
+                    v_stride_block, v_stride_token, v_stride_head, v_stride_dx, v_stride_x,
+                    SMALL_M, SMALL_MERGE_ROWS, GROUP, HEAD_SIZE, BLOCK_D, BLOCK_SIZE, TILE, K_X, V_X,
+                    V_TOKENS_CONTIGUOUS, RUN, SPLIT, UPCAST_DOT, IEEE, SMALL_UNMASKED, FUSED, PARTS_PER_STEP,
+                    SMALL_M // GROUP > 1, WINDOW)
+            else:
+                _attend_qblock(
+                    out_ptr, tmp_ptr, m_ptr, l_ptr, counters_ptr, q_ptr, k_ptr, v_ptr, bt_row,
+                    qblock, kv_head, part, tok0, n_tok, seq_len, q_len, first, qk_scale, sliding_window,
+                    tiles_per_part, num_kv_heads, stride_q_tok, stride_q_head, stride_o_tok, stride_o_head,
+                    stride_t_tok, stride_t_head, stride_t_part, stride_ml_tok, stride_ml_head,
+                    k_stride_block, k_stride_token, k_stride_head, k_stride_dx, k_stride_x,
+                    v_stride_block, v_stride_token, v_stride_head, v_stride_dx, v_stride_x,
+                    BLOCK_M, MERGE_ROWS, GROUP, HEAD_SIZE, BLOCK_D, BLOCK_SIZE, TILE, K_X, V_X,
+                    V_TOKENS_CONTIGUOUS, RUN, SPLIT, UPCAST_DOT, IEEE, UNMASKED_FULL_TILES, FUSED, PARTS_PER_STEP,
+                    BLOCK_Q > 1, WINDOW)
+        else:
+            _attend_qblock(
+                out_ptr, tmp_ptr, m_ptr, l_ptr, counters_ptr, q_ptr, k_ptr, v_ptr, bt_row,
+                qblock, kv_head, part, tok0, n_tok, seq_len, q_len, first, qk_scale, sliding_window,
+                tiles_per_part, num_kv_heads, stride_q_tok, stride_q_head, stride_o_tok, stride_o_head,
+                stride_t_tok, stride_t_head, stride_t_part, stride_ml_tok, stride_ml_head,
+                k_stride_block, k_stride_token, k_stride_head, k_stride_dx, k_stride_x,
+                v_stride_block, v_stride_token, v_stride_head, v_stride_dx, v_stride_x,
+                BLOCK_M, MERGE_ROWS, GROUP, HEAD_SIZE, BLOCK_D, BLOCK_SIZE, TILE, K_X, V_X,
+                V_TOKENS_CONTIGUOUS, RUN, SPLIT, UPCAST_DOT, IEEE, UNMASKED_FULL_TILES, FUSED, PARTS_PER_STEP,
+                BLOCK_Q > 1, WINDOW)
 
 
 @triton.jit
 def _reduce_partitions_kernel(
-    out_ptr, tmp_ptr, m_ptr, l_ptr, seq_lens_ptr, partition_size,
-    stride_o_seq, stride_o_head,
-    stride_t_seq, stride_t_head, stride_t_part,
-    stride_ml_seq, stride_ml_head,
-    HEAD_SIZE: tl.constexpr, BLOCK_D: tl.constexpr, PARTS_PER_STEP: tl.constexpr,
+    out_ptr, tmp_ptr, m_ptr, l_ptr, seq_lens_ptr, qsl_ptr, sliding_window, tiles_per_part, num_seqs,
+    stride_o_tok, stride_o_head, stride_t_tok, stride_t_head, stride_t_part, stride_ml_tok, stride_ml_head,
+    HEAD_SIZE: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_Q: tl.constexpr, TILE: tl.constexpr,
+    PARTS_PER_STEP: tl.constexpr, DECODE_ONLY: tl.constexpr, WINDOW: tl.constexpr,
 ):
-    """The unfused merge: one program per (seq, query head), launched after the attention kernel."""
-    seq = tl.program_id(0)
+    """The unfused merge: one program per (query token, query head), launched after the attention
+    kernel; it merges the partitions of its token's q-block."""
+    tok = tl.program_id(0)
     head = tl.program_id(1)
-    num_parts = tl.cdiv(tl.load(seq_lens_ptr + seq).to(tl.int32), partition_size)
-    # one query head = a "group" of one head whose "kv_head" is the head itself
-    _, l, acc = _merge_partitions(tmp_ptr, m_ptr, l_ptr, seq, head, num_parts,
-                                  stride_t_seq, stride_t_head, stride_t_part, stride_ml_seq, stride_ml_head,
-                                  1, 2, HEAD_SIZE, BLOCK_D, PARTS_PER_STEP, "")
-    _store_output(out_ptr, seq, head, l, acc, stride_o_seq, stride_o_head, 1, 2, HEAD_SIZE, BLOCK_D)
+    if DECODE_ONLY:
+        seq = tok
+        q_len = 1
+        first = 0
+        n_tok = 1
+    else:
+        seq = _find_seq(qsl_ptr, tok, num_seqs, BLOCK_Q, False)
+        q_start = tl.load(qsl_ptr + seq)
+        q_len = tl.load(qsl_ptr + seq + 1) - q_start
+        first = (tok - q_start) // BLOCK_Q * BLOCK_Q
+        n_tok = tl.minimum(q_len - first, BLOCK_Q)
+    seq_len = tl.load(seq_lens_ptr + seq).to(tl.int32)
+    p_lo, p_hi, lo, full_lo = _kv_range(seq_len, q_len, first, n_tok, sliding_window, WINDOW)
+    num_parts = tl.cdiv(tl.cdiv(p_hi + 1, TILE) - lo // TILE, tiles_per_part)
+    # one query row: a "q-block" of one row; rows_ok has a second, padding row (no 1-element tensors)
+    r = tl.arange(0, 2)
+    t_rows = tok.to(tl.int64) * stride_t_tok + head * stride_t_head + r * 0
+    ml_rows = tok.to(tl.int64) * stride_ml_tok + head * stride_ml_head + r * 0
+    l, acc = _merge_partitions(tmp_ptr, m_ptr, l_ptr, t_rows, ml_rows, r < 1, num_parts, stride_t_part,
+                               2, HEAD_SIZE, BLOCK_D, PARTS_PER_STEP, "")
+    d = tl.arange(0, BLOCK_D)
+    out = acc / tl.where(r < 1, l, 1.0)[:, None]
+    tl.store(out_ptr + tok.to(tl.int64) * stride_o_tok + head * stride_o_head + r[:, None] * 0 + d[None, :],
+             out.to(out_ptr.dtype.element_ty), mask=(r < 1)[:, None] & (d < HEAD_SIZE)[None, :])
 
 
-def _check_inputs(query, key_cache, value_cache, block_tables, seq_lens, layout, validate):
-    geom = cache_geometry(key_cache, value_cache, layout)
-    if not isinstance(query, torch.Tensor) or query.dim() != 3:
-        raise ValueError("query must be a tensor [num_seqs, num_heads, head_size], got "
-                         f"{getattr(query, 'shape', type(query).__name__)}")
-    num_seqs, num_heads, head_size = query.shape
-    if query.dtype != key_cache.dtype:
-        raise ValueError(f"query is {query.dtype} but the KV cache is {key_cache.dtype}")
-    if head_size != geom.head_size:
-        raise ValueError(f"query head_size {head_size} != cache head_size {geom.head_size}")
-    if num_heads % geom.num_kv_heads:
-        raise ValueError(f"num_heads {num_heads} is not a multiple of num_kv_heads {geom.num_kv_heads}")
-    for name, t in (("block_tables", block_tables), ("seq_lens", seq_lens)):
-        if not isinstance(t, torch.Tensor) or t.dtype not in (torch.int32, torch.int64):
-            raise ValueError(f"{name} must be an int32/int64 tensor, got "
-                             f"{getattr(t, 'dtype', type(t).__name__)}")
-    for name, t in (("key_cache", key_cache), ("block_tables", block_tables), ("seq_lens", seq_lens)):
-        if t.device != query.device:
-            raise ValueError(f"{name} is on {t.device} but query is on {query.device}")
-    if block_tables.dim() != 2 or block_tables.shape[0] != num_seqs:
-        raise ValueError(f"block_tables must be [num_seqs={num_seqs}, max_num_blocks_per_seq], "
-                         f"got {tuple(block_tables.shape)}")
-    if seq_lens.shape != (num_seqs,):
-        raise ValueError(f"seq_lens must be [num_seqs={num_seqs}], got {tuple(seq_lens.shape)}")
-    if query.device.type == "cpu" and not interpreting():
-        raise ValueError("CPU tensors need the Triton interpreter: set TRITON_INTERPRET=1 before "
-                         "importing kernels")
-    if num_seqs == 0:
-        return geom, 0
-    if not validate:
-        return geom, None
+# ---------------------------------------------------------------------------------------------
+# host side
+
+
+_GEOMETRY: dict[tuple, tuple] = {}
+
+
+def _geometry(key_cache: torch.Tensor, value_cache: torch.Tensor, layout: str):
+    """(CacheGeometry, K strides, V strides, K/V stride tuple), cached by shapes and strides."""
+    key = (layout, key_cache.shape, key_cache.stride(), value_cache.shape, value_cache.stride(),
+           key_cache.dtype, value_cache.dtype, key_cache.device, value_cache.device)
+    hit = _GEOMETRY.get(key)
+    if hit is None:
+        geom = cache_geometry(key_cache, value_cache, layout)
+        ks, vs = cache_strides(key_cache, value_cache, layout)
+        hit = (geom, ks, vs, (ks.block, ks.token, ks.head, ks.dx, ks.x, vs.block, vs.token, vs.head, vs.dx, vs.x))
+        _GEOMETRY[key] = hit
+    return hit
+
+
+def _int_tensor(name: str, t, device: torch.device, shape: tuple) -> None:
+    if not isinstance(t, torch.Tensor) or t.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"{name} must be an int32/int64 tensor, got {getattr(t, 'dtype', type(t).__name__)}")
+    if t.device != device:
+        raise ValueError(f"{name} is on {t.device} but query is on {device}")
+    if tuple(t.shape) != shape:
+        dims = {"block_tables": "[num_seqs={}, max_num_blocks_per_seq]", "seq_lens": "[num_seqs={}] (1-D)",
+                "query_start_loc": "[num_seqs + 1 = {}]"}[name]
+        raise ValueError(f"{name} must be {dims.format(shape[0])}, got {tuple(t.shape)}")
+
+
+def _check_values(geom, block_tables, seq_lens, query_start_loc, num_tokens, sliding_window):
+    """Host checks of the values (a device sync): lengths, query_start_loc, block ids in use.
+    Returns (max_seq_len, max_query_len)."""
     lens = seq_lens.to("cpu", torch.int64)
-    if int(lens.min()) < 1:
-        seq = int(torch.argmin(lens))
-        raise ValueError(f"seq_lens[{seq}] = {int(lens[seq])}: every sequence needs at least 1 token")
+    num_seqs = len(lens)
+    if query_start_loc is None:
+        q_lens = torch.ones(num_seqs, dtype=torch.int64)
+    else:
+        qsl = query_start_loc.to("cpu", torch.int64)
+        if int(qsl[0]) != 0 or int(qsl[-1]) != num_tokens:
+            raise ValueError(f"query_start_loc must start at 0 and end at num_tokens={num_tokens}, got "
+                             f"{int(qsl[0])} .. {int(qsl[-1])}")
+        q_lens = qsl[1:] - qsl[:-1]
+        if int(q_lens.min()) < 1:
+            seq = int(torch.argmin(q_lens))
+            raise ValueError(f"query_start_loc gives sequence {seq} {int(q_lens[seq])} new tokens: every "
+                             "sequence needs at least 1")
+    short = lens < q_lens
+    if bool(short.any()):
+        seq = int(torch.nonzero(short)[0])
+        raise ValueError(f"seq_lens[{seq}] = {int(lens[seq])} is less than its {int(q_lens[seq])} new tokens"
+                         + ("" if query_start_loc is not None else ": every sequence needs at least 1 token"))
     max_seq_len = int(lens.max())
     if max_seq_len > block_tables.shape[1] * geom.block_size:
         seq = int(torch.argmax(lens))
         raise ValueError(f"seq_lens[{seq}] = {max_seq_len} tokens needs more than the "
                          f"{block_tables.shape[1]} blocks of {geom.block_size} a block_tables row holds")
     tables = block_tables.to("cpu", torch.int64)
-    used = torch.arange(tables.shape[1])[None, :] < (lens[:, None] + geom.block_size - 1) // geom.block_size
+    cols = torch.arange(tables.shape[1])[None, :]
+    used = cols < (lens[:, None] + geom.block_size - 1) // geom.block_size
+    if sliding_window is not None:
+        # blocks wholly before the first new token's window are never read (vLLM frees them)
+        first = (lens - q_lens - sliding_window + 1).clamp(min=0)
+        used &= cols >= (first // geom.block_size)[:, None]
     bad = used & ((tables < 0) | (tables >= geom.num_blocks))
     if bool(bad.any()):
         seq, col = (int(i) for i in torch.nonzero(bad)[0])
         raise ValueError(f"block_tables[{seq}, {col}] = {int(tables[seq, col])} is outside the pool of "
                          f"{geom.num_blocks} blocks")
-    return geom, max_seq_len
+    return max_seq_len, int(q_lens.max())
+
+
+_PLANS: dict[tuple, LaunchPlan] = {}
+
+
+def _launch(query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, scale, layout,
+            sliding_window, partition_size, max_seq_len, max_query_len, validate, config, workspace, out):
+    if not isinstance(query, torch.Tensor) or query.dim() != 3:
+        raise ValueError("query must be a tensor [num_tokens, num_heads, head_size], got "
+                         f"{getattr(query, 'shape', type(query).__name__)}")
+    geom, ks, vs, kv_strides = _geometry(key_cache, value_cache, layout)
+    num_tokens, num_heads, head_size = query.shape
+    device = query.device
+    if query.dtype != key_cache.dtype:
+        raise ValueError(f"query is {query.dtype} but the KV cache is {key_cache.dtype}")
+    if head_size != geom.head_size:
+        raise ValueError(f"query head_size {head_size} != cache head_size {geom.head_size}")
+    if num_heads % geom.num_kv_heads:
+        raise ValueError(f"num_heads {num_heads} is not a multiple of num_kv_heads {geom.num_kv_heads}")
+    if key_cache.device != device:
+        raise ValueError(f"key_cache is on {key_cache.device} but query is on {device}")
+    if query_start_loc is None:  # decode: one sequence per query row
+        num_seqs = num_tokens
+    else:  # as vLLM: one sequence per seq_lens entry
+        num_seqs = seq_lens.shape[0] if isinstance(seq_lens, torch.Tensor) and seq_lens.dim() == 1 else -1
+        _int_tensor("seq_lens", seq_lens, device, (max(num_seqs, 0),))
+        _int_tensor("query_start_loc", query_start_loc, device, (num_seqs + 1,))
+    _int_tensor("block_tables", block_tables, device, (num_seqs, block_tables.shape[-1] if
+                                                       isinstance(block_tables, torch.Tensor) and block_tables.dim() == 2
+                                                       else -1))
+    _int_tensor("seq_lens", seq_lens, device, (num_seqs,))
+    if device.type == "cpu" and not _INTERPRET:
+        raise ValueError("CPU tensors need the Triton interpreter: set TRITON_INTERPRET=1 before "
+                         "importing kernels")
+    if sliding_window is not None and (not isinstance(sliding_window, int) or sliding_window < 1):
+        raise ValueError(f"sliding_window must be a positive int or None, got {sliding_window!r}")
+    if partition_size is not None and (partition_size < 16 or partition_size % 16):
+        raise ValueError(f"partition_size must be a positive multiple of 16, got {partition_size}")
+    if query_start_loc is not None and num_tokens < num_seqs:
+        raise ValueError(f"query has {num_tokens} tokens for {num_seqs} sequences: each needs at least 1")
+    if out is None:
+        out = torch.empty_like(query)
+    elif out.shape != query.shape or out.dtype != query.dtype or out.device != device:
+        raise ValueError(f"out must be {tuple(query.shape)} {query.dtype} on {device}, got "
+                         f"{tuple(out.shape)} {out.dtype} on {out.device}")
+    if num_seqs == 0:
+        return out
+    if validate:
+        max_seq_len, max_query_len = _check_values(geom, block_tables, seq_lens, query_start_loc, num_tokens,
+                                                   sliding_window)
+    if max_seq_len is None:
+        max_seq_len = int(seq_lens.max())  # a sync: callers that know it pass it
+    if max_query_len is None:
+        # no sync: a bound (every other sequence has at least one token)
+        max_query_len = num_tokens - num_seqs + 1
+
+    key = (num_tokens, num_seqs, num_heads, geom.num_kv_heads, head_size, max_seq_len, max_query_len, layout,
+           device, partition_size, config, sliding_window)
+    plan = _PLANS.get(key)
+    if plan is None:
+        plan = plan_attention(num_tokens, num_seqs, num_heads, geom.num_kv_heads, head_size, max_seq_len,
+                              max_query_len, layout, device, partition_size, config, sliding_window)
+        _PLANS[key] = plan
+    cfg = plan.config
+    if query.stride(-1) != 1:
+        query = query.contiguous()
+    group = num_heads // geom.num_kv_heads
+    block_d = max(16, _p2(head_size))
+    split = plan.partition_size is not None
+    qsl = query_start_loc if query_start_loc is not None else seq_lens  # never read by decode launches
+    if split:
+        num_parts = plan.num_parts
+        part_elems = num_tokens * num_heads * num_parts
+        scratch = _scratch(device, part_elems * (head_size + 2))
+        tmp, m, l = scratch, scratch[part_elems * head_size:], scratch[part_elems * (head_size + 1):]
+        t_strides = (num_heads * num_parts * head_size, num_parts * head_size, head_size,
+                     num_heads * num_parts, num_parts)
+        counters = (_counters(workspace, plan.num_qblocks * geom.num_kv_heads, device) if plan.fused else out)
+    else:
+        tmp = m = l = counters = out
+        t_strides = (0, 0, 0, 0, 0)
+    grid = ((geom.num_kv_heads, plan.num_qblocks) if plan.decode_only else (plan.num_qblocks, geom.num_kv_heads)) \
+        + (plan.num_parts if split else 1,)
+    _attention_kernel[grid](
+        out, tmp, m, l, counters, query, key_cache, value_cache, block_tables, seq_lens, qsl,
+        scale * LOG2E, sliding_window or 0, plan.partition_size // plan.tile if split else 0, num_seqs,
+        plan.num_qblocks, geom.num_kv_heads, query.stride(0), query.stride(1), out.stride(0), out.stride(1),
+        *t_strides, block_tables.stride(0), *kv_strides,
+        GROUP=group, HEAD_SIZE=head_size, BLOCK_Q=plan.block_q, BLOCK_M=plan.block_rows, SMALL_M=plan.small_rows,
+        MERGE_ROWS=plan.merge_rows, SMALL_MERGE_ROWS=plan.small_merge_rows, BLOCK_D=block_d,
+        BLOCK_SIZE=geom.block_size, TILE=plan.tile, K_X=ks.X, V_X=vs.X,
+        V_TOKENS_CONTIGUOUS=layout == "vllm" and vs.token == 1 and vs.block % 16 == 0,
+        RUN=min(plan.tile, geom.block_size), SPLIT=split,
+        UPCAST_DOT=_INTERPRET and query.dtype == torch.bfloat16, IEEE=query.dtype == torch.float32,
+        UNMASKED_FULL_TILES=cfg.unmasked_full_tiles, FUSED=split and plan.fused,
+        PARTS_PER_STEP=plan.parts_per_step, DECODE_ONLY=plan.decode_only, WINDOW=sliding_window is not None,
+        LONGEST_FIRST=cfg.longest_first, SMALL_UNMASKED=cfg.small_unmasked_full_tiles, num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages)
+    if split and not plan.fused:
+        _reduce_partitions_kernel[(num_tokens, num_heads)](
+            out, tmp, m, l, seq_lens, qsl, sliding_window or 0, plan.partition_size // plan.tile, num_seqs,
+            out.stride(0), out.stride(1), *t_strides,
+            HEAD_SIZE=head_size, BLOCK_D=block_d, BLOCK_Q=plan.block_q, TILE=plan.tile,
+            PARTS_PER_STEP=plan.reduce_parts_per_step, DECODE_ONLY=plan.decode_only,
+            WINDOW=sliding_window is not None, num_warps=plan.reduce_warps)
+    return out
+
+
+def unified_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+                      block_tables: torch.Tensor, seq_lens: torch.Tensor, query_start_loc: torch.Tensor,
+                      scale: float, layout: str = "flat", sliding_window: int | None = None, *,
+                      partition_size: int | None = None, max_seq_len: int | None = None,
+                      max_query_len: int | None = None, validate: bool = True,
+                      config: KernelConfig | None = None, workspace: torch.Tensor | None = None,
+                      out: torch.Tensor | None = None) -> torch.Tensor:
+    """Causal attention of a vLLM v1 batch (prefills, chunked prefills over cached context and
+    decodes, in any mix) over its paged KV, in one launch (two when split-KV merges separately).
+
+    Args:
+        query: [num_tokens, num_heads, head_size], the new tokens of every sequence concatenated;
+            same dtype as the caches (fp32/fp16/bf16).
+        key_cache, value_cache: the pool in ``layout`` (see kernels.layout), the new tokens' K/V
+            already written (``reshape_and_cache``).
+        block_tables: int32/int64 [num_seqs, max_num_blocks_per_seq], any block order; entries past
+            a sequence's last block (and, with a window, before its first new token's window) are
+            never read.
+        seq_lens: int32/int64 [num_seqs]: context plus new tokens.
+        query_start_loc: int32/int64 [num_seqs + 1]: cumulative new-token counts from 0;
+            q_len_i = query_start_loc[i+1] - query_start_loc[i] >= 1.
+        scale: softmax scale (usually head_size ** -0.5).
+        layout: "flat" or "vllm".
+        sliding_window: None, or each token attends to the last ``sliding_window`` positions
+            (itself included).
+    Tuning (keyword only):
+        partition_size: None = dispatch rule (``plan_attention``; no split on CPU); an int forces
+            split-KV with partitions of that many tokens (a multiple of 16).
+        max_seq_len, max_query_len: the longest seq_len / q_len if the caller knows them (vLLM's
+            scheduler does). None: found by ``validate`` or, for max_seq_len, a device sync; for
+            max_query_len a bound (num_tokens - num_seqs + 1).
+        validate: check the lengths, query_start_loc and the block ids in use on the host (a device
+            sync; benchmarks validate once, then pass False).
+        config: kernel launch configuration; None = ``plan_attention``'s choice.
+        workspace: split-KV only: int32 zeros counting the arriving partitions of the fused merge
+            (``attention_workspace``); the kernel leaves them at zero, so one workspace serves every
+            call, CUDA-graph replays included. None = a per-device buffer kept by this module (calls
+            running concurrently on several streams of one device must then each pass their own).
+        out: write the result here ([num_tokens, num_heads, head_size], query's dtype).
+    Returns:
+        [num_tokens, num_heads, head_size] in query's dtype: for each new token, attention over its
+        sequence's positions [0, p] (or its window), equal to dense causal attention to the dtype's
+        precision.
+    Raises:
+        ValueError: on shapes, dtypes, devices, layouts, lengths or block ids that do not fit.
+    """
+    if query_start_loc is None:
+        raise ValueError("query_start_loc must be an int tensor [num_seqs + 1], got None")
+    return _launch(query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, scale, layout,
+                   sliding_window, partition_size, max_seq_len, max_query_len, validate, config, workspace, out)
 
 
 def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
                     block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float,
                     layout: str = "flat", partition_size: int | None = None, *,
                     max_seq_len: int | None = None, validate: bool = True,
-                    config: KernelConfig | None = None,
-                    workspace: torch.Tensor | None = None) -> torch.Tensor:
-    """Decode attention of one query token per sequence over its paged KV.
+                    config: KernelConfig | None = None, workspace: torch.Tensor | None = None,
+                    sliding_window: int | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Decode attention of one new token per sequence over its paged KV: ``unified_attention`` with
+    every q_len = 1 (query_start_loc = 0, 1, ..., num_seqs; the kernel does not read it).
 
     Args:
-        query: [num_seqs, num_heads, head_size], same dtype as the caches (fp32/fp16/bf16).
-        key_cache, value_cache: the pool in ``layout`` (see kernels.layout).
-        block_tables: int32/int64 [num_seqs, max_num_blocks_per_seq]; entries past a sequence's
-            last block are never read.
-        seq_lens: int32/int64 [num_seqs], each >= 1.
-        scale: softmax scale (usually head_size ** -0.5).
-        layout: "flat" or "vllm".
-        partition_size: None = dispatch rule (``plan_partitions``; v1 on CPU); an int forces v2
-            with partitions of that many tokens (a multiple of 16), v1 when one partition covers
-            every sequence.
-        max_seq_len: longest seq_len, if the caller knows it (saves a device sync).
-        validate: check seq_lens and the block table range on the host (a device sync; benchmarks
-            validate once, then pass False).
-        config: kernel launch configuration; None = ``plan_launch``'s choice.
-        workspace: split-KV only: the int32 zeros that count arriving partitions for the fused
-            merge (``attention_workspace``); the kernel leaves them at zero, so one workspace
-            serves every call, CUDA-graph replays included. None = a per-device buffer kept by
-            this module (calls running concurrently on several streams of one device must then
-            each pass their own).
+        query: [num_seqs, num_heads, head_size]; the rest as in ``unified_attention``.
+        seq_lens: int32/int64 [num_seqs], each >= 1 (the new token included).
     Returns:
         [num_seqs, num_heads, head_size] in query's dtype.
     Raises:
         ValueError: on shapes, dtypes, devices, layouts or block ids that do not fit.
     """
-    geom, checked_max = _check_inputs(query, key_cache, value_cache, block_tables, seq_lens, layout,
-                                      validate)
-    num_seqs, num_heads, head_size = query.shape
-    out = torch.empty_like(query)
-    if num_seqs == 0:
-        return out
-    if max_seq_len is None:
-        max_seq_len = checked_max if checked_max is not None else int(seq_lens.max())
-    if partition_size is not None and (partition_size < 16 or partition_size % 16):
-        raise ValueError(f"partition_size must be a positive multiple of 16, got {partition_size}")
-    partition_size, config = plan_launch(num_seqs, geom.num_kv_heads, max_seq_len, head_size, layout,
-                                         query.device, partition_size, config, num_heads // geom.num_kv_heads)
-    tile = config.tile_tokens
-    if partition_size is not None:
-        # the tile must divide the partition so that no tile straddles two partitions
-        tile = min(tile, partition_size & -partition_size)
-
-    query = query if query.stride(-1) == 1 else query.contiguous()
-    group = num_heads // geom.num_kv_heads
-    ks, vs = cache_strides(key_cache, value_cache, layout)
-    fp32 = query.dtype == torch.float32
-    common = dict(
-        GROUP=group, HEAD_SIZE=head_size, BLOCK_H=max(16, triton.next_power_of_2(group)),
-        BLOCK_D=max(16, triton.next_power_of_2(head_size)), BLOCK_SIZE=geom.block_size, TILE=tile,
-        K_X=ks.X, V_X=vs.X, V_TOKENS_CONTIGUOUS=layout == "vllm" and vs.token == 1 and vs.block % 16 == 0,
-        RUN=min(tile, geom.block_size), HEAD_FASTEST=HEAD_FASTEST_GRID,
-        UNMASKED_FULL_TILES=config.unmasked_full_tiles,
-        UPCAST_DOT=interpreting() and query.dtype == torch.bfloat16, IEEE=fp32,
-        num_warps=config.num_warps, num_stages=config.num_stages)
-    args_tail = (query, key_cache, value_cache, block_tables, seq_lens, scale * LOG2E,
-                 partition_size or 0, query.stride(0), query.stride(1))
-    kv_strides = (ks.block, ks.token, ks.head, ks.dx, ks.x, vs.block, vs.token, vs.head, vs.dx, vs.x)
-    if partition_size is None:
-        grid = (geom.num_kv_heads, num_seqs, 1) if HEAD_FASTEST_GRID else (num_seqs, geom.num_kv_heads, 1)
-        _paged_attention_kernel[grid](
-            out, out, out, out, out, *args_tail, out.stride(0), out.stride(1), 0, 0, 0, 0, 0, 0,
-            block_tables.stride(0), *kv_strides, SPLIT=False, FUSED=False, GROUP_P2=1, PARTS_PER_STEP=1,
-            **common)
-        return out
-
-    num_parts = triton.cdiv(max_seq_len, partition_size)
-    tmp = torch.empty((num_seqs, num_heads, num_parts, head_size), dtype=torch.float32, device=query.device)
-    m = torch.empty((num_seqs, num_heads, num_parts), dtype=torch.float32, device=query.device)
-    l = torch.empty_like(m)
-    block_d = common["BLOCK_D"]
-    grid = ((geom.num_kv_heads, num_seqs, num_parts) if HEAD_FASTEST_GRID
-            else (num_seqs, geom.num_kv_heads, num_parts))
-    ml_strides = (tmp.stride(0), tmp.stride(1), tmp.stride(2), m.stride(0), m.stride(1))
-    if config.fused_reduce:
-        counters = _counters(workspace, num_seqs * geom.num_kv_heads, query.device)
-        # at least 2 rows and 2 partitions per merge step: Triton tensors of one element are avoided
-        group_p2 = max(2, triton.next_power_of_2(group))
-        _paged_attention_kernel[grid](
-            out, tmp, m, l, counters, *args_tail, out.stride(0), out.stride(1), *ml_strides,
-            geom.num_kv_heads, block_tables.stride(0), *kv_strides, SPLIT=True, FUSED=True, GROUP_P2=group_p2,
-            PARTS_PER_STEP=max(2, min(triton.next_power_of_2(num_parts),
-                                      merge_tile_elems(query.device) // (group_p2 * block_d))),
-            **common)
-        return out
-    _paged_attention_kernel[grid](
-        out, tmp, m, l, out, *args_tail, out.stride(0), out.stride(1), *ml_strides, 0,
-        block_tables.stride(0), *kv_strides, SPLIT=True, FUSED=False, GROUP_P2=1, PARTS_PER_STEP=1, **common)
-    _reduce_partitions_kernel[(num_seqs, num_heads)](
-        out, tmp, m, l, seq_lens, partition_size, out.stride(0), out.stride(1), *ml_strides,
-        HEAD_SIZE=head_size, BLOCK_D=block_d, PARTS_PER_STEP=min(128, max(2, triton.next_power_of_2(num_parts))),
-        num_warps=(8 if num_parts > 32 else 4) if query.device.type == "cuda" else 1)
-    return out
+    return _launch(query, key_cache, value_cache, block_tables, seq_lens, None, scale, layout, sliding_window,
+                   partition_size, max_seq_len, 1, validate, config, workspace, out)

@@ -1,5 +1,5 @@
 """From an allocator pool snapshot to real tensors: prove that paged attention over the simulator's
-block tables computes exactly what dense attention computes.
+block tables computes exactly what dense (causal) attention computes.
 
 The bridge takes plain arrays (what ``allocator.PoolSnapshot`` carries; duck-typed, never imported):
 block tables, sequence lengths, the pool size, the block size and each block's content key. It
@@ -11,11 +11,17 @@ block tables, sequence lengths, the pool size, the block size and each block's c
    identical data, as they must for prefix caching to be correct;
 3. writes those tokens through ``reshape_and_cache`` (with padding slots interleaved, which must be
    skipped);
-4. runs ``paged_attention`` on the snapshot's real block tables and compares each sequence with
+4. runs ``unified_attention`` on the snapshot's real block tables and compares each sequence with
    float64 dense attention over K/V rebuilt from the content function (not read back from the pool);
 5. runs the same kernel on an identity block table (each sequence's blocks copied contiguously) and
    checks that the paged output is bitwise equal: paging must change where KV lives, never what
    attention computes.
+
+``validate_snapshot`` checks a decode of every sequence (its last token over all of its tokens);
+``validate_step`` checks one mixed step of the simulator (``unified_attention``): which sequences
+run, how many new tokens each (a prefill chunk, the uncached rest of a prompt after a prefix hit,
+a decode) over how many tokens of context already in the pool; see its docstring for the array
+contract, and ``with_step`` / the ``step_*`` snapshot arrays to carry a step in a snapshot.
 
 Snapshots travel as ``.npz`` (``save_snapshot`` / ``load_snapshot``).
 """
@@ -81,7 +87,8 @@ def pool_arrays(snapshot=None, *, block_tables=None, seq_lens=None, num_blocks=N
     if isinstance(snapshot, PoolArrays):
         return snapshot
     if snapshot is not None:
-        extra = {name: np.asarray(getattr(snapshot, name)) for name in ("cell_class", "owner", "ref_cnt", "fill")
+        extra = {name: np.asarray(getattr(snapshot, name))
+                 for name in ("cell_class", "owner", "ref_cnt", "fill") + STEP_FIELDS
                  if getattr(snapshot, name, None) is not None}
         return PoolArrays(int(snapshot.block_size), int(snapshot.num_cells),
                           np.asarray(snapshot.block_key, dtype=np.uint64),
@@ -210,48 +217,130 @@ class ValidationReport:
         return all(c.passed for c in self.checks)
 
 
-def validate_snapshot(snapshot, *, layout: str = "flat", dtype: torch.dtype = torch.float32,
-                      device: str | torch.device | None = None, num_kv_heads: int | None = None,
-                      num_heads: int | None = None, head_size: int | None = None,
-                      partition_size: int | None = None, max_seqs: int | None = None,
-                      seed: int = 0) -> ValidationReport:
-    """Run paged attention over a snapshot's block tables and compare with dense attention.
+@dataclass(frozen=True)
+class StepCheck(SequenceCheck):
+    """Result of one sequence of a mixed step: unified attention over its new tokens vs dense causal
+    attention, and vs the same kernel on an identity block table (num_tokens = computed + new)."""
+    num_computed_tokens: int = 0    # context already in the pool before the step
+    num_new_tokens: int = 1         # the step's tokens of this sequence (1 = a decode)
+
+
+@dataclass(frozen=True)
+class StepReport(ValidationReport):
+    """All sequences of one step of a simulated batch (prefills, chunked prefills, decodes), in
+    batch order; num_skipped_empty is 0 (every scheduled sequence has a new token)."""
+    sliding_window: int | None = None
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(c.num_new_tokens for c in self.checks)
+
+
+# names of a step's arrays in a snapshot (attributes of a PoolSnapshot look-alike, or .npz fields)
+STEP_FIELDS = ("step_seq_ids", "step_num_new_tokens", "step_num_computed_tokens")
+
+
+@dataclass(frozen=True)
+class StepArrays:
+    """One step's batch (see ``validate_step``): int64 arrays of one entry per scheduled sequence."""
+    seq_ids: np.ndarray
+    num_new_tokens: np.ndarray
+    num_computed_tokens: np.ndarray
+
+
+def step_arrays(arrays: PoolArrays, seq_ids=None, num_new_tokens=None, num_computed_tokens=None) -> StepArrays:
+    """The step's batch, from the arguments or else from the snapshot's ``step_*`` arrays.
 
     Args:
-        snapshot: PoolSnapshot look-alike or PoolArrays (see ``pool_arrays``).
-        layout: "flat" or "vllm".
-        dtype: KV and query dtype.
-        device: "cuda" or "cpu" (None: CUDA when available; CPU needs TRITON_INTERPRET=1).
-        num_kv_heads, num_heads, head_size: model geometry (None: 2/4/16 on CPU, 8/32/128 on GPU).
-        partition_size: None = dispatch rule; an int forces split-KV (v2).
-        max_seqs: validate only the first max_seqs sequences (by seq_id).
-        seed: seed of the queries (numpy PCG64).
+        arrays: the pool (PoolArrays).
+        seq_ids: int [n], the step's sequences, in batch order (each once).
+        num_new_tokens: int [n], >= 1: the tokens each computes this step (vLLM's
+            num_scheduled_tokens; 1 for a decode).
+        num_computed_tokens: int [n] or None: context already in the pool (vLLM's
+            num_computed_tokens before the step). None: the snapshot's seq_lens minus the new
+            tokens (a snapshot taken once the step's tokens are in the pool).
     Returns:
-        ValidationReport, one SequenceCheck per sequence with tokens.
+        StepArrays, checked against the pool: every sequence exists and its block table holds
+        num_computed_tokens + num_new_tokens tokens.
+    Raises:
+        ValueError: naming the field and the sequence.
     """
-    from kvsim.kernels import allocate_kv_cache, dense_attention, paged_attention, reshape_and_cache
+    if seq_ids is None:
+        missing = [n for n in STEP_FIELDS[:2] if n not in arrays.extra]
+        if missing:
+            raise ValueError(f"the snapshot has no step batch: field '{missing[0]}' is missing")
+        seq_ids = arrays.extra["step_seq_ids"]
+        num_new_tokens = arrays.extra["step_num_new_tokens"]
+        num_computed_tokens = arrays.extra.get("step_num_computed_tokens")
+    if num_new_tokens is None:
+        raise ValueError("give num_new_tokens with seq_ids")
+    ids = np.asarray(seq_ids, dtype=np.int64).reshape(-1)
+    new = np.asarray(num_new_tokens, dtype=np.int64).reshape(-1)
+    if len(new) != len(ids):
+        raise ValueError(f"step_num_new_tokens has {len(new)} entries for {len(ids)} step_seq_ids")
+    uniq, counts = np.unique(ids, return_counts=True)
+    if len(uniq) != len(ids):
+        raise ValueError(f"step_seq_ids names seq {int(uniq[np.argmax(counts)])} more than once")
+    for s in ids:
+        if int(s) not in arrays.block_tables:
+            raise ValueError(f"step_seq_ids: seq {int(s)} has no block table in the snapshot")
+    if len(new) and new.min() < 1:
+        s = int(ids[np.argmin(new)])
+        raise ValueError(f"step_num_new_tokens: seq {s} has {int(new.min())} new tokens; each needs at least 1")
+    if num_computed_tokens is None:
+        computed = np.array([arrays.seq_lens[int(s)] for s in ids], dtype=np.int64) - new
+    else:
+        computed = np.asarray(num_computed_tokens, dtype=np.int64).reshape(-1)
+        if len(computed) != len(ids):
+            raise ValueError(f"step_num_computed_tokens has {len(computed)} entries for {len(ids)} step_seq_ids")
+    for s, c, n in zip(ids, computed, new):
+        if c < 0:
+            raise ValueError(f"seq_lens: seq {int(s)} has {int(c + n)} tokens, fewer than its {int(n)} new ones"
+                             if num_computed_tokens is None else f"step_num_computed_tokens: seq {int(s)} has {int(c)}")
+        need = -(-int(c + n) // arrays.block_size)
+        if len(arrays.block_tables[int(s)]) < need:
+            raise ValueError(f"step: seq {int(s)} needs {need} blocks of {arrays.block_size} for {int(c)} + {int(n)} "
+                             f"tokens, its block table has {len(arrays.block_tables[int(s)])}")
+    return StepArrays(ids, new, computed)
 
+
+def with_step(snapshot, seq_ids, num_new_tokens, num_computed_tokens=None) -> PoolArrays:
+    """The snapshot (as PoolArrays) carrying a step's batch, so that ``save_snapshot`` keeps it."""
     arrays = pool_arrays(snapshot)
-    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    on_gpu = device.type == "cuda"
-    num_kv_heads = num_kv_heads or (8 if on_gpu else 2)
-    num_heads = num_heads or (32 if on_gpu else 2 * num_kv_heads)
-    head_size = head_size or (128 if on_gpu else 16)
-    if dtype not in _TOLERANCE:
-        raise ValueError(f"dtype must be float32, float16 or bfloat16, got {dtype}")
+    step = step_arrays(arrays, seq_ids, num_new_tokens, num_computed_tokens)
+    extra = dict(arrays.extra, step_seq_ids=step.seq_ids, step_num_new_tokens=step.num_new_tokens,
+                 step_num_computed_tokens=step.num_computed_tokens)
+    return PoolArrays(arrays.block_size, arrays.num_blocks, arrays.block_key, arrays.block_tables, arrays.seq_lens,
+                      arrays.kind, extra)
+
+
+@dataclass(frozen=True)
+class _SeqResult:
+    seq_id: int
+    seq_len: int
+    num_blocks: int
+    num_shared_blocks: int
+    max_abs_err: float
+    max_rel_err: float
+    bitwise_equal: bool
+
+
+def _run_batch(arrays: PoolArrays, seq_ids: list[int], computed: list[int], new: list[int], layout, dtype, device,
+               num_kv_heads, num_heads, head_size, partition_size, sliding_window, seed) -> list[_SeqResult]:
+    """Fill a pool with the batch's K/V, run ``unified_attention`` on the snapshot's block tables and
+    on an identity table, and compare every sequence with float64 dense causal attention."""
+    from kvsim.kernels import allocate_kv_cache, dense_causal_attention, reshape_and_cache, unified_attention
+
     bs = arrays.block_size
-    seq_ids = sorted(arrays.block_tables)
-    num_empty = sum(arrays.seq_lens[s] == 0 for s in seq_ids)
-    seq_ids = [s for s in seq_ids if arrays.seq_lens[s] > 0][:max_seqs]
-    tables = {s: np.asarray(arrays.block_tables[s][:-(-arrays.seq_lens[s] // bs)], dtype=np.int64) for s in seq_ids}
-    if not seq_ids:
-        return ValidationReport([], int(num_empty), _TOLERANCE[dtype], str(dtype).replace("torch.", ""), layout,
-                                str(device), partition_size, num_kv_heads, num_heads, head_size)
+    lens = [c + n for c, n in zip(computed, new)]
+    tables = {s: np.asarray(arrays.block_tables[s][:-(-n // bs)], dtype=np.int64) for s, n in zip(seq_ids, lens)}
     seeds = block_seeds(arrays)
 
     # every slot any sequence reads, written once; a shared block's slots are one set of slots
-    slot_lists = [tables[s][np.arange(arrays.seq_lens[s]) // bs] * bs + np.arange(arrays.seq_lens[s]) % bs
-                  for s in seq_ids]
+    def first_read(c):
+        return 0 if sliding_window is None else max(0, c - sliding_window + 1)
+    slot_lists = [tables[s][np.arange(first_read(c), n) // bs] * bs + np.arange(first_read(c), n) % bs
+                  for s, c, n in zip(seq_ids, computed, lens)]
     slots = np.unique(np.concatenate(slot_lists)) if slot_lists else np.zeros(0, np.int64)
     kv = token_kv(seeds[slots // bs], slots % bs, num_kv_heads, head_size)
     key_cache, value_cache = allocate_kv_cache(arrays.num_blocks, bs, num_kv_heads, head_size, dtype, device, layout)
@@ -266,45 +355,141 @@ def validate_snapshot(snapshot, *, layout: str = "flat", dtype: torch.dtype = to
                       torch.from_numpy(slot_mapping).to(device), layout)
 
     rng = np.random.Generator(np.random.PCG64(seed))
-    query = torch.from_numpy(rng.standard_normal((len(seq_ids), num_heads, head_size))).to(device=device, dtype=dtype)
+    query = torch.from_numpy(rng.standard_normal((sum(new), num_heads, head_size))).to(device=device, dtype=dtype)
     width = max((len(tables[s]) for s in seq_ids), default=1)
     block_tables = torch.full((len(seq_ids), width), -1, dtype=torch.int32)  # unused entries: never read
     for i, s in enumerate(seq_ids):
         block_tables[i, :len(tables[s])] = torch.from_numpy(tables[s])
-    seq_lens = torch.tensor([arrays.seq_lens[s] for s in seq_ids], dtype=torch.int32)
+    seq_lens = torch.tensor(lens, dtype=torch.int32).to(device)
+    qsl_host = np.concatenate([[0], np.cumsum(new)]).astype(np.int64)
+    qsl = torch.from_numpy(qsl_host).to(torch.int32).to(device)
     scale = head_size ** -0.5
-    out = paged_attention(query, key_cache, value_cache, block_tables.to(device), seq_lens.to(device), scale,
-                          layout, partition_size)
 
+    def run(key_cache, value_cache, block_tables):
+        return unified_attention(query, key_cache, value_cache, block_tables.to(device), seq_lens, qsl, scale, layout,
+                                 sliding_window, partition_size=partition_size)
+    out = run(key_cache, value_cache, block_tables)
     # identity table: the same blocks copied so that sequence i's blocks are contiguous
-    flat_ids = torch.from_numpy(np.concatenate([tables[s] for s in seq_ids]))
-    ident_k = key_cache[flat_ids.to(device)]
-    ident_v = value_cache[flat_ids.to(device)]
+    flat_ids = torch.from_numpy(np.concatenate([tables[s] for s in seq_ids])).to(device)
     ident_tables = torch.full_like(block_tables, -1)
     start = 0
     for i, s in enumerate(seq_ids):
         ident_tables[i, :len(tables[s])] = torch.arange(start, start + len(tables[s]))
         start += len(tables[s])
-    out_ident = paged_attention(query, ident_k, ident_v, ident_tables.to(device), seq_lens.to(device), scale,
-                                layout, partition_size)
+    out_ident = run(key_cache[flat_ids], value_cache[flat_ids], ident_tables)
 
-    holders = np.bincount(np.concatenate([np.unique(tables[s]) for s in seq_ids]), minlength=arrays.num_blocks) \
-        if seq_ids else np.zeros(arrays.num_blocks, np.int64)
-    tol = _TOLERANCE[dtype]
-    checks = []
+    holders = np.bincount(np.concatenate([np.unique(tables[s]) for s in seq_ids]), minlength=arrays.num_blocks)
     q64 = query.to("cpu", torch.float64)
     out64 = out.to("cpu", torch.float64)
-    for i, s in enumerate(seq_ids):
-        n = arrays.seq_lens[s]
+    results = []
+    for i, (s, n) in enumerate(zip(seq_ids, lens)):
+        rows = slice(int(qsl_host[i]), int(qsl_host[i + 1]))
         pos = np.arange(n)
         # dense K/V from the content function, rounded to the cache dtype as the pool stores them
         dense = torch.from_numpy(token_kv(seeds[tables[s][pos // bs]], pos % bs, num_kv_heads, head_size))
         dense = dense.to(dtype).to(torch.float64)
-        ref = dense_attention(q64[i], dense[:, 0], dense[:, 1], scale)
-        abs_err = float((out64[i] - ref).abs().max())
+        ref = dense_causal_attention(q64[rows], dense[:, 0], dense[:, 1], scale, sliding_window)
+        abs_err = float((out64[rows] - ref).abs().max())
         rel_err = abs_err / max(float(ref.abs().max()), 1e-30)
-        same = bool(torch.equal(out[i], out_ident[i]))
-        checks.append(SequenceCheck(int(s), int(n), len(tables[s]), int((holders[tables[s]] > 1).sum()),
-                                    abs_err, rel_err, same, same and rel_err <= tol))
+        same = bool(torch.equal(out[rows], out_ident[rows]))
+        results.append(_SeqResult(int(s), int(n), len(tables[s]), int((holders[tables[s]] > 1).sum()), abs_err,
+                                  rel_err, same))
+    return results
+
+
+def _check_fields(r: _SeqResult, tol: float) -> tuple:
+    """SequenceCheck's fields of one result: passed = bitwise equal and within the tolerance."""
+    return (r.seq_id, r.seq_len, r.num_blocks, r.num_shared_blocks, r.max_abs_err, r.max_rel_err, r.bitwise_equal,
+            r.bitwise_equal and r.max_rel_err <= tol)
+
+
+def _model_geometry(device, num_kv_heads, num_heads, head_size, dtype):
+    on_gpu = device.type == "cuda"
+    num_kv_heads = num_kv_heads or (8 if on_gpu else 2)
+    num_heads = num_heads or (32 if on_gpu else 2 * num_kv_heads)
+    head_size = head_size or (128 if on_gpu else 16)
+    if dtype not in _TOLERANCE:
+        raise ValueError(f"dtype must be float32, float16 or bfloat16, got {dtype}")
+    return num_kv_heads, num_heads, head_size
+
+
+def validate_snapshot(snapshot, *, layout: str = "flat", dtype: torch.dtype = torch.float32,
+                      device: str | torch.device | None = None, num_kv_heads: int | None = None,
+                      num_heads: int | None = None, head_size: int | None = None,
+                      partition_size: int | None = None, max_seqs: int | None = None,
+                      seed: int = 0) -> ValidationReport:
+    """Run paged (decode) attention over a snapshot's block tables: every sequence's last token
+    attends to all of its tokens. Compare with dense attention and with an identity table.
+
+    Args:
+        snapshot: PoolSnapshot look-alike or PoolArrays (see ``pool_arrays``).
+        layout: "flat" or "vllm".
+        dtype: KV and query dtype.
+        device: "cuda" or "cpu" (None: CUDA when available; CPU needs TRITON_INTERPRET=1).
+        num_kv_heads, num_heads, head_size: model geometry (None: 2/4/16 on CPU, 8/32/128 on GPU).
+        partition_size: None = dispatch rule; an int forces split-KV (v2).
+        max_seqs: validate only the first max_seqs sequences (by seq_id).
+        seed: seed of the queries (numpy PCG64).
+    Returns:
+        ValidationReport, one SequenceCheck per sequence with tokens.
+    """
+    arrays = pool_arrays(snapshot)
+    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    num_kv_heads, num_heads, head_size = _model_geometry(device, num_kv_heads, num_heads, head_size, dtype)
+    seq_ids = sorted(arrays.block_tables)
+    num_empty = sum(arrays.seq_lens[s] == 0 for s in seq_ids)
+    seq_ids = [s for s in seq_ids if arrays.seq_lens[s] > 0][:max_seqs]
+    tol = _TOLERANCE[dtype]
+    results = _run_batch(arrays, seq_ids, [arrays.seq_lens[s] - 1 for s in seq_ids], [1] * len(seq_ids), layout,
+                         dtype, device, num_kv_heads, num_heads, head_size, partition_size, None, seed) \
+        if seq_ids else []
+    checks = [SequenceCheck(*_check_fields(r, tol)) for r in results]
     return ValidationReport(checks, int(num_empty), tol, str(dtype).replace("torch.", ""), layout, str(device),
                             partition_size, num_kv_heads, num_heads, head_size)
+
+
+def validate_step(snapshot, seq_ids=None, num_new_tokens=None, num_computed_tokens=None, *,
+                  layout: str = "flat", dtype: torch.dtype = torch.float32,
+                  device: str | torch.device | None = None, num_kv_heads: int | None = None,
+                  num_heads: int | None = None, head_size: int | None = None,
+                  partition_size: int | None = None, sliding_window: int | None = None,
+                  seed: int = 0) -> StepReport:
+    """Run one mixed step of a simulated batch (prefills, chunked prefills after a prefix hit,
+    decodes, in one launch of ``unified_attention``) over a pool snapshot's block tables and
+    compare every sequence's new tokens with float64 dense causal attention over its own tokens,
+    and bitwise with the same kernel on an identity block table.
+
+    Array contract (plain arrays; ``step_arrays`` checks them):
+        snapshot: the pool (PoolSnapshot look-alike or PoolArrays): block_size, num_cells,
+            block_key (content keys: blocks with equal keys get equal K/V, so shared prefix blocks
+            are real sharing), block_tables {seq_id: block ids}, seq_lens {seq_id: tokens}.
+        seq_ids: int [n], the step's sequences in batch order (query rows follow this order).
+        num_new_tokens: int [n] >= 1, tokens each computes in the step (1 = decode; a chunk of a
+            prefill; the uncached part of a prompt after a prefix-cache hit).
+        num_computed_tokens: int [n] or None, tokens already in the pool before the step; None =
+            seq_lens[seq] - num_new_tokens (the snapshot is taken with the step's tokens in the pool).
+        The three may instead travel in the snapshot as arrays ``step_seq_ids``,
+        ``step_num_new_tokens`` and (optional) ``step_num_computed_tokens`` (``with_step``,
+        ``save_snapshot`` keeps them). Sequence i's new token j sits at position
+        num_computed_tokens[i] + j; its block table must hold num_computed_tokens[i] +
+        num_new_tokens[i] tokens.
+
+    Args (the rest): as in ``validate_snapshot``; sliding_window: None or the model's window.
+    Returns:
+        StepReport, one StepCheck per sequence, in batch order.
+    Raises:
+        ValueError: the step does not fit the snapshot (naming the field and sequence).
+    """
+    arrays = pool_arrays(snapshot)
+    step = step_arrays(arrays, seq_ids, num_new_tokens, num_computed_tokens)
+    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    num_kv_heads, num_heads, head_size = _model_geometry(device, num_kv_heads, num_heads, head_size, dtype)
+    if sliding_window is not None and sliding_window < 1:
+        raise ValueError(f"sliding_window must be >= 1, got {sliding_window}")
+    ids, computed, new = ([int(x) for x in a] for a in (step.seq_ids, step.num_computed_tokens, step.num_new_tokens))
+    tol = _TOLERANCE[dtype]
+    results = _run_batch(arrays, ids, computed, new, layout, dtype, device, num_kv_heads, num_heads, head_size,
+                         partition_size, sliding_window, seed) if ids else []
+    checks = [StepCheck(*_check_fields(r, tol), c, n) for r, c, n in zip(results, computed, new)]
+    return StepReport(checks, 0, tol, str(dtype).replace("torch.", ""), layout, str(device), partition_size,
+                      num_kv_heads, num_heads, head_size, sliding_window)

@@ -7,6 +7,9 @@ same protocol from a model and a GPU (the simulator never imports it).
   clock: simulated time is vLLM's step index (used to diff against the vLLM oracle).
 * ``TableCost(csv_path)``: measured step times, interpolated (see its docstring).
 * ``ScaledCost(inner, scale)``: another model's step times times ``scale`` (sensitivity checks).
+
+``StepTimer`` turns a cost model's seconds into the engine's integer nanoseconds (so that runs of
+steps add up exactly) and finds how many decode steps reach a given time.
 """
 from __future__ import annotations
 
@@ -16,6 +19,13 @@ from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from kvsim.errors import InputError
+
+NS_PER_S = 1_000_000_000
+
+
+def to_ns(seconds: float) -> int:
+    """Seconds to the engine's integer nanoseconds."""
+    return int(round(seconds * NS_PER_S))
 
 
 @dataclass(slots=True)
@@ -201,3 +211,64 @@ class ScaledCost:
 
     def run_time_s(self, batch: StepBatch, num_steps: int) -> float:
         return self.scale * self.inner.run_time_s(batch, num_steps)
+
+
+class StepTimer:
+    """Durations in integer nanoseconds for the engine's clock, from a cost model.
+
+    A step lasts ``step_time_s`` rounded to ns; a run of k decode steps lasts ``run_time_s``
+    rounded once (at least 1 ns per step), so a run and the same steps one by one end at the same
+    nanosecond. The last run priced is kept: the engine prices one run several times (its bound,
+    then its end) with the same first-step batch.
+    """
+
+    def __init__(self, cost_model: CostModel):
+        self.cost = cost_model
+        self.fixed_step_ns = to_ns(cost_model.step_s) if isinstance(cost_model, FixedStepCost) \
+            else None
+        self._last_run = (None, 0, 0)     # (first-step batch, k, run ns) of the last run priced
+
+    def step_ns(self, batch: StepBatch) -> int:
+        """One step (before the engine's 1 ns floor)."""
+        if self.fixed_step_ns is not None:
+            return self.fixed_step_ns
+        return to_ns(self.cost.step_time_s(batch))
+
+    def run_ns(self, b0: StepBatch, k: int) -> int:
+        """A run of ``k`` decode steps whose first step is ``b0``."""
+        if self.fixed_step_ns is not None:
+            return self.fixed_step_ns * k
+        cached = self._last_run
+        if cached[0] is b0 and cached[1] == k:
+            return cached[2]
+        ns = max(k, int(round(self.cost.run_time_s(b0, k) * NS_PER_S)))
+        self._last_run = (b0, k, ns)
+        return ns
+
+    def steps_to_reach(self, b0: StepBatch, now: int, bound: int, k_max: int) -> int:
+        """Smallest k >= 1 whose run ends at or after ``bound`` (capped at k_max)."""
+        if bound <= now:
+            return 1
+        if self.fixed_step_ns is not None:
+            return max(1, min(k_max, -(-(bound - now) // self.fixed_step_ns)))
+        # steps only get longer in a decode run, so k = ceil(gap / first step) is enough; it is
+        # usually exact
+        first = max(1, self.step_ns(b0))
+        guess = min(k_max, max(1, -(-(bound - now) // first)))
+        if guess == 1 or now + self.run_ns(b0, guess - 1) < bound:
+            if guess < k_max:
+                self.run_ns(b0, guess)   # the run's end, cached for the caller
+            return guess
+        hi = 1
+        while hi < k_max and now + self.run_ns(b0, hi) < bound:
+            hi = min(k_max, hi * 2)
+        if now + self.run_ns(b0, hi) < bound:
+            return hi
+        lo = hi // 2  # run(lo) < bound (or lo == 0)
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if now + self.run_ns(b0, mid) >= bound:
+                hi = mid
+            else:
+                lo = mid
+        return max(1, hi)

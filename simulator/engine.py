@@ -1,23 +1,27 @@
-"""SimPy engine: arrivals -> router -> one engine loop per replica; recording; ``simulate``.
+"""SimPy engine: arrivals -> router -> one engine loop per replica; ``Simulation`` and ``simulate``.
 
 Processes (SimPy, time in integer nanoseconds so that runs of steps add up exactly):
 
 * ``_arrivals``: pulls requests lazily from the iterator (memory follows live requests, not the
-  trace), routes each at its arrival time (round-robin, least-loaded = fewest running + waiting,
-  prefix-affinity = by conversation or first shared segment) and wakes an idle replica.
-* ``_engine`` (one per replica): at each step boundary it records, then either schedules one step
-  in detail (``Scheduler.schedule``) or, when ``Scheduler.plan_decode_run`` says the next steps
-  are identical pure decodes, applies k of them at once. A run ends at the first step end at or
-  after the next arrival, sample time, snapshot time or stop time, so every externally visible
-  moment is a step boundary in both modes. With ``batch_decode_steps=False`` the same k steps are
-  scheduled one by one (and checked to be pure decodes): results are identical, which tests check.
+  trace), hands each to the router (router.py) at its arrival time, rejects the ones that can
+  never be served, and wakes an idle replica.
+* ``_engine`` (one per replica), the step loop: at each step boundary it records, then either
+  applies a run of identical decode steps at once (``Scheduler.plan_decode_run`` /
+  ``advance_decode_run``) or schedules steps in detail (``Scheduler.schedule`` /
+  ``finish_step``): one step, or, with ``batch_decode_steps=False``, the planned run's k steps
+  one by one (checked to be pure decodes, priced and integrated as the run they form: results are
+  identical, which tests check). A run ends at the first step end at or after the next arrival,
+  sample time, snapshot time or stop time, so every externally visible moment is a step
+  boundary in both modes.
 
 Event order at equal times: step ends (URGENT) before arrivals, arrivals before the next schedule
 (the engine yields once when an arrival is due at the same instant) - vLLM's engine loop order.
+
+What is recorded and how it is integrated lives in recorder.py, the summary in summary.py, step
+durations in cost.py (``StepTimer``); the engine only calls them.
 """
 from __future__ import annotations
 
-import math
 import sys
 import time
 from collections.abc import Iterable
@@ -26,20 +30,18 @@ import numpy as np
 import simpy
 from simpy.core import URGENT
 
-from kvsim.allocator import MEMORY_CLASSES, ContiguousAllocator, PagedAllocator, mix64
-from kvsim.simulator.config import ROUTERS, EngineConfig
-from kvsim.simulator.cost import CostModel, FixedStepCost, StepBatch
-from kvsim.simulator.recorder import (NS_PER_S, SAMPLE_COLUMNS, RequestLog, StepLog,
-                                TableLog, percentiles)
-from kvsim.simulator.result import SUMMARY_KEYS, Result
-from kvsim.simulator.scheduler import FINISHED, Scheduler
+from kvsim.allocator import MEMORY_CLASSES, ContiguousAllocator, PagedAllocator
+from kvsim.simulator.config import EngineConfig
+from kvsim.simulator.cost import NS_PER_S, CostModel, FixedStepCost, StepBatch, StepTimer, to_ns
+from kvsim.simulator.recorder import DECODE_RUN, NUM_CLASSES, Recorder
+from kvsim.simulator.result import Result
+from kvsim.simulator.router import ROUTERS, Router
+from kvsim.simulator.scheduler import Scheduler
+from kvsim.simulator.summary import summarize
+
+__all__ = ["ROUTERS", "Simulation", "make_allocator", "simulate"]
 
 _NEVER = 1 << 62
-_NUM_CLASSES = len(MEMORY_CLASSES)
-
-
-def _ns(seconds: float) -> int:
-    return int(round(seconds * NS_PER_S))
 
 
 def _urgent_timeout(env: simpy.Environment, delay_ns: int) -> simpy.Event:
@@ -61,46 +63,17 @@ def make_allocator(config: EngineConfig):
                                max_model_len=config.max_model_len, placement=config.placement)
 
 
-def _affinity_key(req) -> int | None:
-    """What prefix-affinity routing hashes: the conversation, else the second shared prompt
-    segment (the first is often a prompt every request shares, e.g. Mooncake's block 0), else
-    the first; None (round-robin) for a request that shares nothing."""
-    if req.conversation_id is not None:
-        return req.conversation_id
-    key = None
-    end = 0
-    for seg_id, length in req.segments[:2]:
-        end += length
-        if end > req.num_shareable_tokens:
-            break
-        key = seg_id
-    return key
-
-
 class _Replica:
-    """One serving replica: its scheduler, allocator and recording state."""
+    """One serving replica: its allocator, its scheduler and its recorder."""
 
-    def __init__(self, index: int, config: EngineConfig, seed: int):
+    def __init__(self, index: int, config: EngineConfig, seed: int, recorder: Recorder,
+                 step_clock: bool):
         self.index = index
         self.allocator = make_allocator(config)
         self.sched = Scheduler(config, self.allocator, seed=seed + index)
+        self.rec = recorder.replica(index, self.sched, self.allocator, step_clock)
         self.wake: simpy.Event | None = None
         self.num_steps = 0
-        self.last_t = 0
-        self.bd_area = [0] * _NUM_CLASSES      # trapezoid areas x2 (slot-ns)
-        self.usage_area = 0.0
-        self.running_area = 0                  # requests x ns, running during steps
-        self.waiting_area = 0
-        self.cur_running = 0                   # after the last schedule
-        self.cur_waiting = 0
-        self.max_running = 0
-        self.last_batch_tokens = 0
-        self.next_sample_ns = 0
-        self.next_snapshot = 0
-        self.arrived_since_step = 0
-        self.num_finished = 0
-        self.saved_samples: list[int] = []
-        self.cum = [0, 0, 0, 0]                # step rows: preemptions, pc queries, pc hits, finished
 
 
 class Simulation:
@@ -135,40 +108,33 @@ class Simulation:
             raise TypeError("cost_model must implement step_time_s and run_time_s (CostModel)")
         if not isinstance(replicas, int) or replicas < 1:
             raise ValueError(f"replicas must be an integer >= 1, got {replicas!r}")
-        if router not in ROUTERS:
-            raise ValueError(f"router must be one of {', '.join(ROUTERS)}, got {router!r}")
+        self.router = Router(router)
         self.config = config
         self.cost = cost_model
+        self.timer = StepTimer(cost_model)
         self.step_clock = isinstance(cost_model, FixedStepCost) and cost_model.step_s == 1.0
-        self.fixed_step_ns = _ns(cost_model.step_s) if isinstance(cost_model, FixedStepCost) \
-            else None
         if sample_interval_s is None:
             sample_interval_s = 1.0
         if not sample_interval_s > 0:
             raise ValueError(f"sample_interval_s must be > 0, got {sample_interval_s}")
-        self.sample_ns = max(1, _ns(sample_interval_s))
-        self.snapshot_ns = sorted(_ns(t) for t in snapshot_times_s)
-        if any(t < 0 for t in self.snapshot_ns):
+        snapshot_ns = sorted(to_ns(t) for t in snapshot_times_s)
+        if any(t < 0 for t in snapshot_ns):
             raise ValueError("snapshot_times_s must be >= 0")
-        self.router = router
         self.seed = seed
         self.record_steps = record_steps
         self.batching = batch_decode_steps
         self.env = simpy.Environment()
-        self.replicas = [_Replica(i, config, seed) for i in range(replicas)]
-        self.requests = RequestLog(keep_rows=record_requests)
-        self.samples = TableLog(SAMPLE_COLUMNS)
-        self.steps = StepLog()
-        self.snapshots: list = []
+        self.recorder = Recorder(sample_ns=max(1, to_ns(sample_interval_s)),
+                                 snapshot_ns=snapshot_ns, record_steps=record_steps,
+                                 record_requests=record_requests)
+        self.replicas = [_Replica(i, config, seed, self.recorder, self.step_clock)
+                         for i in range(replicas)]
         self.num_arrived = 0
         self.num_rejected = 0
-        self.rr_next = 0
         self.next_arrival_ns = _NEVER
         self.stop_ns = _NEVER
         self.arrivals_done = False
-        self.end_ns = 0
         self.wall_s = 0.0
-        self._last_run = (None, 0, 0)     # (first-step batch, k, run ns) of the last run priced
         self._finalised = False
         self._progress = None
         if progress:
@@ -193,7 +159,7 @@ class Simulation:
     def run_until(self, t_s: float) -> None:
         """Advance simulated time to ``t_s`` (runs of decode steps end at the first step
         boundary at or after it, so the state seen afterwards is exact at that boundary)."""
-        t_ns = _ns(t_s)
+        t_ns = to_ns(t_s)
         if t_ns <= self.env.now:
             return
         started = time.perf_counter()
@@ -204,22 +170,17 @@ class Simulation:
 
     def snapshot(self, replica: int = 0):
         """PoolSnapshot of one replica's pool now (numpy arrays, see allocator.PoolSnapshot)."""
-        rep = self.replicas[replica]
-        rep.sched.sync_allocator()
-        if rep.sched.paged:
-            return rep.allocator.snapshot()
-        return rep.allocator.snapshot(self._waiting_final_tokens(rep),
-                                      waiting_num_prompt_tokens=self._waiting_prompt_tokens(rep))
+        return self.replicas[replica].rec.pool_snapshot()
 
     def state(self) -> dict:
         """Live figures for a dashboard: time, running, waiting, finished, usage, breakdown."""
-        bd = [0] * _NUM_CLASSES
+        bd = [0] * NUM_CLASSES
         for rep in self.replicas:
-            for i, v in enumerate(self._breakdown(rep)):
+            for i, v in enumerate(rep.rec.breakdown()):
                 bd[i] += v
         return {"time_s": self.now_s, "running": sum(len(r.sched.running) for r in self.replicas),
                 "waiting": sum(len(r.sched.waiting) for r in self.replicas),
-                "finished": self.requests.num_finished,
+                "finished": self.recorder.requests.num_finished,
                 "rejected": self.num_rejected, "arrived": self.num_arrived,
                 "kv_usage": float(np.mean([r.allocator.usage for r in self.replicas])),
                 "breakdown": dict(zip(MEMORY_CLASSES, bd)), "done": self.done}
@@ -231,7 +192,26 @@ class Simulation:
         self.wall_s += time.perf_counter() - started
         return self.result()
 
-    # ------------------------------------------------------------------ processes
+    def result(self) -> Result:
+        """Summary, tables and snapshots of what has been simulated so far."""
+        recorder = self.recorder
+        if not self._finalised and self.done:
+            end_ns = recorder.end_ns
+            for rep in self.replicas:   # close every replica's integrals at the end
+                rep.rec.close_idle_gap(end_ns)
+            self._finalised = True
+        cfg = self.config
+        summary = summarize(
+            recorder, self.replicas, num_arrived=self.num_arrived,
+            num_rejected=self.num_rejected, wall_s=self.wall_s,
+            config={"engine": {k: getattr(cfg, k) for k in cfg.__dataclass_fields__},
+                    "replicas": len(self.replicas), "router": self.router.policy,
+                    "seed": self.seed, "cost_model": type(self.cost).__name__,
+                    "step_clock": self.step_clock})
+        return Result(summary, recorder.timeseries(), recorder.requests.frame(),
+                      list(recorder.snapshots))
+
+    # ------------------------------------------------------------------ arrivals
     def _arrivals(self):
         env = self.env
         it = self._iter
@@ -244,7 +224,7 @@ class Simulation:
             if step_clock and req.arrival_step is not None:
                 t_ns = req.arrival_step * NS_PER_S
             else:
-                t_ns = _ns(req.arrival_s)
+                t_ns = to_ns(req.arrival_s)
             if t_ns < last_ns:
                 raise ValueError(f"request {req.request_id}: arrival {t_ns / NS_PER_S} s is before "
                                  f"the previous request's {last_ns / NS_PER_S} s (sort the trace)")
@@ -252,7 +232,7 @@ class Simulation:
             self.next_arrival_ns = t_ns
             if t_ns > env.now:
                 yield env.timeout(t_ns - env.now)
-            self._route(req, t_ns)
+            self._arrive(req, t_ns)
             count += 1
             if self._progress is not None and count % 1000 == 0:
                 self._progress.update(1000)
@@ -263,29 +243,16 @@ class Simulation:
             self._progress.update(count % 1000)
             self._progress.close()
 
-    def _route(self, req, t_ns: int) -> None:
+    def _arrive(self, req, t_ns: int) -> None:
+        """A request arrives: the router picks its replica, which queues it (or it is rejected)."""
         self.num_arrived += 1
-        reps = self.replicas
-        if len(reps) == 1:
-            rep = reps[0]
-        elif self.router == "least-loaded":
-            rep = min(reps, key=lambda r: (len(r.sched.running) + len(r.sched.waiting), r.index))
-        else:
-            key = None
-            if self.router == "prefix-affinity":
-                key = _affinity_key(req)
-            if key is None:
-                rep = reps[self.rr_next % len(reps)]
-                self.rr_next += 1
-            else:
-                rep = reps[mix64(key & 0xFFFFFFFFFFFFFFFF) % len(reps)]
-        reason = self._unfit(req)
-        if reason:
+        rep = self.router.pick(req, self.replicas)
+        if self._unfit(req):
             self.num_rejected += 1
-            self._record_rejected(rep, req, t_ns)
+            self.recorder.record_rejected(rep.index, req, t_ns)
             return
         rep.sched.add_request(req, t_ns)
-        rep.arrived_since_step += 1
+        rep.rec.arrived_since_step += 1
         if rep.wake is not None and not rep.wake.triggered:
             rep.wake.succeed()
 
@@ -309,10 +276,10 @@ class Simulation:
                 return "reservation larger than the pool"
         return ""
 
+    # ------------------------------------------------------------------ the step loop
     def _engine(self, rep: _Replica):
-        env = self.env
-        sched = rep.sched
-        record_steps = self.record_steps
+        env, timer, record_steps = self.env, self.timer, self.record_steps
+        sched, rec = rep.sched, rep.rec
         # ``now`` is the replica's time. It runs ahead of SimPy's across step ends that nothing
         # can observe (``_unobserved``): such a step is finished at once and the next one
         # scheduled, without a round trip through the event queue.
@@ -321,424 +288,109 @@ class Simulation:
             if not sched.running and not sched.waiting:
                 if now > env.now:
                     yield _urgent_timeout(env, now - env.now)
-                self._boundary(rep, now)
+                rec.boundary(now)
                 rep.wake = env.event()
                 yield rep.wake
                 rep.wake = None
                 now = env.now
             if self.next_arrival_ns == now:
                 yield env.timeout(0)   # arrivals due now land before this step is scheduled
-            bd_start = self._boundary(rep, now)
+            bd_start = rec.boundary(now)
             step_index = now // NS_PER_S if self.step_clock else rep.num_steps
+            run = None     # a decode run stepped one by one: (first step's batch, start state)
             k = sched.plan_decode_run(_NEVER)
             if k > 0:
+                # k identical pure-decode steps, ending at the first step end at or after the
+                # next moment anything can observe the replica
                 if bd_start is None:
-                    bd_start = self._breakdown(rep)
+                    bd_start = rec.breakdown()
                 usage_start = rep.allocator.usage
                 n = len(sched.running)
                 kv = sched.decode_run_batch()[0]
                 b0 = StepBatch(n, 0, n, n, kv, kv)
-                bound = min(self.next_arrival_ns, rep.next_sample_ns, self.stop_ns,
-                            self.snapshot_ns[rep.next_snapshot]
-                            if rep.next_snapshot < len(self.snapshot_ns) else _NEVER)
-                if bound < _NEVER and now + self._run_ns(b0, k) >= bound:
-                    k = min(k, self._steps_to_reach(b0, now, bound, k))
-                rep.cur_running, rep.cur_waiting = n, len(sched.waiting)
-                rep.max_running = max(rep.max_running, n)
-                rep.last_batch_tokens = n
+                bound = min(self.next_arrival_ns, rec.next_record_ns, self.stop_ns)
+                if bound < _NEVER and now + timer.run_ns(b0, k) >= bound:
+                    k = min(k, timer.steps_to_reach(b0, now, bound, k))
                 if self.batching:
+                    rec.scheduled(n, len(sched.waiting), n)
                     hist = sched.crossing_histogram() if record_steps else None
                     used0 = sched.allocator.num_used_blocks if record_steps and sched.paged \
                         else 0
                     sched.advance_decode_run(k)
-                    end = now + self._run_ns(b0, k)
-                    self._integrate(rep, bd_start, self._breakdown(rep), usage_start,
-                                    rep.allocator.usage, now, end)
-                    if not self._unobserved(rep, end):
+                    end = now + timer.run_ns(b0, k)
+                    rec.integrate(bd_start, rec.breakdown(), usage_start, rep.allocator.usage,
+                                  now, end)
+                    if not self._unobserved(rec, end):
                         yield _urgent_timeout(env, end - env.now)
-                    last_index = step_index + k - 1 if self.step_clock else rep.num_steps + k - 1
-                    finished = sched.finish_decode_run(end, last_index)
+                    finished = sched.finish_decode_run(end, step_index + k - 1)
+                    rec.last_step = DECODE_RUN
                     if record_steps:
-                        self._decode_rows(rep, step_index, k, n, hist, used0, finished)
-                else:
-                    finished = []
-                    t = now
-                    for j in range(k):
-                        idx = step_index + j
-                        out = sched.schedule(t, idx)
-                        assert out.num_decode_seqs == n and out.num_scheduled_tokens == n \
-                            and not out.num_preempted and not out.num_new, \
-                            "a planned decode step was not a pure decode step"
-                        row_state = self._row_state(sched) if record_steps else None
-                        end = now + self._run_ns(b0, j + 1)
-                        if j == k - 1:
-                            self._integrate(rep, bd_start, self._breakdown(rep), usage_start,
-                                            rep.allocator.usage, now, end)
-                        yield _urgent_timeout(env, end - env.now)
-                        t = end
-                        finished = sched.finish_step(out, end, idx)
-                        assert not finished or j == k - 1, "a request finished inside a decode run"
-                        if record_steps:
-                            self._step_row(rep, idx, out, finished, row_state)
-                rep.num_steps += k
-                sched.num_steps += k
-                for seq in finished:
-                    self._on_finished(rep, seq)
-                now = end
-                continue
+                        rec.decode_rows(step_index, k, n, hist, used0, finished)
+                    rep.num_steps += k
+                    sched.num_steps += k
+                    for seq in finished:
+                        rec.on_finished(seq)
+                    now = end
+                    continue
+                run = (b0, bd_start, usage_start)
 
-            out = sched.schedule(now, step_index)
-            rep.cur_running, rep.cur_waiting = len(sched.running), len(sched.waiting)
-            rep.max_running = max(rep.max_running, rep.cur_running)
-            if out.num_scheduled_tokens == 0:
-                # nothing ran (everyone running preempted itself away, or the head can never be
-                # admitted): vLLM counts no step; the clock still moves by one empty step
-                if not out.num_preempted and not sched.running and sched.waiting:
+            # steps scheduled in detail: the next one, or the planned run's k steps one by one
+            t = now
+            for j in range(k if run is not None else 1):
+                idx = step_index + j
+                out = sched.schedule(t, idx)
+                if run is not None:
+                    assert out.num_decode_seqs == n and out.num_scheduled_tokens == n \
+                        and not out.num_preempted and not out.num_new, \
+                        "a planned decode step was not a pure decode step"
+                rec.scheduled(len(sched.running), len(sched.waiting), out.num_scheduled_tokens)
+                ran = out.num_scheduled_tokens > 0
+                if not ran and not out.num_preempted and not sched.running and sched.waiting:
+                    # the head can never be admitted (nothing runs that could make room)
                     seq = sched.waiting.popleft()
                     self.num_rejected += 1
-                    self._record_rejected(rep, seq.req, seq.arrival_ns)
-                end = now + max(1, self._step_ns(StepBatch()))
-                bd_step = self._breakdown(rep)
-                self._integrate(rep, bd_step, bd_step, rep.allocator.usage, rep.allocator.usage,
-                                now, end)
-                yield _urgent_timeout(env, end - env.now)
-                now = end
-                continue
-            batch = StepBatch(out.num_seqs, out.num_prefill_tokens, out.num_decode_seqs,
-                              out.num_scheduled_tokens, out.kv_read_tokens, out.attn_token_pairs)
-            rep.last_batch_tokens = out.num_scheduled_tokens
-            row_state = self._row_state(sched) if record_steps else None
-            end = now + max(1, self._step_ns(batch))
-            bd_step = self._breakdown(rep)
-            usage = rep.allocator.usage
-            self._integrate(rep, bd_step, bd_step, usage, usage, now, end)
-            if not self._unobserved(rep, end):
-                yield _urgent_timeout(env, end - env.now)
-            finished = sched.finish_step(out, end, step_index)
-            rep.num_steps += 1
-            sched.num_steps += 1
-            if record_steps:
-                self._step_row(rep, step_index, out, finished, row_state)
-            for seq in finished:
-                self._on_finished(rep, seq)
-            now = end
+                    self.recorder.record_rejected(rep.index, seq.req, seq.arrival_ns)
+                row_state = rec.row_state() if record_steps else None
+                if run is None:
+                    batch = StepBatch(out.num_seqs, out.num_prefill_tokens, out.num_decode_seqs,
+                                      out.num_scheduled_tokens, out.kv_read_tokens,
+                                      out.attn_token_pairs)
+                    end = t + max(1, timer.step_ns(batch))
+                    bd_step = rec.breakdown()
+                    usage = rep.allocator.usage
+                    rec.integrate(bd_step, bd_step, usage, usage, t, end)
+                else:
+                    # priced and integrated as the run (trapezoid), exactly as when batched
+                    end = now + timer.run_ns(run[0], j + 1)
+                    if j == k - 1:
+                        rec.integrate(run[1], rec.breakdown(), run[2], rep.allocator.usage,
+                                      now, end)
+                if not ran:
+                    # nothing ran (everyone running preempted itself away, or the head was
+                    # rejected): vLLM counts no step; the clock still moves by one empty step
+                    yield _urgent_timeout(env, end - env.now)
+                    t = end
+                    break
+                if not self._unobserved(rec, end):
+                    yield _urgent_timeout(env, end - env.now)
+                finished = sched.finish_step(out, end, idx)
+                rec.last_step = out
+                assert not finished or run is None or j == k - 1, \
+                    "a request finished inside a decode run"
+                rep.num_steps += 1
+                sched.num_steps += 1
+                if record_steps:
+                    rec.step_row(idx, out, finished, row_state)
+                for seq in finished:
+                    rec.on_finished(seq)
+                t = end
+            now = t
 
-    def _unobserved(self, rep: _Replica, end: int) -> bool:
+    def _unobserved(self, rec, end: int) -> bool:
         """Whether nothing can happen or be looked at from now until the replica's step end
         ``end``: no arrival (the router reads replica states, the scheduler its queue), sample,
         snapshot or stop (``run_until``) up to and including ``end``."""
-        return end < self.next_arrival_ns and end < rep.next_sample_ns and end < self.stop_ns \
-            and (rep.next_snapshot >= len(self.snapshot_ns) or
-                 end < self.snapshot_ns[rep.next_snapshot])
-
-    # ------------------------------------------------------------------ time helpers
-    def _step_ns(self, batch: StepBatch) -> int:
-        if self.fixed_step_ns is not None:
-            return self.fixed_step_ns
-        return _ns(self.cost.step_time_s(batch))
-
-    def _run_ns(self, b0: StepBatch, k: int) -> int:
-        if self.fixed_step_ns is not None:
-            return self.fixed_step_ns * k
-        cached = self._last_run
-        if cached[0] is b0 and cached[1] == k:
-            return cached[2]
-        ns = max(k, int(round(self.cost.run_time_s(b0, k) * NS_PER_S)))
-        self._last_run = (b0, k, ns)
-        return ns
-
-    def _steps_to_reach(self, b0: StepBatch, now: int, bound: int, k_max: int) -> int:
-        """Smallest k >= 1 whose run ends at or after ``bound`` (capped at k_max)."""
-        if bound <= now:
-            return 1
-        if self.fixed_step_ns is not None:
-            return max(1, min(k_max, -(-(bound - now) // self.fixed_step_ns)))
-        # steps only get longer in a decode run, so k = ceil(gap / first step) is enough; it is
-        # usually exact
-        first = max(1, self._step_ns(b0))
-        guess = min(k_max, max(1, -(-(bound - now) // first)))
-        if guess == 1 or now + self._run_ns(b0, guess - 1) < bound:
-            if guess < k_max:
-                self._run_ns(b0, guess)   # the run's end, cached for the caller
-            return guess
-        hi = 1
-        while hi < k_max and now + self._run_ns(b0, hi) < bound:
-            hi = min(k_max, hi * 2)
-        if now + self._run_ns(b0, hi) < bound:
-            return hi
-        lo = hi // 2  # run(lo) < bound (or lo == 0)
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            if now + self._run_ns(b0, mid) >= bound:
-                hi = mid
-            else:
-                lo = mid
-        return max(1, hi)
-
-    # ------------------------------------------------------------------ recording
-    def _waiting_final_tokens(self, rep: _Replica):
-        if not rep.sched.waiting:
-            return None
-        head = rep.sched.waiting[0]
-        return head.num_prompt_tokens + head.max_output_tokens
-
-    def _waiting_prompt_tokens(self, rep: _Replica):
-        # the pow2 policy sizes the head's extent from its prompt, not only its final length
-        return rep.sched.waiting[0].num_prompt_tokens if rep.sched.waiting else None
-
-    def _breakdown(self, rep: _Replica) -> list[int]:
-        sched = rep.sched
-        if sched.paged:
-            vals = rep.allocator.breakdown_slots()
-        else:
-            bd = rep.allocator.breakdown(self._waiting_final_tokens(rep),
-                                         waiting_num_prompt_tokens=self._waiting_prompt_tokens(rep))
-            vals = [bd[c] for c in MEMORY_CLASSES]
-        pending = sched.num_pending_tokens
-        if pending:
-            # tokens scheduled but not yet told to the allocator sit in held slots
-            vals[0] += pending
-            vals[2 if sched.paged else 1] -= pending
-        return vals
-
-    def _boundary(self, rep: _Replica, now: int) -> list[int] | None:
-        """At a step boundary (time ``now``): integrate any idle gap, then take due samples and
-        snapshots. Returns the breakdown now (before this boundary's schedule), or None if it
-        was not needed."""
-        if now > self.end_ns:
-            self.end_ns = now
-        if now <= rep.last_t and rep.next_sample_ns > now and (
-                rep.next_snapshot >= len(self.snapshot_ns) or
-                self.snapshot_ns[rep.next_snapshot] > now):
-            return None   # nothing to integrate or record here
-        bd = self._close_idle_gap(rep, now)
-        while rep.next_snapshot < len(self.snapshot_ns) and \
-                self.snapshot_ns[rep.next_snapshot] <= now:
-            t = self.snapshot_ns[rep.next_snapshot]
-            self.snapshots.append((t / NS_PER_S, rep.index, self.snapshot(rep.index)))
-            rep.next_snapshot += 1
-        return bd
-
-    def _integrate(self, rep: _Replica, bd_left, bd_right, usage_left: float,
-                   usage_right: float, t0: int, t1: int) -> None:
-        """Add one segment to the time-weighted figures: the pool goes linearly from
-        ``bd_left`` to ``bd_right`` (trapezoid; equal for one step), running/waiting are the
-        counts after the segment's schedule."""
-        dt = t1 - t0
-        area = rep.bd_area
-        for i in range(_NUM_CLASSES):
-            area[i] += (bd_left[i] + bd_right[i]) * dt
-        rep.usage_area += (usage_left + usage_right) * dt
-        rep.running_area += rep.cur_running * dt
-        rep.waiting_area += rep.cur_waiting * dt
-        rep.last_t = t1
-
-    def _sample(self, rep: _Replica, now: int, bd: list[int], usage: float) -> None:
-        sched = rep.sched
-        saved = 0
-        if sched.paged:
-            logical = sched.num_logical_blocks()
-            saved = max(0, logical - rep.allocator.num_used_blocks)
-        rep.saved_samples.append(saved)
-        row_tail = (len(sched.running), len(sched.waiting), rep.last_batch_tokens,
-                    sched.num_preemptions, sched.num_prefix_queries, sched.num_prefix_hits,
-                    rep.num_finished, usage, saved, *bd)
-        while rep.next_sample_ns <= now:
-            self.samples.add((rep.next_sample_ns / NS_PER_S, rep.index) + row_tail)
-            rep.next_sample_ns += self.sample_ns
-
-    def _decode_rows(self, rep, step0, k, n, hist, used0, finished) -> None:
-        """Per-step oracle rows of a batched decode run (same values as stepping one by one)."""
-        sched = rep.sched
-        usable = sched.allocator.num_usable_blocks if sched.paged else 1
-        B = sched.block_size
-        used = used0
-        waiting = len(sched.waiting)
-        cum = rep.cum
-        for j in range(1, k + 1):
-            idx = step0 + j - 1 if self.step_clock else rep.num_steps + j - 1
-            if sched.paged:
-                used += hist[(j - 1) % B + 1]
-            usage = round(1.0 - (usable - used) / usable, 6) if sched.paged else \
-                round(sched.allocator.usage, 6)
-            nfin = len(finished) if j == k else 0
-            cum[3] += nfin
-            end_usage = round(sched.allocator.usage, 6) if j == k else usage
-            arrived = rep.arrived_since_step
-            rep.arrived_since_step = 0
-            self.steps.rows.append((
-                idx, arrived, n, n, 0, n, 0, 0, n, waiting, usage, used, 0, cum[0], 0, 0,
-                cum[1], cum[2], 0, 0, nfin, cum[3], n - nfin, waiting, end_usage, rep.index,
-                idx * 1.0 if self.step_clock else math.nan))
-
-    @staticmethod
-    def _row_state(sched) -> tuple:
-        """Oracle columns read right after schedule(): running, waiting, usage, used blocks."""
-        return (len(sched.running), len(sched.waiting), sched.allocator.usage,
-                sched.allocator.num_used_blocks if sched.paged else 0)
-
-    def _step_row(self, rep, idx, out, finished, state) -> None:
-        sched = rep.sched
-        running, waiting, usage, used = state
-        cum = rep.cum
-        cum[0] += out.num_preempted
-        cum[1] += out.pc_queries
-        cum[2] += out.pc_hits
-        cum[3] += len(finished)
-        arrived = rep.arrived_since_step
-        rep.arrived_since_step = 0
-        self.steps.rows.append((
-            idx, arrived, out.num_seqs, out.num_scheduled_tokens, out.num_prefill_tokens,
-            # vLLM 0.33's V2 model runner reports resumed requests among the new ones
-            out.num_decode_seqs, out.num_new + out.num_resumed, 0, running, waiting, round(usage, 6),
-            used, out.num_preempted, cum[0], out.pc_queries, out.pc_hits, cum[1], cum[2],
-            out.pc_preempted_queries, out.pc_preempted_hits, len(finished), cum[3],
-            len(sched.running), len(sched.waiting), round(sched.allocator.usage, 6), rep.index,
-            idx * 1.0 if self.step_clock else math.nan))
-
-    def _on_finished(self, rep: _Replica, seq) -> None:
-        group = seq.group
-        if group is not None:
-            if group.recorded or len(group.members) < group.width or any(
-                    m.status != FINISHED for m in group.members):
-                return
-            group.recorded = True
-            members = group.members
-        else:
-            members = (seq,)
-        rep.num_finished += 1
-        head = members[0]
-        req = head.req
-        arrival = head.arrival_ns
-        if group is None:
-            finish, first_token = seq.finish_ns, seq.first_token_ns
-            num_preemptions, cached_total = seq.num_preemptions, seq.num_cached_tokens_total
-            first_token_step, finish_step = seq.first_token_step, seq.finish_step
-        else:
-            finish = max(m.finish_ns for m in members)
-            first_token = min(m.first_token_ns for m in members)
-            num_preemptions = sum(m.num_preemptions for m in members)
-            cached_total = sum(m.num_cached_tokens_total for m in members)
-            first_token_step = min(m.first_token_step for m in members)
-            finish_step = max(m.finish_step for m in members)
-        num_output = head.num_output_tokens
-        ttft = (first_token - arrival) / NS_PER_S
-        tpot = (finish - first_token) / NS_PER_S / (num_output - 1) if num_output > 1 else math.nan
-        e2e = (finish - arrival) / NS_PER_S
-        if not self.requests.keep_rows:   # no per-request table: what the summary needs
-            self.requests.add_finished(ttft, tpot, e2e, req.prompt_tokens, num_preemptions)
-            return
-        self.requests.add(
-            request_id=req.request_id, replica=rep.index, arrival_s=arrival / NS_PER_S,
-            first_sched_s=head.first_sched_ns / NS_PER_S, first_token_s=first_token / NS_PER_S,
-            finish_s=finish / NS_PER_S, ttft_s=ttft, tpot_s=tpot,
-            e2e_s=e2e, prompt_tokens=req.prompt_tokens,
-            output_tokens=req.output_tokens, num_output=num_output, num_samples=len(members),
-            num_preemptions=num_preemptions, cached_tokens_first=head.cached_tokens_first,
-            cached_tokens_total=cached_total,
-            arrival_step=req.arrival_step if req.arrival_step is not None else -1,
-            first_sched_step=head.first_sched_step, first_token_step=first_token_step,
-            finish_step=finish_step, rejected=0)
-
-    def _record_rejected(self, rep: _Replica, req, t_ns: int) -> None:
-        nan = math.nan
-        self.requests.add(
-            request_id=req.request_id, replica=rep.index, arrival_s=t_ns / NS_PER_S,
-            first_sched_s=nan, first_token_s=nan, finish_s=nan, ttft_s=nan, tpot_s=nan,
-            e2e_s=nan, prompt_tokens=req.prompt_tokens, output_tokens=req.output_tokens,
-            num_output=0, num_samples=max(req.n, req.beam_width), num_preemptions=0,
-            cached_tokens_first=-1, cached_tokens_total=0,
-            arrival_step=req.arrival_step if req.arrival_step is not None else -1,
-            first_sched_step=-1, first_token_step=-1, finish_step=-1, rejected=1)
-
-    # ------------------------------------------------------------------ result
-    def result(self) -> Result:
-        """Summary, tables and snapshots of what has been simulated so far."""
-        if not self._finalised and self.done:
-            for rep in self.replicas:
-                self.env_now_boundary(rep)
-            self._finalised = True
-        requests = self.requests.frame()
-        if self.record_steps:
-            timeseries = self.steps.frame()
-        else:
-            timeseries = self.samples.frame()
-        return Result(self._summary(), timeseries, requests, list(self.snapshots))
-
-    def env_now_boundary(self, rep: _Replica) -> None:
-        """Close a replica's integrals and samples at the end of the simulation."""
-        self._close_idle_gap(rep, self.end_ns)
-
-    def _close_idle_gap(self, rep: _Replica, now: int) -> list[int]:
-        """Integrate the time since the replica's last segment (nothing ran: the pool stayed as
-        it is now) and take a due sample. Returns the breakdown now."""
-        bd = self._breakdown(rep)
-        usage = rep.allocator.usage
-        if now > rep.last_t:
-            rep.cur_running = 0
-            rep.cur_waiting = len(rep.sched.waiting)
-            self._integrate(rep, bd, bd, usage, usage, rep.last_t, now)
-        if rep.next_sample_ns <= now and not self.record_steps:
-            self._sample(rep, now, bd, usage)
-        return bd
-
-    def _summary(self) -> dict:
-        cfg = self.config
-        reps = self.replicas
-        log = self.requests
-        duration_ns = max(self.end_ns, 1)
-        duration_s = self.end_ns / NS_PER_S
-        area = [sum(r.bd_area[i] for r in reps) for i in range(_NUM_CLASSES)]
-        total_area = sum(area)
-        if total_area > 0:
-            breakdown = {c: round(a / total_area, 9) for c, a in zip(MEMORY_CLASSES, area)}
-        else:
-            bd = [sum(v) for v in zip(*(self._breakdown(r) for r in reps))]
-            breakdown = {c: round(v / sum(bd), 9) for c, v in zip(MEMORY_CLASSES, bd)}
-        queries = sum(r.sched.num_prefix_queries for r in reps)
-        hits = sum(r.sched.num_prefix_hits for r in reps)
-        saved = [s for r in reps for s in r.saved_samples]
-        generated = sum(r.sched.num_generated_tokens for r in reps)
-        prompt = log.num_prompt_tokens
-        num_done = log.num_finished
-        summary = {
-            "requests_arrived": self.num_arrived,
-            "requests_finished": num_done,
-            "requests_rejected": self.num_rejected,
-            "requests_unfinished": self.num_arrived - self.num_rejected - num_done,
-            "simulated_duration_s": round(duration_s, 9),
-            "num_steps": sum(r.num_steps for r in reps),
-            "mean_running": round(sum(r.running_area for r in reps) / duration_ns, 6),
-            "max_running": max(r.max_running for r in reps),
-            "mean_waiting": round(sum(r.waiting_area for r in reps) / duration_ns, 6),
-            "memory_breakdown": breakdown,
-            "mean_kv_usage": round(sum(r.usage_area for r in reps) / 2 / duration_ns / len(reps), 6),
-            "prefix_hit_rate": round(hits / queries, 6) if queries else 0.0,
-            "prefix_query_tokens": queries,
-            "prefix_hit_tokens": hits,
-            "preempted_prefix_query_tokens": sum(r.sched.num_preempted_queries for r in reps),
-            "preempted_prefix_hit_tokens": sum(r.sched.num_preempted_hits for r in reps),
-            "blocks_saved_by_sharing_mean": round(float(np.mean(saved)), 6) if saved else 0.0,
-            "blocks_saved_by_sharing_max": int(max(saved)) if saved else 0,
-            "num_preemptions": sum(r.sched.num_preemptions for r in reps),
-            "preempted_requests": log.num_preempted_requests,
-            "generated_tokens": generated,
-            "prompt_tokens": prompt,
-            "computed_prompt_tokens": sum(r.sched.num_prompt_tokens_computed for r in reps),
-            "output_throughput_tokens_per_s": round(generated / duration_s, 6) if duration_s else 0.0,
-            "total_throughput_tokens_per_s":
-                round((generated + prompt) / duration_s, 6) if duration_s else 0.0,
-            "request_throughput_per_s": round(num_done / duration_s, 6) if duration_s else 0.0,
-            "ttft_s": percentiles(log.latencies("ttft_s")),
-            "tpot_s": percentiles(log.latencies("tpot_s")),
-            "e2e_s": percentiles(log.latencies("e2e_s")),
-            "wall_clock_s": round(self.wall_s, 3),
-            "config": {"engine": {k: getattr(cfg, k) for k in cfg.__dataclass_fields__},
-                       "replicas": len(reps), "router": self.router, "seed": self.seed,
-                       "cost_model": type(self.cost).__name__, "step_clock": self.step_clock},
-        }
-        assert tuple(summary) == SUMMARY_KEYS
-        return summary
+        return end < self.next_arrival_ns and end < rec.next_record_ns and end < self.stop_ns
 
 
 def simulate(requests: Iterable, config: EngineConfig, cost_model: CostModel, *,

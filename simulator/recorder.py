@@ -1,18 +1,31 @@
-"""Recording: per-request rows, sampled time series, per-step rows (oracle names), integrals.
+"""Recording: what a simulation keeps of each replica, and the tables it keeps it in.
+
+``Recorder`` (one per simulation) holds the tables: the per-request rows (``RequestLog``), the
+time series sampled every ``sample_ns`` (``TableLog``) or one row per engine step with the vLLM
+oracle's column names (``StepLog``), and pool snapshots. ``ReplicaRecorder`` (one per replica) is
+what the engine loop calls at step boundaries: it integrates the time-weighted figures (memory
+breakdown, usage, running, waiting) between boundaries, takes due samples and snapshots, writes
+step rows and finished requests.
 
 Everything is kept in compact typed columns (``array``), so memory grows with what is recorded
 (about 120 bytes per finished request, one row per sample), never with the trace's tokens.
 """
 from __future__ import annotations
 
+import math
 from array import array
+from dataclasses import replace
 
 import numpy as np
 import pandas as pd
 
 from kvsim.allocator import MEMORY_CLASSES
+from kvsim.simulator.cost import NS_PER_S
+from kvsim.simulator.seq_state import FINISHED
 
-NS_PER_S = 1_000_000_000
+_NEVER = 1 << 62
+DECODE_RUN = object()   # ReplicaRecorder.last_step after a batched run of pure decode steps
+NUM_CLASSES = len(MEMORY_CLASSES)
 
 # per-request columns: (name, array typecode)
 REQUEST_COLUMNS = (
@@ -133,12 +146,314 @@ class StepLog:
         return pd.DataFrame(self.rows, columns=list(STEP_COLUMNS))
 
 
-def percentiles(values: np.ndarray) -> dict:
-    """{"mean", "p50", "p90", "p99", "max"} of the finite values (numpy linear percentiles)."""
-    v = values[np.isfinite(values)]
-    if v.size == 0:
-        return {"mean": None, "p50": None, "p90": None, "p99": None, "max": None}
-    p50, p90, p99 = np.percentile(v, [50, 90, 99])
-    return {"mean": round(float(v.mean()), 9), "p50": round(float(p50), 9),
-            "p90": round(float(p90), 9), "p99": round(float(p99), 9),
-            "max": round(float(v.max()), 9)}
+class Recorder:
+    """The tables of one simulation, shared by its replicas' ``ReplicaRecorder``s.
+
+    Args:
+        sample_ns: time-series sampling period (ns).
+        snapshot_ns: sorted times (ns) at which to snapshot every replica's pool.
+        record_steps: one row per engine step (oracle column names) instead of samples.
+        record_requests: keep the per-request table (else only the summary's latencies).
+    """
+
+    def __init__(self, *, sample_ns: int, snapshot_ns: list[int], record_steps: bool,
+                 record_requests: bool):
+        self.sample_ns = sample_ns
+        self.snapshot_ns = snapshot_ns
+        self.record_steps = record_steps
+        self.requests = RequestLog(keep_rows=record_requests)
+        self.samples = TableLog(SAMPLE_COLUMNS)
+        self.steps = StepLog()
+        self.snapshots: list = []          # (time_s, replica, PoolSnapshot)
+        self.replicas: list[ReplicaRecorder] = []
+
+    def replica(self, index: int, sched, allocator, step_clock: bool) -> "ReplicaRecorder":
+        """A recorder for replica ``index`` (its scheduler and allocator)."""
+        rec = ReplicaRecorder(self, index, sched, allocator, step_clock)
+        self.replicas.append(rec)
+        return rec
+
+    @property
+    def end_ns(self) -> int:
+        """The latest step boundary any replica reached."""
+        return max((r.end_ns for r in self.replicas), default=0)
+
+    def timeseries(self) -> pd.DataFrame:
+        """Step rows in step-record mode, else the samples."""
+        return self.steps.frame() if self.record_steps else self.samples.frame()
+
+    def record_rejected(self, replica: int, req, t_ns: int) -> None:
+        """A row for a request that can never be served (``rejected`` = 1)."""
+        nan = math.nan
+        self.requests.add(
+            request_id=req.request_id, replica=replica, arrival_s=t_ns / NS_PER_S,
+            first_sched_s=nan, first_token_s=nan, finish_s=nan, ttft_s=nan, tpot_s=nan,
+            e2e_s=nan, prompt_tokens=req.prompt_tokens, output_tokens=req.output_tokens,
+            num_output=0, num_samples=max(req.n, req.beam_width), num_preemptions=0,
+            cached_tokens_first=-1, cached_tokens_total=0,
+            arrival_step=req.arrival_step if req.arrival_step is not None else -1,
+            first_sched_step=-1, first_token_step=-1, finish_step=-1, rejected=1)
+
+
+class ReplicaRecorder:
+    """What one replica records, called by its engine loop (see the module docstring).
+
+    Time-weighted figures integrate between step boundaries: a single step holds the pool as it
+    was right after its schedule; a run of decode steps goes linearly from the state at its
+    start to the state after its last schedule (trapezoid); idle gaps hold the pool as it is.
+    """
+
+    def __init__(self, tables: Recorder, index: int, sched, allocator, step_clock: bool):
+        self.tables = tables
+        self.index = index
+        self.sched = sched
+        self.allocator = allocator
+        self.step_clock = step_clock
+        self.end_ns = 0                        # the latest boundary seen
+        self.last_t = 0                        # end of the last integrated segment
+        self.bd_area = [0] * NUM_CLASSES       # trapezoid areas x2 (slot-ns)
+        self.usage_area = 0.0
+        self.running_area = 0                  # requests x ns, running during steps
+        self.waiting_area = 0
+        self.cur_running = 0                   # after the last schedule
+        self.cur_waiting = 0
+        self.max_running = 0
+        self.last_batch_tokens = 0
+        self.next_sample_ns = 0
+        self.next_snapshot = 0                 # index into tables.snapshot_ns
+        self.next_record_ns = 0                # min(next sample, next snapshot): the engine's bound
+        self.last_step = None                  # the step that ended last: StepOutput, DECODE_RUN
+        self._update_next_record()
+        self.arrived_since_step = 0
+        self.num_finished = 0
+        self.saved_samples: list[int] = []
+        self.cum = [0, 0, 0, 0]                # step rows: preemptions, pc queries, pc hits, finished
+
+    # ---------------------------------------------------------------- the pool now
+    def _waiting_final_tokens(self):
+        if not self.sched.waiting:
+            return None
+        head = self.sched.waiting[0]
+        return head.num_prompt_tokens + head.max_output_tokens
+
+    def _waiting_prompt_tokens(self):
+        # the pow2 policy sizes the head's extent from its prompt, not only its final length
+        return self.sched.waiting[0].num_prompt_tokens if self.sched.waiting else None
+
+    def breakdown(self) -> list[int]:
+        """Slots per MEMORY_CLASSES now (tokens scheduled but not yet told count as states)."""
+        sched = self.sched
+        if sched.paged:
+            vals = self.allocator.breakdown_slots()
+        else:
+            bd = self.allocator.breakdown(self._waiting_final_tokens(),
+                                          waiting_num_prompt_tokens=self._waiting_prompt_tokens())
+            vals = [bd[c] for c in MEMORY_CLASSES]
+        pending = sched.num_pending_tokens
+        if pending:
+            # tokens scheduled but not yet told to the allocator sit in held slots
+            vals[0] += pending
+            vals[2 if sched.paged else 1] -= pending
+        return vals
+
+    def pool_snapshot(self):
+        """PoolSnapshot of the replica's pool now (allocator.PoolSnapshot), with the batch of the
+        step that ended last (``step_seq_ids``, ``step_num_new_tokens``: the sequences still in
+        the pool, in batch order), which ``kvsim validate --step`` runs through the kernels."""
+        self.sched.sync_allocator()
+        if self.sched.paged:
+            snap = self.allocator.snapshot()
+        else:
+            snap = self.allocator.snapshot(self._waiting_final_tokens(),
+                                           waiting_num_prompt_tokens=self._waiting_prompt_tokens())
+        if self.last_step is None:
+            return snap
+        if self.last_step is DECODE_RUN:   # a run of pure decode steps: everyone running, 1 each
+            batch = [(seq.seq_id, 1) for seq in self.sched.running]
+        else:
+            batch = [(seq.seq_id, n) for seq, n in self.last_step.scheduled]
+        batch = [(s, n) for s, n in batch if s in snap.block_tables]   # finished, preempted: gone
+        return replace(snap, step_seq_ids=np.array([s for s, _ in batch], dtype=np.int64),
+                       step_num_new_tokens=np.array([n for _, n in batch], dtype=np.int64))
+
+    # ---------------------------------------------------------------- time-weighted figures
+    def _update_next_record(self) -> None:
+        snaps = self.tables.snapshot_ns
+        nxt = snaps[self.next_snapshot] if self.next_snapshot < len(snaps) else _NEVER
+        self.next_record_ns = min(self.next_sample_ns, nxt)
+
+    def boundary(self, now: int) -> list[int] | None:
+        """At a step boundary (time ``now``): integrate any idle gap, then take due samples and
+        snapshots. Returns the breakdown now (before this boundary's schedule), or None if it
+        was not needed."""
+        if now > self.end_ns:
+            self.end_ns = now
+        if now <= self.last_t and self.next_record_ns > now:
+            return None   # nothing to integrate or record here
+        bd = self.close_idle_gap(now)
+        tables = self.tables
+        snaps = tables.snapshot_ns
+        if self.next_snapshot < len(snaps) and snaps[self.next_snapshot] <= now:
+            while self.next_snapshot < len(snaps) and snaps[self.next_snapshot] <= now:
+                t = snaps[self.next_snapshot]
+                tables.snapshots.append((t / NS_PER_S, self.index, self.pool_snapshot()))
+                self.next_snapshot += 1
+            self._update_next_record()
+        return bd
+
+    def close_idle_gap(self, now: int) -> list[int]:
+        """Integrate the time since the last segment (nothing ran: the pool stayed as it is now)
+        and take a due sample. Returns the breakdown now."""
+        bd = self.breakdown()
+        usage = self.allocator.usage
+        if now > self.last_t:
+            self.cur_running = 0
+            self.cur_waiting = len(self.sched.waiting)
+            self.integrate(bd, bd, usage, usage, self.last_t, now)
+        if self.next_sample_ns <= now and not self.tables.record_steps:
+            self._sample(now, bd, usage)
+        return bd
+
+    def scheduled(self, num_running: int, num_waiting: int, num_tokens: int) -> None:
+        """After a schedule (or at the start of a decode run): the counts its segment holds."""
+        self.cur_running = num_running
+        self.cur_waiting = num_waiting
+        if num_running > self.max_running:
+            self.max_running = num_running
+        if num_tokens:
+            self.last_batch_tokens = num_tokens
+
+    def integrate(self, bd_left, bd_right, usage_left: float, usage_right: float, t0: int,
+                  t1: int) -> None:
+        """Add one segment to the time-weighted figures: the pool goes linearly from
+        ``bd_left`` to ``bd_right`` (trapezoid; equal for one step), running/waiting are the
+        counts after the segment's schedule."""
+        dt = t1 - t0
+        area = self.bd_area
+        for i in range(NUM_CLASSES):
+            area[i] += (bd_left[i] + bd_right[i]) * dt
+        self.usage_area += (usage_left + usage_right) * dt
+        self.running_area += self.cur_running * dt
+        self.waiting_area += self.cur_waiting * dt
+        self.last_t = t1
+
+    def _sample(self, now: int, bd: list[int], usage: float) -> None:
+        sched = self.sched
+        saved = 0
+        if sched.paged:
+            logical = sched.num_logical_blocks()
+            saved = max(0, logical - self.allocator.num_used_blocks)
+        self.saved_samples.append(saved)
+        row_tail = (len(sched.running), len(sched.waiting), self.last_batch_tokens,
+                    sched.num_preemptions, sched.num_prefix_queries, sched.num_prefix_hits,
+                    self.num_finished, usage, saved, *bd)
+        samples = self.tables.samples
+        sample_ns = self.tables.sample_ns
+        while self.next_sample_ns <= now:
+            samples.add((self.next_sample_ns / NS_PER_S, self.index) + row_tail)
+            self.next_sample_ns += sample_ns
+        self._update_next_record()
+
+    # ---------------------------------------------------------------- step rows (oracle names)
+    def row_state(self) -> tuple:
+        """Oracle columns read right after schedule(): running, waiting, usage, used blocks."""
+        sched = self.sched
+        return (len(sched.running), len(sched.waiting), self.allocator.usage,
+                self.allocator.num_used_blocks if sched.paged else 0)
+
+    def step_row(self, idx: int, out, finished: list, state: tuple) -> None:
+        """The row of one step scheduled in detail (``state`` from ``row_state``)."""
+        sched = self.sched
+        running, waiting, usage, used = state
+        cum = self.cum
+        cum[0] += out.num_preempted
+        cum[1] += out.pc_queries
+        cum[2] += out.pc_hits
+        cum[3] += len(finished)
+        arrived = self.arrived_since_step
+        self.arrived_since_step = 0
+        self.tables.steps.rows.append((
+            idx, arrived, out.num_seqs, out.num_scheduled_tokens, out.num_prefill_tokens,
+            # vLLM 0.33's V2 model runner reports resumed requests among the new ones
+            out.num_decode_seqs, out.num_new + out.num_resumed, 0, running, waiting, round(usage, 6),
+            used, out.num_preempted, cum[0], out.pc_queries, out.pc_hits, cum[1], cum[2],
+            out.pc_preempted_queries, out.pc_preempted_hits, len(finished), cum[3],
+            len(sched.running), len(sched.waiting), round(self.allocator.usage, 6), self.index,
+            idx * 1.0 if self.step_clock else math.nan))
+
+    def decode_rows(self, step0: int, k: int, n: int, hist: list[int], used0: int,
+                    finished: list) -> None:
+        """Per-step rows of a batched decode run of ``k`` steps from step ``step0`` (the same
+        values as stepping one by one): ``hist`` is the run's crossing histogram, ``used0`` the
+        used blocks before it."""
+        sched = self.sched
+        alloc = self.allocator
+        usable = alloc.num_usable_blocks if sched.paged else 1
+        B = sched.block_size
+        used = used0
+        waiting = len(sched.waiting)
+        cum = self.cum
+        rows = self.tables.steps.rows
+        for j in range(1, k + 1):
+            idx = step0 + j - 1
+            if sched.paged:
+                used += hist[(j - 1) % B + 1]
+            usage = round(1.0 - (usable - used) / usable, 6) if sched.paged else \
+                round(alloc.usage, 6)
+            nfin = len(finished) if j == k else 0
+            cum[3] += nfin
+            end_usage = round(alloc.usage, 6) if j == k else usage
+            arrived = self.arrived_since_step
+            self.arrived_since_step = 0
+            rows.append((
+                idx, arrived, n, n, 0, n, 0, 0, n, waiting, usage, used, 0, cum[0], 0, 0,
+                cum[1], cum[2], 0, 0, nfin, cum[3], n - nfin, waiting, end_usage, self.index,
+                idx * 1.0 if self.step_clock else math.nan))
+
+    # ---------------------------------------------------------------- per-request rows
+    def on_finished(self, seq) -> None:
+        """A sequence finished: the request's row (a forked request's once all its members
+        finished)."""
+        group = seq.group
+        if group is not None:
+            if group.recorded or len(group.members) < group.width or any(
+                    m.status != FINISHED for m in group.members):
+                return
+            group.recorded = True
+            members = group.members
+        else:
+            members = (seq,)
+        self.num_finished += 1
+        head = members[0]
+        req = head.req
+        arrival = head.arrival_ns
+        if group is None:
+            finish, first_token = seq.finish_ns, seq.first_token_ns
+            num_preemptions, cached_total = seq.num_preemptions, seq.num_cached_tokens_total
+            first_token_step, finish_step = seq.first_token_step, seq.finish_step
+        else:
+            finish = max(m.finish_ns for m in members)
+            first_token = min(m.first_token_ns for m in members)
+            num_preemptions = sum(m.num_preemptions for m in members)
+            cached_total = sum(m.num_cached_tokens_total for m in members)
+            first_token_step = min(m.first_token_step for m in members)
+            finish_step = max(m.finish_step for m in members)
+        num_output = head.num_output_tokens
+        ttft = (first_token - arrival) / NS_PER_S
+        tpot = (finish - first_token) / NS_PER_S / (num_output - 1) if num_output > 1 else math.nan
+        e2e = (finish - arrival) / NS_PER_S
+        log = self.tables.requests
+        if not log.keep_rows:   # no per-request table: what the summary needs
+            log.add_finished(ttft, tpot, e2e, req.prompt_tokens, num_preemptions)
+            return
+        log.add(
+            request_id=req.request_id, replica=self.index, arrival_s=arrival / NS_PER_S,
+            first_sched_s=head.first_sched_ns / NS_PER_S, first_token_s=first_token / NS_PER_S,
+            finish_s=finish / NS_PER_S, ttft_s=ttft, tpot_s=tpot,
+            e2e_s=e2e, prompt_tokens=req.prompt_tokens,
+            output_tokens=req.output_tokens, num_output=num_output, num_samples=len(members),
+            num_preemptions=num_preemptions, cached_tokens_first=head.cached_tokens_first,
+            cached_tokens_total=cached_total,
+            arrival_step=req.arrival_step if req.arrival_step is not None else -1,
+            first_sched_step=head.first_sched_step, first_token_step=first_token_step,
+            finish_step=finish_step, rejected=0)

@@ -172,6 +172,11 @@ def test_kernel_validation_runs_the_triton_kernels_on_the_snapshot(small):
     small.selectbox(key="k_kern_dtype").set_value("float16").run()
     _clean(small)
     assert 1e-5 < float(small.metric[2].value) < 2e-3  # half precision: visibly larger, in bound
+    # the frame's whole engine step, in one unified launch: one row per scheduled sequence
+    small.toggle(key="k_kern_step").set_value(True).run()
+    _clean(small)
+    checked, within = small.metric[0].value, small.metric[1].value
+    assert int(checked) >= 1 and within == f"{checked} / {checked}"
 
 
 def test_live_pool_on_a_shared_trace(shared_traces):

@@ -276,6 +276,20 @@ def test_kernel_check_on_a_scenario_snapshot(runs):
     assert info["device"] == "cpu" and info["dtype"] == "float32"
 
 
+def test_kernel_check_of_the_frames_engine_step(runs):
+    """The whole step that produced a frame, in one unified launch: every scheduled sequence still
+    in the pool, in batch order, each with the tokens it computed in that step."""
+    sc, (left, _) = runs
+    snap = left.snapshots[playback.default_frame(sc.num_frames)]
+    assert snap.step_seq_ids is not None and len(snap.step_seq_ids)
+    checks, info = check_snapshot(snap, "flat", "float32", 1, False, step=True)
+    assert checks["seq_id"].tolist() == snap.step_seq_ids.tolist()       # all of it, max_seqs aside
+    assert checks["num_new_tokens"].tolist() == snap.step_num_new_tokens.tolist()
+    assert (checks["num_computed_tokens"] + checks["num_new_tokens"]).tolist() == \
+        [snap.seq_lens[s] for s in snap.step_seq_ids.tolist()]
+    assert checks["passed"].all() and checks["bitwise_equal"].all() and info["passed"]
+
+
 # ---------------------------------------------------------------- launch
 def test_streamlit_command_serves_the_packaged_entry_script():
     cmd = launch.streamlit_command(9000, True)

@@ -11,7 +11,7 @@ import kvsim.kernels.attention
 from kvsim.cli import validate as validate_cmd
 from kvsim.errors import InputError
 from kvsim.kernels.bridge import (block_seeds, load_snapshot, pool_arrays, save_snapshot, token_kv,
-                            validate_snapshot)
+                                  validate_snapshot, validate_step, with_step)
 
 
 def paged_snapshot():
@@ -57,14 +57,14 @@ def test_equal_keys_give_equal_content():
 
 def test_validation_detects_a_wrong_block_table(monkeypatch):
     # a kernel that reads one wrong block must fail the check: the check can fail
-    real = kvsim.kernels.attention.paged_attention
+    real = kvsim.kernels.attention.unified_attention
 
     def off_by_one_block(query, key_cache, value_cache, block_tables, *args, **kwargs):
         tables = block_tables.clone()
         tables[0, 0] = tables[0, 1]
         return real(query, key_cache, value_cache, tables, *args, **kwargs)
 
-    monkeypatch.setattr(kvsim.kernels.attention, "paged_attention", off_by_one_block)
+    monkeypatch.setattr(kvsim.kernels.attention, "unified_attention", off_by_one_block)
     report = validate_snapshot(paged_snapshot())
     assert not report.passed
     assert [c.passed for c in report.checks] == [False, True, True]
@@ -138,8 +138,114 @@ def test_validate_command_on_a_snapshot_file(tmp_path, capsys):
     (["validate", "--snapshot", "x.npz", "--partition-size", "24"], "--partition-size must be a multiple of 16"),
     (["validate", "--snapshot", "x.npz", "--num-heads", "6", "--num-kv-heads", "4"],
      "--num-heads 6 is not a multiple of --num-kv-heads 4"),
+    (["validate", "--snapshot", "x.npz", "--sliding-window", "8"], "--sliding-window applies to --step"),
+    (["validate", "--snapshot", "x.npz", "--step", "--max-seqs", "2"], "--max-seqs does not apply to --step"),
 ])
 def test_validate_command_rejects_bad_arguments(argv, message):
     args = _parser().parse_args(argv)
     with pytest.raises(InputError, match=message):
+        args.func(args)
+
+
+def mixed_snapshot():
+    """A pool in the middle of a mixed step (block size 16): seq 0 hit the prefix cache on blocks 3
+    and 7 (32 tokens, shared with seq 1) and prefills 40 more tokens; seq 1 decodes its 50th token;
+    seq 2 runs a chunk of 20 tokens that starts mid-block, after 5 computed ones; seq 4 is not
+    scheduled. The snapshot's seq_lens count the step's tokens."""
+    num_cells = 12
+    keys = np.zeros(num_cells, dtype=np.uint64)
+    keys[[3, 7]] = [0xABC, 0xDEF]
+    return SimpleNamespace(
+        kind="paged", block_size=16, num_cells=num_cells, block_key=keys,
+        block_tables={0: np.array([3, 7, 1, 5, 8]), 1: np.array([3, 7, 6, 0]), 2: np.array([9, 2]),
+                      4: np.array([10])},
+        seq_lens={0: 72, 1: 50, 2: 25, 4: 10})
+
+
+STEP = dict(seq_ids=[0, 1, 2], num_new_tokens=[40, 1, 20])
+
+
+@pytest.mark.parametrize("layout,dtype,partition_size,window", [("flat", torch.float32, None, None),
+                                                                 ("vllm", torch.float16, 16, None),
+                                                                 ("flat", torch.float32, None, 8)])
+def test_mixed_step_validates(layout, dtype, partition_size, window):
+    report = validate_step(mixed_snapshot(), **STEP, layout=layout, dtype=dtype, partition_size=partition_size,
+                           sliding_window=window)
+    assert report.passed and report.num_tokens == 61
+    assert [(c.seq_id, c.num_computed_tokens, c.num_new_tokens) for c in report.checks] == \
+        [(0, 32, 40), (1, 49, 1), (2, 5, 20)]
+    assert [c.num_shared_blocks for c in report.checks] == [2, 2, 0]
+    assert all(c.bitwise_equal for c in report.checks)
+    assert max(c.max_rel_err for c in report.checks) <= report.tolerance
+
+
+def test_mixed_step_detects_a_wrong_block_table(monkeypatch):
+    real = kvsim.kernels.attention.unified_attention
+
+    def wrong_block(query, key_cache, value_cache, block_tables, *args, **kwargs):
+        tables = block_tables.clone()
+        tables[2, 1] = tables[0, 4]  # seq 2's second block replaced by one of seq 0's
+        return real(query, key_cache, value_cache, tables, *args, **kwargs)
+
+    monkeypatch.setattr(kvsim.kernels.attention, "unified_attention", wrong_block)
+    report = validate_step(mixed_snapshot(), **STEP)
+    assert [c.passed for c in report.checks] == [True, True, False]
+
+
+def test_step_travels_in_the_snapshot(tmp_path):
+    path = tmp_path / "step.npz"
+    save_snapshot(path, with_step(mixed_snapshot(), **STEP))
+    loaded = load_snapshot(path)
+    assert list(loaded.extra["step_num_computed_tokens"]) == [32, 49, 5]
+    from_file = validate_step(loaded)
+    explicit = validate_step(mixed_snapshot(), **STEP, num_computed_tokens=[32, 49, 5])
+    assert from_file == explicit and from_file.passed
+    # a PoolSnapshot look-alike carrying the step as attributes
+    snap = mixed_snapshot()
+    snap.step_seq_ids, snap.step_num_new_tokens = np.array([2, 1]), np.array([20, 1])
+    assert [c.seq_id for c in validate_step(snap).checks] == [2, 1]
+
+
+def test_decode_step_is_the_snapshot_check():
+    snap = paged_snapshot()
+    decode = validate_step(snap, seq_ids=[0, 1, 2], num_new_tokens=[1, 1, 1])
+    whole = validate_snapshot(snap)
+    assert [(c.max_abs_err, c.bitwise_equal) for c in decode.checks] == \
+        [(c.max_abs_err, c.bitwise_equal) for c in whole.checks]
+
+
+@pytest.mark.parametrize("step,message", [
+    (dict(seq_ids=[0, 3], num_new_tokens=[1, 1]), "seq 3 has no block table"),
+    (dict(seq_ids=[0, 0], num_new_tokens=[1, 1]), "names seq 0 more than once"),
+    (dict(seq_ids=[0, 1], num_new_tokens=[1, 0]), "seq 1 has 0 new tokens"),
+    (dict(seq_ids=[0, 1], num_new_tokens=[1]), "has 1 entries for 2"),
+    (dict(seq_ids=[4], num_new_tokens=[11]), "seq_lens: seq 4 has 10 tokens, fewer than its 11 new ones"),
+    (dict(seq_ids=[4], num_new_tokens=[10], num_computed_tokens=[20]), "seq 4 needs 2 blocks of 16"),
+    (dict(), "field 'step_seq_ids' is missing"),
+])
+def test_step_arrays_checked(step, message):
+    with pytest.raises(ValueError, match=message):
+        validate_step(mixed_snapshot(), **step)
+
+
+def test_validate_step_command_on_a_simulated_mixed_step(capsys):
+    """kvsim validate WORKLOAD --step: the first step after --at that admits an arrival, run as one
+    unified launch; a shared system prompt makes that arrival a prefix hit (context > 0, new > 1)."""
+    args = _parser().parse_args(["validate", "sharegpt:rate=2,n=40,seed=0,system=256,system_frac=1",
+                                 "--at", "8", "--num-blocks", "400", "--device", "cpu", "--step"])
+    assert args.func(args) == 0
+    out = capsys.readouterr().out
+    rows = [line.split() for line in out.splitlines()[1:-1]]
+    assert rows and all(r[7] == "yes" for r in rows)
+    context, new = [int(r[8]) for r in rows], [int(r[9]) for r in rows]
+    assert any(n > 1 and c >= 256 for c, n in zip(context, new)), out     # a prefill after a hit
+    assert any(n == 1 for n in new), out                                  # beside decodes
+    assert "in one unified launch" in out and "PASS" in out
+
+
+def test_validate_step_on_a_snapshot_without_a_step_is_one_line(tmp_path):
+    path = tmp_path / "pool.npz"
+    save_snapshot(path, paged_snapshot())
+    args = _parser().parse_args(["validate", "--snapshot", str(path), "--device", "cpu", "--step"])
+    with pytest.raises(InputError, match="--step: .*step_seq_ids"):
         args.func(args)

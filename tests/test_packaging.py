@@ -179,6 +179,24 @@ def test_every_entry_point_runs_outside_the_checkout(fresh, tmp_path):
     assert "validate" in _run([kvsim, "validate", "--help"], cwd=tmp_path)
     out = _run([kvsim, "workload", "sharegpt:rate=1,n=10,seed=0"], cwd=tmp_path)
     assert re.search(r"^requests\s+10$", out, re.M), out
+    from kvsim.cli import COMMANDS
+    for command in COMMANDS:
+        assert "usage: kvsim " + command in _run([kvsim, command, "--help"], cwd=tmp_path)
+    # the commands that compute, on small inputs (reproduce takes ~30 s: its --help above)
+    spec = "sharegpt:rate=2,n=30,seed=0"
+    assert "requests finished" in _run([kvsim, "replay", spec, "--num-blocks", "400", "--quiet",
+                                        "--out", tmp_path / "r.json"], cwd=tmp_path)
+    assert json.loads((tmp_path / "r.json").read_text())["requests_finished"] == 30
+    assert "paged" in _run([kvsim, "compare", spec, "--kv-tokens", "6000", "--quiet"],
+                           cwd=tmp_path)
+    assert "num_gpu_blocks" in _run([kvsim, "capacity", "--model", "Llama-3.1-8B", "--gpu",
+                                     "h100"], cwd=tmp_path)
+    _run([kvsim, "plan", spec, "--sweep", "block_size=16,32", "--quiet", "--out",
+          tmp_path / "plan"], cwd=tmp_path)
+    assert (tmp_path / "plan" / "report.html").exists()
+    out = _run([kvsim, "validate", spec, "--at", "10", "--num-blocks", "400", "--device", "cpu"],
+               cwd=tmp_path)
+    assert "PASS" in out, out
 
 
 def test_installed_dashboard_routes_every_page(fresh, tmp_path):

@@ -99,6 +99,9 @@ def test_batched_decode_runs_identical_to_single_steps(case):
         assert a.seq_lens == b.seq_lens and a.block_tables.keys() == b.block_tables.keys()
         for seq_id, table in a.block_tables.items():
             np.testing.assert_array_equal(table, b.block_tables[seq_id])
+        # the step that ran last, as batched runs and single steps both record it
+        np.testing.assert_array_equal(a.step_seq_ids, b.step_seq_ids)
+        np.testing.assert_array_equal(a.step_num_new_tokens, b.step_num_new_tokens)
     assert fast.summary["num_steps"] > 200
     if "paged" in case:
         assert fast.summary["num_preemptions"] > 0
@@ -261,3 +264,24 @@ def test_prefix_affinity_keeps_a_group_on_one_replica():
     # one cold miss for the group (19 of 20 hit 64 tokens); round-robin spreads it and misses more
     assert res.summary["prefix_hit_tokens"] == 19 * 64
     assert spread.summary["prefix_hit_tokens"] < 19 * 64
+
+
+def test_snapshots_record_the_last_steps_batch():
+    """A snapshot carries the batch of the step that ended just before it (kvsim validate --step
+    runs it through the kernels): the sequences still in the pool, in vLLM's batch order, with the
+    tokens each computed; a step that admits an arrival mixes its prefill with the decodes."""
+    reqs = _reqs(CONV.replace("n=120", "n=40"))
+    step_s = 0.025
+    times = [r.arrival_s + (j + 0.5) * step_s for r in reqs[5:25:4] for j in range(3)]
+    res = simulate(iter(reqs), _cfg(), FixedStepCost(step_s), snapshot_times_s=times)
+    mixed = 0
+    for _, _, snap in res.snapshots:
+        ids, new = snap.step_seq_ids, snap.step_num_new_tokens
+        assert ids is not None and len(ids) == len(new) == len(set(ids.tolist()))
+        for seq_id, n in zip(ids.tolist(), new.tolist()):
+            assert seq_id in snap.block_tables and 1 <= n <= snap.seq_lens[seq_id]
+        # running order: the earlier admitted first, so a prefill (new > 1) comes after decodes
+        # of requests admitted before it, and the step's tokens fit the step budget
+        assert new.sum() <= _cfg().max_num_batched_tokens
+        mixed += int(new.max(initial=0) > 1 and (new == 1).any())
+    assert mixed >= 3, "steps that admit an arrival should mix prefill and decode rows"

@@ -210,3 +210,112 @@ def test_decode_clock_decides_exactly_like_stepping_each_request(seed):
     assert not clocked.running and not clocked.waiting and t < 2000
     assert clocked.num_preemptions == each.num_preemptions
     assert engaged > 0 and each.num_clocked == 0   # the clock did run in one and not the other
+
+
+# ---------------------------------------------------------------------------- one admission rule
+def _two_decoders_at_a_block_boundary(head_prompt_tokens, **kw):
+    """Two requests decoding whose next token starts a block (both take one in the next step),
+    then a waiting head of ``head_prompt_tokens``: 11 usable blocks of 4 tokens, 2 held."""
+    sched, alloc = _sched(num_blocks=12, max_num_batched_tokens=64, **kw)
+    for i in range(2):
+        sched.add_request(Request(i, 0.0, 4, 30), 0)
+    _step(sched, alloc, 0)                   # prefill 4 tokens each, first token sampled
+    head = sched.add_request(Request(2, 0.0, head_prompt_tokens, 4), 1)
+    return sched, alloc, head
+
+
+@pytest.mark.parametrize("prompt, admitted", [(28, True), (29, False)])
+def test_run_planning_counts_the_first_steps_blocks_like_admission(prompt, admitted):
+    # 9 blocks free now, 7 after the next step's two decodes take theirs: a 29-token head (8
+    # blocks) fits now but not when admission runs, after the running requests' allocations
+    sched, alloc, head = _two_decoders_at_a_block_boundary(prompt)
+    assert alloc.num_free_blocks == 9 and sched.crossing_histogram()[1] == 2
+    k = sched.plan_decode_run(1000)
+    out = _step(sched, alloc, 1)
+    assert (head.status == RUNNING) == admitted
+    assert (out.num_new == 1) == admitted
+    assert (k == 0) == admitted              # the run stops exactly where admission admits
+
+
+def test_watermark_binds_run_planning_as_it_binds_admission():
+    # a 20-token head (5 blocks) fits the 7 blocks left, but not with a 3-block watermark
+    for watermark, admitted in ((0.0, True), (0.25, False)):
+        sched, alloc, head = _two_decoders_at_a_block_boundary(20, watermark=watermark)
+        k = sched.plan_decode_run(1000)
+        _step(sched, alloc, 1)
+        assert (head.status == RUNNING) == admitted and (k == 0) == admitted
+
+
+def test_admission_and_run_planning_ask_the_same_rule():
+    """Closing the one admission rule closes both: the planner then plans a run over a head that
+    fits, and the step admits nobody (a planner with its own copy of the rule would not)."""
+    sched, alloc, head = _two_decoders_at_a_block_boundary(8)
+    assert sched.plan_decode_run(1000) == 0          # the head fits: no run
+    sched._admission = lambda *args, **kw: None
+    assert sched.plan_decode_run(1000) > 0
+    out = _step(sched, alloc, 1)
+    assert out.num_new == 0 and head.status != RUNNING
+    del sched._admission
+    assert sched.plan_decode_run(1000) == 0
+    out = _step(sched, alloc, 2)
+    assert out.num_new == 1 and head.status == RUNNING
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_decode_runs_end_exactly_where_admission_would_admit(seed):
+    """On random workloads (paged with hits, watermark, thresholds, full-prompt admission on and
+    off; contiguous): whenever nothing but the waiting head could stop a decode run, the planner
+    plans none exactly when the next step admits the head; and no step of a planned run admits
+    anyone."""
+    import random
+    from collections import deque
+
+    from kvsim.allocator import ContiguousAllocator
+    rng = random.Random(seed)
+    contiguous = seed % 4 == 3
+    kw = dict(num_blocks=rng.choice([24, 40, 80]), max_num_batched_tokens=rng.choice([16, 64]),
+              long_prefill_token_threshold=rng.choice([0, 8]),
+              watermark=rng.choice([0.0, 0.1]), full_prompt_admission=rng.random() < 0.5,
+              max_num_seqs=rng.choice([3, 8]))
+    if contiguous:
+        cfg = EngineConfig(allocator="oracle", capacity_tokens=200, block_size=4,
+                           max_model_len=256, max_num_batched_tokens=kw["max_num_batched_tokens"],
+                           max_num_seqs=kw["max_num_seqs"])
+        alloc = ContiguousAllocator(200, policy="oracle", max_model_len=256)
+        sched = Scheduler(cfg, alloc)
+    else:
+        sched, alloc = _sched(**kw)
+    reqs = []
+    for i in range(40):
+        prompt, output = rng.randint(1, 50), rng.randint(2, 40)
+        shared = min(prompt, 8 * rng.randint(1, 4)) if rng.random() < 0.5 else 0
+        segments = ((rng.randint(0, 3), shared), (1000 + i, prompt - shared))
+        reqs.append(Request(i, 0.0, prompt, output, segments=tuple(s for s in segments if s[1]),
+                            num_shareable_tokens=shared))
+    arrivals = sorted(rng.sample(range(150), len(reqs)))
+    run_left = 0
+    only_the_head = 0
+    t = 0
+    while t < 3000 and (arrivals or sched.running or sched.waiting):
+        while arrivals and arrivals[0] <= t:
+            sched.add_request(reqs[len(reqs) - len(arrivals)], t)
+            arrivals.pop(0)
+            run_left = 0          # the engine ends a run at an arrival
+        k = sched.plan_decode_run(1000)
+        waiting, sched.waiting = sched.waiting, deque()
+        k_without_head = sched.plan_decode_run(1000)
+        sched.waiting = waiting
+        out = _step(sched, alloc, t)
+        admitted = out.num_new + out.num_resumed > 0
+        if k > 0:
+            assert not admitted and not out.num_preempted
+            run_left = max(run_left, k)
+        if run_left > 0:
+            assert not admitted, "a step inside a planned decode run admitted a request"
+            run_left -= 1
+        if waiting and k_without_head > 0:
+            only_the_head += 1
+            assert (k == 0) == admitted, "run planning and admission disagree about the head"
+        t += 1
+    assert not sched.running and not sched.waiting and t < 3000
+    assert only_the_head > 0      # the head did decide some runs

@@ -3,6 +3,12 @@
     kvsim validate --snapshot pool.npz [--layout flat|vllm] [--dtype float32|float16|bfloat16]
     kvsim validate WORKLOAD --at SECONDS --num-blocks N [--block-size 16] [--step-s 0.02]
                    [--save-snapshot pool.npz]
+    kvsim validate ... --step [--sliding-window W]
+
+``--step`` checks one engine step as vLLM v1 runs it: the step's whole batch (prefills, chunked
+prefills after a prefix-cache hit, decodes) in one ``unified_attention`` launch, against dense
+causal attention per sequence. In the WORKLOAD form the step is the first one after --at that
+computes a prefill (one that admits an arrival), so prefill, prefix-hit and decode rows are mixed.
 
 The first form reads a snapshot saved with ``kernels.bridge.save_snapshot``; the second replays
 WORKLOAD (``kvsim replay``'s defaults, kvsim.cli.replay) and takes the pool at SECONDS. Hardware in
@@ -58,13 +64,24 @@ def register(subparsers) -> None:
     p.add_argument("--max-seqs", type=positive_int, help="validate only the first N sequences (by seq_id)")
     p.add_argument("--seed", type=int, default=0, help="seed of the queries")
     p.add_argument("--json", type=Path, help="write the full report here")
+    p.add_argument("--step", action="store_true",
+                   help="check the step's mixed batch (prefills + decodes) in one unified launch, "
+                        "instead of one decode query per sequence")
+    p.add_argument("--sliding-window", type=positive_int, metavar="TOKENS",
+                   help="with --step: the model's sliding window (keys outside it are masked)")
     p.add_argument("--save-snapshot", type=Path, metavar="FILE",
                    help="also save the snapshot as .npz (WORKLOAD form: validate it again with --snapshot)")
     p.set_defaults(func=run)
 
 
+# --step, WORKLOAD form: snapshot times after the first arrival at or after --at, one step apart
+# (the arrival is admitted at the first step boundary after it, so its prefill is in one of them)
+STEP_PROBES = 4
+
+
 def _simulated_snapshot(args):
-    """PoolSnapshot at args.at from replaying args.workload (``kvsim replay``'s flags and defaults)."""
+    """PoolSnapshot at args.at from replaying args.workload (``kvsim replay``'s flags and
+    defaults); with --step, the first snapshot after --at whose last step computed a prefill."""
     from kvsim.cli.replay import add_replay_args, run_one
 
     if args.num_blocks is None:
@@ -73,12 +90,23 @@ def _simulated_snapshot(args):
     add_replay_args(parser)
     replay = parser.parse_args([args.workload])
     replay.num_blocks, replay.block_size, replay.step_s = args.num_blocks, args.block_size, args.step_s
-    replay.max_requests, replay.snapshot_times_s, replay.quiet = args.max_requests, repr(args.at), True
+    replay.max_requests, replay.quiet = args.max_requests, True
+    times = [args.at]
+    if args.step:
+        from kvsim import workloads
+
+        arrival = next((r.arrival_s for r in workloads.load(args.workload, max_requests=args.max_requests)
+                        if r.arrival_s >= args.at), args.at)
+        times = [arrival + (j + 0.5) * args.step_s for j in range(STEP_PROBES)]
+    replay.snapshot_times_s = ",".join(map(repr, times))
     result = run_one(replay, "paged")
-    if not result.snapshots:
+    # Result.snapshots holds (time_s, replica, PoolSnapshot); one replica here
+    snapshots = [snap for _, _, snap in result.snapshots]
+    if not snapshots:
         raise InputError(f"--at {args.at}: the simulation ended before that time (no snapshot taken)")
-    # Result.snapshots holds (time_s, replica, PoolSnapshot): replica 0's comes first
-    return result.snapshots[0][-1]
+    mixed = [s for s in snapshots if s.step_num_new_tokens is not None and len(s.step_num_new_tokens)
+             and s.step_num_new_tokens.max() > 1]
+    return (mixed or snapshots)[0]
 
 
 def _load_snapshot(path: Path):
@@ -94,21 +122,33 @@ def _load_snapshot(path: Path):
 
 
 def format_report(report) -> str:
-    """Per-sequence table (worst MAX_ROWS by relative error) and a summary line."""
+    """Per-sequence table (worst MAX_ROWS by relative error) and a summary line; a step report
+    (``--step``) adds each sequence's context and new tokens."""
+    step = hasattr(report, "sliding_window")
     rows = sorted(report.checks, key=lambda c: (c.passed, -c.max_rel_err))
     head = f"{'seq_id':>8} {'tokens':>7} {'blocks':>6} {'shared':>6} {'max_abs_err':>11} {'max_rel_err':>11} " \
            f"{'bitwise':>7} {'ok':>3}"
+    if step:
+        head += f" {'context':>7} {'new':>5}"
     lines = [head]
     for c in rows[:MAX_ROWS]:
-        lines.append(f"{c.seq_id:>8} {c.num_tokens:>7} {c.num_blocks:>6} {c.num_shared_blocks:>6} "
-                     f"{c.max_abs_err:>11.2e} {c.max_rel_err:>11.2e} {str(c.bitwise_equal):>7} "
-                     f"{'yes' if c.passed else 'NO':>3}")
+        line = (f"{c.seq_id:>8} {c.num_tokens:>7} {c.num_blocks:>6} {c.num_shared_blocks:>6} "
+                f"{c.max_abs_err:>11.2e} {c.max_rel_err:>11.2e} {str(c.bitwise_equal):>7} "
+                f"{'yes' if c.passed else 'NO':>3}")
+        lines.append(line + (f" {c.num_computed_tokens:>7} {c.num_new_tokens:>5}" if step else ""))
     if len(rows) > MAX_ROWS:
         lines.append(f"... {len(rows) - MAX_ROWS} more sequences")
     worst = max((c.max_rel_err for c in report.checks), default=0.0)
     num_failed = sum(not c.passed for c in report.checks)
+    if step:
+        num_prefill = sum(c.num_new_tokens > 1 for c in report.checks)
+        what = (f"one step of {len(report.checks)} sequences ({num_prefill} prefill or chunk, "
+                f"{len(report.checks) - num_prefill} decode, {report.num_tokens} new tokens, "
+                f"window {report.sliding_window or 'none'}) in one unified launch")
+    else:
+        what = f"{len(report.checks)} sequences ({report.num_skipped_empty} with 0 tokens not run)"
     lines.append(
-        f"{len(report.checks)} sequences ({report.num_skipped_empty} with 0 tokens not run), "
+        f"{what}, "
         f"{sum(c.num_shared_blocks > 0 for c in report.checks)} with shared blocks; {report.dtype} "
         f"{report.layout} layout on {report.device}, heads {report.num_heads}/{report.num_kv_heads} kv, "
         f"head_size {report.head_size}, partition {report.partition_size or 'auto'}: worst relative error "
@@ -118,6 +158,10 @@ def format_report(report) -> str:
 
 
 def run(args) -> int:
+    if args.sliding_window is not None and not args.step:
+        raise InputError("--sliding-window applies to --step (a decode-only check has no window)")
+    if args.step and args.max_seqs is not None:
+        raise InputError("--max-seqs does not apply to --step (a step is checked whole)")
     if (args.snapshot is None) == (args.workload is None):
         raise InputError("give exactly one of --snapshot FILE or WORKLOAD --at SECONDS")
     if args.workload is not None and args.at is None:
@@ -144,15 +188,21 @@ def run(args) -> int:
             os.environ["TRITON_INTERPRET"] = "1"
         elif os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
             raise InputError("--device cpu: the kernels were imported without TRITON_INTERPRET=1")
-    from kvsim.kernels.bridge import save_snapshot, validate_snapshot
+    from kvsim.kernels.bridge import save_snapshot, validate_snapshot, validate_step
 
     snapshot = _load_snapshot(args.snapshot) if args.snapshot is not None else _simulated_snapshot(args)
     if args.save_snapshot is not None:
         save_snapshot(args.save_snapshot, snapshot)
-    report = validate_snapshot(snapshot, layout=args.layout, dtype=getattr(torch, args.dtype), device=device,
-                               num_kv_heads=args.num_kv_heads, num_heads=args.num_heads,
-                               head_size=args.head_size, partition_size=args.partition_size,
-                               max_seqs=args.max_seqs, seed=args.seed)
+    geometry = dict(layout=args.layout, dtype=getattr(torch, args.dtype), device=device,
+                    num_kv_heads=args.num_kv_heads, num_heads=args.num_heads, head_size=args.head_size,
+                    partition_size=args.partition_size, seed=args.seed)
+    if args.step:
+        try:
+            report = validate_step(snapshot, sliding_window=args.sliding_window, **geometry)
+        except ValueError as err:   # the snapshot holds no step, or one that does not fit it
+            raise InputError(f"--step: {err}") from None
+    else:
+        report = validate_snapshot(snapshot, max_seqs=args.max_seqs, **geometry)
     print(format_report(report))
     if args.json is not None:
         data = asdict(report)

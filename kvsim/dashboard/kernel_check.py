@@ -25,24 +25,31 @@ def kernel_device() -> str:
 
 
 def check_snapshot(snapshot, layout: str, dtype: str, max_seqs: int,
-                   split_kv: bool) -> tuple[pd.DataFrame, dict]:
-    """Validate one snapshot's block tables with kernels.bridge.validate_snapshot.
+                   split_kv: bool, step: bool = False) -> tuple[pd.DataFrame, dict]:
+    """Validate one snapshot's block tables: one decode query per sequence
+    (kernels.bridge.validate_snapshot), or with ``step`` the engine step that produced the
+    snapshot, its prefills, chunks and decodes in one unified launch (validate_step; max_seqs
+    does not apply: a step is checked whole).
 
     Returns:
         (one row per sequence: seq_id, num_tokens, num_blocks, num_shared_blocks, max_abs_err,
-        max_rel_err, bitwise_equal, passed; the report's settings and verdict as a dict).
+        max_rel_err, bitwise_equal, passed, and for a step num_computed_tokens, num_new_tokens;
+        the report's settings and verdict as a dict).
     Raises:
-        ValueError for shapes or block ids the kernels refuse.
+        ValueError for shapes or block ids the kernels refuse, or a snapshot without a step.
     """
     device = kernel_device()
     import torch
 
-    from kvsim.kernels.bridge import SequenceCheck, validate_snapshot
-    report = validate_snapshot(snapshot, layout=layout, dtype=getattr(torch, dtype),
-                               device=device, max_seqs=max_seqs,
-                               partition_size=SPLIT_KV_PARTITION_TOKENS if split_kv else None)
+    from kvsim.kernels.bridge import SequenceCheck, StepCheck, validate_snapshot, validate_step
+    geometry = dict(layout=layout, dtype=getattr(torch, dtype), device=device,
+                    partition_size=SPLIT_KV_PARTITION_TOKENS if split_kv else None)
+    if step:
+        report, row = validate_step(snapshot, **geometry), StepCheck
+    else:
+        report, row = validate_snapshot(snapshot, max_seqs=max_seqs, **geometry), SequenceCheck
     checks = pd.DataFrame([dataclasses.asdict(c) for c in report.checks],
-                          columns=[f.name for f in dataclasses.fields(SequenceCheck)])
+                          columns=[f.name for f in dataclasses.fields(row)])
     info = {k: v for k, v in dataclasses.asdict(report).items() if k != "checks"}
     info["passed"] = report.passed
     return checks, info

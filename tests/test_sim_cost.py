@@ -1,0 +1,42 @@
+"""StepTimer: cost-model seconds to the engine's integer nanoseconds."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from kvsim.simulator.cost import FixedStepCost, StepBatch, StepTimer, summed_run_time_s
+
+
+class _Growing:
+    """A cost model whose decode steps get longer with context (as the roofline's do)."""
+
+    def step_time_s(self, batch: StepBatch) -> float:
+        return 0.01 + 3e-7 * batch.kv_read_tokens
+
+    def run_time_s(self, batch: StepBatch, num_steps: int) -> float:
+        return summed_run_time_s(self, batch, num_steps)
+
+
+@pytest.mark.parametrize("cost", [FixedStepCost(0.03), _Growing()])
+def test_steps_to_reach_is_the_smallest_run_ending_at_or_after_the_bound(cost):
+    b0 = StepBatch(40, 0, 40, 40, 40_000, 40_000)
+    k_max = 400
+    for now in (0, 123_456):
+        for gap_ns in (0, 1, 5_000_000, 29_999_999, 30_000_000, 1_000_000_000, 10**12):
+            timer = StepTimer(cost)
+            k = timer.steps_to_reach(b0, now, now + gap_ns, k_max)
+            ends = [now + StepTimer(cost).run_ns(b0, j) for j in range(1, k_max + 1)]
+            reach = [j for j, end in enumerate(ends, 1) if end >= now + gap_ns]
+            assert k == (reach[0] if reach else k_max)
+
+
+def test_run_and_step_durations_in_ns():
+    timer = StepTimer(FixedStepCost(0.03))
+    assert timer.step_ns(StepBatch()) == 30_000_000 and timer.run_ns(StepBatch(), 7) == 210_000_000
+    grow = StepTimer(_Growing())
+    b0 = StepBatch(10, 0, 10, 10, 1000, 1000)
+    assert grow.run_ns(b0, 1) == grow.step_ns(b0)
+    assert grow.run_ns(b0, 3) == round(summed_run_time_s(_Growing(), b0, 3) * 1e9)
+    zero = SimpleNamespace(step_time_s=lambda b: 0.0, run_time_s=lambda b, k: 0.0)
+    assert StepTimer(zero).run_ns(b0, 5) == 5        # at least 1 ns per step
