@@ -26,45 +26,92 @@ them and appended them at the back; they keep vLLM's eviction order but count as
 
 Hash map: key -> block, or a list of blocks when identical content was computed twice (vLLM
 does not de-duplicate, so block ids never change); a lookup returns the earliest inserted.
+
+Segment runs. Keys that come as content segments (``workloads.keys.SegmentKeys``: a Mooncake
+hash id is 512 tokens, 32 blocks of 16) are kept at that granularity: one ``_Segment`` per
+segment chain holds the blocks registered under it in a list indexed by their place in the
+segment (``slots[j]``), so that matching, registering and evicting a run of blocks that share
+a segment is one dict look-up and one C-level slice instead of one 64-bit key (hashing, a dict
+entry) per block. A block's key is still the same number (``key_of``: computed when asked, for
+snapshots), and each block still has its own ref count, free-queue place and key, so the
+semantics are the per-block ones above. A pool keys by segment until the first key given as a
+plain number (``register_many`` / ``get_cached_block``); then it converts every segment entry
+into its numbered key once (``int_keys``) and stays numbered, so keys given both ways always
+match each other.
 """
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections import deque
+from collections.abc import Iterable, Iterator, Sequence
+
+from kvsim.workloads.keys import segment_key
+
+
+class _Batch:
+    """Blocks one ``append`` put at the back, at positions ``[start, stop)`` (``start`` moves up
+    as the front consumes it); ``num_taken`` of its entries were taken out since (stale)."""
+
+    __slots__ = ("start", "stop", "num_taken")
+
+    def __init__(self, start: int, stop: int):
+        self.start, self.stop, self.num_taken = start, stop, 0
 
 
 class FreeBlockQueue:
     """vLLM's free block queue as a list with a head index; O(1) per call, not per block.
 
-    A block is removed from the middle by its position (absolute: ``_base`` + list index, so
-    trimming or growing the consumed prefix of the list never moves it): its entry becomes a
-    tombstone (-1) that pops skip::
+    Blocks put at the front (``prepend``) fill the consumed slots before the head; blocks put
+    at the back (``append``) extend the list as one batch. Taking a block out of the middle
+    (``take``: a prefix hit on a cached free block) only marks it: ``batch_of[b]`` names the
+    batch holding a block's live entry, so an entry of batch X is live iff ``batch_of[b] is X``
+    and pops skip the others. Only batches with taken entries are read entry by entry::
 
-        _entries  [ .  .  5  6 -1  3  1 ]    _head = 2   ->   queue: 5, 6, 3, 1
-                          ^ front
+        _entries  [ .  .  9 | 5  6  3 | 1  4 ]    _head = 2, batches [3, 6) and [6, 8)
+                          ^ front      (6 taken: batch_of[6] is None, pops skip it)
+
+    Positions are absolute (``_base`` + list index), so trimming the consumed prefix or growing
+    the front never moves a batch.
     """
 
     trim_after = 4096                 # consumed slots kept before the head (room for prepends)
 
-    def __init__(self, blocks: Iterable[int]):
+    def __init__(self, blocks: Iterable[int], num_blocks: int):
         self._entries = list(blocks)
         self._head = 0
         self._base = 0
-        self._num_stale = 0           # tombstones the head has not passed yet
+        self._num_stale = 0           # taken entries the head has not passed yet
+        self._batches: deque[_Batch] = deque()    # unconsumed batches, front first
+        self.batch_of: list[_Batch | None] = [None] * num_blocks
 
     def __len__(self) -> int:
         return len(self._entries) - self._head - self._num_stale
 
     def __iter__(self) -> Iterator[int]:
-        return (b for b in self._entries[self._head:] if b >= 0)
+        entries, batch_of, base = self._entries, self.batch_of, self._base
+        i = self._head
+        for batch in list(self._batches):
+            yield from entries[i:batch.start - base]          # plain entries before the batch
+            i = batch.stop - base
+            for block_id in entries[batch.start - base:i]:
+                if not batch.num_taken or batch_of[block_id] is batch:
+                    yield block_id
+        yield from entries[i:]
 
     def popleft(self, n: int) -> list[int]:
         """The n blocks at the front (caller checked len)."""
-        if not self._num_stale:       # no tombstones to skip: the n blocks are one slice
+        if not self._num_stale:       # nothing taken out: the n blocks are one slice
             start = self._head
             out = self._entries[start:start + n]
             self._head = start + n
         else:
-            out = self._popleft_skipping_tombstones(n)
+            out = self._popleft_skipping_taken(n)
+        batches = self._batches
+        if batches:
+            position = self._base + self._head
+            while batches and batches[0].stop <= position:
+                batches.popleft()
+            if batches and batches[0].start < position:
+                batches[0].start = position
         if self._head > 2 * self.trim_after and 2 * self._head > len(self._entries):
             cut = self._head - self.trim_after    # amortised O(1) per entry
             del self._entries[:cut]
@@ -72,17 +119,38 @@ class FreeBlockQueue:
             self._head -= cut
         return out
 
-    def _popleft_skipping_tombstones(self, n: int) -> list[int]:
+    def _popleft_skipping_taken(self, n: int) -> list[int]:
+        entries, base, batch_of = self._entries, self._base, self.batch_of
         out: list[int] = []
-        while len(out) < n:
-            start = self._head
-            chunk = self._entries[start:start + n - len(out)]
-            self._head = start + len(chunk)
-            if self._num_stale:       # skip tombstones of blocks removed from the middle
-                live = [b for b in chunk if b >= 0]
-                self._num_stale -= len(chunk) - len(live)
-                chunk = live
-            out += chunk
+        for batch in list(self._batches):
+            stop = batch.start - base          # the prepended stack before this batch
+            if self._head < stop:
+                k = min(n - len(out), stop - self._head)
+                out += entries[self._head:self._head + k]
+                self._head += k
+            if len(out) == n:
+                return out
+            stop = batch.stop - base
+            if not batch.num_taken:
+                k = min(n - len(out), stop - self._head)
+                out += entries[self._head:self._head + k]
+                self._head += k
+            else:
+                i = self._head
+                while i < stop and len(out) < n:
+                    block_id = entries[i]
+                    if batch_of[block_id] is batch:
+                        out.append(block_id)
+                    else:
+                        batch.num_taken -= 1
+                        self._num_stale -= 1
+                    i += 1
+                self._head = i
+            if len(out) == n:
+                return out
+        k = n - len(out)                       # past the last batch: the rest is plain
+        out += entries[self._head:self._head + k]
+        self._head += k
         return out
 
     def prepend(self, blocks: list[int]) -> None:
@@ -96,29 +164,67 @@ class FreeBlockQueue:
         self._head -= k
         self._entries[self._head:self._head + k] = blocks
 
-    def append(self, blocks: list[int]) -> None:
-        """Put blocks at the back, ``blocks[-1]`` last (``blocks[i]`` at position end() + i)."""
+    def append(self, blocks: list[int], takeable: bool) -> None:
+        """Put blocks at the back, ``blocks[-1]`` last. ``takeable``: some may be taken out
+        of the middle later (cached blocks), so their batch is noted."""
+        if not blocks:
+            return
+        end = self._base + len(self._entries)
         self._entries += blocks
+        if takeable:
+            batch = _Batch(end, end + len(blocks))
+            self._batches.append(batch)
+            batch_of = self.batch_of
+            for block_id in blocks:
+                batch_of[block_id] = batch
 
-    def end(self) -> int:
-        """Position the next appended block will take."""
-        return self._base + len(self._entries)
-
-    def remove_at(self, position: int) -> None:
-        """Take the block at ``position`` (still queued) out of the middle."""
-        self._entries[position - self._base] = -1
+    def take(self, block_id: int) -> None:
+        """Take a queued block out of the middle (it was appended ``takeable``)."""
+        batch = self.batch_of[block_id]
+        batch.num_taken += 1
+        self.batch_of[block_id] = None
         self._num_stale += 1
 
-    def block_at(self, position: int) -> int:
-        return self._entries[position - self._base]
-
     def check_invariants(self) -> None:
-        """Tombstones are counted; no block is queued twice."""
-        pending = self._entries[self._head:]
-        assert pending.count(-1) == self._num_stale, \
-            f"{pending.count(-1)} tombstones, counter {self._num_stale}"
-        live = [b for b in pending if b >= 0]
+        """Taken entries are counted; no block is queued twice; batches are in order."""
+        live = list(self)
         assert len(set(live)) == len(live), "a block is queued twice"
+        assert len(live) == len(self), f"{len(live)} live entries, length {len(self)}"
+        position = self._base + self._head
+        for batch in self._batches:
+            assert position <= batch.start < batch.stop, "batches out of order"
+            position = batch.stop
+        assert sum(b.num_taken for b in self._batches) == self._num_stale, \
+            "taken entries out of sync"
+
+
+class _Segment:
+    """Blocks registered under one segment chain (see the module doc, "Segment runs").
+
+    ``slots[j]``: the block holding the segment's block ``j`` (its last token at offset
+    ``j * block_size + first_offset``), a list of blocks if that content was registered more
+    than once (earliest first), or -1."""
+
+    __slots__ = ("chain", "first_offset", "block_size", "slots", "num_blocks", "num_multi")
+
+    def __init__(self, chain: int, first_offset: int, block_size: int):
+        self.chain = chain
+        self.first_offset = first_offset
+        self.block_size = block_size
+        self.slots: list = []
+        self.num_blocks = 0          # blocks registered here (duplicates included)
+        self.num_multi = 0           # slots holding a list
+
+    def key(self, j: int) -> int:
+        return segment_key(self.chain, j * self.block_size + self.first_offset)
+
+    def slot_of(self, block_id: int) -> int:
+        """The slot holding ``block_id`` (a C-level scan of at most a segment's blocks)."""
+        try:
+            return self.slots.index(block_id)
+        except ValueError:               # one of several blocks with the same content
+            return next(j for j, present in enumerate(self.slots)
+                        if type(present) is list and block_id in present)
 
 
 class BlockPool:
@@ -134,10 +240,14 @@ class BlockPool:
             raise ValueError(f"num_blocks must be >= {1 + reserve_null_block}, got {num_blocks}")
         self.num_blocks = num_blocks
         self.ref_cnt = [0] * num_blocks
-        self.block_key: list[int | None] = [None] * num_blocks   # key in the hash map, if any
+        # per block: None (no key), its key (an int) or the _Segment it is registered in;
+        # key_of(b) gives the number either way
+        self.block_key: list = [None] * num_blocks
         self._key_to_block: dict[int, int | list[int]] = {}
-        self._free_queue = FreeBlockQueue(range(num_blocks))     # block 0 at the front
-        self._queue_pos: dict[int, int] = {}   # cached free block -> its free-queue position
+        self._segments: dict[int, _Segment] = {}
+        self.int_keys = False               # a key came as a number: no segment entries (doc)
+        self.num_keyed_blocks = 0           # blocks with a key (in use or cached)
+        self._free_queue = FreeBlockQueue(range(num_blocks), num_blocks)   # block 0 at the front
         self.num_free_blocks = num_blocks   # allocatable now, evictable cached blocks included
         self.num_cached_blocks = 0          # free blocks that have a key (evictable)
         self.num_popped_blocks = 0          # blocks handed out since start-up (allocations)
@@ -150,13 +260,22 @@ class BlockPool:
     # ---- hash map ------------------------------------------------------------------------
     def get_cached_block(self, key: int) -> int | None:
         """The block registered under ``key`` (the earliest inserted among duplicates)."""
+        if not self.int_keys:
+            self._to_int_keys()
         hit = self._key_to_block.get(key)
         return hit[0] if type(hit) is list else hit
 
     @property
     def has_keys(self) -> bool:
         """Whether any block is registered (if not, every prefix lookup misses)."""
-        return bool(self._key_to_block)
+        return self.num_keyed_blocks > 0
+
+    def key_of(self, block_id: int) -> int | None:
+        """The key block ``block_id`` is registered under, or None."""
+        key = self.block_key[block_id]
+        if type(key) is _Segment:
+            return key.key(key.slot_of(block_id))
+        return key
 
     def register(self, block_id: int, key: int) -> None:
         """Enter a full, in-use block into the hash map (no-op if it already has a key)."""
@@ -165,11 +284,15 @@ class BlockPool:
     def register_many(self, block_ids: Iterable[int], keys: Iterable[int]) -> None:
         """``register`` each block under its key, in order (a prefill fills many blocks at once:
         one call instead of one per block)."""
+        if not self.int_keys:
+            self._to_int_keys()
         block_key, key_to_block = self.block_key, self._key_to_block
+        num_new = 0
         for block_id, key in zip(block_ids, keys):
             if block_key[block_id] is not None:
                 continue
             block_key[block_id] = key
+            num_new += 1
             present = key_to_block.get(key)
             if present is None:
                 key_to_block[key] = block_id
@@ -177,24 +300,157 @@ class BlockPool:
                 present.append(block_id)
             else:
                 key_to_block[key] = [present, block_id]
+        self.num_keyed_blocks += num_new
+        self.map_version += 1
+
+    def segment_hits(self, runs: Sequence[tuple[int, int, int, int, int]]) -> list[int]:
+        """The longest run of registered blocks from the start of ``runs``
+        (``SegmentKeys.segment_runs``): per segment one look-up and one slice."""
+        hits: list[int] = []
+        segments = self._segments
+        for chain, _first_offset, j, i, i_end in runs:
+            seg = segments.get(chain)
+            if seg is None:
+                break
+            n = i_end - i
+            part = seg.slots[j:j + n]
+            k = part.index(-1) if -1 in part else len(part)
+            if seg.num_multi:
+                part = [b if type(b) is int else b[0] for b in part[:k]]
+            elif k < len(part):
+                part = part[:k]
+            hits += part
+            if k < n:
+                break
+        return hits
+
+    def register_segment(self, chain: int, first_offset: int, block_size: int, j: int,
+                         block_ids: list[int]) -> None:
+        """``register`` blocks that are the segment's blocks ``j, j+1, ...`` (one run of
+        ``SegmentKeys.segment_runs``): one slice for the run (the keys are not computed)."""
+        block_key = self.block_key
+        seg = self._segments.get(chain)
+        if seg is None and not any(map(block_key.__getitem__, block_ids)):
+            # the usual case: content nobody registered, in blocks without a key
+            seg = self._segments[chain] = _Segment(chain, first_offset, block_size)
+            seg.slots = [-1] * j + block_ids if j else list(block_ids)
+            for block_id in block_ids:
+                block_key[block_id] = seg
+            seg.num_blocks = len(block_ids)
+            self.num_keyed_blocks += len(block_ids)
+            self.map_version += 1
+            return
+        if seg is None:
+            seg = self._segments[chain] = _Segment(chain, first_offset, block_size)
+        slots = seg.slots
+        n = len(block_ids)
+        end = j + n
+        if len(slots) < end:
+            slots += [-1] * (end - len(slots))
+        if not any(map(block_key.__getitem__, block_ids)) and slots[j:end].count(-1) == n:
+            slots[j:end] = block_ids          # the usual case: new content, all blocks unkeyed
+            for block_id in block_ids:
+                block_key[block_id] = seg
+            num_new = n
+        else:
+            num_new = 0
+            for jj, block_id in enumerate(block_ids, j):
+                if block_key[block_id] is not None:
+                    continue                  # registered already (a hit, a fork's parent)
+                block_key[block_id] = seg
+                num_new += 1
+                present = slots[jj]
+                if present == -1:
+                    slots[jj] = block_id
+                elif type(present) is list:
+                    present.append(block_id)
+                else:
+                    slots[jj] = [present, block_id]
+                    seg.num_multi += 1
+        seg.num_blocks += num_new
+        if not seg.num_blocks:
+            del self._segments[chain]
+        self.num_keyed_blocks += num_new
         self.map_version += 1
 
     def unregister(self, block_id: int) -> None:
         """Remove a block's key from the hash map (eviction, or retiring a private block)."""
-        key = self.block_key[block_id]
-        if key is None:
+        if self.block_key[block_id] is None:
             return
-        self.block_key[block_id] = None
-        self.map_version += 1
-        present = self._key_to_block[key]
-        if type(present) is list:
-            present.remove(block_id)
-            if len(present) == 1:
-                self._key_to_block[key] = present[0]
-        else:
-            del self._key_to_block[key]
+        self._drop_keys([block_id])
         if self.ref_cnt[block_id] == 0:   # it sat in the free queue as a cached block
             self.num_cached_blocks -= 1
+
+    def _drop_keys(self, block_ids: list[int]) -> None:
+        """Remove keyed blocks from the hash map (no counters but the map's). Blocks of one
+        segment that follow each other (a freed table's, tail first) are dropped as one run."""
+        block_key = self.block_key
+        if self.int_keys:
+            key_to_block = self._key_to_block
+            for block_id in block_ids:
+                key = block_key[block_id]
+                present = key_to_block[key]
+                if type(present) is list:
+                    present.remove(block_id)
+                    if len(present) == 1:
+                        key_to_block[key] = present[0]
+                else:
+                    del key_to_block[key]
+        else:
+            segments = self._segments
+            i, n = 0, len(block_ids)
+            while i < n:
+                block_id = block_ids[i]
+                seg = block_key[block_id]
+                slots = seg.slots
+                if seg.num_multi:             # one of several blocks with the same content
+                    j = seg.slot_of(block_id)
+                    present = slots[j]
+                    if type(present) is list:
+                        present.remove(block_id)
+                        if len(present) == 1:
+                            slots[j] = present[0]
+                            seg.num_multi -= 1
+                    else:
+                        slots[j] = -1
+                    run = 1
+                else:
+                    # a freed table's blocks come tail first: slots j, j-1, ..., 0 of a segment
+                    j = slots.index(block_id)
+                    got = block_ids[i:i + j + 1]
+                    run = len(got)
+                    want = slots[j - run + 1:j + 1]
+                    want.reverse()
+                    if got != want:
+                        run = 1
+                        while got[run] == want[run]:
+                            run += 1
+                    slots[j - run + 1:j + 1] = [-1] * run
+                seg.num_blocks -= run
+                if not seg.num_blocks:
+                    del segments[seg.chain]
+                i += run
+        for block_id in block_ids:
+            block_key[block_id] = None
+        self.num_keyed_blocks -= len(block_ids)
+        self.map_version += 1
+
+    def _to_int_keys(self) -> None:
+        """Key every block by its number from now on (see the module doc)."""
+        self.int_keys = True
+        if not self._segments:
+            return
+        block_key, key_to_block = self.block_key, self._key_to_block
+        for seg in self._segments.values():
+            for j, present in enumerate(seg.slots):
+                if present == -1:
+                    continue
+                key = seg.key(j)
+                key_to_block[key] = present    # lists stay earliest-first (no int keys yet)
+                for block_id in (present if type(present) is list else (present,)):
+                    block_key[block_id] = key
+        self._segments.clear()
+        self.map_version += 1
 
     # ---- free queue ----------------------------------------------------------------------
     def pop(self, n: int) -> list[int]:
@@ -204,15 +460,14 @@ class BlockPool:
         """
         blocks = self._free_queue.popleft(n)
         ref = self.ref_cnt
+        for block_id in blocks:
+            ref[block_id] = 1
         if self.num_cached_blocks:
             key = self.block_key
-            for block_id in blocks:
-                if key[block_id] is not None:   # a cached block: its content is gone
-                    self.unregister(block_id)
-                ref[block_id] = 1
-        else:
-            for block_id in blocks:
-                ref[block_id] = 1
+            evicted = [b for b in blocks if key[b] is not None]   # cached: content is gone
+            if evicted:
+                self._drop_keys(evicted)
+                self.num_cached_blocks -= len(evicted)
         self.num_free_blocks -= n
         self.num_popped_blocks += n
         return blocks
@@ -222,7 +477,7 @@ class BlockPool:
         ref = self.ref_cnt
         for block_id in blocks:
             if ref[block_id] == 0:        # a cached block waiting in the free queue
-                self._free_queue.remove_at(self._queue_pos.pop(block_id))
+                self._free_queue.take(block_id)
                 self.num_cached_blocks -= 1
                 self.num_free_blocks -= 1
             ref[block_id] += 1
@@ -237,24 +492,29 @@ class BlockPool:
                 partially filled tail, or all blocks without prefix caching) go to the front of
                 the queue; the rest go to the back, in the given order (LRU).
         """
-        ref, key = self.ref_cnt, self.block_key
-        # a block appears at most once in the list, so decrement everything first and then
-        # keep those that reached zero (two tight loops instead of one with appends)
-        for block_id in blocks_tail_first:
-            ref[block_id] -= 1
-        reuse_first = [b for b in blocks_tail_first[:num_reuse_first] if not ref[b]]
-        reuse_last = [b for b in blocks_tail_first[num_reuse_first:] if not ref[b]]
-        if self._key_to_block:        # some block has a key: note where cached ones queue
-            end = self._free_queue.end()
-            queue_pos = self._queue_pos
-            num_cached = 0
-            for i, block_id in enumerate(reuse_last):
-                if key[block_id] is not None:   # cached: a prefix hit may take it back out
-                    queue_pos[block_id] = end + i
-                    num_cached += 1
-            self.num_cached_blocks += num_cached
-        self._free_queue.prepend(reuse_first)
-        self._free_queue.append(reuse_last)
+        ref = self.ref_cnt
+        num_first = num_reuse_first
+        if [ref[b] for b in blocks_tail_first].count(1) == len(blocks_tail_first):
+            # the usual case: no block is shared, every block is released
+            for block_id in blocks_tail_first:
+                ref[block_id] = 0
+            reuse_first = blocks_tail_first[:num_first]
+            reuse_last = blocks_tail_first[num_first:]
+        else:
+            # a block appears at most once in the list, so decrement everything first and
+            # then keep those that reached zero (two tight loops instead of one with appends)
+            for block_id in blocks_tail_first:
+                ref[block_id] -= 1
+            reuse_first = [b for b in blocks_tail_first[:num_first] if not ref[b]]
+            reuse_last = [b for b in blocks_tail_first[num_first:] if not ref[b]]
+        queue = self._free_queue
+        queue.prepend(reuse_first)
+        if self.num_keyed_blocks and reuse_last:   # cached ones: a prefix hit may take them
+            key = self.block_key
+            self.num_cached_blocks += len(reuse_last) - [key[b] for b in reuse_last].count(None)
+            queue.append(reuse_last, True)
+        else:
+            queue.append(reuse_last, False)
         self.num_free_blocks += len(reuse_first) + len(reuse_last)
 
     # ---- checks --------------------------------------------------------------------------
@@ -273,16 +533,12 @@ class BlockPool:
         for block_id in queue:
             assert self.ref_cnt[block_id] == 0, f"free block {block_id} has ref_cnt > 0"
         keyed = [self.block_key[b] is not None for b in queue]
-        for block_id, is_keyed in zip(queue, keyed):
-            if is_keyed:
-                position = self._queue_pos[block_id]
-                assert self._free_queue.block_at(position) == block_id, \
-                    f"cached block {block_id} is not at its free-queue position {position}"
         in_use = self.num_blocks - len(queue) - (self.null_block is not None)
         assert in_use == sum(r > 0 for r in self.ref_cnt), "free + used != total"
         assert sum(keyed) == self.num_cached_blocks, \
             f"{sum(keyed)} cached, counter {self.num_cached_blocks}"
         num_keyed = 0
+        assert not (self.int_keys and self._segments), "segment entries in a numbered pool"
         for key, present in self._key_to_block.items():
             blocks = present if type(present) is list else [present]
             assert blocks, f"key {key} maps to no block"
@@ -290,4 +546,22 @@ class BlockPool:
             for block_id in blocks:
                 assert self.block_key[block_id] == key, f"block {block_id} not keyed {key}"
             num_keyed += len(blocks)
-        assert num_keyed == sum(k is not None for k in self.block_key), "keys out of sync"
+        for chain, seg in self._segments.items():
+            assert seg.chain == chain and seg.num_blocks > 0, f"segment {chain} is stale"
+            num_blocks = num_multi = 0
+            for j, present in enumerate(seg.slots):
+                if present == -1:
+                    continue
+                blocks = present if type(present) is list else [present]
+                num_multi += type(present) is list
+                assert len(blocks) == len(set(blocks)) and (type(present) is int or
+                                                             len(blocks) > 1)
+                for block_id in blocks:
+                    assert self.block_key[block_id] is seg and seg.slot_of(block_id) == j, \
+                        f"block {block_id} not in slot {j} of segment {chain}"
+                num_blocks += len(blocks)
+            assert (num_blocks, num_multi) == (seg.num_blocks, seg.num_multi), \
+                f"segment {chain} counts out of sync"
+            num_keyed += num_blocks
+        assert num_keyed == sum(k is not None for k in self.block_key) == self.num_keyed_blocks, \
+            "keys out of sync"

@@ -40,6 +40,7 @@ from kvsim.allocator.accounting import (CACHED, FREE, INTERNAL, MEMORY_CLASSES, 
 from kvsim.allocator.block_pool import BlockPool
 from kvsim.allocator.checks import (owner_codes, require_int, require_live, require_new_seq_id,
                                     snapshot_order)
+from kvsim.workloads.keys import SegmentKeys
 
 
 class _Seq:
@@ -303,7 +304,7 @@ class PagedAllocator:
                 self._preempted_seq_ids.add(seq_id)
                 start, stop = seq.num_shareable_blocks, min(num_full, seq.num_hashes)
                 if start < stop:
-                    pool.register_many(table[start:stop], seq.block_hashes[start:stop])
+                    self._register(table, seq.block_hashes, start, stop)
             else:
                 # private blocks keyed by a hit after an earlier preemption: nobody else can
                 # use them, so once released they count as free (same LRU place)
@@ -348,7 +349,7 @@ class PagedAllocator:
         block_key = np.zeros(n, dtype=np.uint64)
         for block_id, key in enumerate(pool.block_key):
             if key is not None:
-                block_key[block_id] = key & 0xFFFFFFFFFFFFFFFF
+                block_key[block_id] = pool.key_of(block_id) & 0xFFFFFFFFFFFFFFFF
                 if pool.ref_cnt[block_id] == 0:
                     cell_class[block_id] = CACHED
                     fill[block_id] = size
@@ -392,7 +393,7 @@ class PagedAllocator:
                 assert fill_of.setdefault(block_id, block_fill) == block_fill, \
                     f"block {block_id} shared with different fills"
             for i in range(min(seq.num_keyed_blocks, seq.num_shareable_blocks)):
-                assert pool.block_key[table[i]] == seq.block_hashes[i], \
+                assert pool.key_of(table[i]) == seq.block_hashes[i], \
                     f"seq {seq_id} block {i} not registered under its key"
         for block_id in range(self.num_blocks):
             assert pool.ref_cnt[block_id] == references[block_id], \
@@ -439,13 +440,16 @@ class PagedAllocator:
                 return hits[:limit]
             if len(hits) < scanned:
                 return list(hits)
-        get = self.pool.get_cached_block
-        hits = []
-        for i in range(limit):
-            block_id = get(block_hashes[i])
-            if block_id is None:
-                break    # keys chain: once one block misses, every later block misses
-            hits.append(block_id)
+        if type(block_hashes) is SegmentKeys and not self.pool.int_keys:
+            hits = self.pool.segment_hits(block_hashes.segment_runs(0, limit))
+        else:
+            get = self.pool.get_cached_block
+            hits = []
+            for i in range(limit):
+                block_id = get(block_hashes[i])
+                if block_id is None:
+                    break    # keys chain: once one block misses, every later block misses
+                hits.append(block_id)
         self._last_scan = (block_hashes, self.pool.map_version, limit, hits)
         return list(hits)
 
@@ -456,6 +460,18 @@ class PagedAllocator:
         if num_full <= start:
             return
         stop = min(num_full, seq.num_shareable_blocks)
-        if start < stop:   # one slice of keys (SegmentKeys computes a run in one walk)
-            self.pool.register_many(seq.block_table[start:stop], seq.block_hashes[start:stop])
+        if start < stop:
+            self._register(seq.block_table, seq.block_hashes, start, stop)
         seq.num_keyed_blocks = num_full
+
+    def _register(self, table: list[int], block_hashes: Sequence[int], start: int,
+                  stop: int) -> None:
+        """Register ``table[start:stop]`` under their keys: by segment run when the keys are
+        SegmentKeys (no key is computed), else one key each."""
+        pool = self.pool
+        if type(block_hashes) is SegmentKeys and not pool.int_keys:
+            size = self.block_size
+            for chain, first_offset, j, i, i_end in block_hashes.segment_runs(start, stop):
+                pool.register_segment(chain, first_offset, size, j, table[i:i_end])
+        else:
+            pool.register_many(table[start:stop], block_hashes[start:stop])

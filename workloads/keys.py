@@ -32,6 +32,11 @@ def mix64(x: int) -> int:
     return x ^ (x >> 31)
 
 
+def segment_key(chain: int, offset: int) -> int:
+    """Key of the block whose last token is at ``offset`` in the segment named by ``chain``."""
+    return mix64(chain ^ (offset << 1 | 1))
+
+
 def hash_token_blocks(token_ids: Sequence[int], block_size: int) -> list[int]:
     """One chained key per full block of ``token_ids`` (a trailing partial block gets none).
 
@@ -69,7 +74,7 @@ class SegmentKeys(Sequence):
     """
 
     __slots__ = ("block_size", "num_tokens", "num_shareable_tokens", "_starts", "_chains",
-                 "_make_segments")
+                 "_make_segments", "_runs", "_run_ends")
 
     def __init__(self, segments: Sequence[tuple[int, int]], block_size: int,
                  num_shareable_tokens: int | None = None):
@@ -77,6 +82,7 @@ class SegmentKeys(Sequence):
             raise ValueError(f"block_size must be positive, got {block_size}")
         self.block_size = block_size
         self._make_segments = None
+        self._runs = None
         self._build(segments)
         self.num_shareable_tokens = self.num_tokens if num_shareable_tokens is None else min(
             self.num_tokens, num_shareable_tokens)
@@ -93,7 +99,7 @@ class SegmentKeys(Sequence):
         keys.block_size = block_size
         keys.num_tokens = num_tokens
         keys.num_shareable_tokens = min(num_tokens, num_shareable_tokens)
-        keys._starts = keys._chains = None
+        keys._starts = keys._chains = keys._runs = None
         keys._make_segments = make_segments
         return keys
 
@@ -144,7 +150,54 @@ class SegmentKeys(Sequence):
             self._build_deferred()
         t = (i + 1) * self.block_size - 1
         s = bisect_right(self._starts, t) - 1
-        return mix64(self._chains[s] ^ ((t - self._starts[s]) << 1 | 1))
+        return segment_key(self._chains[s], t - self._starts[s])
+
+    def segment_runs(self, start: int, stop: int) -> list[tuple[int, int, int, int, int]]:
+        """Blocks ``start..stop-1`` grouped by the segment that holds each block's last token:
+        ``(chain, first_offset, j, i, i_end)`` per segment, in order.
+
+        Blocks ``i..i_end-1`` are the segment's blocks ``j..`` (block ``j`` of a segment ends at
+        offset ``j * block_size + first_offset`` in it, the same in every sequence with this
+        chain, since the chain names the segment's start); block ``i``'s key is
+        ``segment_key(chain, j * block_size + first_offset)``. A prefix cache can match and
+        register a whole run at once instead of one key per block. The runs of all blocks
+        are made once (a few per segment); a range is cut from them."""
+        runs = self._runs
+        if runs is None:
+            runs = self._runs = self._all_runs()
+        if start >= stop:
+            return []
+        if start == 0 and stop >= self.num_tokens // self.block_size:
+            return runs
+        # runs[r] covers blocks [runs[r][3], runs[r][4]); cut [start, stop) out of them
+        r = bisect_right(self._run_ends, start)
+        out = []
+        while r < len(runs) and runs[r][3] < stop:
+            chain, first_offset, j, i, i_end = runs[r]
+            if i < start or i_end > stop:
+                j += max(0, start - i)
+                i, i_end = max(i, start), min(i_end, stop)
+                out.append((chain, first_offset, j, i, i_end))
+            else:
+                out.append(runs[r])
+            r += 1
+        return out
+
+    def _all_runs(self) -> list[tuple[int, int, int, int, int]]:
+        if self._chains is None:
+            self._build_deferred()
+        size, starts, chains = self.block_size, self._starts, self._chains
+        num_blocks = self.num_tokens // size
+        runs = []
+        i = 0
+        for s, seg_start in enumerate(starts):
+            i_end = starts[s + 1] // size if s + 1 < len(starts) else num_blocks
+            if i_end > i:                  # a segment shorter than a block may hold none
+                offset = (i + 1) * size - 1 - seg_start
+                runs.append((chains[s], offset % size, offset // size, i, i_end))
+                i = i_end
+        self._run_ends = [run[4] for run in runs]
+        return runs
 
     def _key_range(self, start: int, stop: int) -> list[int]:
         """Keys of blocks ``start..stop-1`` in one walk over the segments (a slice: registering
@@ -163,7 +216,7 @@ class SegmentKeys(Sequence):
             while next_start is not None and t >= next_start:
                 s += 1
                 next_start = starts[s + 1] if s + 1 < num_segments else None
-            out.append(mix64(chains[s] ^ ((t - starts[s]) << 1 | 1)))
+            out.append(mix64(chains[s] ^ ((t - starts[s]) << 1 | 1)))   # segment_key, inlined
         return out
 
 
