@@ -49,12 +49,14 @@ from kvsim.workloads.keys import segment_key
 
 class _Batch:
     """Blocks one ``append`` put at the back, at positions ``[start, stop)`` (``start`` moves up
-    as the front consumes it); ``num_taken`` of its entries were taken out since (stale)."""
+    as the front consumes it), some of them cached (keyed): those at ``[keyed_from, stop)``,
+    or (``keyed_from`` None) any, to be read block by block. ``num_taken`` of its entries were
+    taken out since (stale)."""
 
-    __slots__ = ("start", "stop", "num_taken")
+    __slots__ = ("start", "stop", "keyed_from", "num_taken")
 
-    def __init__(self, start: int, stop: int):
-        self.start, self.stop, self.num_taken = start, stop, 0
+    def __init__(self, start: int, stop: int, keyed_from: int | None):
+        self.start, self.stop, self.keyed_from, self.num_taken = start, stop, keyed_from, 0
 
 
 class FreeBlockQueue:
@@ -92,19 +94,31 @@ class FreeBlockQueue:
         for batch in list(self._batches):
             yield from entries[i:batch.start - base]          # plain entries before the batch
             i = batch.stop - base
-            for block_id in entries[batch.start - base:i]:
-                if not batch.num_taken or batch_of[block_id] is batch:
+            if not batch.num_taken:
+                yield from entries[batch.start - base:i]
+                continue
+            keyed_from = batch.start if batch.keyed_from is None else batch.keyed_from
+            for position in range(batch.start, batch.stop):
+                block_id = entries[position - base]
+                if position < keyed_from or batch_of[block_id] is batch:
                     yield block_id
         yield from entries[i:]
 
-    def popleft(self, n: int) -> list[int]:
-        """The n blocks at the front (caller checked len)."""
+    def popleft(self, n: int, block_key: list | None = None) -> tuple[list[int], list[int]]:
+        """The n blocks at the front (caller checked len), and the cached (keyed) ones among
+        them when ``block_key`` is given (else an empty list): from the batches' layout, not
+        block by block, unless entries were taken out or a batch is mixed."""
+        keyed: list[int] = []
         if not self._num_stale:       # nothing taken out: the n blocks are one slice
             start = self._head
             out = self._entries[start:start + n]
             self._head = start + n
+            if block_key is not None and self._batches:
+                keyed = self._keyed_in(self._base + start, out, block_key)
         else:
             out = self._popleft_skipping_taken(n)
+            if block_key is not None:
+                keyed = [b for b in out if block_key[b] is not None]
         batches = self._batches
         if batches:
             position = self._base + self._head
@@ -117,7 +131,22 @@ class FreeBlockQueue:
             del self._entries[:cut]
             self._base += cut
             self._head -= cut
-        return out
+        return out, keyed
+
+    def _keyed_in(self, first: int, out: list[int], block_key: list) -> list[int]:
+        """The keyed blocks of ``out`` (popped from position ``first`` on, nothing taken):
+        only batches hold keyed blocks."""
+        end = first + len(out)
+        keyed: list[int] = []
+        for batch in self._batches:
+            if batch.start >= end:
+                break
+            lo, hi = max(first, batch.start), min(end, batch.stop)
+            if batch.keyed_from is None:          # mixed: read block by block
+                keyed += [b for b in out[lo - first:hi - first] if block_key[b] is not None]
+            elif batch.keyed_from < hi:
+                keyed += out[max(lo, batch.keyed_from) - first:hi - first]
+        return keyed
 
     def _popleft_skipping_taken(self, n: int) -> list[int]:
         entries, base, batch_of = self._entries, self._base, self.batch_of
@@ -137,9 +166,11 @@ class FreeBlockQueue:
                 self._head += k
             else:
                 i = self._head
+                # entries before keyed_from were never cached, so never taken out
+                keyed_from = batch.start if batch.keyed_from is None else batch.keyed_from
                 while i < stop and len(out) < n:
                     block_id = entries[i]
-                    if batch_of[block_id] is batch:
+                    if i + base < keyed_from or batch_of[block_id] is batch:
                         out.append(block_id)
                     else:
                         batch.num_taken -= 1
@@ -164,19 +195,36 @@ class FreeBlockQueue:
         self._head -= k
         self._entries[self._head:self._head + k] = blocks
 
-    def append(self, blocks: list[int], takeable: bool) -> None:
-        """Put blocks at the back, ``blocks[-1]`` last. ``takeable``: some may be taken out
-        of the middle later (cached blocks), so their batch is noted."""
+    def append(self, blocks: list[int], keyed_from: int | None = -1) -> None:
+        """Put blocks at the back, ``blocks[-1]`` last. Which are cached (keyed: a prefix hit
+        may take them out of the middle, a pop evicts them): ``keyed_from`` -1 none,
+        ``k`` >= 0 ``blocks[k:]`` exactly, None any (read block by block).
+
+        ``batch_of`` notes the batch of each entry that may be taken out (a keyed one; every
+        entry of a mixed batch): an entry at or past ``keyed_from`` is live iff its block's
+        ``batch_of`` is its batch (``take`` clears it)."""
         if not blocks:
             return
         end = self._base + len(self._entries)
         self._entries += blocks
-        if takeable:
-            batch = _Batch(end, end + len(blocks))
-            self._batches.append(batch)
-            batch_of = self.batch_of
-            for block_id in blocks:
-                batch_of[block_id] = batch
+        if keyed_from == -1 or keyed_from == len(blocks):
+            return                    # nothing cached: no batch (its entries stay plain)
+        batch = _Batch(end, end + len(blocks), None if keyed_from is None else end + keyed_from)
+        self._batches.append(batch)
+        batch_of = self.batch_of
+        for block_id in (blocks if keyed_from is None else blocks[keyed_from:]):
+            batch_of[block_id] = batch
+
+
+    def unkey(self, block_id: int) -> None:
+        """A queued cached block lost its key: its batch is read block by block from now on
+        (every entry then notes its batch)."""
+        batch = self.batch_of[block_id]
+        if batch is not None and batch.keyed_from is not None:
+            base = self._base
+            for position in range(batch.start, batch.keyed_from):
+                self.batch_of[self._entries[position - base]] = batch
+            batch.keyed_from = None
 
     def take(self, block_id: int) -> None:
         """Take a queued block out of the middle (it was appended ``takeable``)."""
@@ -254,7 +302,7 @@ class BlockPool:
         self.map_version = 0                # bumped whenever the hash map changes
         self.null_block = None
         if reserve_null_block:        # never freed, never counted (vLLM keeps no ref_cnt on it)
-            self.null_block = self._free_queue.popleft(1)[0]
+            self.null_block = self._free_queue.popleft(1)[0][0]
             self.num_free_blocks -= 1
 
     # ---- hash map ------------------------------------------------------------------------
@@ -324,31 +372,47 @@ class BlockPool:
                 break
         return hits
 
-    def register_segment(self, chain: int, first_offset: int, block_size: int, j: int,
-                         block_ids: list[int]) -> None:
-        """``register`` blocks that are the segment's blocks ``j, j+1, ...`` (one run of
-        ``SegmentKeys.segment_runs``): one slice for the run (the keys are not computed)."""
-        block_key = self.block_key
-        seg = self._segments.get(chain)
-        if seg is None and not any(map(block_key.__getitem__, block_ids)):
-            # the usual case: content nobody registered, in blocks without a key
-            seg = self._segments[chain] = _Segment(chain, first_offset, block_size)
-            seg.slots = [-1] * j + block_ids if j else list(block_ids)
-            for block_id in block_ids:
-                block_key[block_id] = seg
-            seg.num_blocks = len(block_ids)
-            self.num_keyed_blocks += len(block_ids)
-            self.map_version += 1
-            return
+    def register_runs(self, table: list[int], runs: Sequence[tuple[int, int, int, int, int]],
+                      block_size: int, unkeyed: bool = False) -> None:
+        """``register`` ``table[i:i_end]`` as the blocks ``j, j+1, ...`` of each run's segment
+        (``SegmentKeys.segment_runs``): one slice per run, no key computed.
+
+        Args:
+            unkeyed: the caller knows that none of these blocks has a key (it took them from
+                the free queue itself and never registered them), so that check is skipped.
+        """
+        block_key, segments = self.block_key, self._segments
+        num_new = 0
+        for chain, first_offset, j, i, i_end in runs:
+            block_ids = table[i:i_end]
+            seg = segments.get(chain)
+            if seg is None and (unkeyed or not any(map(block_key.__getitem__, block_ids))):
+                # the usual case: content nobody registered, in blocks without a key
+                seg = segments[chain] = _Segment(chain, first_offset, block_size)
+                seg.slots = [-1] * j + block_ids if j else block_ids
+                for block_id in block_ids:
+                    block_key[block_id] = seg
+                seg.num_blocks = len(block_ids)
+                num_new += len(block_ids)
+            else:
+                num_new += self._register_run(seg, chain, first_offset, block_size, j,
+                                              block_ids)
+        self.num_keyed_blocks += num_new
+        self.map_version += 1
+
+    def _register_run(self, seg: _Segment | None, chain: int, first_offset: int,
+                      block_size: int, j: int, block_ids: list[int]) -> int:
+        """One run into an existing segment (or blocks that may have keys): returns the
+        blocks newly keyed."""
         if seg is None:
             seg = self._segments[chain] = _Segment(chain, first_offset, block_size)
-        slots = seg.slots
+        slots, block_key = seg.slots, self.block_key
         n = len(block_ids)
         end = j + n
         if len(slots) < end:
             slots += [-1] * (end - len(slots))
         if not any(map(block_key.__getitem__, block_ids)) and slots[j:end].count(-1) == n:
-            slots[j:end] = block_ids          # the usual case: new content, all blocks unkeyed
+            slots[j:end] = block_ids          # new content for these slots, blocks unkeyed
             for block_id in block_ids:
                 block_key[block_id] = seg
             num_new = n
@@ -370,8 +434,7 @@ class BlockPool:
         seg.num_blocks += num_new
         if not seg.num_blocks:
             del self._segments[chain]
-        self.num_keyed_blocks += num_new
-        self.map_version += 1
+        return num_new
 
     def unregister(self, block_id: int) -> None:
         """Remove a block's key from the hash map (eviction, or retiring a private block)."""
@@ -380,6 +443,7 @@ class BlockPool:
         self._drop_keys([block_id])
         if self.ref_cnt[block_id] == 0:   # it sat in the free queue as a cached block
             self.num_cached_blocks -= 1
+            self._free_queue.unkey(block_id)
 
     def _drop_keys(self, block_ids: list[int]) -> None:
         """Remove keyed blocks from the hash map (no counters but the map's). Blocks of one
@@ -458,16 +522,15 @@ class BlockPool:
 
         Cached blocks popped this way are evicted: their key leaves the hash map.
         """
-        blocks = self._free_queue.popleft(n)
+        # cached blocks popped: their content is gone (evicted)
+        blocks, evicted = self._free_queue.popleft(
+            n, self.block_key if self.num_cached_blocks else None)
         ref = self.ref_cnt
         for block_id in blocks:
             ref[block_id] = 1
-        if self.num_cached_blocks:
-            key = self.block_key
-            evicted = [b for b in blocks if key[b] is not None]   # cached: content is gone
-            if evicted:
-                self._drop_keys(evicted)
-                self.num_cached_blocks -= len(evicted)
+        if evicted:
+            self._drop_keys(evicted)
+            self.num_cached_blocks -= len(evicted)
         self.num_free_blocks -= n
         self.num_popped_blocks += n
         return blocks
@@ -482,7 +545,8 @@ class BlockPool:
                 self.num_free_blocks -= 1
             ref[block_id] += 1
 
-    def free(self, blocks_tail_first: list[int], num_reuse_first: int) -> None:
+    def free(self, blocks_tail_first: list[int], num_reuse_first: int,
+             num_keyed: int | None = None) -> None:
         """Drop a reference on each block; blocks reaching zero join the free queue.
 
         Args:
@@ -490,16 +554,30 @@ class BlockPool:
                 that its tail blocks are evicted before its head).
             num_reuse_first: the first this-many blocks (vLLM: blocks without a hash, i.e. a
                 partially filled tail, or all blocks without prefix caching) go to the front of
-                the queue; the rest go to the back, in the given order (LRU).
+                the queue; the rest go to the back, in the given order (LRU). They must have
+                no key.
+            num_keyed: when the caller knows it: the last this-many blocks have a key and the
+                others none (a table's keyed head); used when the released blocks are the
+                first ones of the list, else the keys are read block by block
+                (check_invariants verifies the queue against the keys).
         """
         ref = self.ref_cnt
         num_first = num_reuse_first
-        if [ref[b] for b in blocks_tail_first].count(1) == len(blocks_tail_first):
-            # the usual case: no block is shared, every block is released
-            for block_id in blocks_tail_first:
+        counts = [ref[b] for b in blocks_tail_first]
+        num_released = counts.count(1)
+        if counts[:num_released].count(1) == num_released:
+            # the usual case: the blocks released are the first ones (a table's tail; the
+            # rest, its head, is shared: a prompt others hit), so release them with one
+            # store each and count down only the shared ones
+            released = blocks_tail_first[:num_released]
+            for block_id in released:
                 ref[block_id] = 0
-            reuse_first = blocks_tail_first[:num_first]
-            reuse_last = blocks_tail_first[num_first:]
+            for block_id in blocks_tail_first[num_released:]:
+                ref[block_id] -= 1
+            reuse_first = released[:num_first]
+            reuse_last = released[num_first:]
+            if num_keyed is not None:     # keyed: the table's head, i.e. the list's end
+                num_keyed = max(0, num_keyed - (len(blocks_tail_first) - num_released))
         else:
             # a block appears at most once in the list, so decrement everything first and
             # then keep those that reached zero (two tight loops instead of one with appends)
@@ -507,20 +585,54 @@ class BlockPool:
                 ref[block_id] -= 1
             reuse_first = [b for b in blocks_tail_first[:num_first] if not ref[b]]
             reuse_last = [b for b in blocks_tail_first[num_first:] if not ref[b]]
+            num_keyed = None
         queue = self._free_queue
+        if self.num_keyed_blocks and reuse_first and any(map(self.block_key.__getitem__,
+                                                             reuse_first)):
+            raise ValueError("free: a block with a key cannot go to the front of the queue")
         queue.prepend(reuse_first)
-        if self.num_keyed_blocks and reuse_last:   # cached ones: a prefix hit may take them
+        if not self.num_keyed_blocks or not reuse_last:
+            queue.append(reuse_last)
+        elif num_keyed is not None and num_keyed <= len(reuse_last):
+            self.num_cached_blocks += num_keyed
+            queue.append(reuse_last, len(reuse_last) - num_keyed)
+        else:                         # which are cached: read the keys
             key = self.block_key
-            self.num_cached_blocks += len(reuse_last) - [key[b] for b in reuse_last].count(None)
-            queue.append(reuse_last, True)
-        else:
-            queue.append(reuse_last, False)
+            flags = [key[b] is not None for b in reuse_last]
+            k = flags.count(True)
+            self.num_cached_blocks += k
+            if flags[len(flags) - k:].count(True) == k:     # a keyed tail (the table's head)
+                queue.append(reuse_last, len(reuse_last) - k)
+            else:
+                queue.append(reuse_last, None)
         self.num_free_blocks += len(reuse_first) + len(reuse_last)
 
     # ---- checks --------------------------------------------------------------------------
     def free_queue(self) -> list[int]:
         """The free queue, front (next allocated) first. O(free blocks)."""
         return list(self._free_queue)
+
+    def _check_queue_layout(self) -> None:
+        """Cached (keyed) free blocks are exactly where the queue's batches say."""
+        q, key = self._free_queue, self.block_key
+        entries, base = q._entries, q._base
+        in_batch = set()
+        for batch in q._batches:
+            keyed_from = batch.start if batch.keyed_from is None else batch.keyed_from
+            for position in range(batch.start, batch.stop):
+                block_id = entries[position - base]
+                if position >= keyed_from and q.batch_of[block_id] is not batch:
+                    assert batch.num_taken, f"entry {position} stale, nothing taken"
+                    continue                          # taken out: stale
+                in_batch.add(block_id)
+                if key[block_id] is not None:
+                    assert q.batch_of[block_id] is batch, f"cached {block_id}: wrong batch"
+                if batch.keyed_from is not None:
+                    assert (key[block_id] is not None) == (position >= batch.keyed_from), \
+                        f"block {block_id} at {position}: keyed != layout {batch.keyed_from}"
+        for block_id in q:
+            assert block_id in in_batch or key[block_id] is None, \
+                f"cached block {block_id} outside the queue's batches"
 
     def check_invariants(self) -> None:
         """Recompute the free queue and hash-map bookkeeping from scratch and assert it."""
@@ -533,6 +645,7 @@ class BlockPool:
         for block_id in queue:
             assert self.ref_cnt[block_id] == 0, f"free block {block_id} has ref_cnt > 0"
         keyed = [self.block_key[b] is not None for b in queue]
+        self._check_queue_layout()
         in_use = self.num_blocks - len(queue) - (self.null_block is not None)
         assert in_use == sum(r > 0 for r in self.ref_cnt), "free + used != total"
         assert sum(keyed) == self.num_cached_blocks, \

@@ -45,7 +45,8 @@ from kvsim.workloads.keys import SegmentKeys
 
 class _Seq:
     __slots__ = ("block_table", "num_tokens", "num_cached_tokens", "block_hashes",
-                 "num_hashes", "num_shareable_blocks", "num_keyed_blocks", "num_hit_blocks")
+                 "num_hashes", "num_shareable_blocks", "num_keyed_blocks", "num_hit_blocks",
+                 "forked")
 
     def __init__(self, block_table, num_tokens, num_cached_tokens, block_hashes, num_hashes,
                  num_shareable_blocks, num_keyed_blocks, num_hit_blocks):
@@ -57,6 +58,9 @@ class _Seq:
         self.num_shareable_blocks = num_shareable_blocks  # registered eagerly below this index
         self.num_keyed_blocks = num_keyed_blocks        # leading full blocks already considered
         self.num_hit_blocks = num_hit_blocks            # leading blocks taken from the cache
+        # shares blocks with a fork parent or child: any of its blocks may have been keyed by
+        # the other (otherwise blocks past num_hit_blocks are its own, keyed only by itself)
+        self.forked = False
 
 
 class PagedAllocator:
@@ -285,6 +289,7 @@ class PagedAllocator:
         child = _Seq(list(parent.block_table), parent.num_tokens, parent.num_cached_tokens,
                      block_hashes, *self._count_keys(block_hashes), 0, parent.num_hit_blocks)
         self._seqs[child_id] = child
+        parent.forked = child.forked = True
         # blocks the parent already registered are skipped (register is a no-op on them)
         self._register_full_blocks(child)
 
@@ -299,12 +304,16 @@ class PagedAllocator:
         del self._seqs[seq_id]
         pool, size, table = self.pool, self.block_size, seq.block_table
         num_full = seq.num_tokens // size
+        # the table's keyed head (blocks registered eagerly or hit; see pool.free): exact
+        # unless the table is shared with a fork
+        num_keyed = min(seq.num_keyed_blocks, seq.num_shareable_blocks)
         if self.enable_prefix_caching:
             if preempted:
                 self._preempted_seq_ids.add(seq_id)
                 start, stop = seq.num_shareable_blocks, min(num_full, seq.num_hashes)
                 if start < stop:
-                    self._register(table, seq.block_hashes, start, stop)
+                    self._register(seq, start, stop)
+                    num_keyed = stop
             else:
                 # private blocks keyed by a hit after an earlier preemption: nobody else can
                 # use them, so once released they count as free (same LRU place)
@@ -318,7 +327,7 @@ class PagedAllocator:
         tail_fill = seq.num_tokens - num_full * size
         tail_released = bool(tail_fill) and pool.ref_cnt[table[-1]] == 1
         num_free_before = pool.num_free_blocks
-        pool.free(table[::-1], num_reuse_first)
+        pool.free(table[::-1], num_reuse_first, None if seq.forked else num_keyed)
         num_released = pool.num_free_blocks - num_free_before
         self._num_filled_slots -= num_released * size - (size - tail_fill) * tail_released
 
@@ -461,17 +470,15 @@ class PagedAllocator:
             return
         stop = min(num_full, seq.num_shareable_blocks)
         if start < stop:
-            self._register(seq.block_table, seq.block_hashes, start, stop)
+            self._register(seq, start, stop)
         seq.num_keyed_blocks = num_full
 
-    def _register(self, table: list[int], block_hashes: Sequence[int], start: int,
-                  stop: int) -> None:
-        """Register ``table[start:stop]`` under their keys: by segment run when the keys are
-        SegmentKeys (no key is computed), else one key each."""
-        pool = self.pool
+    def _register(self, seq: _Seq, start: int, stop: int) -> None:
+        """Register ``block_table[start:stop]`` under their keys: by segment run when the keys
+        are SegmentKeys (no key is computed), else one key each."""
+        pool, table, block_hashes = self.pool, seq.block_table, seq.block_hashes
         if type(block_hashes) is SegmentKeys and not pool.int_keys:
-            size = self.block_size
-            for chain, first_offset, j, i, i_end in block_hashes.segment_runs(start, stop):
-                pool.register_segment(chain, first_offset, size, j, table[i:i_end])
+            pool.register_runs(table, block_hashes.segment_runs(start, stop), self.block_size,
+                               unkeyed=start >= seq.num_hit_blocks and not seq.forked)
         else:
             pool.register_many(table[start:stop], block_hashes[start:stop])

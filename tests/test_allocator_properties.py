@@ -307,13 +307,13 @@ def test_free_block_queue_matches_a_plain_list(ops):
                 queue.prepend(new)
                 model[:0] = new
             else:
-                queue.append(new, arg % 2 == 0)   # some batches takeable, some not
+                queue.append(new, 0 if arg % 2 == 0 else -1)   # cached (takeable) or not
                 model += new
                 if arg % 2 == 0:
                     takeable.update(new)
         elif op == "popleft":
             n = min(arg, len(model))
-            assert queue.popleft(n) == model[:n]
+            assert queue.popleft(n)[0] == model[:n]
             takeable.difference_update(model[:n])
             del model[:n]
         elif arg in takeable:

@@ -150,8 +150,8 @@ def test_pool_segment_duplicates_return_the_earliest():
     dropping it leaves the other."""
     pool = BlockPool(8)
     first, second = pool.pop(2)
-    pool.register_segment(5, 3, B, 0, [first])
-    pool.register_segment(5, 3, B, 0, [second])
+    pool.register_runs([first], [(5, 3, 0, 0, 1)], B)
+    pool.register_runs([second], [(5, 3, 0, 0, 1)], B)
     runs = [(5, 3, 0, 0, 1)]
     assert pool.segment_hits(runs) == [first]
     pool.free([first], 0)

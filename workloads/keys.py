@@ -108,14 +108,22 @@ class SegmentKeys(Sequence):
         chains: list[int] = []
         pos = 0
         chain = _SEGMENT_SALT
+        mask = _MASK64
         for seg_id, length in segments:
             if length <= 0:
                 raise ValueError(f"segment {seg_id} has length {length}; lengths must be > 0")
             starts.append(pos)
-            # the chain names this segment and everything before it (ids and lengths)
-            chain = mix64(chain ^ (int(seg_id) & _MASK64))
+            # the chain names this segment and everything before it (ids and lengths):
+            # mix64(chain ^ seg_id), then mix64(chain ^ length), inlined (two per segment)
+            x = ((chain ^ (int(seg_id) & mask)) + 0x9E3779B97F4A7C15) & mask
+            x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & mask
+            x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & mask
+            chain = x ^ (x >> 31)
             chains.append(chain)
-            chain = mix64(chain ^ length)
+            x = ((chain ^ length) + 0x9E3779B97F4A7C15) & mask
+            x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & mask
+            x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & mask
+            chain = x ^ (x >> 31)
             pos += length
         self.num_tokens = pos
         self._starts = starts
@@ -186,16 +194,17 @@ class SegmentKeys(Sequence):
     def _all_runs(self) -> list[tuple[int, int, int, int, int]]:
         if self._chains is None:
             self._build_deferred()
-        size, starts, chains = self.block_size, self._starts, self._chains
-        num_blocks = self.num_tokens // size
+        size = self.block_size
         runs = []
-        i = 0
-        for s, seg_start in enumerate(starts):
-            i_end = starts[s + 1] // size if s + 1 < len(starts) else num_blocks
-            if i_end > i:                  # a segment shorter than a block may hold none
-                offset = (i + 1) * size - 1 - seg_start
-                runs.append((chains[s], offset % size, offset // size, i, i_end))
-                i = i_end
+        append = runs.append
+        ends = self._starts[1:] + [self.num_tokens]
+        for chain, seg_start, seg_end in zip(self._chains, self._starts, ends):
+            # blocks seg_start // B .. seg_end // B - 1 end in this segment (none if it is
+            # shorter than a block and holds no block end); the first ends at offset
+            # (i + 1) * B - 1 - seg_start < B
+            i, i_end = seg_start // size, seg_end // size
+            if i_end > i:
+                append((chain, (i + 1) * size - 1 - seg_start, 0, i, i_end))
         self._run_ends = [run[4] for run in runs]
         return runs
 
