@@ -478,8 +478,12 @@ class BlockPool:
                     else:
                         slots[j] = -1
                     run = 1
+                elif block_ids[i:i + seg.num_blocks] == slots[seg.num_blocks - 1::-1]:
+                    # the usual case: the segment's blocks, all of them (slots m-1 .. 0, tail
+                    # first, as a freed table's): the whole entry goes
+                    run = seg.num_blocks
                 else:
-                    # a freed table's blocks come tail first: slots j, j-1, ..., 0 of a segment
+                    # part of a segment, tail first: slots j, j-1, ... of it
                     j = slots.index(block_id)
                     got = block_ids[i:i + j + 1]
                     run = len(got)

@@ -16,7 +16,7 @@ keys given at one granularity (Mooncake: one id per 512 tokens) to any block siz
 """
 from __future__ import annotations
 
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
 
 _MASK64 = (1 << 64) - 1
@@ -175,8 +175,15 @@ class SegmentKeys(Sequence):
             runs = self._runs = self._all_runs()
         if start >= stop:
             return []
-        if start == 0 and stop >= self.num_tokens // self.block_size:
-            return runs
+        if start == 0:                 # a prefix (look-ups): whole runs, the last one cut
+            r = bisect_left(self._run_ends, stop)
+            if r >= len(runs):
+                return runs
+            out = runs[:r]
+            chain, first_offset, j, i, _i_end = runs[r]
+            if i < stop:
+                out.append((chain, first_offset, j, i, stop))
+            return out
         # runs[r] covers blocks [runs[r][3], runs[r][4]); cut [start, stop) out of them
         r = bisect_right(self._run_ends, start)
         out = []
