@@ -18,7 +18,8 @@ off (only the latencies for the summary's percentiles are kept, as `kvsim replay
 Prints one line per case and a Markdown table. ``--against`` runs every case alternately under
 this checkout's Python and another checkout's (its venv's editable kvsim: the code before a
 change), round after round, and prints both CPU times side by side with a check that the two
-summaries are equal. Targets (issue 8, one core): azure-conv < 1 s,
+summaries are equal. Issue 20's targets: mooncake-conv at most 2x mooncake-conv-nopc,
+sharegpt-1m under 90 s with flat memory. Targets (issue 8, one core): azure-conv < 1 s,
 sharegpt-1m < 2 min, peak memory not growing with trace length beyond recorded samples.
 """
 from __future__ import annotations

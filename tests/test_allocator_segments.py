@@ -5,6 +5,7 @@ from hypothesis import given, settings, strategies as st
 from kvsim.allocator import PagedAllocator, SegmentKeys
 from kvsim.allocator.block_pool import BlockPool
 from kvsim.workloads.keys import segment_key
+from test_allocator_properties import prefix_segments
 
 B = 4
 
@@ -36,13 +37,7 @@ def _segments(data, step, num_tokens):
         segments.append((100 * depth + data.draw(st.integers(0, 1)),
                          data.draw(st.integers(1, 2 * B + 1))))
     segments.append((10_000 + step, 40))
-    out, left = [], num_tokens
-    for seg_id, length in segments:
-        if left <= 0:
-            break
-        out.append((seg_id, min(length, left)))
-        left -= length
-    return out
+    return prefix_segments(segments, num_tokens)
 
 
 @settings(max_examples=150, deadline=None)
