@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from kvsim.dashboard import comparison, planning, scenario, sources
+from kvsim.dashboard import comparison, planning, playback, scenario, sources
 from kvsim.dashboard.kernel_check import check_snapshot
 
 # widget keys whose values must survive page switches (Streamlit drops the state of widgets that a
@@ -51,6 +51,28 @@ def pool_figure(sc: scenario.Scenario, side: int, frame: int):
     return comparison.pool_figure(run_scenario(sc)[side], frame, sc.block_size)
 
 
+@st.cache_resource(max_entries=4, show_spinner="Preparing playback…")
+def live_payload(sc: scenario.Scenario) -> bytes:
+    """Both runs' frames for the browser player (comparison.live_payload), cached; read-only."""
+    return comparison.live_payload(run_scenario(sc))
+
+
+def follow_player(frame_times_s, play_times_s) -> None:
+    """Take the frame the player reported (its component state) as this session's moment."""
+    state = st.session_state.get("live_player")
+    frame = state.get("frame") if hasattr(state, "get") else getattr(state, "frame", None)
+    if frame is not None:
+        playback.follow_player(st.session_state, int(frame), frame_times_s, play_times_s)
+
+
+def player_start_frame(sc: scenario.Scenario, num_frames: int) -> int:
+    """The frame the player opens on (playback.start_frame over this session's state)."""
+    return playback.start_frame(st.session_state, num_frames)
+
+
+requests_note = st.cache_data(max_entries=32, show_spinner=False)(sources.requests_note)
+store_hf_config = st.cache_data(max_entries=8, show_spinner=False)(planning.store_hf_config)
+resolve_model = st.cache_data(max_entries=16, show_spinner=False)(planning.resolve_model)
 capacity_sweep = st.cache_data(max_entries=32, show_spinner=False)(planning.capacity_sweep)
 simulated_sweep = st.cache_data(max_entries=16, show_spinner="Simulating the sweep…")(
     planning.simulated_sweep)

@@ -6,19 +6,19 @@ from pathlib import Path
 import streamlit as st
 
 from kvsim.app_pages import _state as S
-from kvsim.dashboard.comparison import ALLOCATOR_LABELS, rejected_warning
-from kvsim.dashboard.scenario import Scenario
-from kvsim.dashboard.sources import (MAX_UPLOAD_MB, Workload, shared_trace_files, store_upload,
-                                     user_message)
+from kvsim.dashboard.comparison import ALLOCATOR_LABELS, overload_warning, rejected_warning
+from kvsim.dashboard.scenario import POOL_TOKENS, Scenario
+from kvsim.dashboard.sources import (MAX_DASHBOARD_REQUESTS, MAX_UPLOAD_MB, Workload,
+                                     shared_trace_files, store_upload, user_message)
 from kvsim.simulator.config import ALLOCATORS, PLACEMENTS
 from kvsim.workloads import DEFAULT_WORKLOAD
 
 
 def scenario_sidebar() -> Scenario | None:
     """Draw the workload and allocator pickers; returns the scenario, or None after st.error."""
-    S.defaults(k_max_requests=120, k_rate=2.0, k_max_model_len=4096, k_alloc_a="paged",
-               k_alloc_b="max", k_capacity=8192, k_block_size=16, k_prefix=True,
-               k_spec=DEFAULT_WORKLOAD)
+    S.defaults(k_max_requests=120, k_all_requests=False, k_rate=2.0, k_max_model_len=4096,
+               k_alloc_a="paged", k_alloc_b="max", k_capacity=8192, k_block_size=16,
+               k_prefix=True, k_prefix_b=True, k_spec=DEFAULT_WORKLOAD)
     sb = st.sidebar
     sb.header("Scenario")
     sources = ["built-in synthetic"]
@@ -28,8 +28,11 @@ def scenario_sidebar() -> Scenario | None:
     sources.append("upload a trace")
     source = sb.radio("Workload", sources, key="k_source",
                       help="A synthetic workload, a public trace from ../shared/traces, or your own "
-                           "CSV/JSONL trace (parsed only, never executed).")
-    max_requests = sb.slider("Requests", 20, 1000, step=20, key="k_max_requests")
+                           "CSV/JSONL trace, plain or .gz (parsed only, never executed).")
+    whole = sb.toggle("All requests", key="k_all_requests",
+                      help="Replay the whole trace (or every request of the spec).")
+    max_requests = None if whole else int(sb.number_input(
+        "Requests (at most)", 1, MAX_DASHBOARD_REQUESTS, step=20, key="k_max_requests"))
     rate = sb.number_input("Arrival rate (req/s) for traces without timestamps", 0.1, 100.0,
                            step=0.5, key="k_rate")
     workload: Workload | None = None
@@ -42,8 +45,12 @@ def scenario_sidebar() -> Scenario | None:
     else:
         # not a k_* key: an uploader's value cannot be re-assigned, so the stored upload is
         # kept in session state instead (it survives page switches that way)
-        up = sb.file_uploader("Trace file (CSV / JSONL)",
-                              key="upload_trace", max_upload_size=MAX_UPLOAD_MB)
+        up = sb.file_uploader("Trace file (CSV / JSONL, or .gz)", key="upload_trace",
+                              max_upload_size=MAX_UPLOAD_MB,
+                              help=f"At most {MAX_UPLOAD_MB} MB: compress a larger trace with "
+                                   "gzip, or replay it with `kvsim replay FILE`.")
+        sb.caption(f"Uploads: at most {MAX_UPLOAD_MB} MB (gzip a larger trace: .csv.gz, "
+                   ".jsonl.gz), or `kvsim replay FILE` for any size.")
         if up is not None:
             try:
                 st.session_state["upload_workload"] = store_upload(up.name, up.getvalue(),
@@ -55,30 +62,34 @@ def scenario_sidebar() -> Scenario | None:
         workload = st.session_state.get("upload_workload")
         if workload is None:
             st.info("Upload a trace in the sidebar (mooncake / azure / sharegpt / generic CSV or "
-                    "JSONL / vllm-oracle).")
+                    "JSONL / vllm-oracle, plain or .gz).")
             return None
         workload = Workload("upload", workload.ref, max_requests, rate)
         sb.caption(f"Using {Path(workload.ref).name}")
+    note = S.requests_note(workload)
+    if note:
+        sb.caption(note)
 
     sb.header("Allocators")
     a = sb.selectbox("Left", ALLOCATORS, key="k_alloc_a", format_func=ALLOCATOR_LABELS.get)
     b = sb.selectbox("Right", ALLOCATORS, key="k_alloc_b", format_func=ALLOCATOR_LABELS.get)
     placement = sb.radio("Contiguous placement", PLACEMENTS, horizontal=True,
                          key="k_placement")
-    capacity = sb.select_slider("KV pool (tokens)",
-                                [2048, 4096, 8192, 16384, 32768, 65536, 131072, 262144],
-                                key="k_capacity")
+    capacity = sb.select_slider("KV pool (tokens)", POOL_TOKENS, key="k_capacity")
     block_size = sb.select_slider("Block size (tokens)", [8, 16, 32, 64],
                                   key="k_block_size")
     max_model_len = sb.select_slider("max_model_len (tokens)", [1024, 2048, 4096, 8192, 16384,
                                                                  32768, 131072],
                                      key="k_max_model_len",
                                      help="Longest request; the 'max' policy reserves this much.")
-    prefix = sb.toggle("Prefix caching (paged)", key="k_prefix")
+    prefix = sb.toggle("Prefix caching, left (paged)", key="k_prefix",
+                       help="Paged allocator only. The same allocator on both sides with prefix "
+                            "caching on and off shows what prefix caching saves.")
+    prefix_b = sb.toggle("Prefix caching, right (paged)", key="k_prefix_b")
     return Scenario(workload=workload, allocators=(a, b), placement=placement,
-                      block_size=block_size, capacity_tokens=capacity,
-                      max_model_len=max_model_len,
-                      enable_prefix_caching=prefix)
+                    block_size=block_size, capacity_tokens=capacity,
+                    max_model_len=max_model_len, enable_prefix_caching=(prefix, prefix_b),
+                    frame_s=st.session_state.get("k_frame_s") or None)
 
 
 def load_runs(scenario: Scenario | None):
@@ -95,4 +106,7 @@ def load_runs(scenario: Scenario | None):
         warning = rejected_warning(i, run, scenario.max_model_len)
         if warning:
             st.warning(warning)
+    overloaded = overload_warning(runs)
+    if overloaded:
+        st.warning(overloaded)
     return runs

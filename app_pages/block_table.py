@@ -3,7 +3,7 @@ import streamlit as st
 
 from kvsim.app_pages import _state as S
 from kvsim.app_pages import _ui
-from kvsim.dashboard.comparison import ALLOCATOR_LABELS
+from kvsim.dashboard.comparison import side_label
 from kvsim.dashboard.playback import clamp_frame, default_frame, fmt_duration
 from kvsim.viz.block_table import (block_table_figure, block_table_frame, contiguous_extent,
                                    extent_figure, requests_frame, slot_mapping_runs)
@@ -22,14 +22,14 @@ if runs is None:
 num_frames = len(runs[0].snapshots)
 c1, c2 = st.columns([1, 3])
 side = c1.radio("Pool", [0, 1], key="k_insp_side",
-                format_func=lambda i: ALLOCATOR_LABELS[runs[i].allocator])
+                format_func=lambda i: side_label(runs[i]))
 S.defaults(k_frame=default_frame(num_frames))
 clamp_frame(st.session_state, num_frames)
 # the same key as the live page's scrubber: the inspector opens on the moment paused there
 frame = c2.slider("Simulated time (frame)", 0, num_frames - 1, key="k_frame")
 run = runs[side]
 snap = run.snapshots[frame]
-st.markdown(f"**{ALLOCATOR_LABELS[run.allocator]}** at t = "
+st.markdown(f"**{side_label(run)}** at t = "
             f"{fmt_duration(float(run.frame_times_s[frame]))}")
 live = requests_frame(snap)
 if live.empty:

@@ -3,7 +3,7 @@ import streamlit as st
 
 from kvsim.app_pages import _state as S
 from kvsim.app_pages import _ui
-from kvsim.dashboard.comparison import ALLOCATOR_LABELS
+from kvsim.dashboard.comparison import side_label
 from kvsim.dashboard.kernel_check import KERNEL_DTYPES, SPLIT_KV_PARTITION_TOKENS, kernel_device
 from kvsim.dashboard.playback import clamp_frame, default_frame
 from kvsim.viz.kernel_checks import kernel_error_figure
@@ -30,7 +30,7 @@ st.caption("Device: **CUDA**" if device == "cuda" else
            "down so that it stays quick.")
 c = st.columns([1, 2])
 side = c[0].radio("Pool", [0, 1], key="k_kern_side",
-                  format_func=lambda i: ALLOCATOR_LABELS[runs[i].allocator])
+                  format_func=lambda i: side_label(runs[i]))
 frame = c[1].slider("Simulated time (frame)", 0, num_frames - 1, key="k_frame")
 c = st.columns([1, 1, 2, 1, 1], vertical_alignment="bottom")
 layout = c[0].selectbox("Layout", ["flat", "vllm"], key="k_kern_layout",
@@ -38,7 +38,9 @@ layout = c[0].selectbox("Layout", ["flat", "vllm"], key="k_kern_layout",
                              "backend); vllm: the CUDA PagedAttention layout (K split in 16-byte "
                              "vectors).")
 dtype = c[1].selectbox("dtype", KERNEL_DTYPES, key="k_kern_dtype")
-max_seqs = c[2].slider("Sequences (first by id)", 1, 32, key="k_kern_max_seqs")
+max_seqs = c[2].slider("Sequences (at most)", 1, 32, key="k_kern_max_seqs",
+                       help="Chosen so that shared prefix blocks are read by two checked "
+                            "sequences (sharing is only tested when both are in the launch).")
 split_kv = c[3].toggle("Split-KV (v2)", key="k_kern_split",
                        help="Force the split-KV kernel with "
                             f"{SPLIT_KV_PARTITION_TOKENS}-token partitions.")
@@ -57,7 +59,7 @@ except ValueError as err:  # shapes or block ids the kernels refuse: say so, kee
 if step and (checks["num_new_tokens"] == 1).all():
     st.info("This frame ended a decode-only step. `kvsim validate WORKLOAD --at S --step` picks "
             "the first step after S that admits an arrival, so its prefill runs beside the decodes.")
-m = st.columns(4)
+m = st.columns(5)
 m[0].metric("Sequences checked", len(checks),
             help=(f"{int((checks['num_new_tokens'] > 1).sum())} prefill or chunk rows, "
                   f"{int((checks['num_new_tokens'] == 1).sum())} decodes, "
@@ -67,6 +69,12 @@ m[1].metric("Within tolerance", f"{int(checks['passed'].sum())} / {len(checks)}"
 m[2].metric("Worst relative error", f"{checks['max_rel_err'].max():.2e}")
 m[3].metric("Bitwise equal to identity table", "all" if checks["bitwise_equal"].all() else
             f"{int(checks['bitwise_equal'].sum())} / {len(checks)}")
+m[4].metric("Shared blocks exercised", f"{info['num_shared_blocks_checked']} / {info['num_shared_blocks']}",
+            help="Blocks that two or more sequences read, and of those the ones two checked "
+                 "sequences read in the same launch.")
+st.caption(f"{len(checks)} of {info['num_sequences']} sequences with tokens checked; "
+           f"{info['num_shared_blocks_checked']} of the {info['num_shared_blocks']} shared blocks read "
+           "by two of them.")
 if info["passed"]:
     st.success(f"Paged attention over these block tables matches dense attention "
                f"(tolerance {info['tolerance']:g} for {info['dtype']}) and is bitwise equal to "

@@ -2,11 +2,11 @@
 import streamlit as st
 
 from kvsim.app_pages import _ui
-from kvsim.dashboard.comparison import (ALLOCATOR_LABELS, HEADLINE, LATENCY_COLUMNS,
-                                        flat_summaries, prefix_frame, run_label, summary_table)
+from kvsim.dashboard.comparison import (HEADLINE, LATENCY_COLUMNS, flat_summaries, prefix_frame,
+                                        run_label, side_label, summary_table)
 from kvsim.viz.style import SIDE_COLORS
-from kvsim.viz.timeseries import (breakdown_area, compare_bars, concurrency_chart, latency_cdf,
-                                  line_chart)
+from kvsim.viz.timeseries import (breakdown_area, compare_bars, concurrency_chart,
+                                  concurrency_limits, latency_cdf, line_chart)
 
 st.title("Metrics")
 st.caption("The whole run of each configuration: where the KV memory went, how many requests ran "
@@ -16,23 +16,25 @@ scenario = _ui.scenario_sidebar()
 runs = _ui.load_runs(scenario)
 if runs is None:
     st.stop()
-labels = [ALLOCATOR_LABELS[r.allocator] for r in runs]
+labels = [side_label(r) for r in runs]
 end_s = max(r.end_s for r in runs)
 colors = {run_label(i, r): c for i, (r, c) in enumerate(zip(runs, SIDE_COLORS))}
 st.subheader("Headline")
 st.plotly_chart(compare_bars(flat_summaries(runs), HEADLINE, colors=colors, height=280),
                 key="met_headline")
 with st.expander("Every summary figure"):
-    st.dataframe(summary_table(runs), width="stretch", key="met_summary")
+    st.dataframe(summary_table(runs), width="stretch", key="met_summary",
+                 column_config={"_index": st.column_config.Column("metric", width="large")})
 
 st.subheader("Memory breakdown over time")
 for side, (col, run, label) in enumerate(zip(st.columns(2), runs, labels)):
     col.plotly_chart(breakdown_area(run.timeseries, title=label, height=330,
                                     x_range=(0, end_s)), key=f"met_mem_{side}")
 st.subheader("Concurrency")
+same_scale = concurrency_limits([r.timeseries for r in runs])  # side by side, one y scale
 for side, (col, run, label) in enumerate(zip(st.columns(2), runs, labels)):
     col.plotly_chart(concurrency_chart(run.timeseries, title=label, height=280,
-                                       x_range=(0, end_s)), key=f"met_conc_{side}")
+                                       x_range=(0, end_s), **same_scale), key=f"met_conc_{side}")
 
 st.subheader("Prefix caching")
 st.caption("Share of prompt tokens served from cached blocks so far (only the paged allocator "

@@ -1,11 +1,14 @@
-"""Page 4: model / GPU / dtype / TP / utilisation -> KV capacity; a small sweep."""
+"""Page 4: model (preset or config.json) / GPU / dtype / TP / utilisation -> KV capacity; sweeps.
+
+Block size and max_model_len are the sidebar's (one set of controls for every page)."""
 import streamlit as st
 
 from kvsim.app_pages import _state as S
 from kvsim.app_pages import _ui
 from kvsim.dashboard.planning import (SIM_SWEEP_METRICS, SIM_SWEEPS, SWEEP_COLUMNS, SWEEPS,
                                       capacity)
-from kvsim.dashboard.sources import user_message
+from kvsim.dashboard.sources import MAX_UPLOAD_MB, user_message
+from kvsim.planner.capacity import DEFAULT_GPU_MEMORY_UTILIZATION
 from kvsim.planner.presets import GPU_PRESETS, MODEL_PRESETS
 from kvsim.viz.capacity import gpu_memory_figure
 from kvsim.viz.plan_figures import sweep_metric_figure
@@ -15,20 +18,30 @@ st.title("Capacity planner")
 st.caption("How many KV blocks a model gets on a GPU, by vLLM's formula: (GPU memory × "
            "gpu_memory_utilization − weights − activation peak − non-PyTorch memory) / bytes per "
            "block. Blocks / blocks per max_model_len request = how many such requests fit at once.")
+scenario = _ui.scenario_sidebar()  # block size and max_model_len: the sidebar's, for every figure
+block_size, max_model_len = (st.session_state["k_block_size"], st.session_state["k_max_model_len"])
 models, gpus = list(MODEL_PRESETS), list(GPU_PRESETS)
-S.defaults(k_plan_model=models[0], k_plan_gpu=gpus[0], k_plan_tp=1, k_plan_util=0.9,
-           k_plan_block=16, k_plan_dtype="auto", k_plan_len=8192, k_plan_sweep="tp")
+S.defaults(k_plan_model=models[0], k_plan_gpu=gpus[0], k_plan_tp=1,
+           k_plan_util=DEFAULT_GPU_MEMORY_UTILIZATION, k_plan_dtype="auto", k_plan_sweep="tp")
 c = st.columns(4)
 model = c[0].selectbox("Model", models, key="k_plan_model")
 gpu = c[1].selectbox("GPU", gpus, key="k_plan_gpu")
 tp = c[2].select_slider("Tensor parallel", [1, 2, 4, 8], key="k_plan_tp")
 kv_dtype = c[3].selectbox("KV dtype", ["auto", "bf16", "fp8"], key="k_plan_dtype",
                           help="auto = the model's dtype; fp8 halves the KV bytes per token.")
-c = st.columns(3)
-util = c[0].slider("gpu_memory_utilization", 0.3, 0.98, step=0.01, key="k_plan_util")
-block_size = c[1].select_slider("Block size (tokens)", [8, 16, 32, 64, 128], key="k_plan_block")
-max_model_len = c[2].number_input("max_model_len (tokens)", 1, 1_048_576, step=1024,
-                                  key="k_plan_len")
+hf = st.file_uploader("…or a Hugging Face config.json (it replaces the model above)",
+                      type=["json"], key="upload_hf_config", max_upload_size=MAX_UPLOAD_MB)
+if hf is not None:
+    try:
+        model = S.store_hf_config(hf.name, hf.getvalue())
+        st.caption(f"Model from {hf.name}: **{S.resolve_model(model).name}**")
+    except ValueError as err:  # kvsim.errors.InputError: not a model config
+        st.error(str(err))
+util = st.slider("gpu_memory_utilization", 0.3, 0.98, step=0.01, key="k_plan_util",
+                 help=f"vLLM 0.33's default is {DEFAULT_GPU_MEMORY_UTILIZATION}.")
+st.info(f"Block size **{block_size}** and max_model_len **{max_model_len:,}** come from the "
+        "sidebar and apply to every figure on this page (and to the simulated what-if).",
+        icon=":material/tune:")
 kwargs = dict(tp=tp, kv_dtype=kv_dtype, gpu_memory_utilization=util, block_size=block_size,
               max_model_len=int(max_model_len))
 try:
@@ -67,7 +80,6 @@ st.caption("Replays the sidebar's workload on this model and GPU: the pool is vL
            "KV bytes over memory bandwidth, FLOPs over peak). One line per sidebar allocator.")
 S.defaults(k_plan_sim_on=False, k_plan_sim_param="rate")
 simulate = st.toggle("Simulate the sweep (a few seconds)", key="k_plan_sim_on")
-scenario = _ui.scenario_sidebar()
 if simulate and scenario is not None:
     sim_param = st.radio("Vary", list(SIM_SWEEPS), key="k_plan_sim_param", horizontal=True,
                          format_func=lambda p: SIM_SWEEPS[p][0])
@@ -88,5 +100,10 @@ if simulate and scenario is not None:
                                   yaxis_title=None, legend=dict(orientation="h", y=-0.35))
                 fig.update_xaxes(type="category")
                 col.plotly_chart(color_allocator_traces(fig), key=f"plan_sim_{metric}")
+            over = ok[ok["overloaded"].fillna(False).astype(bool)] if "overloaded" in ok else ok.iloc[:0]
+            if len(over):
+                st.warning("Overloaded points (their queues grow through the run, so their "
+                           "latencies measure the queue): " + " · ".join(
+                               f"{r['allocator']}, {sim_param} = {r[sim_param]}" for _, r in over.iterrows()))
         for _, row in table[table["error"].notna()].iterrows():
             st.error(f"{row['allocator']}, {sim_param} = {row[sim_param]}: {row['error']}")

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 from pathlib import Path
 
@@ -31,19 +30,9 @@ from kvsim.planner.roofline import RooflineCost  # noqa: E402
 
 
 def time_cuda(fn, repeat: int = 20, warmup: int = 3) -> float:
-    """Median seconds of fn() over `repeat` runs, timed with CUDA events."""
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    samples = []
-    for _ in range(repeat):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        samples.append(start.elapsed_time(end) / 1e3)
-    return statistics.median(samples)
+    """Median seconds of fn() over `repeat` runs, timed with CUDA events (executor_gpu's timer)."""
+    from executor_gpu import cuda_median_s   # bench/ is this script's directory, first on sys.path
+    return cuda_median_s(fn, repeat=repeat, warmup=warmup)
 
 
 def achieved_bandwidth_bytes_per_s() -> float:
@@ -97,10 +86,13 @@ class Decoder:
 
 
 def batch(num_seqs, new_tokens, context):
-    """The StepBatch fields for num_seqs sequences each adding new_tokens ending at context."""
-    pairs = num_seqs * sum(context - new_tokens + j + 1 for j in range(new_tokens))
-    return type("StepBatch", (), dict(num_seqs=num_seqs, num_scheduled_tokens=num_seqs * new_tokens,
-                                      kv_read_tokens=num_seqs * context, attn_token_pairs=pairs))()
+    """The simulator's StepBatch of num_seqs sequences each adding new_tokens ending at context,
+    counted as its scheduler counts (attn_token_pairs = new tokens x context, not the causal
+    triangle: the roofline here must be the one the simulator would price the step with)."""
+    from kvsim.simulator.cost import StepBatch
+    decode = new_tokens == 1
+    return StepBatch(num_seqs, 0 if decode else num_seqs * new_tokens, num_seqs if decode else 0,
+                     num_seqs * new_tokens, num_seqs * context, num_seqs * new_tokens * context)
 
 
 def main() -> int:
@@ -156,7 +148,7 @@ def main() -> int:
                          measured_s=measured, roofline_s=predicted))
         print(f"{kind:<8}{b:>6}{new:>6}{ctx:>9}{measured * 1e3:>13.3f}{predicted * 1e3:>13.3f}"
               f"{measured / predicted:>7.2f}")
-        del caches, x
+        caches = x = None   # free before the next case's allocation
         torch.cuda.empty_cache()
     result["steps"] = rows
     if args.out:

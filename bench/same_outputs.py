@@ -92,6 +92,12 @@ CASES: dict[str, tuple[list[str], tuple[Path, ...]]] = {
               "--out", "{out}/plan", "--quiet"], ()),
     "reproduce-quick": (["reproduce", "vllm-paper", "--quick", "--out", "{out}/repro", "--quiet"],
                         ()),
+    # issue 19: one meaning of the rate (a trace keeps its pattern), what prefix caching saves
+    "rate-scale": (["replay", str(AZURE), "--max-requests", "1500", "--rate-scale", "2",
+                    *REPLAY_OUTS], (AZURE,)),
+    "compare-prefix-caching": (["compare", "sharegpt:rate=1,system=512,turns=uniform(1,6),think_s=30,"
+                                "n=300,seed=1", "--allocators", "paged,max", "--prefix-caching", "on,off",
+                                "--num-blocks", "1200", "--json", "{out}/compare.json", "--quiet"], ()),
 }
 # what differs between two runs of the same command by design
 _MASKS = [
@@ -101,8 +107,6 @@ _MASKS = [
     (re.compile(rb"in [0-9.]+ s\b"), b"in X s"),
     (re.compile(rb"[0-9.]+ ?(?:wall-)?s wall"), b"X s wall"),
     (re.compile(rb"(wall clock \(s\)) .*"), rb"\1 X"),
-    # plotly's default div ids are random uuids (a determinism gap of its own, noted in the docs)
-    (re.compile(rb"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"), b"UUID"),
 ]
 # files that time the run itself
 _TIMINGS = {"timings.csv"}

@@ -211,10 +211,57 @@ class ValidationReport:
     num_kv_heads: int
     num_heads: int
     head_size: int
+    num_sequences: int = 0              # sequences with tokens in the snapshot (checked or not)
+    num_shared_blocks: int = 0          # blocks that two or more of them read
+    num_shared_blocks_checked: int = 0  # of those, blocks two or more CHECKED sequences read
 
     @property
     def passed(self) -> bool:
         return all(c.passed for c in self.checks)
+
+
+def _readers(tables: dict[int, np.ndarray], num_blocks: int) -> np.ndarray:
+    """How many of the sequences' block tables hold each block."""
+    if not tables:
+        return np.zeros(num_blocks, np.int64)
+    return np.bincount(np.concatenate([np.unique(t) for t in tables.values()]), minlength=num_blocks)
+
+
+def choose_sequences(tables: dict[int, np.ndarray], num_blocks: int, max_seqs: int | None) -> list[int]:
+    """Which sequences to check when at most ``max_seqs`` may be: the ones that exercise sharing.
+
+    A shared block is only tested when two sequences of the same launch read it, so the choice is
+    greedy on shared blocks: each pick is the sequence that brings the most shared blocks to two
+    checked readers, then to one (ties: the lower seq_id); once no pick adds any, the lowest
+    remaining seq_ids fill the batch. All sequences when ``max_seqs`` is None or large enough.
+
+    Args:
+        tables: seq_id -> the blocks it reads.
+        num_blocks: blocks in the pool.
+        max_seqs: most sequences to check.
+    Returns:
+        The chosen seq_ids, sorted.
+    """
+    ids = sorted(tables)
+    if max_seqs is None or max_seqs >= len(ids):
+        return ids
+    shared = _readers(tables, num_blocks) >= 2
+    sets = {s: np.unique(tables[s])[shared[np.unique(tables[s])]] for s in ids}
+    count = np.zeros(num_blocks, np.int64)   # checked readers of each block so far
+    chosen: list[int] = []
+    left = set(ids)
+    while len(chosen) < max_seqs:
+        def gain(s):
+            c = count[sets[s]]
+            return (int((c == 1).sum()), int((c == 0).sum()), -s)
+        best = max(left, key=gain)
+        if gain(best)[:2] == (0, 0):
+            break
+        chosen.append(best)
+        left.discard(best)
+        count[sets[best]] += 1
+    chosen += sorted(left)[:max_seqs - len(chosen)]
+    return sorted(chosen)
 
 
 @dataclass(frozen=True)
@@ -378,7 +425,7 @@ def _run_batch(arrays: PoolArrays, seq_ids: list[int], computed: list[int], new:
         start += len(tables[s])
     out_ident = run(key_cache[flat_ids], value_cache[flat_ids], ident_tables)
 
-    holders = np.bincount(np.concatenate([np.unique(tables[s]) for s in seq_ids]), minlength=arrays.num_blocks)
+    holders = _readers(tables, arrays.num_blocks)
     q64 = query.to("cpu", torch.float64)
     out64 = out.to("cpu", torch.float64)
     results = []
@@ -428,24 +475,32 @@ def validate_snapshot(snapshot, *, layout: str = "flat", dtype: torch.dtype = to
         device: "cuda" or "cpu" (None: CUDA when available; CPU needs TRITON_INTERPRET=1).
         num_kv_heads, num_heads, head_size: model geometry (None: 2/4/16 on CPU, 8/32/128 on GPU).
         partition_size: None = dispatch rule; an int forces split-KV (v2).
-        max_seqs: validate only the first max_seqs sequences (by seq_id).
+        max_seqs: validate at most max_seqs sequences, chosen so that shared blocks are read by
+            two of them (``choose_sequences``); the report says how many shared blocks were.
         seed: seed of the queries (numpy PCG64).
     Returns:
-        ValidationReport, one SequenceCheck per sequence with tokens.
+        ValidationReport, one SequenceCheck per checked sequence with tokens.
     """
     arrays = pool_arrays(snapshot)
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     num_kv_heads, num_heads, head_size = _model_geometry(device, num_kv_heads, num_heads, head_size, dtype)
+    bs = arrays.block_size
     seq_ids = sorted(arrays.block_tables)
     num_empty = sum(arrays.seq_lens[s] == 0 for s in seq_ids)
-    seq_ids = [s for s in seq_ids if arrays.seq_lens[s] > 0][:max_seqs]
+    all_tables = {s: np.asarray(arrays.block_tables[s][:-(-arrays.seq_lens[s] // bs)], dtype=np.int64)
+                  for s in seq_ids if arrays.seq_lens[s] > 0}
+    seq_ids = choose_sequences(all_tables, arrays.num_blocks, max_seqs)
+    coverage = dict(num_sequences=len(all_tables),
+                    num_shared_blocks=int((_readers(all_tables, arrays.num_blocks) >= 2).sum()),
+                    num_shared_blocks_checked=int((_readers({s: all_tables[s] for s in seq_ids},
+                                                            arrays.num_blocks) >= 2).sum()))
     tol = _TOLERANCE[dtype]
     results = _run_batch(arrays, seq_ids, [arrays.seq_lens[s] - 1 for s in seq_ids], [1] * len(seq_ids), layout,
                          dtype, device, num_kv_heads, num_heads, head_size, partition_size, None, seed) \
         if seq_ids else []
     checks = [SequenceCheck(*_check_fields(r, tol)) for r in results]
     return ValidationReport(checks, int(num_empty), tol, str(dtype).replace("torch.", ""), layout, str(device),
-                            partition_size, num_kv_heads, num_heads, head_size)
+                            partition_size, num_kv_heads, num_heads, head_size, **coverage)
 
 
 def validate_step(snapshot, seq_ids=None, num_new_tokens=None, num_computed_tokens=None, *,
@@ -491,5 +546,10 @@ def validate_step(snapshot, seq_ids=None, num_new_tokens=None, num_computed_toke
     results = _run_batch(arrays, ids, computed, new, layout, dtype, device, num_kv_heads, num_heads, head_size,
                          partition_size, sliding_window, seed) if ids else []
     checks = [StepCheck(*_check_fields(r, tol), c, n) for r, c, n in zip(results, computed, new)]
+    # every sequence of the step is checked: each block two of them read is exercised
+    shared = int((_readers({s: np.asarray(arrays.block_tables[s][:-(-(c + n) // arrays.block_size)])
+                            for s, c, n in zip(ids, computed, new)}, arrays.num_blocks) >= 2).sum())
     return StepReport(checks, 0, tol, str(dtype).replace("torch.", ""), layout, str(device), partition_size,
-                      num_kv_heads, num_heads, head_size, sliding_window)
+                      num_kv_heads, num_heads, head_size, num_sequences=len(checks),
+                      num_shared_blocks=shared, num_shared_blocks_checked=shared,
+                      sliding_window=sliding_window)

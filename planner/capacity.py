@@ -160,6 +160,29 @@ class CapacityReport:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    def concurrency_at_lengths(self, request_tokens) -> dict:
+        """Requests of a trace's own lengths that fit in the KV cache at once.
+
+        Args:
+            request_tokens: prompt + output tokens of each request (a sequence of ints).
+        Returns:
+            ``{"mean" | "p50" | "p99": {"tokens", "blocks", "concurrency"}}``: at the mean, median
+            and 99th-percentile length (capped at max_model_len), ``concurrency_for`` that length:
+            what KV memory allows, before max_num_seqs caps the batch.
+        """
+        import numpy as np
+
+        lengths = np.minimum(np.asarray(request_tokens, dtype=np.int64), self.max_model_len)
+        if lengths.size == 0:
+            raise InputError("the workload has no requests")
+        out = {}
+        for name, value in (("mean", lengths.mean()), ("p50", np.percentile(lengths, 50)),
+                            ("p99", np.percentile(lengths, 99))):
+            tokens = max(1, int(math.ceil(value)))
+            out[name] = {"tokens": tokens, "blocks": math.ceil(tokens / self.block_size),
+                         "concurrency": round(self.concurrency_for(tokens), 6)}
+        return out
+
 
 def compute_capacity(model: ModelSpec, gpu: GpuSpec, *, tp: int = 1, block_size: int = DEFAULT_BLOCK_SIZE,
                      kv_dtype: str = "auto",

@@ -22,7 +22,7 @@ a pool with no reserved block: every block is usable (vLLM 0.1, which the paper 
 simulates, had none; the dashboard's teaching pools).
 
 Step time, the first that applies: ``step_s`` (fixed; 1.0 is the step clock, simulated time =
-vLLM's step index), ``cost_table`` (a measured CSV, simulator.cost.TableCost), else the roofline of
+vLLM's step index), ``cost_table`` (a measured CSV, simulator.cost_table), else the roofline of
 ``model`` on ``gpu`` (planner.roofline). ``step_time_scale`` multiplies whichever it is.
 
 Defaults a caller leaves as None: model and GPU (``DEFAULT_MODEL`` on ``DEFAULT_GPU``, resolved
@@ -43,7 +43,8 @@ from kvsim.planner.presets import get_gpu, get_model
 from kvsim.planner.roofline import DEFAULT_STEP_OVERHEAD_S, RooflineCost
 from kvsim.planner.specs import GpuSpec, ModelSpec
 from kvsim.simulator.config import EngineConfig
-from kvsim.simulator.cost import CostModel, FixedStepCost, ScaledCost, TableCost
+from kvsim.simulator.cost import CostModel, FixedStepCost, ScaledCost
+from kvsim.simulator.cost_table import load_cost_table
 
 DEFAULT_MODEL = "Llama-3.1-8B"
 DEFAULT_GPU = "H100-80GB-SXM"
@@ -127,7 +128,8 @@ def build_engine(*,
             default); False admits when the first chunk fits.
         watermark: fraction of blocks kept free when admitting (0 = off).
         step_s: fixed step time in seconds (1.0 = step clock).
-        cost_table: a measured step-time CSV (TableCost).
+        cost_table: a measured step-time CSV (simulator.cost_table.load_cost_table: a ``kvsim
+            profile`` table, or the older TableCost columns).
         step_overhead_s, bandwidth_efficiency, flops_efficiency: roofline parameters.
         step_time_scale: multiplies every step time (sensitivity checks).
     Returns:
@@ -189,7 +191,7 @@ def build_engine(*,
     if step_s is not None:
         cost: CostModel = FixedStepCost(step_s)
     elif cost_table is not None:
-        cost = TableCost(cost_table)
+        cost = load_cost_table(cost_table)
     else:
         cost = RooflineCost(model_spec, gpu_spec, tp=tensor_parallel_size, kv_dtype=kv_cache_dtype,
                             step_overhead_s=step_overhead_s,

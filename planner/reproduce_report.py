@@ -299,15 +299,25 @@ def ordering_checks(results: dict[str, Any]) -> dict[str, bool]:
     return checks
 
 
+OUTPUT_NAMES = {"json": "results.json", "md": "report.md", "html": "report.html"}
+
+
+def output_writes(results: dict[str, Any], out_dir: str | os.PathLike) -> list[tuple[Path, Any]]:
+    """(path, write) for results.json, report.md and report.html in ``out_dir`` (not run yet)."""
+    out = Path(out_dir)
+    renders = {"json": lambda: json.dumps(results, indent=2, sort_keys=True, allow_nan=False) + "\n",
+               "md": lambda: render_markdown(results), "html": lambda: render_html(results)}
+    return [(out / OUTPUT_NAMES[kind], lambda path=out / OUTPUT_NAMES[kind], render=render:
+             path.write_text(render())) for kind, render in renders.items()]
+
+
 def write_outputs(results: dict[str, Any], out_dir: str | os.PathLike) -> dict[str, Path]:
     """Write results.json, report.md and report.html into ``out_dir`` (created if needed).
 
     Returns:
         {"json": path, "md": path, "html": path}.
     """
-    out = Path(prepare_output_dir(out_dir))
-    paths = {"json": out / "results.json", "md": out / "report.md", "html": out / "report.html"}
-    paths["json"].write_text(json.dumps(results, indent=2, sort_keys=True, allow_nan=False) + "\n")
-    paths["md"].write_text(render_markdown(results))
-    paths["html"].write_text(render_html(results))
-    return paths
+    prepare_output_dir(out_dir, names=tuple(OUTPUT_NAMES.values()))
+    for _, write in output_writes(results, out_dir):
+        write()
+    return {kind: Path(out_dir) / name for kind, name in OUTPUT_NAMES.items()}

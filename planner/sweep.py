@@ -7,7 +7,8 @@
 
 Each point turns model + GPU + settings into vLLM's num_gpu_blocks (planner.capacity), an
 EngineConfig and a cost model (the roofline unless a fixed step time or a table is given) through
-``planner.engine_setup.build_engine``, loads the workload (``rate`` re-times it), and calls
+``planner.engine_setup.build_engine``, loads the workload (``rate`` re-times it, ``rate_scale``
+multiplies its own rate: ``workloads.retime``), and calls
 ``simulator.simulate``. A point whose configuration is impossible (an InputError: weights larger
 than the GPU, tp not dividing the heads) becomes a row with an ``error`` column instead of
 stopping the sweep; any other exception is a bug and stops it.
@@ -20,7 +21,6 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
-import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
@@ -32,6 +32,7 @@ from kvsim.planner.presets import load_hf_config
 from kvsim.planner.roofline import DEFAULT_STEP_OVERHEAD_S
 from kvsim.planner.slo import Constraint, meets, resolve_metric
 from kvsim.planner.specs import GIB, GpuSpec
+from kvsim.simulator.overload import overload_reasons
 
 
 def _parse_bool(text: str) -> bool:
@@ -47,7 +48,7 @@ def _parse_bool(text: str) -> bool:
 SWEEP_KEYS: dict[str, Callable[[str], object]] = {
     "model": str, "gpu": str, "tp": int, "kv_dtype": str, "gpu_memory_utilization": float,
     "block_size": int, "max_model_len": int, "non_kv_gib": float,
-    "rate": float, "max_requests": int,
+    "rate": float, "rate_scale": float, "max_requests": int,
     "allocator": str, "placement": str, "max_num_seqs": int, "max_num_batched_tokens": int,
     "enable_prefix_caching": _parse_bool, "long_prefill_token_threshold": int,
     "watermark": float, "full_prompt_admission": _parse_bool,
@@ -103,7 +104,7 @@ def expand_grid(axes: Mapping[str, Sequence]) -> list[dict]:
 class PlanBase:
     """What every point shares; a point's values override the matching fields.
 
-    ``model`` is a preset name, or ignored when ``hf_config`` is set; ``gpu`` a preset name, or
+    ``model`` is a preset name, or the model's name when ``hf_config`` (a config.json) is set; ``gpu`` a preset name, or
     ``custom_gpu`` a GpuSpec built from flags.
     """
 
@@ -118,7 +119,8 @@ class PlanBase:
     block_size: int = DEFAULT_BLOCK_SIZE
     max_model_len: int | None = None
     non_kv_gib: float | None = None
-    rate: float | None = None
+    rate: float | None = None           # requests/s (workloads.retime: one meaning everywhere)
+    rate_scale: float | None = None     # times the workload's own rate (keeps its arrival pattern)
     max_requests: int | None = None
     allocator: str = "paged"
     replicas: int = 1
@@ -132,38 +134,17 @@ class PlanBase:
     engine: Mapping = field(default_factory=dict)  # further EngineConfig fields (max_num_seqs, ...)
 
 
-def load_requests(workload: str, *, rate: float | None = None, max_requests: int | None = None,
-                  seed: int = 0) -> list:
-    """The workload's requests, re-timed to ``rate`` requests/s if given.
-
-    A synthetic spec (``sharegpt:rate=2,n=1000``) gets its ``rate`` parameter replaced; a trace
-    without timestamps (ShareGPT lengths) gets Poisson arrivals at ``rate``; a trace with
-    timestamps has its arrival times scaled so that its mean rate (requests / time span) is ``rate``.
-    """
+def load_requests(workload: str, *, rate: float | None = None, rate_scale: float | None = None,
+                  max_requests: int | None = None, seed: int = 0) -> list:
+    """The workload's requests at ``rate`` requests/s and/or ``rate_scale`` times its own rate
+    (``workloads.load_at_rate``: the one meaning of both in every command)."""
     from kvsim import workloads
+    from kvsim.simulator.footprint import WorkloadSize, check_requests_in_memory
 
-    if rate is not None and not rate > 0:
-        raise InputError(f"rate must be > 0, got {rate}", field="rate")
-    if not os.path.exists(workload):
-        spec = workload
-        if rate is not None:
-            kind, sep, params = workload.partition(":")
-            kept = [p for p in params.split(",") if p.strip() and not p.strip().startswith("rate=")]
-            spec = f"{kind}:" + ",".join([f"rate={rate:g}", *kept])
-        return list(workloads.load(spec, max_requests=max_requests, seed=seed))
-    try:
-        requests = list(workloads.load(workload, max_requests=max_requests, seed=seed))
-    except InputError as err:
-        if err.field != "rate" or rate is None:  # not "this trace needs a rate", or none given
-            raise
-        return list(workloads.load(workload, max_requests=max_requests, rate=rate, seed=seed))
-    if rate is not None and len(requests) > 1:
-        t0 = requests[0].arrival_s
-        span = requests[-1].arrival_s - t0
-        if span > 0:
-            scale = (len(requests) / span) / rate
-            requests = [dataclasses.replace(r, arrival_s=t0 + (r.arrival_s - t0) * scale) for r in requests]
-    return requests
+    # held in a list: a spec's n= is checked against the memory first
+    check_requests_in_memory(WorkloadSize(**workloads.workload_size(workload, max_requests=max_requests)))
+    return list(workloads.load_at_rate(workload, rate=rate, rate_scale=rate_scale,
+                                       max_requests=max_requests, seed=seed))
 
 
 def _default_simulate(*args, **kwargs):
@@ -208,7 +189,7 @@ def evaluate_point(task: PointTask) -> dict:
         if unknown:
             raise InputError(f"{unknown[0]!r} is not a simulator.EngineConfig field", field="sweep")
         setup = build_engine(
-            model=load_hf_config(base.hf_config) if base.hf_config else base.model,
+            model=load_hf_config(base.hf_config, name=base.model) if base.hf_config else base.model,
             gpu=base.custom_gpu if (base.custom_gpu is not None and "gpu" not in task.params)
             else base.gpu,
             tensor_parallel_size=base.tp, kv_cache_dtype=base.kv_dtype,
@@ -225,12 +206,14 @@ def evaluate_point(task: PointTask) -> dict:
                    cost=num_gpus * gpu.price_rank, num_gpu_blocks=report.num_gpu_blocks,
                    kv_cache_tokens=report.kv_cache_tokens, kv_bytes_per_token=report.kv_bytes_per_token,
                    max_concurrency=round(report.max_concurrency, 6))
-        requests = load_requests(base.workload, rate=base.rate, max_requests=base.max_requests,
-                                 seed=base.seed)
+        requests = load_requests(base.workload, rate=base.rate, rate_scale=base.rate_scale,
+                                 max_requests=base.max_requests, seed=base.seed)
         simulate = task.simulate or _default_simulate
         result = simulate(requests, setup.config, setup.cost, replicas=base.replicas,
                           router=base.router, seed=base.seed)
         row.update(flatten(result.summary))
+        # the queue grows without bound: latencies measure the queue (simulator.overload)
+        row["overloaded"] = bool(overload_reasons(result.summary, getattr(result, "timeseries", None)))
         row["error"] = None
     except InputError as err:  # impossible point: keep the row, say why
         row["error"] = str(err)

@@ -33,6 +33,8 @@ from simpy.core import URGENT
 from kvsim.allocator import MEMORY_CLASSES, ContiguousAllocator, PagedAllocator
 from kvsim.simulator.config import EngineConfig
 from kvsim.simulator.cost import NS_PER_S, CostModel, FixedStepCost, StepBatch, StepTimer, to_ns
+from kvsim.simulator.footprint import check_simulation
+from kvsim.simulator.in_the_loop import IN_THE_LOOP_COLUMNS, scheduled_step
 from kvsim.simulator.recorder import DECODE_RUN, NUM_CLASSES, Recorder
 from kvsim.simulator.result import Result
 from kvsim.simulator.router import ROUTERS, Router
@@ -112,6 +114,13 @@ class Simulation:
         self.config = config
         self.cost = cost_model
         self.timer = StepTimer(cost_model)
+        # hardware in the loop (simulator.in_the_loop): every step is executed and timed
+        self.in_the_loop = getattr(cost_model, "in_the_loop", False)
+        if self.in_the_loop:
+            if replicas != 1 or config.allocator != "paged":
+                raise ValueError("hardware in the loop runs one replica with the paged allocator, got "
+                                 f"{replicas} replicas of {config.allocator}")
+            record_steps = True
         self.step_clock = isinstance(cost_model, FixedStepCost) and cost_model.step_s == 1.0
         if sample_interval_s is None:
             sample_interval_s = 1.0
@@ -123,12 +132,19 @@ class Simulation:
         self.seed = seed
         self.record_steps = record_steps
         self.batching = batch_decode_steps
+        # the sizes the user gave, against the memory there is, before anything is allocated
+        check_simulation(config, replicas=replicas, num_snapshots=len(snapshot_ns),
+                         sample_interval_s=sample_interval_s, record_requests=record_requests)
         self.env = simpy.Environment()
         self.recorder = Recorder(sample_ns=max(1, to_ns(sample_interval_s)),
                                  snapshot_ns=snapshot_ns, record_steps=record_steps,
                                  record_requests=record_requests)
         self.replicas = [_Replica(i, config, seed, self.recorder, self.step_clock)
                          for i in range(replicas)]
+        if self.in_the_loop:
+            for rep in self.replicas:
+                rep.sched.clock_enabled = False   # every running request visited every step
+            self.recorder.steps.extra_columns = IN_THE_LOOP_COLUMNS
         self.num_arrived = 0
         self.num_rejected = 0
         self.next_arrival_ns = _NEVER
@@ -173,7 +189,8 @@ class Simulation:
         return self.replicas[replica].rec.pool_snapshot()
 
     def state(self) -> dict:
-        """Live figures for a dashboard: time, running, waiting, finished, usage, breakdown."""
+        """Live figures for a dashboard: time, running, waiting, finished, preemptions, usage,
+        breakdown."""
         bd = [0] * NUM_CLASSES
         for rep in self.replicas:
             for i, v in enumerate(rep.rec.breakdown()):
@@ -182,6 +199,7 @@ class Simulation:
                 "waiting": sum(len(r.sched.waiting) for r in self.replicas),
                 "finished": self.recorder.requests.num_finished,
                 "rejected": self.num_rejected, "arrived": self.num_arrived,
+                "preemptions": sum(r.sched.num_preemptions for r in self.replicas),
                 "kv_usage": float(np.mean([r.allocator.usage for r in self.replicas])),
                 "breakdown": dict(zip(MEMORY_CLASSES, bd)), "done": self.done}
 
@@ -199,6 +217,7 @@ class Simulation:
             end_ns = recorder.end_ns
             for rep in self.replicas:   # close every replica's integrals at the end
                 rep.rec.close_idle_gap(end_ns)
+                rep.rec.final_sample(end_ns)
             self._finalised = True
         cfg = self.config
         summary = summarize(
@@ -298,7 +317,7 @@ class Simulation:
             bd_start = rec.boundary(now)
             step_index = now // NS_PER_S if self.step_clock else rep.num_steps
             run = None     # a decode run stepped one by one: (first step's batch, start state)
-            k = sched.plan_decode_run(_NEVER)
+            k = 0 if self.in_the_loop else sched.plan_decode_run(_NEVER)
             if k > 0:
                 # k identical pure-decode steps, ending at the first step end at or after the
                 # next moment anything can observe the replica
@@ -355,7 +374,11 @@ class Simulation:
                     batch = StepBatch(out.num_seqs, out.num_prefill_tokens, out.num_decode_seqs,
                                       out.num_scheduled_tokens, out.kv_read_tokens,
                                       out.attn_token_pairs)
-                    end = t + max(1, timer.step_ns(batch))
+                    if self.in_the_loop:
+                        step = scheduled_step(out, rep.allocator, idx, self.config.block_size)
+                        end = t + max(1, to_ns(self.cost.timed_step_s(batch, step)))
+                    else:
+                        end = t + max(1, timer.step_ns(batch))
                     bd_step = rec.breakdown()
                     usage = rep.allocator.usage
                     rec.integrate(bd_step, bd_step, usage, usage, t, end)
@@ -380,7 +403,10 @@ class Simulation:
                 rep.num_steps += 1
                 sched.num_steps += 1
                 if record_steps:
-                    rec.step_row(idx, out, finished, row_state)
+                    extra = ()
+                    if self.in_the_loop:
+                        extra = (out.kv_read_tokens, out.attn_token_pairs, *self.cost.last, t / NS_PER_S)
+                    rec.step_row(idx, out, finished, row_state, extra)
                 for seq in finished:
                     rec.on_finished(seq)
                 t = end

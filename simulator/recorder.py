@@ -141,9 +141,10 @@ class StepLog:
 
     def __init__(self):
         self.rows: list[tuple] = []
+        self.extra_columns: tuple = ()     # hardware in the loop: in_the_loop.IN_THE_LOOP_COLUMNS
 
     def frame(self) -> pd.DataFrame:
-        return pd.DataFrame(self.rows, columns=list(STEP_COLUMNS))
+        return pd.DataFrame(self.rows, columns=list(STEP_COLUMNS + self.extra_columns))
 
 
 class Recorder:
@@ -302,17 +303,38 @@ class ReplicaRecorder:
         return bd
 
     def close_idle_gap(self, now: int) -> list[int]:
-        """Integrate the time since the last segment (nothing ran: the pool stayed as it is now)
-        and take a due sample. Returns the breakdown now."""
+        """Integrate the time since the last segment and take the samples due. Returns the
+        breakdown now.
+
+        Time since the last segment is an idle gap: a replica idles only when nothing runs and
+        nothing waits, and the arrivals that end the gap land at ``now``, before this call. So the
+        gap holds the pool as it is now, with nothing running, nothing waiting and no batch; the
+        samples inside it say so (sampling them with the state now, after the arrivals, would
+        show a queue and the last batch over an idle pool for the whole gap).
+        """
         bd = self.breakdown()
         usage = self.allocator.usage
-        if now > self.last_t:
+        gap = now > self.last_t
+        if gap:
             self.cur_running = 0
-            self.cur_waiting = len(self.sched.waiting)
+            self.cur_waiting = 0
+            self.last_batch_tokens = 0   # no step ran in the gap
             self.integrate(bd, bd, usage, usage, self.last_t, now)
         if self.next_sample_ns <= now and not self.tables.record_steps:
-            self._sample(now, bd, usage)
+            self._sample(now, bd, usage, idle_before_ns=now if gap else None)
         return bd
+
+    def final_sample(self, end_ns: int) -> None:
+        """The last row of the time series: the state at the run's end ``end_ns`` (after the
+        last finish: nothing runs or waits, the pool holds only cached blocks), when the periodic
+        samples stopped before it. It is not a periodic sample: the summary's sample means leave
+        it out."""
+        if self.tables.record_steps or self.next_sample_ns - self.tables.sample_ns >= end_ns:
+            return
+        sched = self.sched
+        self.tables.samples.add((end_ns / NS_PER_S, self.index, len(sched.running),
+                                 len(sched.waiting), 0, *self._counters(), self.allocator.usage,
+                                 self._saved_blocks(), *self.breakdown()))
 
     def scheduled(self, num_running: int, num_waiting: int, num_tokens: int) -> None:
         """After a schedule (or at the start of a decode run): the counts its segment holds."""
@@ -337,20 +359,33 @@ class ReplicaRecorder:
         self.waiting_area += self.cur_waiting * dt
         self.last_t = t1
 
-    def _sample(self, now: int, bd: list[int], usage: float) -> None:
+    def _saved_blocks(self) -> int:
+        """Blocks prefix sharing saves now: logical blocks of the sequences minus blocks held."""
+        if not self.sched.paged:
+            return 0
+        return max(0, self.sched.num_logical_blocks() - self.allocator.num_used_blocks)
+
+    def _counters(self) -> tuple:
         sched = self.sched
-        saved = 0
-        if sched.paged:
-            logical = sched.num_logical_blocks()
-            saved = max(0, logical - self.allocator.num_used_blocks)
+        return (sched.num_preemptions, sched.num_prefix_queries, sched.num_prefix_hits,
+                self.num_finished)
+
+    def _sample(self, now: int, bd: list[int], usage: float,
+                idle_before_ns: int | None = None) -> None:
+        """The samples due at or before ``now``; those before ``idle_before_ns`` (an idle gap that
+        ends at ``now``) with nothing running or waiting."""
+        sched = self.sched
+        saved = self._saved_blocks()
         self.saved_samples.append(saved)
-        row_tail = (len(sched.running), len(sched.waiting), self.last_batch_tokens,
-                    sched.num_preemptions, sched.num_prefix_queries, sched.num_prefix_hits,
-                    self.num_finished, usage, saved, *bd)
+        counters = self._counters()
+        row_tail = (len(sched.running), len(sched.waiting), self.last_batch_tokens, *counters,
+                    usage, saved, *bd)
+        idle_tail = (0, 0, 0, *counters, usage, saved, *bd)
         samples = self.tables.samples
         sample_ns = self.tables.sample_ns
         while self.next_sample_ns <= now:
-            samples.add((self.next_sample_ns / NS_PER_S, self.index) + row_tail)
+            idle = idle_before_ns is not None and self.next_sample_ns < idle_before_ns
+            samples.add((self.next_sample_ns / NS_PER_S, self.index) + (idle_tail if idle else row_tail))
             self.next_sample_ns += sample_ns
         self._update_next_record()
 
@@ -361,8 +396,9 @@ class ReplicaRecorder:
         return (len(sched.running), len(sched.waiting), self.allocator.usage,
                 self.allocator.num_used_blocks if sched.paged else 0)
 
-    def step_row(self, idx: int, out, finished: list, state: tuple) -> None:
-        """The row of one step scheduled in detail (``state`` from ``row_state``)."""
+    def step_row(self, idx: int, out, finished: list, state: tuple, extra: tuple = ()) -> None:
+        """The row of one step scheduled in detail (``state`` from ``row_state``; ``extra``: the
+        values of ``StepLog.extra_columns``)."""
         sched = self.sched
         running, waiting, usage, used = state
         cum = self.cum
@@ -379,7 +415,7 @@ class ReplicaRecorder:
             used, out.num_preempted, cum[0], out.pc_queries, out.pc_hits, cum[1], cum[2],
             out.pc_preempted_queries, out.pc_preempted_hits, len(finished), cum[3],
             len(sched.running), len(sched.waiting), round(self.allocator.usage, 6), self.index,
-            idx * 1.0 if self.step_clock else math.nan))
+            idx * 1.0 if self.step_clock else math.nan) + extra)
 
     def decode_rows(self, step0: int, k: int, n: int, hist: list[int], used0: int,
                     finished: list) -> None:

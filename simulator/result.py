@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import tempfile
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -102,12 +103,20 @@ def prepare_output(path, suffixes: tuple[str, ...] = ()) -> str:
     if os.path.isdir(path):
         raise InputError(f"{path}: is a directory, expected a file name")
     _writable_directory(os.path.dirname(os.path.abspath(path)), str(path))
+    if os.path.exists(path):
+        # opened for appending (which writes nothing): a read-only file fails here, not at the end
+        try:
+            open(path, "ab").close()
+        except OSError as err:
+            raise InputError(f"{path}: cannot be written ({err.strerror})") from None
     return path
 
 
-def prepare_output_dir(path, flag: str = "--out") -> str:
+def prepare_output_dir(path, flag: str = "--out", names: tuple[str, ...] = ()) -> str:
     """Check (and create) an output directory before a long run, as ``prepare_output`` does for
-    a file; raises InputError naming ``flag`` if the path is a file or cannot be written.
+    a file; raises InputError naming ``flag`` if the path is a file or cannot be written, or if
+    one of the files ``names`` it will hold cannot be (a directory of that name, a read-only
+    file).
 
     Returns:
         ``path`` unchanged.
@@ -115,6 +124,8 @@ def prepare_output_dir(path, flag: str = "--out") -> str:
     if os.path.exists(path) and not os.path.isdir(path):
         raise InputError(f"{flag} {path}: exists and is not a directory")
     _writable_directory(os.fspath(path), f"{flag} {path}")
+    for name in names:
+        prepare_output(os.path.join(path, name))
     return path
 
 
@@ -126,6 +137,13 @@ def _writable_directory(directory: str, what: str) -> None:
         raise InputError(f"{what}: cannot create directory {directory} ({err.strerror})") from None
     if not os.access(directory, os.W_OK):
         raise InputError(f"{what}: directory {directory} is not writable")
+    # os.access answers yes to root on a read-only file system: create and remove a file
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".kvsim-write-check-", dir=directory)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as err:
+        raise InputError(f"{what}: cannot write in directory {directory} ({err.strerror})") from None
 
 
 def _write_table(df: pd.DataFrame, path) -> None:

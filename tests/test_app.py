@@ -1,13 +1,17 @@
 """Every dashboard page through streamlit.testing.v1.AppTest: default run, bad input, page switch."""
+import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 from streamlit.testing.v1 import AppTest
 
 from kvsim.dashboard.comparison import ALLOCATOR_LABELS
 from kvsim.dashboard.launch import ENTRY_SCRIPT
+from kvsim.dashboard import planning
 from kvsim.dashboard.planning import SIM_SWEEP_METRICS
-from kvsim.dashboard.playback import default_frame
+from kvsim.dashboard.playback import decode_player, default_frame
+from kvsim.planner.capacity import DEFAULT_GPU_MEMORY_UTILIZATION
 from kvsim.dashboard import router
 from kvsim.simulator.config import ALLOCATORS
 
@@ -34,30 +38,33 @@ def small():
     return _app().run()
 
 
+def player_payload(at: AppTest) -> dict:
+    """The live pool's player element, decoded as the browser decodes it (player.js)."""
+    players = at.get("bidi_component")
+    assert len(players) == 1
+    return decode_player(players[0].proto.bytes)
+
+
 def test_live_pool_default_run(small):
     _clean(small)
     assert small.title[0].value == "Live KV-cache pool"
-    charts = small.get("plotly_chart")
-    assert len(charts) >= 6  # two pools, two breakdown strips, two concurrency strips
-    # the metrics above each pool read the simulation at the scrubbed time
-    assert [m.label for m in small.metric][:4] == ["KV usage", "running", "waiting", "preemptions"]
+    data = player_payload(small)
+    assert len(data["sides"]) == 2 and data["num_frames"] >= 100
+    assert data["start_frame"] == default_frame(data["num_frames"])
+    # the last frame comes after every request finished: nothing runs, waits or is held
+    for side in data["sides"]:
+        fig = side["figures"]
+        assert fig["running"][-1] == fig["waiting"][-1] == fig["kv_usage"][-1] == 0
+        assert fig["finished"][-1] == 40
+        assert fig["token_states"][-1] == fig["reservation"][-1] == 0
 
 
-def test_live_pool_step_and_scrub(small):
-    small.slider(key="k_frame").set_value(0).run()
-    small.button(key="step").click().run()
+def test_live_pool_frame_step_is_the_users_pick(small):
+    small.selectbox(key="k_frame_s").set_value(0.5).run()
     _clean(small)
-    assert small.slider(key="k_frame").value == 1
-    small.slider(key="k_frame").set_value(30).run()
-    _clean(small)
-    assert small.session_state["k_frame"] == 30
-
-
-def test_play_starts_and_pause_stops(small):
-    small.button(key="play").click().run()
-    assert small.session_state["live_playing"] is True
-    small.button(key="play").click().run()
-    assert small.session_state["live_playing"] is False
+    times = player_payload(small)["times"]
+    assert np.allclose(np.diff(times[:-1]), 0.5) and times[-1] - times[-2] <= 0.5
+    small.selectbox(key="k_frame_s").set_value(0.0).run()
 
 
 @pytest.mark.parametrize("page", PAGES[1:])
@@ -68,7 +75,7 @@ def test_every_page_default_run(small, page):
 
 
 def test_state_survives_page_switches(small):
-    small.switch_page("app_pages/live_pool.py").run()
+    small.switch_page("app_pages/block_table.py").run()
     small.selectbox(key="k_alloc_b").set_value("oracle").run()
     small.slider(key="k_frame").set_value(12).run()
     small.switch_page("app_pages/planner.py").run()
@@ -133,12 +140,44 @@ def test_planner_impossible_configuration_is_an_error_not_a_crash():
     at = _app().run()
     at.switch_page("app_pages/planner.py").run()
     _clean(at)
+    assert at.slider(key="k_plan_util").value == DEFAULT_GPU_MEMORY_UTILIZATION == 0.92
     blocks = int(at.metric[0].value.replace(",", ""))
     at.slider(key="k_plan_util").set_value(0.5).run()
     assert int(at.metric[0].value.replace(",", "")) < blocks  # less memory, fewer blocks
-    at.number_input(key="k_plan_len").set_value(1_000_000).run()
+    at.selectbox(key="k_plan_model").set_value("Llama-3.1-70B").run()   # 70B on one A100-40GB
     assert not at.exception
-    assert "max_model_len" in at.error[0].value
+    assert "weights need" in at.error[0].value
+
+
+def test_planner_uses_the_sidebars_block_size_and_max_model_len():
+    at = _app().run()
+    at.switch_page("app_pages/planner.py").run()
+    at.select_slider(key="k_block_size").set_value(32).run()
+    at.select_slider(key="k_max_model_len").set_value(2048).run()
+    _clean(at)
+    assert [m.label for m in at.metric][2] == "2,048-token requests at once"
+    blocks = int(at.metric[0].value.replace(",", ""))
+    report = planning.capacity(at.selectbox(key="k_plan_model").value,
+                               at.selectbox(key="k_plan_gpu").value, tp=1, kv_dtype="auto",
+                               gpu_memory_utilization=0.92, block_size=32, max_model_len=2048)
+    assert blocks == report["num_gpu_blocks"]
+    assert "Block size **32** and max_model_len **2,048**" in at.info[0].value
+
+
+def test_planner_reads_an_uploaded_hf_config():
+    at = _app().run()
+    at.switch_page("app_pages/planner.py").run()
+    config = json.dumps({"_name_or_path": "acme/tiny-llama", "architectures": ["LlamaForCausalLM"],
+                         "hidden_size": 1024, "intermediate_size": 2816, "num_attention_heads": 16,
+                         "num_hidden_layers": 8, "num_key_value_heads": 4, "vocab_size": 32000,
+                         "max_position_embeddings": 8192, "torch_dtype": "bfloat16"}).encode()
+    at.file_uploader(key="upload_hf_config").set_value(("config.json", config, "application/json")).run()
+    _clean(at)
+    assert any("acme/tiny-llama" in c.value for c in at.caption)
+    # 8 layers x 2 x 4 KV heads x 64 x 2 B = 8 KiB per token
+    assert at.metric[3].value == "8 KiB"
+    at.file_uploader(key="upload_hf_config").set_value(("config.json", b"{\"a\": 1}", "application/json")).run()
+    assert not at.exception and "config.json" in at.error[0].value
 
 
 def test_requests_that_can_never_fit_are_reported(small):
@@ -146,9 +185,11 @@ def test_requests_that_can_never_fit_are_reported(small):
     small.select_slider(key="k_max_model_len").set_value(1024).run()
     assert not small.exception
     warnings = [w.value for w in small.warning]
-    assert warnings and "requests rejected" in warnings[0] and "max_model_len = 1024" in warnings[0]
+    rejected = [w for w in warnings if "requests rejected" in w]
+    assert rejected and "max_model_len = 1024" in rejected[0]
+    assert "raise max_model_len" in rejected[0]   # these prompts are longer than it
     small.select_slider(key="k_max_model_len").set_value(4096).run()
-    assert not small.warning
+    assert not [w.value for w in small.warning if "rejected" in w.value]
 
 
 def test_planner_simulated_sweep_on_demand(small):
@@ -185,7 +226,7 @@ def test_live_pool_on_a_shared_trace(shared_traces):
     at.selectbox(key="k_shared_trace").set_value(
         "azure_llm_2023/AzureLLMInferenceTrace_conv.csv").run()
     _clean(at)
-    assert len(at.get("plotly_chart")) >= 6
+    assert player_payload(at)["num_frames"] >= 2
     assert "azure_llm_2023/AzureLLMInferenceTrace_conv.csv" in at.selectbox(
         key="k_shared_trace").options
 
@@ -217,7 +258,7 @@ def test_a_good_upload_is_simulated_and_survives_a_page_switch():
     at.file_uploader(key="upload_trace").set_value(
         ("mine.csv", ("arrival_s,prompt_tokens,output_tokens\n" + rows).encode(), "text/csv")).run()
     _clean(at)
-    assert len(at.get("plotly_chart")) >= 6
+    assert player_payload(at)["sides"][0]["figures"]["finished"][-1] == 12
     at.switch_page("app_pages/metrics.py").run()
     _clean(at)
     assert "Using mine.csv" in [c.value for c in at.sidebar.caption]

@@ -38,6 +38,9 @@ def user_mistakes(tmp: Path) -> dict[str, list[list[str]]]:
         "plan": [["plan", SPEC, "--sweep", "colour=red"], ["plan", SPEC, "--slo", "ttft<"],
                  ["plan", SPEC, "--out", str(a_file), "--quiet"]],
         "reproduce": [["reproduce", "vllm-paper", "--out", str(a_file), "--quiet"]],
+        "profile": [["profile", "--model", "OPT-13B", "--out", str(tmp / "t.csv"), "--device", "cpu"],
+                    ["profile", "--hf-config", missing, "--out", str(tmp / "t.csv"), "--device", "cpu"],
+                    ["profile", "--out", str(a_file / "t.csv"), "--device", "cpu"]],
         "validate": [["validate", "--snapshot", str(tmp / "missing.npz"), "--device", "cpu"],
                      ["validate", SPEC, "--at", "1"]],
     }

@@ -17,6 +17,7 @@ from kvsim.dashboard.scenario import (MIN_FRAMES, SNAPSHOT_CELL_BUDGET, Scenario
                                       frame_times, num_frames_for, simulate_scenario)
 from kvsim.dashboard.sources import Workload
 from kvsim.errors import InputError
+from kvsim.viz.pool import CODE_CACHED, CODE_FREE, cell_codes, code_colors, tile_codes
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures" / "workloads"
@@ -153,28 +154,68 @@ def test_impossible_pool_is_an_input_error():
 
 
 # ---------------------------------------------------------------- playback
-def test_playback_state_machine():
-    state = {"k_frame": 9, "live_playing": False, "k_speed": 4}
-    playback.toggle_play(state, 10)  # at the end: play restarts from the first frame
-    assert state == {"k_frame": 0, "live_playing": True, "k_speed": 4}
-    assert not playback.tick(state, 10) and state["k_frame"] == 4
-    assert not playback.tick(state, 10) and state["k_frame"] == 8
-    assert playback.tick(state, 10) and state["k_frame"] == 9 and not state["live_playing"]
-    assert not playback.tick(state, 10) and state["k_frame"] == 9  # paused: nothing moves
-    playback.step(state, 10)
-    assert state["k_frame"] == 9
-    state["k_frame"] = 3
-    playback.toggle_play(state, 10)
-    playback.step(state, 10)  # stepping pauses
-    assert state["k_frame"] == 4 and not state["live_playing"]
-    playback.clamp_frame(state, 3)
-    assert state["k_frame"] == 2
+def test_frame_step_is_the_users_pick_within_the_budget():
+    cheap = playback.frame_cost_s([(True, 512), (False, 8192)])
+    assert playback.frame_step_s(100.0, 0.5, cheap) == (0.5, "")
+    step, note = playback.frame_step_s(100.0, None, cheap)   # auto: about DEFAULT_FRAMES frames
+    assert step == pytest.approx(100.0 / playback.DEFAULT_FRAMES) and note == ""
+    big = playback.frame_cost_s([(True, 131_072), (False, 2_097_152)])
+    step, note = playback.frame_step_s(100.0, 0.01, big)   # 10,000 frames asked: too many
+    most = int(playback.FRAME_TIME_BUDGET_S / big)
+    assert step == pytest.approx(100.0 / (most - 1)) and "not 0.01 s" in note
+    times = playback.playback_times(10.0, 3.0)
+    assert list(times) == [0.0, 3.0, 6.0, 9.0, 10.0]   # the last frame at the end
+    assert list(playback.playback_times(9.0, 3.0)) == [0.0, 3.0, 6.0, 9.0]
+
+
+def test_playback_frames_replay_every_pool_and_end_when_all_requests_are_done(runs):
+    sc, pair = runs
+    times = pair[0].playback.times_s
+    np.testing.assert_array_equal(times, pair[1].playback.times_s)
+    assert times[-1] == pytest.approx(max(r.end_s for r in pair))
+    # frames at the coarse snapshots' times: replaying the changes gives each snapshot's codes
+    end_s = times[-1]
+    aligned = simulate_scenario(Scenario(SMALL, frame_s=end_s / 99), sources.load_requests(SMALL))
+    for run in aligned:
+        frames = run.playback
+        assert len(frames.times_s) == len(run.frame_times_s) == 100
+        for f, snap in enumerate(run.snapshots):
+            expect = tile_codes(cell_codes(snap.cell_class, snap.owner, snap.ref_cnt),
+                                frames.cells_per_tile)
+            np.testing.assert_array_equal(frames.codes_at(f), expect)
+    for run in pair:
+        frames = run.playback
+        fig = frames.figures
+        # after the last finish: no request runs or waits, and only cached blocks stay
+        assert fig["running"][-1] == fig["waiting"][-1] == fig["kv_usage"][-1] == 0
+        assert fig["finished"][-1] == run.summary["requests_finished"] == 40
+        assert fig["token_states"][-1] == fig["reservation"][-1] == fig["internal_fragmentation"][-1] == 0
+        held = {c for c in np.unique(frames.codes_at(len(times) - 1))}
+        assert held <= {CODE_FREE, CODE_CACHED}
+        assert (fig["preemptions"][-1] == run.summary["num_preemptions"])
+
+
+def test_player_payload_round_trips(runs):
+    _, pair = runs
+    data = playback.decode_player(playback.with_start_frame(comparison.live_payload(pair), 7))
+    assert data["start_frame"] == 7 and data["num_frames"] == len(pair[0].playback.times_s)
+    for side, run in zip(data["sides"], pair):
+        frames = run.playback
+        np.testing.assert_array_equal(side["first"], frames.first)
+        np.testing.assert_array_equal(side["change_tile"], frames.change_tile)
+        assert side["rows"] * side["cols"] >= side["num_tiles"] == frames.num_tiles
+        np.testing.assert_allclose(side["figures"]["running"], frames.figures["running"])
+        assert side["title"] == comparison.side_label(run) and side["end_s"] == run.end_s
+    assert data["colors"] == code_colors()
 
 
 def test_playback_helpers():
-    assert playback.next_frame(3, 10, 2) == (5, True)
-    assert playback.next_frame(8, 10, 4) == (9, False)
-    assert playback.next_frame(2, 10, 0) == (3, True)  # a speed below 1 still moves
+    state = {"k_frame": 9}
+    playback.clamp_frame(state, 3)
+    assert state["k_frame"] == 2
+    assert playback.start_frame({}, 100) == playback.default_frame(100) == 10
+    assert playback.start_frame({"live_frame": 250}, 100) == 99
+    assert playback.frame_at(np.array([0.0, 1.0, 2.0]), 1.5) == 1
     ts = pd.DataFrame({"time_s": [0.0, 1.0, 2.0], "v": [1, 2, 3]})
     assert playback.sample_at(ts, 1.5)["v"] == 2 and playback.sample_at(ts, -1)["v"] == 1
     with pytest.raises(ValueError, match="the timeseries is empty"):
@@ -182,6 +223,21 @@ def test_playback_helpers():
     assert list(playback.upto(ts, 1.0)["v"]) == [1, 2]
     assert playback.fmt_duration(12.34) == "12.3 s"
     assert playback.fmt_duration(125.0) == "2 min 05.0 s"
+
+
+def test_a_pool_too_large_for_memory_is_refused_before_anything_is_allocated():
+    with pytest.raises(InputError, match=r"would need [0-9,.]+ GiB of memory"):
+        simulate_scenario(Scenario(SMALL, capacity_tokens=10**13), sources.load_requests(SMALL))
+
+
+def test_prefix_caching_on_and_off_side_by_side():
+    sc = Scenario(SMALL, allocators=("paged", "paged"), enable_prefix_caching=(True, False))
+    on, off = simulate_scenario(sc, sources.load_requests(SMALL))
+    assert [comparison.run_label(i, r) for i, r in enumerate((on, off))] == [
+        "left: paged (vLLM blocks)", "right: paged (vLLM blocks), prefix caching off"]
+    assert on.summary["prefix_hit_rate"] > 0 == off.summary["prefix_hit_rate"]
+    assert on.summary["computed_prompt_tokens"] < off.summary["computed_prompt_tokens"]
+    assert engine_setup(sc, "paged", 1).config.enable_prefix_caching is False
 
 
 # ---------------------------------------------------------------- comparison
@@ -274,6 +330,23 @@ def test_kernel_check_on_a_scenario_snapshot(runs):
     assert checks["passed"].all() and checks["bitwise_equal"].all() and info["passed"]
     assert (checks["max_rel_err"] < info["tolerance"]).all()
     assert info["device"] == "cpu" and info["dtype"] == "float32"
+    # a moment with shared prefix blocks: 4 checked sequences read them, first-4-by-id would not
+    from kvsim.kernels.bridge import _readers, choose_sequences, pool_arrays
+
+    def coverage(snapshot, ids):
+        arrays = pool_arrays(snapshot)
+        tables = {s: arrays.block_tables[s][:-(-arrays.seq_lens[s] // arrays.block_size)]
+                  for s in ids if arrays.seq_lens[s] > 0}
+        return int((_readers(tables, arrays.num_blocks) >= 2).sum()), tables
+
+    best = max(left.snapshots, key=lambda snap: coverage(snap, snap.block_tables)[0])
+    shared, tables = coverage(best, best.block_tables)
+    assert shared > 0 and len(tables) > 4
+    chosen = choose_sequences(tables, best.num_cells, 4)
+    by_id = sorted(tables)[:4]
+    assert coverage(best, chosen)[0] >= coverage(best, by_id)[0] and coverage(best, chosen)[0] > 0
+    _, info = check_snapshot(best, "flat", "float32", 4, False)
+    assert info["num_shared_blocks"] == shared and info["num_shared_blocks_checked"] == coverage(best, chosen)[0]
 
 
 def test_kernel_check_of_the_frames_engine_step(runs):
@@ -332,3 +405,41 @@ def test_dashboard_subcommand_bad_port_is_a_usage_error(capsys, port, why):
         main(["dashboard", "--port", port])
     assert stop.value.code == 2
     assert capsys.readouterr().err.splitlines()[-1].endswith(f"argument --port: {why}")
+
+
+def test_uploads_may_be_gzipped_and_whole_traces_are_replayed(tmp_path):
+    import gzip
+
+    rows = "arrival_s,prompt_tokens,output_tokens\n" + "".join(f"{i},{50 + i},{5 + i}\n" for i in range(30))
+    w = sources.store_upload("mine.csv.gz", gzip.compress(rows.encode()), None, store=tmp_path)
+    assert Path(w.ref).name == "mine.csv.gz" and w.max_requests is None
+    assert len(sources.load_requests(w)) == 30   # every request: no cap
+    assert sources.requests_note(w) == "30 requests (all of them)"
+    capped = Workload("upload", w.ref, 100)
+    assert sources.requests_note(capped) == "30 requests: the trace has only 30 caps the 100 asked"
+    assert sources.requests_note(Workload("upload", w.ref, 10)) is None
+    spec = Workload("builtin", "sharegpt:rate=2,n=50,seed=0", 200)
+    assert sources.requests_note(spec) == "50 requests: the spec's n=50 caps the 200 asked"
+    with pytest.raises(InputError, match=r"unsupported file type \.pkl\.gz"):
+        sources.store_upload("x.pkl.gz", b"\x1f\x8b...", store=tmp_path)
+    assert sources.trace_suffix("A.JSONL.GZ") == ".jsonl" and sources.trace_suffix("a.csv") == ".csv"
+
+
+def test_rejections_say_which_setting_fixes_them(runs):
+    sc, _ = runs
+    lengths = Scenario(SMALL, max_model_len=1024)
+    run = simulate_scenario(lengths, sources.load_requests(SMALL))[0]   # paged: prompts too long
+    text = comparison.rejected_warning(0, run, 1024)
+    assert "have a prompt longer than max_model_len = 1024 (raise max_model_len" in text
+    tiny = Scenario(SMALL, capacity_tokens=2048, max_model_len=4096)
+    left, right = simulate_scenario(tiny, sources.load_requests(SMALL))
+    text = comparison.rejected_warning(1, right, 4096)   # max: reserves 4096 > 2048 tokens
+    assert "enlarge the KV pool or lower max_model_len; raising it makes this worse" in text
+    assert "raise max_model_len" not in text
+
+
+def test_the_favicon_is_drawn_locally():
+    from kvsim.dashboard import router
+
+    assert router.page_icon().size == (32, 32)
+    assert "toolbarMode" in "".join(launch.STREAMLIT_OPTIONS) and launch.STREAMLIT_OPTIONS["client.toolbarMode"] == "viewer"

@@ -10,8 +10,8 @@ import torch
 import kvsim.kernels.attention
 from kvsim.cli import validate as validate_cmd
 from kvsim.errors import InputError
-from kvsim.kernels.bridge import (block_seeds, load_snapshot, pool_arrays, save_snapshot, token_kv,
-                                  validate_snapshot, validate_step, with_step)
+from kvsim.kernels.bridge import (block_seeds, choose_sequences, load_snapshot, pool_arrays, save_snapshot,
+                                  token_kv, validate_snapshot, validate_step, with_step)
 
 
 def paged_snapshot():
@@ -126,7 +126,8 @@ def test_validate_command_on_a_snapshot_file(tmp_path, capsys):
     assert args.func(args) == 0
     assert load_snapshot(copy).seq_lens == load_snapshot(path).seq_lens
     text = capsys.readouterr().out
-    assert "3 sequences (1 with 0 tokens not run), 2 with shared blocks" in text and "PASS" in text
+    assert ("3 of 3 sequences checked (1 with 0 tokens not run; 2 of the 2 shared blocks read by two "
+            "checked sequences), 2 with shared blocks") in text and "PASS" in text
     report = json.loads(out_json.read_text())
     assert report["passed"] and len(report["checks"]) == 3
 
@@ -249,3 +250,24 @@ def test_validate_step_on_a_snapshot_without_a_step_is_one_line(tmp_path):
     args = _parser().parse_args(["validate", "--snapshot", str(path), "--device", "cpu", "--step"])
     with pytest.raises(InputError, match="--step: .*step_seq_ids"):
         args.func(args)
+
+
+def test_checked_sequences_are_chosen_to_exercise_shared_blocks():
+    """The first N by seq_id share nothing here; sequences 10-12 share a prefix (blocks 20-23)."""
+    tables = {s: np.array([s]) for s in range(8)}            # eight sequences, one private block each
+    tables.update({10: np.array([20, 21, 22, 23, 30]), 11: np.array([20, 21, 22, 23, 31]),
+                   12: np.array([20, 21, 32])})
+    chosen = choose_sequences(tables, 40, 2)
+    assert chosen == [10, 11]   # both readers of the four shared blocks in one launch
+    # 12 reads only blocks two chosen sequences already read: the lowest ids fill the batch
+    assert choose_sequences(tables, 40, 4) == [0, 1, 10, 11]
+    assert choose_sequences(tables, 40, None) == sorted(tables)
+    snapshot = SimpleNamespace(kind="paged", block_size=16, num_cells=40,
+                               block_key=np.arange(40, dtype=np.uint64) + 1,
+                               block_tables=tables, seq_lens={s: 16 * len(t) for s, t in tables.items()})
+    report = validate_snapshot(snapshot, max_seqs=2)
+    assert sorted(c.seq_id for c in report.checks) == [10, 11] and report.passed
+    assert (report.num_sequences, report.num_shared_blocks, report.num_shared_blocks_checked) == (11, 4, 4)
+    first_two = validate_snapshot(SimpleNamespace(**{**vars(snapshot), "block_tables": {
+        s: tables[s] for s in (0, 1)}, "seq_lens": {0: 16, 1: 16}}))
+    assert first_two.num_shared_blocks_checked == 0   # what "the first N by id" would have tested

@@ -59,7 +59,7 @@ def test_compare_table_and_json(tmp_path, capsys):
 @pytest.mark.parametrize("argv", [
     ["replay", "sharegpt:n=5,rate=1", "--out", "x.json", "--num-blocks", "50", "--allocator", "x"],
     ["replay", "sharegpt:n=5,rate=1", "--out", "x.json", "--num-blocks", "0"],
-    ["replay", "sharegpt:n=5,rate=1", "--num-blocks", "50"],
+    ["replay", "sharegpt:n=5,rate=1", "--num-blocks", "50", "--rate-scale", "0"],
 ])
 def test_usage_errors_exit_2(argv):
     with pytest.raises(SystemExit) as exc:

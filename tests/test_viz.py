@@ -242,3 +242,54 @@ def test_extent_figure_shows_the_extent_and_its_neighbours():
     assert (z[inside] == CODE_RESERVATION).sum() == 80
     assert (z[x > ext[-1]] == NUM_CODES).any()  # request 2 right after it, grey
     assert (z[x < ext[0]] == CODE_FREE).all()   # the freed hole before it
+
+
+def _hls(color: str) -> tuple[float, float, float]:
+    import colorsys
+
+    r, g, b = (int(color[i:i + 2], 16) / 255 for i in (1, 3, 5))
+    h, lightness, s = colorsys.rgb_to_hls(r, g, b)
+    return 360 * h, lightness, s
+
+
+def test_request_colours_never_reuse_a_class_hue():
+    from kvsim.viz.style import CLASS_COLORS, MIN_CLASS_HUE_DISTANCE
+
+    for color in OWNER_PALETTE:
+        hue, light, _ = _hls(color)
+        for name, class_color in CLASS_COLORS.items():
+            c_hue, c_light, c_sat = _hls(class_color)
+            chroma = c_sat * (1 - abs(2 * c_light - 1))
+            if chroma > 0.15:   # a coloured class: keep away from its hue
+                gap = min(abs(hue - c_hue), 360 - abs(hue - c_hue))
+                assert gap >= MIN_CLASS_HUE_DISTANCE, (color, name, gap)
+            else:               # grey / near-black classes: keep away in lightness
+                assert abs(light - c_light) >= 0.15, (color, name)
+    assert len(set(OWNER_PALETTE)) == len(OWNER_PALETTE)
+
+
+def test_axes_have_readable_ticks_titles_and_shared_scales():
+    import pandas as pd
+
+    from kvsim.viz.plan_figures import sweep_metric_figure
+    from kvsim.viz.style import NUMBER_TICKS, metric_label
+    from kvsim.viz.timeseries import concurrency_chart, concurrency_limits, latency_cdf
+
+    flat = pd.DataFrame({"tpot_s": [0.024999999999999792] * 5})
+    fig = latency_cdf({"a": flat}, "tpot_s", title="Time per output token")
+    assert fig.layout.xaxis.tickformat == NUMBER_TICKS and fig.layout.xaxis.title.text == "Time per output token (s)"
+    sweep = pd.DataFrame({"block_size": [8, 16, 32] * 2, "mean_running": [966400.5] * 6,
+                          "allocator": ["paged"] * 3 + ["max"] * 3, "error": [None] * 6})
+    fig = sweep_metric_figure(sweep, "block_size", "mean_running", group_by=["allocator"])
+    assert fig.layout.yaxis.tickformat == NUMBER_TICKS and fig.layout.yaxis.rangemode == "tozero"
+    assert fig.layout.yaxis.title.text == "mean running requests" == metric_label("mean_running")
+    assert fig.layout.xaxis.title.text == "block size (tokens)"
+    # equal lines stay visible: each group its own dash
+    assert len({t.line.dash for t in fig.data}) == 2
+    assert metric_label("ttft_s.p99") == "TTFT p99 (s)" and metric_label("foo_bar") == "foo bar"
+    a = pd.DataFrame({"time_s": [0, 1], "running": [1, 2], "waiting": [0, 9], "num_preemptions": [0, 1]})
+    b = pd.DataFrame({"time_s": [0, 1], "running": [1, 40], "waiting": [0, 1], "num_preemptions": [0, 5]})
+    limits = concurrency_limits([a, b])
+    assert limits == {"y_max": 40.0, "preemptions_max": 5.0}
+    ranges = [concurrency_chart(f, **limits).layout.yaxis.range for f in (a, b)]
+    assert ranges[0] == ranges[1]   # side by side, one scale

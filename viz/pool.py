@@ -33,6 +33,7 @@ _CLASS_TO_CODE = {
     "token_states": CODE_OWNER0,
 }
 _TOKEN_STATES = MEMORY_CLASSES.index("token_states")
+_CODE_LUT = np.array([_CLASS_TO_CODE[c] for c in MEMORY_CLASSES], dtype=np.int8)
 
 
 def code_names() -> list[str]:
@@ -57,13 +58,49 @@ def cell_codes(cell_class: np.ndarray, owner: np.ndarray, ref_cnt: np.ndarray) -
     Returns:
         int8 codes in [0, NUM_CODES).
     """
-    lut = np.array([_CLASS_TO_CODE[c] for c in MEMORY_CLASSES], dtype=np.int8)
-    codes = lut[np.asarray(cell_class, dtype=np.intp)]
-    held = np.asarray(cell_class) == _TOKEN_STATES
-    own = np.where(np.asarray(owner) >= 0, np.asarray(owner), 0) % len(OWNER_PALETTE)
-    codes = np.where(held, CODE_OWNER0 + own, codes)
-    codes = np.where(held & (np.asarray(ref_cnt) > 1), CODE_SHARED, codes)
-    return codes.astype(np.int8)
+    cell_class = np.asarray(cell_class)
+    codes = _CODE_LUT[cell_class]
+    # only the held cells need their owner's colour (the live player calls this every frame)
+    held = np.flatnonzero(cell_class == _TOKEN_STATES)
+    if len(held):
+        owner = np.asarray(owner)[held]
+        own = (np.maximum(owner, 0) % len(OWNER_PALETTE)).astype(np.int8) + CODE_OWNER0
+        codes[held] = np.where(np.asarray(ref_cnt)[held] > 1, np.int8(CODE_SHARED), own)
+    return codes
+
+
+def tile_codes(codes: np.ndarray, cells_per_tile: int) -> np.ndarray:
+    """The colour code of each tile of ``cells_per_tile`` consecutive cells: its most common
+    code (ties: the lowest code). One tile per cell when ``cells_per_tile`` is 1.
+
+    Returns:
+        uint8 codes, one per tile (``ceil(len(codes) / cells_per_tile)``).
+    """
+    codes = np.asarray(codes).astype(np.uint8)
+    if cells_per_tile == 1:
+        return codes
+    n, k = len(codes), cells_per_tile
+    num_tiles = math.ceil(n / k)
+    if n % k:   # the last tile is short: pad it with its own first code (no new majority)
+        codes = np.append(codes, np.full(num_tiles * k - n, codes[(num_tiles - 1) * k]))
+    rows = codes.reshape(num_tiles, k)
+    out = rows[:, 0].copy()
+    # most tiles hold one code (a contiguous extent is a run): count only the mixed ones
+    mixed = np.flatnonzero((rows != rows[:, :1]).any(axis=1))
+    if len(mixed):
+        sub = rows[mixed].astype(np.int64)
+        if n % k and mixed[-1] == num_tiles - 1:   # count the short tile's real cells only
+            sub[-1, n - (num_tiles - 1) * k:] = NUM_CODES
+        ids = np.repeat(np.arange(len(mixed)), k) * (NUM_CODES + 1) + sub.ravel()
+        counts = np.bincount(ids, minlength=len(mixed) * (NUM_CODES + 1)).reshape(-1, NUM_CODES + 1)
+        out[mixed] = counts[:, :NUM_CODES].argmax(axis=1)
+    return out
+
+
+def grid_shape(num_tiles: int, aspect: float = 1.0) -> tuple[int, int]:
+    """(rows, columns) of the grid that lays ``num_tiles`` tiles out row by row."""
+    num_cols = max(1, math.ceil(math.sqrt(max(num_tiles, 1) * aspect)))
+    return max(1, math.ceil(num_tiles / num_cols)), num_cols
 
 
 @dataclass(frozen=True)
@@ -113,8 +150,7 @@ def pool_grid(snapshot, max_cells: int = DEFAULT_MAX_CELLS, aspect: float = 1.0,
     codes = cell_codes(snapshot.cell_class, snapshot.owner, snapshot.ref_cnt)
     k = max(1, min_cells_per_tile, math.ceil(n / max_cells))
     num_tiles = math.ceil(n / k) if n else 0
-    num_cols = max(1, math.ceil(math.sqrt(max(num_tiles, 1) * aspect)))
-    num_rows = max(1, math.ceil(num_tiles / num_cols))
+    num_rows, num_cols = grid_shape(num_tiles, aspect)
     size = num_rows * num_cols
     z = np.full(size, np.nan, dtype=np.float32)
     custom = np.zeros((size, 5 if k == 1 else 6), dtype=np.float32)
@@ -128,8 +164,7 @@ def pool_grid(snapshot, max_cells: int = DEFAULT_MAX_CELLS, aspect: float = 1.0,
         custom[:n, 4] = (np.asarray(snapshot.block_key, dtype=np.uint64) >> np.uint64(40))
     elif n:
         tile = np.arange(n) // k
-        counts = np.bincount(tile * NUM_CODES + codes, minlength=num_tiles * NUM_CODES)
-        z[:num_tiles] = counts.reshape(num_tiles, NUM_CODES).argmax(axis=1)
+        z[:num_tiles] = tile_codes(codes, k)
         starts = np.arange(0, n, k)
         cls = np.asarray(snapshot.cell_class)
         held = np.isin(cls, [MEMORY_CLASSES.index(c) for c in

@@ -6,11 +6,15 @@ classes are chosen so that none of them is close to an owner colour.
 """
 from __future__ import annotations
 
-# Strong, mutually distinct hues for the KV of live requests. No red (fragmentation), no pale
-# blue (cached), no grey (free), no yellow (reservation), no black (shared).
+# Colours of the KV of live requests: greens and violets, the two arcs of the colour wheel that
+# no memory class uses (red/wine = fragmentation, yellow = reservation, blue = token states and
+# the pale cached blue, grey/black = free/shared). A test keeps every owner colour at least
+# MIN_CLASS_HUE_DISTANCE degrees of hue from every class colour; lightness tells the greens
+# (and the violets) apart from each other.
 OWNER_PALETTE: tuple[str, ...] = (
-    "#1F77B4", "#FF7F0E", "#2CA02C", "#9467BD", "#8C564B", "#E377C2", "#17BECF", "#BCBD22",
+    "#2CA02C", "#9467BD", "#66A61E", "#5E4FA2", "#1B9E77", "#D35FB7", "#7FC97F", "#B39DDB",
 )
+MIN_CLASS_HUE_DISTANCE = 25.0
 
 # memory class -> colour. Keys are allocator.MEMORY_CLASSES plus "shared" (token states held by
 # more than one sequence), which the pool heatmap draws apart from single-owner KV.
@@ -36,6 +40,35 @@ CLASS_LABELS: dict[str, str] = {
 
 # The left and right configurations of the dashboard (they may use the same allocator).
 SIDE_COLORS: tuple[str, str] = ("#1F77B4", "#FF7F0E")
+# lines that are not requests (running / waiting, several runs): Plotly's first colours
+SERIES_COLORS: tuple[str, ...] = ("#1F77B4", "#FF7F0E", "#2CA02C", "#9467BD", "#8C564B",
+                                  "#17BECF", "#7F7F7F", "#BCBD22")
+# tick labels of numeric axes: at most 4 significant digits, no float noise (0.024999999999999792
+# reads 0.025), thousands separated ("966,400", never "966.4005k")
+NUMBER_TICKS = ",.4~r"
+
+# axis titles for summary and sweep columns (the raw names are for files, not for readers)
+METRIC_LABELS: dict[str, str] = {
+    "mean_running": "mean running requests", "max_running": "max running requests",
+    "num_preemptions": "preemptions", "preemptions": "preemptions",
+    "max_concurrency": "max_model_len requests at once (vLLM)",
+    "num_gpu_blocks": "KV blocks per GPU", "kv_cache_tokens": "KV cache tokens",
+    "throughput": "output tokens / s", "output_throughput_tokens_per_s": "output tokens / s",
+    "request_throughput_per_s": "requests / s", "mean_kv_usage": "mean KV usage",
+    "prefix_hit_rate": "prefix hit rate", "cost": "cost (GPUs x price rank)",
+    "block_size": "block size (tokens)", "gpu_memory_utilization": "gpu_memory_utilization",
+    "rate": "arrival rate (requests / s)", "rate_scale": "traffic (x the trace's rate)",
+    "max_num_seqs": "max_num_seqs", "max_model_len": "max_model_len (tokens)",
+    "tp": "tensor parallel size",
+}
+for _m, _name in (("ttft", "TTFT"), ("tpot", "TPOT"), ("e2e", "end-to-end")):
+    for _p in ("p50", "p90", "p99", "mean"):
+        METRIC_LABELS[f"{_m}_s.{_p}"] = METRIC_LABELS[f"{_m}_{_p}"] = f"{_name} {_p} (s)"
+
+
+def metric_label(name: str) -> str:
+    """The axis title of a summary or sweep column (the name itself when none is known)."""
+    return METRIC_LABELS.get(name, name.replace("_", " "))
 
 FONT_FAMILY = "Inter, -apple-system, Segoe UI, Helvetica, Arial, sans-serif"
 

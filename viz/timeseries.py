@@ -14,12 +14,14 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from kvsim.viz.classes import MEMORY_CLASSES
-from kvsim.viz.style import CLASS_COLORS, CLASS_LABELS, OWNER_PALETTE, base_layout
+from kvsim.viz.style import CLASS_COLORS, CLASS_LABELS, NUMBER_TICKS, SERIES_COLORS, base_layout
 
 # Stack order, bottom to top: useful KV first, waste next, then what is not held.
 STACK_ORDER = ("token_states", "reservation", "internal_fragmentation", "external_fragmentation",
                "cached", "free")
 assert set(STACK_ORDER) == set(MEMORY_CLASSES)
+# several runs on one chart: a line that equals another stays visible (dashes differ)
+_DASHES = ("solid", "dash", "dot", "dashdot")
 
 
 def _require(frame: pd.DataFrame, columns: Sequence[str], what: str) -> None:
@@ -76,7 +78,8 @@ def breakdown_area(ts: pd.DataFrame, time_col: str = "time_s", title: str | None
 def concurrency_chart(ts: pd.DataFrame, time_col: str = "time_s", running: str = "running",
                       waiting: str = "waiting", preemptions: str = "num_preemptions",
                       title: str | None = None, now_s: float | None = None,
-                      height: int = 260, x_range: tuple[float, float] | None = None) -> go.Figure:
+                      height: int = 260, x_range: tuple[float, float] | None = None,
+                      y_max: float | None = None, preemptions_max: float | None = None) -> go.Figure:
     """Running and waiting requests over time, with cumulative preemptions on a second axis.
 
     Args:
@@ -86,15 +89,17 @@ def concurrency_chart(ts: pd.DataFrame, time_col: str = "time_s", running: str =
         now_s: vertical "now" line.
         height: pixels.
         x_range: fixed time axis.
+        y_max, preemptions_max: fixed tops of the two y axes (charts side by side share them:
+            ``concurrency_limits``), else each chart's own.
     Returns:
         the figure.
     """
     _require(ts, [time_col, running, waiting, preemptions], "concurrency")
     fig = make_subplots(specs=[[{"secondary_y": True}]])
     fig.add_trace(go.Scatter(x=ts[time_col], y=ts[running], name="running", mode="lines",
-                             line=dict(color=OWNER_PALETTE[0], width=2, shape="hv")))
+                             line=dict(color=SERIES_COLORS[0], width=2, shape="hv")))
     fig.add_trace(go.Scatter(x=ts[time_col], y=ts[waiting], name="waiting", mode="lines",
-                             line=dict(color=OWNER_PALETTE[1], width=2, shape="hv")))
+                             line=dict(color=SERIES_COLORS[1], width=2, shape="hv")))
     fig.add_trace(go.Scatter(x=ts[time_col], y=ts[preemptions], name="preemptions (cumulative)",
                              mode="lines", line=dict(color=CLASS_COLORS["internal_fragmentation"],
                                                      width=1.5, dash="dash", shape="hv")),
@@ -105,12 +110,22 @@ def concurrency_chart(ts: pd.DataFrame, time_col: str = "time_s", running: str =
     fig.update_layout(**base_layout(title, height), hovermode="x unified",
                       legend=dict(orientation="h", y=1.02, yanchor="bottom", x=1, xanchor="right",
                                   font=dict(size=10)))
-    fig.update_yaxes(title="requests", gridcolor="#EEE", rangemode="tozero", secondary_y=False)
-    top = max(1, int(ts[preemptions].max()) if len(ts) else 1)
+    fig.update_yaxes(title="requests", gridcolor="#EEE", rangemode="tozero", secondary_y=False,
+                     tickformat=NUMBER_TICKS, range=None if y_max is None else [0, max(y_max, 1) * 1.05])
+    top = max(1, int(ts[preemptions].max()) if len(ts) else 1) if preemptions_max is None else \
+        max(1, int(preemptions_max))
     fig.update_yaxes(title="preemptions", showgrid=False, range=[0, top * 1.05], tick0=0,
                      dtick=max(1, math.ceil(top / 4)), secondary_y=True)
     fig.update_xaxes(ticksuffix=" s", gridcolor="#EEE", range=x_range)
     return fig
+
+
+def concurrency_limits(frames: Sequence[pd.DataFrame], running: str = "running",
+                       waiting: str = "waiting", preemptions: str = "num_preemptions") -> dict:
+    """``y_max`` and ``preemptions_max`` for concurrency charts drawn side by side (one scale)."""
+    y = max((float(f[[running, waiting]].to_numpy().max()) for f in frames if len(f)), default=1.0)
+    p = max((float(f[preemptions].max()) for f in frames if len(f)), default=1.0)
+    return {"y_max": y, "preemptions_max": p}
 
 
 def ecdf(values: Sequence[float]) -> tuple[np.ndarray, np.ndarray]:
@@ -140,9 +155,9 @@ def latency_cdf(runs: Mapping[str, pd.DataFrame], column: str, title: str | None
         _require(frame, [column], f"latency CDF of {label!r}")
         x, y = ecdf(frame[column])
         p50, p99 = (np.percentile(x, [50, 99]) if len(x) else (np.nan, np.nan))
-        color = (colors or {}).get(label, OWNER_PALETTE[i % len(OWNER_PALETTE)])
-        fig.add_trace(go.Scatter(x=x, y=y, mode="lines", line=dict(color=color, width=2,
-                                                                    shape="hv"),
+        color = (colors or {}).get(label, SERIES_COLORS[i % len(SERIES_COLORS)])
+        fig.add_trace(go.Scatter(x=x, y=y, mode="lines", line=dict(color=color, width=2, shape="hv",
+                                                                    dash=_DASHES[i % len(_DASHES)]),
                                  name=f"{label}  (p50 {p50:.3g} {unit}, p99 {p99:.3g} {unit})",
                                  hovertemplate=f"%{{x:.4g}} {unit}: %{{y:.1%}}<extra>{label}"
                                                "</extra>"))
@@ -150,7 +165,7 @@ def latency_cdf(runs: Mapping[str, pd.DataFrame], column: str, title: str | None
                       legend=dict(orientation="h", y=-0.3, x=0, font=dict(size=10)))
     fig.update_yaxes(title="fraction of requests", range=[0, 1.02], tickformat=".0%",
                      gridcolor="#EEE")
-    fig.update_xaxes(title=f"{column} ({unit})", gridcolor="#EEE")
+    fig.update_xaxes(title=f"{title or column} ({unit})", gridcolor="#EEE", tickformat=NUMBER_TICKS)
     return fig
 
 
@@ -174,14 +189,14 @@ def compare_bars(summaries: Mapping[str, Mapping[str, float]], metrics: Mapping[
         for i, (label, summary) in enumerate(summaries.items()):
             if key not in summary:
                 raise ValueError(f"summary of {label!r} has no {key!r}; have {sorted(summary)}")
-            color = (colors or {}).get(label, OWNER_PALETTE[i % len(OWNER_PALETTE)])
+            color = (colors or {}).get(label, SERIES_COLORS[i % len(SERIES_COLORS)])
             fig.add_trace(go.Bar(x=[label], y=[summary[key]], marker_color=color, name=label,
                                  showlegend=j == 1, hovertemplate=f"{label}: %{{y:.4g}}"
                                                                    "<extra></extra>"),
                           row=1, col=j)
     fig.update_layout(**base_layout(title, height), bargap=0.3,
                       legend=dict(orientation="h", y=-0.05, yanchor="top", x=0))
-    fig.update_yaxes(gridcolor="#EEE", rangemode="tozero")
+    fig.update_yaxes(gridcolor="#EEE", rangemode="tozero", tickformat=NUMBER_TICKS)
     fig.update_xaxes(showticklabels=False)
     return fig
 
@@ -207,9 +222,11 @@ def line_chart(frame: pd.DataFrame, x: str, ys: Mapping[str, str], title: str | 
     for i, (col, label) in enumerate(ys.items()):
         fig.add_trace(go.Scatter(x=frame[x], y=frame[col], name=label, mode="lines",
                                  connectgaps=True,
-                                 line=dict(color=OWNER_PALETTE[i % len(OWNER_PALETTE)], width=2)))
+                                 line=dict(color=SERIES_COLORS[i % len(SERIES_COLORS)], width=2,
+                                           dash=_DASHES[i % len(_DASHES)])))
     fig.update_layout(**base_layout(title, height),
                       legend=dict(orientation="h", y=-0.3, x=0, font=dict(size=10)))
     fig.update_xaxes(title=x_title or x, gridcolor="#EEE", type="log" if log_x else "linear")
-    fig.update_yaxes(title=y_title, gridcolor="#EEE", rangemode="tozero", tickformat=y_tickformat)
+    fig.update_yaxes(title=y_title, gridcolor="#EEE", rangemode="tozero",
+                     tickformat=y_tickformat or NUMBER_TICKS)
     return fig

@@ -3,8 +3,9 @@
 Tolerances (documented and tested): a UTF-8 byte-order mark, CRLF line ends, blank or
 whitespace-only lines anywhere (they hold no request, so skipping them drops nothing), a gzip-
 compressed file (detected by its magic bytes). Errors: a missing file, a directory, an empty
-file, a binary file (a NUL byte in the first 64 KiB), bytes that are not UTF-8, each an
-``InputError`` naming the file (and line where there is one).
+file, a binary file (a NUL byte in the first 64 KiB), bytes that are not UTF-8, a compressed
+stream that is corrupt or truncated, each an ``InputError`` naming the file (and line where
+there is one: for a corrupt stream, the first line that could not be decompressed).
 
 Files are read line by line, never whole: memory does not grow with the file.
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 import gzip
 import math
 import os
+import zlib
 from collections.abc import Iterator
 
 from kvsim.errors import InputError
@@ -20,6 +22,9 @@ from kvsim.errors import InputError
 _SNIFF_BYTES = 64 * 1024
 _GZIP_MAGIC = b"\x1f\x8b"
 _BOM = b"\xef\xbb\xbf"
+# what a corrupt or truncated compressed stream raises: gzip.BadGzipFile (an OSError) for a bad
+# header or CRC, EOFError when cut short, zlib.error for corrupt deflate data
+_DECOMPRESSION_ERRORS = (OSError, EOFError, zlib.error)
 
 
 def _open_binary(path: str):
@@ -43,11 +48,20 @@ def check_text_file(path: str | os.PathLike) -> str:
         raise InputError("no such file", file=name)
     if os.path.isdir(name):
         raise InputError("is a directory, expected a trace file", file=name)
+    lines: list[bytes] = []
+    size = 0
     try:
         with _open_binary(name) as f:
-            head = f.read(_SNIFF_BYTES)
-    except (OSError, EOFError) as err:  # gzip.BadGzipFile is an OSError
-        raise InputError(f"cannot read: {err}", file=name) from None
+            # line by line, so that a corrupt stream is reported at the line it breaks
+            while size < _SNIFF_BYTES:
+                line = f.readline(_SNIFF_BYTES - size)
+                if not line:
+                    break
+                lines.append(line)
+                size += len(line)
+    except _DECOMPRESSION_ERRORS as err:
+        raise InputError(_read_error(err), file=name, line=len(lines) + 1) from None
+    head = b"".join(lines)
     if not head.strip(b" \t\r\n" + _BOM):
         raise InputError("empty file: no requests", file=name)
     nul = head.find(b"\x00")
@@ -66,6 +80,7 @@ def iter_lines(path: str) -> Iterator[tuple[int, str]]:
         f = _open_binary(path)
     except OSError as err:
         raise InputError(f"cannot read: {err}", file=path) from None
+    lineno = 0
     with f:
         try:
             for lineno, raw in enumerate(f, 1):
@@ -76,8 +91,17 @@ def iter_lines(path: str) -> Iterator[tuple[int, str]]:
                 except UnicodeDecodeError as err:
                     raise InputError(f"not UTF-8 text (byte {raw[err.start]:#04x} at column "
                                      f"{err.start + 1})", file=path, line=lineno) from None
-        except (OSError, EOFError) as err:  # truncated or corrupt gzip stream
-            raise InputError(f"cannot read: {err}", file=path) from None
+        except _DECOMPRESSION_ERRORS as err:  # truncated or corrupt compressed stream
+            raise InputError(_read_error(err), file=path, line=lineno + 1) from None
+
+
+def _read_error(err: Exception) -> str:
+    """One line for a read or decompression failure (the line number is the caller's)."""
+    if isinstance(err, (zlib.error, gzip.BadGzipFile)):
+        return f"corrupt compressed data ({err})"
+    if isinstance(err, EOFError):
+        return "compressed stream ends early (truncated file)"
+    return f"cannot read: {err.strerror or err}" if isinstance(err, OSError) else str(err)
 
 
 def first_data_line(path: str) -> tuple[int, str]:

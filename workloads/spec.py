@@ -60,7 +60,7 @@ class Spec:
                                       f"{', '.join(sorted(allowed))}")
 
 
-def _split_top(text: str, spec_text: str) -> list[str]:
+def split_top(text: str, spec_text: str) -> list[str]:
     """Split at commas outside parentheses."""
     parts, depth, start = [], 0, 0
     for i, ch in enumerate(text):
@@ -93,7 +93,7 @@ def _parse_value(raw: str, key: str, spec_text: str) -> Value:
     args: list[str] = []
     kwargs: list[tuple[str, str]] = []
     if inner.strip():
-        for part in _split_top(inner, spec_text):
+        for part in split_top(inner, spec_text):
             part = part.strip()
             if "(" in part or not part:
                 raise InputError(f"bad argument {part!r} of {name}() (in '{spec_text}')",
@@ -132,7 +132,7 @@ def parse_spec(text: str) -> Spec:
         raise InputError(f"bad workload spec '{text}': expected name[:key=value,...]")
     params: dict[str, Value] = {}
     if rest.strip():
-        for part in _split_top(rest, text):
+        for part in split_top(rest, text):
             if not part.strip():
                 raise InputError(f"empty parameter in spec '{text}'")
             if "=" not in part:

@@ -29,6 +29,7 @@ COMMANDS: dict[str, str] = {
     "reproduce": "kvsim.cli.reproduce",
     "validate": "kvsim.cli.validate",
     "dashboard": "kvsim.cli.dashboard",
+    "profile": "kvsim.cli.profile",
 }
 
 
@@ -57,6 +58,11 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("kvsim: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `kvsim ... | head`: the reader left; no traceback, no more output
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
 
 
 if __name__ == "__main__":

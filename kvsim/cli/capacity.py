@@ -68,9 +68,43 @@ def _sim_figures(row: dict) -> dict:
     return out
 
 
+def trace_lengths(args):
+    """prompt + output tokens of every request of the workload (at most --max-requests)."""
+    from array import array
+
+    from kvsim import workloads
+    from kvsim.simulator.footprint import WorkloadSize, check_memory
+
+    size = WorkloadSize(**workloads.workload_size(args.workload, max_requests=args.max_requests))
+    if size.num_requests is not None:  # 8 bytes a request
+        check_memory({"request lengths": 8 * size.num_requests}, f"{size.num_requests:,} request lengths")
+    lengths = array("q")
+    for req in workloads.load_at_rate(args.workload, rate=args.rate, rate_scale=args.rate_scale,
+                                      max_requests=args.max_requests, seed=args.seed):
+        lengths.append(req.prompt_tokens + req.output_tokens)
+    return lengths
+
+
+def format_trace_concurrency(r: CapacityReport, at: dict, source: str, num_requests: int) -> str:
+    """The lead lines of ``capacity WORKLOAD``: how many of the trace's requests fit at once."""
+    lines = [f"{source}: how many of its {num_requests:,} requests fit in the KV cache at once",
+             f"({r.num_gpu_blocks:,} blocks of {r.block_size} tokens; length = prompt + output):"]
+    for name in ("mean", "p50", "p99"):
+        a = at[name]
+        lines.append(f"  at the {name:<4} length {a['tokens']:>9,} tokens ({a['blocks']:>6,} blocks): "
+                     f"{a['concurrency']:,.2f}")
+    lines.append(f"  KV memory's limit; lengths capped at max_model_len {r.max_model_len:,}; the "
+                 f"scheduler runs at most max_num_seqs = {r.max_num_seqs:,} at once")
+    return "\n".join(lines)
+
+
 def run(args) -> int:
     report = capacity_report(args)
     out = {"capacity": report.to_dict()}
+    if args.workload:
+        lengths = trace_lengths(args)
+        out["trace_concurrency"] = {"num_requests": len(lengths),
+                                    **report.concurrency_at_lengths(lengths)}
     if args.concurrency_tokens:
         out["capacity"]["concurrency_for_tokens"] = {
             "tokens": args.concurrency_tokens, "concurrency": report.concurrency_for(args.concurrency_tokens)}
@@ -81,6 +115,9 @@ def run(args) -> int:
     if args.json:
         print(json.dumps(out, indent=2, sort_keys=True))
         return 0
+    if args.workload:   # the number a user asks first: how many of these requests fit
+        print(format_trace_concurrency(report, out["trace_concurrency"], args.workload, len(lengths)))
+        print()
     print(format_report(report))
     if args.concurrency_tokens:
         print(f"Maximum concurrency for {args.concurrency_tokens:,} tokens per request: "
@@ -98,7 +135,7 @@ def register(subparsers) -> None:
         "capacity", help="KV-cache capacity (vLLM's num_gpu_blocks) for a model on a GPU",
         description="vLLM's KV-cache sizing: KV bytes per token, num_gpu_blocks, KV tokens and "
                     "maximum concurrency; with a WORKLOAD, also a simulated replay on that pool.")
-    options.add_workload_args(p, required=False, trace_format=False, rate="retime")
+    options.add_workload_args(p, required=False, trace_format=False)
     options.add_model_gpu_args(p)
     options.add_pool_args(p, explicit_size=False)
     options.add_scheduler_args(p, batch_defaults=None)

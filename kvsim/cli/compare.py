@@ -1,40 +1,23 @@
 """``kvsim compare``: one workload through several allocators, side by side.
 
     kvsim compare WORKLOAD --allocators paged,max,pow2,oracle --num-blocks 4096 [--json out.json]
+    kvsim compare TRACE --allocators paged --prefix-caching on,off     # what prefix caching saves
 
 Every allocator gets the same usable memory and the same scheduler settings (the flags are
 ``kvsim replay``'s, kvsim.cli.options); the table shows the time-averaged memory breakdown, batch
-size, preemptions, throughput and latency percentiles.
+size, preemptions, throughput and latency percentiles, and which runs are overloaded
+(simulator.overload: their latencies measure the queue).
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 from kvsim.cli.replay import add_replay_args, run_one
+from kvsim.cli.table import format_table
 from kvsim.errors import InputError
 from kvsim.simulator.config import ALLOCATORS
 
-# (label, getter) rows of the table
-ROWS = (
-    ("requests finished", lambda s: s["requests_finished"]),
-    ("requests rejected", lambda s: s["requests_rejected"]),
-    ("simulated time (s)", lambda s: s["simulated_duration_s"]),
-    ("mean running", lambda s: s["mean_running"]),
-    ("max running", lambda s: s["max_running"]),
-    ("token states", lambda s: s["memory_breakdown"]["token_states"]),
-    ("reservation", lambda s: s["memory_breakdown"]["reservation"]),
-    ("internal frag.", lambda s: s["memory_breakdown"]["internal_fragmentation"]),
-    ("external frag.", lambda s: s["memory_breakdown"]["external_fragmentation"]),
-    ("cached", lambda s: s["memory_breakdown"]["cached"]),
-    ("free", lambda s: s["memory_breakdown"]["free"]),
-    ("prefix hit rate", lambda s: s["prefix_hit_rate"]),
-    ("preemptions", lambda s: s["num_preemptions"]),
-    ("output tok/s", lambda s: s["output_throughput_tokens_per_s"]),
-    ("TTFT p50 (s)", lambda s: s["ttft_s"]["p50"]),
-    ("TTFT p99 (s)", lambda s: s["ttft_s"]["p99"]),
-    ("TPOT p50 (s)", lambda s: s["tpot_s"]["p50"]),
-    ("E2E p50 (s)", lambda s: s["e2e_s"]["p50"]),
-    ("E2E p99 (s)", lambda s: s["e2e_s"]["p99"]),
-    ("wall clock (s)", lambda s: s["wall_clock_s"]),
-)
+PREFIX_CACHING = {"on": True, "off": False}
 
 
 def parse_allocators(text: str) -> list[str]:
@@ -51,25 +34,55 @@ def parse_allocators(text: str) -> list[str]:
     return names
 
 
-def _fmt(value) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        return f"{value:.4g}" if abs(value) < 1e5 else f"{value:.0f}"
-    return str(value)
+def parse_prefix_caching(text: str | None) -> list[bool] | None:
+    """``--prefix-caching on,off`` as [True, False] (None when not given)."""
+    if text is None:
+        return None
+    values = [t.strip().lower() for t in text.split(",") if t.strip()]
+    bad = [v for v in values if v not in PREFIX_CACHING]
+    if not values or bad or len(set(values)) != len(values):
+        raise InputError(f"--prefix-caching: expected on, off or on,off, got {text!r}")
+    return [PREFIX_CACHING[v] for v in values]
 
 
-def format_table(summaries: dict[str, dict]) -> str:
-    """Plain-text table: one column per allocator."""
-    names = list(summaries)
-    width = max(len(label) for label, _ in ROWS)
-    cols = [[_fmt(get(summaries[n])) for _, get in ROWS] for n in names]
-    col_w = [max(len(n), *(len(v) for v in c)) for n, c in zip(names, cols)]
-    lines = [" " * width + "  " + "  ".join(n.rjust(w) for n, w in zip(names, col_w))]
-    for i, (label, _) in enumerate(ROWS):
-        lines.append(label.ljust(width) + "  " +
-                     "  ".join(c[i].rjust(w) for c, w in zip(cols, col_w)))
-    return "\n".join(lines)
+def columns(allocators: list[str], prefix_caching: list[bool] | None) -> list[tuple[str, str, bool | None]]:
+    """(label, allocator, prefix caching or None for the flags' setting) per table column.
+
+    Prefix caching is a paged-pool feature: only the paged allocator gets one column per setting.
+    """
+    if prefix_caching is None:
+        return [(name, name, None) for name in allocators]
+    if "paged" not in allocators:
+        raise InputError("--prefix-caching compares the paged allocator with and without it; "
+                         "add paged to --allocators")
+    out = []
+    for name in allocators:
+        if name == "paged":
+            out += [(f"paged (prefix {'on' if on else 'off'})", name, on) for on in prefix_caching]
+        else:
+            out.append((name, name, None))
+    return out
+
+
+def prefix_savings(on: dict, off: dict) -> str:
+    """What prefix caching saves, from the summaries of the same run with it on and off."""
+    def change(key_on, key_off, what, unit=""):
+        if key_on is None or key_off is None or not key_off:
+            return None
+        return f"{what} {key_off:.4g}{unit} -> {key_on:.4g}{unit} ({100 * (key_on / key_off - 1):+.1f}%)"
+
+    computed_on, computed_off = on["computed_prompt_tokens"], off["computed_prompt_tokens"]
+    saved = computed_off - computed_on
+    parts = [f"prefix caching saves {saved:,} of {computed_off:,} prompt tokens computed "
+             f"({100 * saved / computed_off if computed_off else 0:.1f}%; hit rate "
+             f"{100 * on['prefix_hit_rate']:.1f}%)"]
+    for item in (change(on["output_throughput_tokens_per_s"], off["output_throughput_tokens_per_s"],
+                        "output tok/s"),
+                 change(on["ttft_s"]["p50"], off["ttft_s"]["p50"], "TTFT p50", " s"),
+                 change(on["mean_running"], off["mean_running"], "mean running")):
+        if item:
+            parts.append(item)
+    return "; ".join(parts)
 
 
 def register(subparsers) -> None:
@@ -81,19 +94,38 @@ def register(subparsers) -> None:
     add_replay_args(p, allocator=False)
     p.add_argument("--allocators", default=",".join(ALLOCATORS),
                    help=f"comma-separated (default {','.join(ALLOCATORS)})")
-    p.add_argument("--json", help="write {allocator: summary} here")
+    p.add_argument("--prefix-caching", metavar="on,off",
+                   help="paged allocator with prefix caching on and off side by side "
+                        "(what prefix caching saves)")
+    p.add_argument("--json", help="write {column: summary} here")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
+    import sys
+
+    from kvsim.cli.outputs import write_files
+    from kvsim.cli.replay import overload_message
     from kvsim.simulator.result import json_text, prepare_output
 
     names = parse_allocators(args.allocators)
+    prefix = parse_prefix_caching(args.prefix_caching)
+    if prefix is not None and args.no_prefix_caching:
+        raise InputError("give --prefix-caching or --no-prefix-caching, not both")
+    cols = columns(names, prefix)
     if args.json:
         prepare_output(args.json)
-    summaries = {name: run_one(args, name, record_requests=False).summary for name in names}
-    print(format_table(summaries))
+    summaries, overloaded = {}, {}
+    for label, name, on in cols:
+        result = run_one(args, name, record_requests=False, enable_prefix_caching=on)
+        summaries[label] = result.summary
+        message = overload_message(result.summary, result.timeseries, label)
+        overloaded[label] = message is not None
+        if message:
+            print(f"kvsim: warning: {message}", file=sys.stderr)
+    print(format_table(summaries, overloaded))
+    if prefix == [True, False] or prefix == [False, True]:
+        print(prefix_savings(summaries["paged (prefix on)"], summaries["paged (prefix off)"]))
     if args.json:
-        with open(args.json, "w") as f:
-            f.write(json_text(summaries))
+        write_files([(args.json, lambda: Path(args.json).write_text(json_text(summaries)))])
     return 0

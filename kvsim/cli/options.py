@@ -10,16 +10,20 @@ What differs between commands is stated where the command adds a group:
   * batch limits: ``replay``/``compare``/``validate`` default to EngineConfig's 256 sequences and
     8192 tokens; ``capacity``/``plan`` to vLLM's ``vllm serve`` defaults for the GPU (1024/8192 on
     an H100);
-  * ``--rate``: for ``replay``/``compare`` the arrival rate of sources without timestamps; for
-    ``plan``/``capacity`` the rate the workload is re-timed to (planner.sweep.load_requests).
+  * the batch limits above are the one difference; ``--rate`` and ``--rate-scale`` mean the same
+    in every command (workloads.retime): ``--rate R`` gives the workload R requests/s (a spec's
+    rate= replaced, Poisson arrivals for a trace without timestamps, a timestamped trace re-timed
+    to that mean rate), ``--rate-scale X`` X times its own rate (a trace keeps its pattern).
 
 Only argparse and light modules are imported here: ``kvsim --help`` must not load the simulator.
 """
 from __future__ import annotations
 
 import argparse
+import json
+import os
 
-from kvsim.cli.argtypes import nonneg_int, positive_float, positive_int
+from kvsim.cli.argtypes import add_rate_args, nonneg_int, positive_float, positive_int
 from kvsim.errors import InputError
 from kvsim.planner.capacity import DEFAULT_BLOCK_SIZE, DEFAULT_GPU_MEMORY_UTILIZATION, KV_DTYPES
 from kvsim.planner.engine_setup import DEFAULT_GPU, DEFAULT_MODEL
@@ -36,26 +40,22 @@ ENGINE_BATCH_DEFAULTS: tuple[int, int] = tuple(
 
 
 # ------------------------------------------------------------------------------------- workload
-def add_workload_args(p: argparse.ArgumentParser, *, required: bool = True, trace_format: bool = True,
-                      rate: str = "source") -> None:
+def add_workload_args(p: argparse.ArgumentParser, *, required: bool = True, trace_format: bool = True) -> None:
     """WORKLOAD and the flags that say how to read it.
 
     Args:
         required: WORKLOAD is required (else optional: ``capacity``).
         trace_format: offer ``--format`` (commands that hand the file to workloads.load).
-        rate: "source" (arrivals/s of sources without timestamps) or "retime" (re-time to it).
     """
     p.add_argument("workload", metavar="WORKLOAD", nargs=None if required else "?",
-                   help="trace file (mooncake, azure, sharegpt, vllm-oracle, csv/jsonl) or a "
+                   help="trace file (mooncake, azure, sharegpt, vllm-oracle, csv/jsonl; .gz too) or a "
                         "synthetic spec such as sharegpt:rate=2,n=1000,seed=0"
                         + ("" if required else " (optional: also replay it)"))
     if trace_format:
         p.add_argument("--format", help="trace format (default: sniffed from the file)")
     p.add_argument("--max-requests", type=positive_int, metavar="N",
                    help="replay only the first N requests")
-    p.add_argument("--rate", type=positive_float, metavar="PER_S",
-                   help="arrivals/s for sources without timestamps" if rate == "source" else
-                   "re-time the workload to this many requests/s")
+    add_rate_args(p)
     p.add_argument("--seed", type=int, default=0, help="seed of generated arrivals and lengths")
 
 
@@ -65,7 +65,8 @@ def add_model_gpu_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("model and GPU (pool size and roofline step time)")
     g.add_argument("--model", default=DEFAULT_MODEL,
                    help=f"model preset ({', '.join(MODEL_PRESETS)}); default %(default)s")
-    g.add_argument("--hf-config", metavar="PATH", help="a Hugging Face config.json instead of a preset")
+    g.add_argument("--hf-config", metavar="PATH",
+                   help="a Hugging Face config.json, or a model folder holding one, instead of a preset")
     g.add_argument("--gpu", default=DEFAULT_GPU,
                    help=f"GPU preset ({', '.join(GPU_PRESETS)}); default %(default)s")
     g.add_argument("--gpu-memory-gib", type=positive_float, metavar="GIB",
@@ -87,9 +88,32 @@ def add_model_gpu_args(p: argparse.ArgumentParser) -> None:
                         "e.g. from a vLLM log; replaces our estimate")
 
 
+def hf_config_source(path: str) -> tuple[str, str]:
+    """``--hf-config PATH``: the config.json to read (PATH itself, or PATH/config.json for a model
+    folder) and the model's name: the config's ``_name_or_path``, else its first
+    ``architectures`` entry, else the folder's name. A file that cannot be read keeps the folder's
+    name here; load_hf_config then reports it (one line)."""
+    config = os.path.join(path, "config.json") if os.path.isdir(path) else path
+    name = None
+    try:
+        with open(config, encoding="utf-8") as f:
+            raw = json.load(f)
+        if isinstance(raw, dict):
+            arch = raw.get("architectures")
+            name = (raw.get("_name_or_path") or (arch[0] if isinstance(arch, list) and arch else None))
+    except (OSError, ValueError):
+        pass
+    if not isinstance(name, str) or not name.strip():
+        name = os.path.basename(os.path.dirname(os.path.abspath(config))) or "custom"
+    return config, name.strip()
+
+
 def model_from_args(args):
     """The model: a preset name (resolved by the builder) or a ModelSpec from --hf-config."""
-    return load_hf_config(args.hf_config) if args.hf_config else args.model
+    if not args.hf_config:
+        return args.model
+    config, name = hf_config_source(args.hf_config)
+    return load_hf_config(config, name=name)
 
 
 def gpu_from_args(args):

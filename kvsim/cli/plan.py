@@ -34,12 +34,15 @@ def plan_base(args):
     engine.update(enable_prefix_caching=not args.no_prefix_caching, placement=args.placement,
                   long_prefill_token_threshold=args.long_prefill_token_threshold,
                   full_prompt_admission=not args.no_full_prompt_admission, watermark=args.watermark)
-    return PlanBase(workload=args.workload, model=args.model, hf_config=args.hf_config,
+    hf_config, model = (options.hf_config_source(args.hf_config) if args.hf_config
+                        else (None, args.model))
+    return PlanBase(workload=args.workload, model=model, hf_config=hf_config,
                     gpu=gpu if isinstance(gpu, str) else gpu.name,
                     custom_gpu=None if isinstance(gpu, str) else gpu, tp=args.tp,
                     kv_dtype=args.kv_dtype, gpu_memory_utilization=args.gpu_memory_utilization,
                     block_size=args.block_size, max_model_len=args.max_model_len,
-                    non_kv_gib=args.non_kv_gib, rate=args.rate, max_requests=args.max_requests,
+                    non_kv_gib=args.non_kv_gib, rate=args.rate, rate_scale=args.rate_scale,
+                    max_requests=args.max_requests,
                     allocator=args.allocator, replicas=args.replicas, router=args.router,
                     seed=args.seed, step_s=options.step_s_from_args(args), cost_table=args.cost_table,
                     engine=engine)
@@ -101,7 +104,10 @@ def run(args) -> int:
 
     from kvsim.planner.slo import parse_slo
     from kvsim.planner.sweep import cheapest, expand_grid, load_requests, mark_slo, parse_sweep, run_sweep
+    from kvsim.cli.outputs import write_files
+    from kvsim.simulator.footprint import WorkloadSize, check_requests_in_memory
     from kvsim.simulator.result import prepare_output_dir
+    from kvsim.workloads import workload_size
 
     axes = parse_sweep(args.sweep or [])
     constraints = parse_slo(args.slo) if args.slo else ()
@@ -109,11 +115,14 @@ def run(args) -> int:
     bad = [f for f in formats if f not in FORMATS]
     if bad:
         raise InputError(f"unknown format(s) {', '.join(bad)}; choose from {', '.join(FORMATS)}", field="format")
+    out_names = [f"results.{f}" for f in formats] + ["timings.csv", "plan.json", "report.html"]
     if args.out:  # checked before the sweep: its minutes must not be lost at the end
-        prepare_output_dir(args.out)
+        prepare_output_dir(args.out, names=tuple(out_names))
     base = plan_base(args)
-    # a bad trace or spec fails here, once, rather than in every point
-    load_requests(base.workload, rate=axes.get("rate", [base.rate])[0], max_requests=1, seed=base.seed)
+    # a bad trace or spec, or one too large to hold, fails here, once, rather than in every point
+    check_requests_in_memory(WorkloadSize(**workload_size(base.workload, max_requests=base.max_requests)))
+    load_requests(base.workload, rate=axes.get("rate", [base.rate])[0],
+                  rate_scale=axes.get("rate_scale", [base.rate_scale])[0], max_requests=1, seed=base.seed)
 
     points = expand_grid(axes)
     rows = run_sweep(points, base, jobs=args.jobs, backend=args.backend, address=args.address,
@@ -123,7 +132,7 @@ def run(args) -> int:
     slo_error = None
     try:
         rows = mark_slo(rows, constraints)
-    except InputError as err:  # unknown metric: still write what was computed, then report
+    except InputError as err:  # unknown metric: still print and write what was computed, then report
         slo_error = err
     best = cheapest(rows, constraints) if slo_error is None else None
 
@@ -133,45 +142,65 @@ def run(args) -> int:
     wall = [c for c in df.columns if "wall" in c]
     results = df.drop(columns=wall)
     swept = list(axes)
-    if args.out:
-        out = Path(args.out)
-        if "csv" in formats:
-            results.to_csv(out / "results.csv", index=False)
-        if "parquet" in formats:
-            results.to_parquet(out / "results.parquet", index=False)
-        if "json" in formats:
-            (out / "results.json").write_text(results.to_json(orient="records", indent=1) + "\n")
-        if wall:
-            df[["point", *wall]].to_csv(out / "timings.csv", index=False)
-        meta = {"workload": args.workload, "sweep": axes, "slo": [str(c) for c in constraints],
-                "cost": "num_gpus * price_rank (planner/presets.py)", "cheapest": best}
-        (out / "plan.json").write_text(json.dumps(meta, indent=1, sort_keys=True, default=str) + "\n")
-        notes = [f"workload: {args.workload}", f"sweep: {axes}",
-                 f"SLO: {', '.join(str(c) for c in constraints) or 'none'}"]
-        if constraints:
-            notes.append("cheapest meeting the SLO (cost = GPUs x price rank): " + (
-                "none" if best is None else
-                f"point {best['point']} " + json.dumps({k: best[k] for k in swept}, default=str)))
-        from kvsim.viz.plan_figures import report_html
-
-        (out / "report.html").write_text(report_html("kvsim plan", _figures(df, swept, best, bool(constraints)),
-                                                     results, notes))
-    if slo_error is not None:
-        raise slo_error
+    # the table first: whatever happens to the files below, the sweep's result is on the terminal
     with pd.option_context("display.max_rows", 500, "display.width", 200, "display.max_columns", 50):
         print(_terminal_table(df, swept, bool(constraints)).to_string(index=False))
     num_failed = int(df["error"].notna().sum())
     if num_failed:
         print(f"{num_failed} of {len(df)} points are impossible configurations (see the error column)")
-    if constraints:
+    if "overloaded" in df and df["overloaded"].fillna(False).astype(bool).any():
+        points_over = df.loc[df["overloaded"].fillna(False).astype(bool), "point"].tolist()
+        print(f"kvsim: warning: {len(points_over)} of {len(df)} points are overloaded (points "
+              f"{', '.join(map(str, points_over[:20]))}{', ...' if len(points_over) > 20 else ''}): "
+              "their queues grow through the run, so their latencies measure the queue "
+              "(column overloaded, simulator.overload)", file=sys.stderr)
+    if constraints and slo_error is None:
         if best is None:
             print(f"no point meets the SLO {args.slo}")
         else:
             print(f"cheapest meeting the SLO: point {best['point']} "
                   + ", ".join(f"{k}={best[k]}" for k in swept) + f" (cost {best['cost']})")
     if args.out:
+        write_files(_output_writes(Path(args.out), formats, df, results, wall, axes, constraints,
+                                   best, swept, args.workload))
         print(f"wrote {args.out}/: " + ", ".join([f"results.{f}" for f in formats] + ["plan.json", "report.html"]))
+    if slo_error is not None:
+        raise slo_error
     return 0
+
+
+def _output_writes(out: Path, formats, df, results, wall, axes, constraints, best, swept, workload):
+    """(path, write) for every file of --out (kvsim.cli.outputs.write_files runs them)."""
+    from kvsim.viz.plan_figures import report_html
+
+    writes = []
+    if "csv" in formats:
+        writes.append((out / "results.csv", lambda: results.to_csv(out / "results.csv", index=False)))
+    if "parquet" in formats:
+        writes.append((out / "results.parquet",
+                       lambda: results.to_parquet(out / "results.parquet", index=False)))
+    if "json" in formats:
+        writes.append((out / "results.json", lambda: (out / "results.json").write_text(
+            results.to_json(orient="records", indent=1) + "\n")))
+    if wall:
+        writes.append((out / "timings.csv",
+                       lambda: df[["point", *wall]].to_csv(out / "timings.csv", index=False)))
+    # wall-clock figures live in timings.csv only: plan.json is byte-identical for a seed
+    cheapest_row = None if best is None else {k: v for k, v in best.items() if k not in wall}
+    meta = {"workload": workload, "sweep": axes, "slo": [str(c) for c in constraints],
+            "cost": "num_gpus * price_rank (planner/presets.py)", "cheapest": cheapest_row}
+    writes.append((out / "plan.json", lambda: (out / "plan.json").write_text(
+        json.dumps(meta, indent=1, sort_keys=True, default=str) + "\n")))
+    notes = [f"workload: {workload}", f"sweep: {axes}",
+             f"SLO: {', '.join(str(c) for c in constraints) or 'none'}"]
+    if constraints:
+        notes.append("cheapest meeting the SLO (cost = GPUs x price rank): " + (
+            "none" if best is None else
+            f"point {best['point']} " + json.dumps({k: best[k] for k in swept}, default=str)))
+    figures = _figures(df, swept, best, bool(constraints))
+    writes.append((out / "report.html", lambda: (out / "report.html").write_text(
+        report_html("kvsim plan", figures, results, notes))))
+    return writes
 
 
 def register(subparsers) -> None:
@@ -180,11 +209,12 @@ def register(subparsers) -> None:
         "plan", help="what-if sweep: one simulated replay per configuration, SLO check",
         description="Sweep a cartesian grid of configurations over a workload, one replay per point; "
                     "mark the points meeting an SLO and name the cheapest (cost = GPUs x price rank).")
-    options.add_workload_args(p, trace_format=False, rate="retime")
+    options.add_workload_args(p, trace_format=False)
     g = p.add_argument_group("sweep")
     g.add_argument("--sweep", action="append", metavar="KEY=V1,V2",
                    help="a grid axis (repeatable); keys: block_size, gpu_memory_utilization, gpu, model, tp, "
-                        "kv_dtype, rate, max_num_seqs, max_num_batched_tokens, allocator, replicas, ...")
+                        "kv_dtype, rate, rate_scale, max_num_seqs, max_num_batched_tokens, allocator, "
+                        "replicas, ...")
     g.add_argument("--slo", help='e.g. "ttft_p99<2,preemptions=0" (seconds; "500ms" works too)')
     g.add_argument("--out", metavar="DIR", help="write results, plan.json and report.html here")
     g.add_argument("--format", default="csv,parquet,json", help="results formats (default %(default)s)")

@@ -1,6 +1,6 @@
 """``kvsim replay``: replay a workload (trace file or synthetic spec) through the simulator.
 
-    kvsim replay WORKLOAD --allocator paged --num-blocks 4096 --out result.json \\
+    kvsim replay WORKLOAD --allocator paged --num-blocks 4096 [--out result.json] \\
         [--timeseries ts.parquet] [--requests req.csv]
     kvsim replay TRACE.csv --format vllm-oracle --step-clock --allocator paged --block-size 16 \\
         --num-blocks 1500 --max-num-seqs 128 --max-num-batched-tokens 2048 --max-model-len 8192 \\
@@ -24,7 +24,7 @@ from kvsim.cli import options
 from kvsim.errors import InputError
 
 
-def add_replay_args(p: argparse.ArgumentParser, *, allocator: bool = True) -> None:
+def add_replay_args(p: argparse.ArgumentParser, *, allocator: bool = True, execute: bool = False) -> None:
     """Everything a replay takes (shared by ``replay``, ``compare`` and ``validate WORKLOAD``)."""
     options.add_workload_args(p)
     options.add_model_gpu_args(p)
@@ -40,6 +40,13 @@ def add_replay_args(p: argparse.ArgumentParser, *, allocator: bool = True) -> No
     g.add_argument("--no-decode-batching", action="store_true",
                    help="schedule every step in detail (slow; for checking)")
     g.add_argument("--quiet", action="store_true", help="no progress bar")
+    if execute:
+        g = p.add_argument_group("hardware in the loop")
+        g.add_argument("--execute", choices=("cuda", "cpu"),
+                       help="run every scheduled step on the step executor (random weights of --model or "
+                            "--hf-config, a pool of --num-blocks) and take its measured time as the "
+                            "step's; the step cost model's prediction is recorded beside (cpu: the Triton "
+                            "interpreter, for tests)")
 
 
 def snapshot_times(text: str) -> list[float]:
@@ -56,21 +63,64 @@ def snapshot_times(text: str) -> list[float]:
     return times
 
 
-def run_one(args, allocator: str, record_requests: bool = True):
-    """Load the workload and simulate it with one allocator; returns the Result."""
+def run_one(args, allocator: str, record_requests: bool = True,
+            enable_prefix_caching: bool | None = None):
+    """Load the workload and simulate it with one allocator; returns the Result.
+
+    Args:
+        enable_prefix_caching: overrides ``--no-prefix-caching`` when given (``compare``).
+    """
     from kvsim import workloads
     from kvsim.planner.engine_setup import build_engine
     from kvsim.simulator import simulate
+    from kvsim.simulator.footprint import WorkloadSize, check_simulation
 
-    setup = build_engine(**options.engine_kwargs(args, allocator=allocator))
+    overrides = {} if enable_prefix_caching is None else {"enable_prefix_caching": enable_prefix_caching}
+    setup = build_engine(**options.engine_kwargs(args, allocator=allocator, **overrides))
     times = snapshot_times(args.snapshot_times_s)
-    requests = workloads.load(args.workload, format=args.format, max_requests=args.max_requests,
-                              rate=args.rate, seed=args.seed)
-    return simulate(requests, setup.config, setup.cost, replicas=args.replicas, router=args.router,
+    # every size (pool, snapshots, the spec's n= and samples=) before anything is allocated
+    check_simulation(setup.config, replicas=args.replicas, num_snapshots=len(times),
+                     sample_interval_s=args.sample_interval_s, record_requests=record_requests,
+                     workload=WorkloadSize(**workloads.workload_size(
+                         args.workload, format=args.format, max_requests=args.max_requests)))
+    requests = workloads.load_at_rate(args.workload, format=args.format, rate=args.rate,
+                                      rate_scale=args.rate_scale, max_requests=args.max_requests,
+                                      seed=args.seed)
+    if not args.quiet:   # the bar counts arrivals against the workload's size, when known
+        requests = _progress(requests, workloads.count_requests(
+            args.workload, format=args.format, max_requests=args.max_requests))
+    cost = setup.cost
+    if getattr(args, "execute", None):
+        from kvsim.cli.execute import in_the_loop
+        cost, requests = in_the_loop(args, setup, requests)
+    return simulate(requests, setup.config, cost, replicas=args.replicas, router=args.router,
                     sample_interval_s=args.sample_interval_s, snapshot_times_s=times,
-                    seed=args.seed, progress=not args.quiet, record_steps=args.step_clock,
+                    seed=args.seed, record_steps=args.step_clock,
                     batch_decode_steps=not args.no_decode_batching,
                     record_requests=record_requests)
+
+
+def _progress(requests, total: int | None):
+    """A tqdm bar on stderr over the requests as the simulation pulls them (total and ETA when
+    the workload's size is known)."""
+    from tqdm import tqdm
+
+    return tqdm(requests, total=total, unit="req", desc="replay", file=sys.stderr, mininterval=0.5,
+                leave=False)
+
+
+def overload_message(summary: dict, timeseries, label: str = "") -> str | None:
+    """The overload warning for one run (simulator.overload), or None."""
+    from kvsim.simulator.overload import overload_warning
+
+    return overload_warning(summary, timeseries, label)
+
+
+def format_summary(summary: dict) -> str:
+    """The summary as ``kvsim compare``'s table (one column), printed when there is no --out."""
+    from kvsim.cli.table import format_table
+
+    return format_table({"replay": summary})
 
 
 def register(subparsers) -> None:
@@ -79,35 +129,41 @@ def register(subparsers) -> None:
         "replay", help="replay a workload through one allocator",
         description="Replay a trace or synthetic workload through the vLLM-faithful scheduler "
                     "and one allocator; write the summary (JSON), time series and requests.")
-    add_replay_args(p)
-    g = p.add_argument_group("outputs")
-    g.add_argument("--out", required=True, help="summary JSON (stable keys)")
+    add_replay_args(p, execute=True)
+    g = p.add_argument_group("outputs (checked before the run; the summary is printed either way)")
+    g.add_argument("--out", help="summary JSON (stable keys)")
     g.add_argument("--timeseries", help="time series (.parquet or .csv)")
     g.add_argument("--requests", help="per-request table (.csv or .parquet)")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
+    from kvsim.cli.outputs import write_files
     from kvsim.simulator.result import prepare_output
 
     # check every output before the run: minutes of simulation must not be lost at the end
-    prepare_output(args.out)
+    if args.out:
+        prepare_output(args.out)
     for path in (args.timeseries, args.requests):
         if path:
             prepare_output(path, (".csv", ".parquet"))
     result = run_one(args, args.allocator, record_requests=bool(args.requests))
-    result.write_json(args.out)
-    if args.timeseries:
-        result.write_timeseries(args.timeseries)
-    if args.requests:
-        result.write_requests(args.requests)
     s = result.summary
     print(f"{s['requests_finished']} requests finished ({s['requests_rejected']} rejected) in "
           f"{s['simulated_duration_s']:.3f} simulated s, {s['num_steps']} steps, "
           f"{s['num_preemptions']} preemptions, prefix hit rate {s['prefix_hit_rate']:.3f}, "
-          f"wall {s['wall_clock_s']:.2f} s -> {args.out}")
+          f"wall {s['wall_clock_s']:.2f} s" + (f" -> {args.out}" if args.out else ""))
+    if not args.out:
+        print(format_summary(s))
     if s["requests_rejected"]:
         print(f"kvsim: warning: {s['requests_rejected']} requests could never fit "
               "(prompt >= max_model_len, or larger than the pool); see --requests 'rejected'",
               file=sys.stderr)
+    message = overload_message(s, result.timeseries)
+    if message:
+        print(f"kvsim: warning: {message}", file=sys.stderr)
+    write_files([(path, write) for path, write in (
+        (args.out, lambda: result.write_json(args.out)),
+        (args.timeseries, lambda: result.write_timeseries(args.timeseries)),
+        (args.requests, lambda: result.write_requests(args.requests))) if path])
     return 0

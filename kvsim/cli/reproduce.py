@@ -33,21 +33,32 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from kvsim.cli.outputs import write_files
+    from kvsim.errors import InputError
     from kvsim.planner.reproduce import ReproConfig, run_reproduction
-    from kvsim.planner.reproduce_report import differences, ordering_checks, write_outputs
+    from kvsim.planner.reproduce_report import (OUTPUT_NAMES, differences, ordering_checks,
+                                                output_writes, render_markdown)
     from kvsim.simulator.result import prepare_output_dir
 
-    prepare_output_dir(args.out)   # fail before minutes of simulation, not after
+    # fail before minutes of simulation, not after
+    prepare_output_dir(args.out, names=tuple(OUTPUT_NAMES.values()))
     overrides = dict(seed=args.seed, sensitivity=not args.no_sensitivity,
                      sharegpt_file=args.sharegpt_file)
     config = ReproConfig.quick(**overrides) if args.quick else ReproConfig(**overrides)
     start = time.perf_counter()
     results = run_reproduction(config, progress=not args.quiet)
-    paths = write_outputs(results, args.out)
+    if not args.quiet:   # the report on the terminal first, whatever happens to the files
+        print(render_markdown(results))
+    try:
+        paths = write_files(output_writes(results, args.out))
+    except InputError:
+        if args.quiet:   # no result is lost: the report goes to the terminal instead
+            print(render_markdown(results))
+        raise
     if not args.quiet:
         flagged = sum(d["flag"] for d in differences(results))
         broken = [k for k, ok in ordering_checks(results).items() if not ok]
-        print(f"wrote {paths['json']}, {paths['md']}, {paths['html']} "
+        print(f"wrote {', '.join(paths)} "
               f"in {time.perf_counter() - start:.0f} s; {flagged} figures differ from the paper "
               f"by more than 3 points / 10 %; orderings broken: {', '.join(broken) or 'none'}",
               file=sys.stderr)

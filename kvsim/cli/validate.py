@@ -25,7 +25,7 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
-from kvsim.cli.argtypes import positive_float, positive_int
+from kvsim.cli.argtypes import add_rate_args, positive_float, positive_int
 from kvsim.errors import InputError
 
 DTYPES = ("float32", "float16", "bfloat16")
@@ -51,6 +51,7 @@ def register(subparsers) -> None:
                    help="WORKLOAD form: fixed step time (default 0.02)")
     p.add_argument("--max-requests", type=positive_int,
                    help="WORKLOAD form: simulate only the first N requests")
+    add_rate_args(p)
     p.add_argument("--layout", choices=("flat", "vllm"), default="flat")
     p.add_argument("--dtype", choices=DTYPES, default="float32")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
@@ -61,7 +62,9 @@ def register(subparsers) -> None:
     p.add_argument("--partition-size", type=positive_int,
                    help=f"force split-KV (v2) with this many tokens per partition (a multiple of "
                         f"{PARTITION_TOKENS})")
-    p.add_argument("--max-seqs", type=positive_int, help="validate only the first N sequences (by seq_id)")
+    p.add_argument("--max-seqs", type=positive_int,
+                   help="validate at most N sequences, chosen so that shared blocks are read by two of "
+                        "them (the summary says how many were)")
     p.add_argument("--seed", type=int, default=0, help="seed of the queries")
     p.add_argument("--json", type=Path, help="write the full report here")
     p.add_argument("--step", action="store_true",
@@ -91,6 +94,7 @@ def _simulated_snapshot(args):
     replay = parser.parse_args([args.workload])
     replay.num_blocks, replay.block_size, replay.step_s = args.num_blocks, args.block_size, args.step_s
     replay.max_requests, replay.quiet = args.max_requests, True
+    replay.rate, replay.rate_scale = args.rate, args.rate_scale
     times = [args.at]
     if args.step:
         from kvsim import workloads
@@ -146,7 +150,9 @@ def format_report(report) -> str:
                 f"{len(report.checks) - num_prefill} decode, {report.num_tokens} new tokens, "
                 f"window {report.sliding_window or 'none'}) in one unified launch")
     else:
-        what = f"{len(report.checks)} sequences ({report.num_skipped_empty} with 0 tokens not run)"
+        what = (f"{len(report.checks)} of {report.num_sequences} sequences checked "
+                f"({report.num_skipped_empty} with 0 tokens not run; {report.num_shared_blocks_checked} of "
+                f"the {report.num_shared_blocks} shared blocks read by two checked sequences)")
     lines.append(
         f"{what}, "
         f"{sum(c.num_shared_blocks > 0 for c in report.checks)} with shared blocks; {report.dtype} "
@@ -170,6 +176,7 @@ def run(args) -> int:
         raise InputError(f"--num-heads {args.num_heads} is not a multiple of --num-kv-heads {args.num_kv_heads}")
     if args.partition_size is not None and args.partition_size % PARTITION_TOKENS:
         raise InputError(f"--partition-size must be a multiple of {PARTITION_TOKENS}, got {args.partition_size}")
+    from kvsim.cli.outputs import write_files
     from kvsim.simulator.result import prepare_output
 
     for path in (args.json, args.save_snapshot):  # checked before minutes of simulation
@@ -191,8 +198,6 @@ def run(args) -> int:
     from kvsim.kernels.bridge import save_snapshot, validate_snapshot, validate_step
 
     snapshot = _load_snapshot(args.snapshot) if args.snapshot is not None else _simulated_snapshot(args)
-    if args.save_snapshot is not None:
-        save_snapshot(args.save_snapshot, snapshot)
     geometry = dict(layout=args.layout, dtype=getattr(torch, args.dtype), device=device,
                     num_kv_heads=args.num_kv_heads, num_heads=args.num_heads, head_size=args.head_size,
                     partition_size=args.partition_size, seed=args.seed)
@@ -203,9 +208,10 @@ def run(args) -> int:
             raise InputError(f"--step: {err}") from None
     else:
         report = validate_snapshot(snapshot, max_seqs=args.max_seqs, **geometry)
-    print(format_report(report))
-    if args.json is not None:
-        data = asdict(report)
-        data["passed"] = report.passed
-        args.json.write_text(json.dumps(data, indent=1) + "\n")
+    print(format_report(report))   # the table first, whatever happens to the files below
+    data = asdict(report)
+    data["passed"] = report.passed
+    write_files([(path, write) for path, write in (
+        (args.save_snapshot, lambda: save_snapshot(args.save_snapshot, snapshot)),
+        (args.json, lambda: args.json.write_text(json.dumps(data, indent=1) + "\n"))) if path is not None])
     return 0 if report.passed else 1

@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from kvsim.cli.argtypes import positive_float, positive_int
+from kvsim.cli.argtypes import add_rate_args, positive_float, positive_int
 from kvsim.workloads.loaders import FORMATS
 
 
@@ -22,9 +22,7 @@ def register(subparsers) -> None:
     p.add_argument("--max-requests", type=positive_int, default=None, help="stop after N requests")
     p.add_argument("--time-window", type=positive_float, default=None, metavar="SECONDS",
                    help="keep requests arriving in [0, SECONDS)")
-    p.add_argument("--rate", type=positive_float, default=None,
-                   help="arrivals/s for sources without timestamps (ShareGPT length files, "
-                        "specs without rate=)")
+    add_rate_args(p)
     p.add_argument("--seed", type=int, default=0, help="seed of generated arrivals/lengths")
     p.add_argument("--block-size", type=positive_int, default=16,
                    help="block size of the prefix-reuse figure (tokens, default 16)")
@@ -34,11 +32,12 @@ def register(subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Print the statistics; InputError propagates to the CLI (one line, exit 2)."""
-    from kvsim.workloads import load
+    from kvsim.workloads import load_at_rate
     from kvsim.workloads.stats import workload_stats
 
-    requests = load(args.source, format=args.format, max_requests=args.max_requests,
-                    time_window_s=args.time_window, rate=args.rate, seed=args.seed)
+    requests = load_at_rate(args.source, format=args.format, rate=args.rate,
+                            rate_scale=args.rate_scale, max_requests=args.max_requests,
+                            time_window_s=args.time_window, seed=args.seed)
     stats = workload_stats(requests, block_size=args.block_size)
     if args.json:
         print(json.dumps({"source": args.source, **stats}, sort_keys=True))
@@ -62,4 +61,17 @@ def run(args: argparse.Namespace) -> int:
     width = max(len(k) for k, _ in lines)
     for key, value in lines:
         print(f"{key:<{width}}  {value}")
+    print(SHARING_NOTE)
     return 0
+
+
+# what the two sharing figures mean (printed under them; docs/WORKLOADS.md says the same)
+SHARING_NOTE = (
+    "shareable: tokens the source marks as content another request may hold (a shared system\n"
+    "  prompt, a conversation's history, Mooncake's hash ids, a request's own samples), counted\n"
+    "  per request: an upper bound that ignores block boundaries and arrival order.\n"
+    "prefix reuse: the prompt tokens an unlimited prefix cache would hit, replaying in arrival\n"
+    "  order: whole blocks of block_size only, only content an earlier request already computed,\n"
+    "  the last prompt token always recomputed (vLLM). The most prefix caching can save; a real\n"
+    "  pool evicts, so `kvsim compare WORKLOAD --allocators paged --prefix-caching on,off` says\n"
+    "  what it saves on a given pool.")

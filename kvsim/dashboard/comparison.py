@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import pandas as pd
 
-from kvsim.dashboard.playback import fmt_duration
+from kvsim.dashboard.playback import fmt_duration, player_payload
 from kvsim.dashboard.scenario import Run
 from kvsim.planner.sweep import flatten
-from kvsim.viz.pool import pool_heatmap
+from kvsim.simulator.overload import overload_reasons
+from kvsim.viz.pool import code_colors, pool_heatmap
+from kvsim.viz.style import CLASS_COLORS
 
 # keyed by kvsim.simulator.config.ALLOCATORS (a test checks that every allocator is explained)
 ALLOCATOR_LABELS = {"paged": "paged (vLLM blocks)", "max": "contiguous, reserve max_model_len",
@@ -35,9 +37,33 @@ HEADLINE = {"request_throughput_per_s": "requests / s", "mean_running": "mean ru
             "num_preemptions": "preemptions"}
 
 
+def side_label(run: Run) -> str:
+    """A run's allocator, and its prefix caching when that is off on a paged pool."""
+    off = run.allocator == "paged" and not run.prefix_caching
+    return ALLOCATOR_LABELS[run.allocator] + (", prefix caching off" if off else "")
+
+
 def run_label(i: int, run: Run) -> str:
     """How a run is named in tables and legends: its side and allocator."""
-    return f"{'left' if i == 0 else 'right'}: {ALLOCATOR_LABELS[run.allocator]}"
+    return f"{'left' if i == 0 else 'right'}: {side_label(run)}"
+
+
+def live_payload(runs) -> bytes:
+    """Both runs' playback frames for the browser player (playback.player_payload)."""
+    return player_payload([(side_label(r), r.playback, r.end_s) for r in runs],
+                          colors=code_colors(), class_colors=CLASS_COLORS,
+                          note=runs[0].playback_note)
+
+
+def overload_warning(runs) -> str | None:
+    """One warning naming the overloaded runs and why (simulator.overload), or None."""
+    parts = [f"{run_label(i, r)} ({'; '.join(reasons)})" for i, r in enumerate(runs)
+             if (reasons := overload_reasons(r.summary, r.timeseries))]
+    if not parts:
+        return None
+    return ("Overloaded: " + " · ".join(parts) + ". Latencies then measure the queue, not the "
+            "allocator, and comparing overloaded runs says little: lower the arrival rate or the "
+            "number of requests, or enlarge the KV pool.")
 
 
 def flat_summaries(runs) -> dict[str, dict]:
@@ -77,15 +103,35 @@ def pool_figure(run: Run, frame: int, block_size: int):
     frame = min(frame, len(run.snapshots) - 1)
     t_s = float(run.frame_times_s[frame])
     done = " (all requests done)" if t_s > run.end_s else ""
-    title = f"{ALLOCATOR_LABELS[run.allocator]} · t = {fmt_duration(t_s)}{done}"
+    title = f"{side_label(run)} · t = {fmt_duration(t_s)}{done}"
     return pool_heatmap(run.snapshots[frame], title=title, height=430, tile_tokens=block_size)
 
 
 def rejected_warning(i: int, run: Run, max_model_len: int) -> str | None:
-    """The warning for a run that rejected requests (None when it rejected none)."""
+    """The warning for a run that rejected requests (None when it rejected none), with each
+    reason and the setting that fixes it: prompts longer than max_model_len (raise it), or
+    requests whose KV the whole pool cannot hold (a larger pool, not max_model_len)."""
     rejected = run.summary["requests_rejected"]
     if not rejected:
         return None
+    reqs = run.requests
+    parts = []
+    if len(reqs) and "rejected" in reqs:
+        rej = reqs[reqs["rejected"]]
+        too_long = int((rej["prompt_tokens"] + 1 > max_model_len).sum())
+        too_big = len(rej) - too_long
+        if too_long:
+            parts.append(f"{too_long} have a prompt longer than max_model_len = {max_model_len} "
+                         "(raise max_model_len in the sidebar)")
+        if too_big and run.allocator == "max":
+            parts.append(f"{too_big} cannot get the max_model_len = {max_model_len} tokens the max "
+                         "policy reserves for each, more than the pool holds (enlarge the KV pool "
+                         "or lower max_model_len; raising it makes this worse)")
+        elif too_big:
+            parts.append(f"{too_big} need more KV than the whole pool holds (enlarge the KV pool; "
+                         "raising max_model_len does not help)")
+    else:
+        parts.append(f"prompt longer than max_model_len = {max_model_len}, or more KV than the "
+                     "whole pool")
     return (f"{run_label(i, run)}: {rejected} of {run.summary['requests_arrived']} requests "
-            f"rejected (prompt longer than max_model_len = {max_model_len}, or more KV than the "
-            "whole pool); raise them in the sidebar.")
+            f"rejected: {'; '.join(parts)}.")

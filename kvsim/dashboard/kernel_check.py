@@ -50,6 +50,8 @@ def check_snapshot(snapshot, layout: str, dtype: str, max_seqs: int,
         report, row = validate_snapshot(snapshot, max_seqs=max_seqs, **geometry), SequenceCheck
     checks = pd.DataFrame([dataclasses.asdict(c) for c in report.checks],
                           columns=[f.name for f in dataclasses.fields(row)])
+    # the report's coverage: sequences with tokens, blocks two of them read, and of those the
+    # blocks two checked sequences read (kernels.bridge.choose_sequences)
     info = {k: v for k, v in dataclasses.asdict(report).items() if k != "checks"}
     info["passed"] = report.passed
     return checks, info

@@ -18,6 +18,7 @@ ENTRY_SCRIPT = Path(__file__).resolve().parent / "entry" / "kvsim_dashboard.py"
 
 STREAMLIT_OPTIONS = {
     "browser.gatherUsageStats": False,          # no telemetry calls from a local tool
+    "client.toolbarMode": "viewer",             # no "Deploy" button: a local tool
     "server.maxUploadSize": MAX_UPLOAD_MB,      # MB; the trace uploader caps itself the same
     "theme.primaryColor": ALLOCATOR_COLORS["paged"],  # the paged allocator's colour
 }

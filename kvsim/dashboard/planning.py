@@ -2,17 +2,24 @@
 sweep, and a simulated what-if (planner.sweep) over the sidebar's workload."""
 from __future__ import annotations
 
+import hashlib
+import os
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 
-from kvsim.dashboard.sources import Workload, needs_rate, workload_source
+from kvsim.cli.options import hf_config_source
+from kvsim.dashboard.sources import MAX_UPLOAD_MB, UPLOADS, Workload, needs_rate, workload_source
+from kvsim.errors import InputError
 from kvsim.planner.capacity import compute_capacity
-from kvsim.planner.presets import get_gpu, get_model
+from kvsim.planner.presets import get_gpu, get_model, load_hf_config
+from kvsim.planner.specs import ModelSpec
 from kvsim.planner.sweep import PlanBase, expand_grid, run_sweep
 
 SWEEPS = {  # parameter -> (label, values)
     "tp": ("tensor parallel size", (1, 2, 4, 8)),
-    "gpu_memory_utilization": ("gpu_memory_utilization", (0.5, 0.6, 0.7, 0.8, 0.9, 0.95)),
+    "gpu_memory_utilization": ("gpu_memory_utilization", (0.5, 0.6, 0.7, 0.8, 0.9, 0.92, 0.95)),
     "block_size": ("block size (tokens)", (8, 16, 32, 64, 128)),
     "kv_dtype": ("KV dtype", ("auto", "fp8")),
     "max_model_len": ("max_model_len (tokens)", (2048, 4096, 8192, 16384, 32768, 65536, 131072)),
@@ -24,7 +31,8 @@ SWEEP_COLUMNS = {"num_gpu_blocks": "KV blocks per GPU", "kv_cache_tokens": "KV t
 # real pool (vLLM's num_gpu_blocks) with the planner's roofline step cost
 SIM_SWEEPS = {
     "rate": ("arrival rate (requests/s)", (1.0, 2.0, 4.0, 8.0, 16.0)),
-    "gpu_memory_utilization": ("gpu_memory_utilization", (0.5, 0.7, 0.9)),
+    "rate_scale": ("traffic (x the workload's own rate)", (0.5, 1.0, 2.0, 4.0)),
+    "gpu_memory_utilization": ("gpu_memory_utilization", (0.5, 0.7, 0.92)),
     "block_size": ("block size (tokens)", (8, 16, 32, 64)),
     "max_num_seqs": ("max_num_seqs", (8, 32, 128, 256)),
 }
@@ -32,9 +40,41 @@ SIM_SWEEP_METRICS = {"request_throughput_per_s": "requests / s", "ttft_s.p99": "
                      "num_preemptions": "preemptions", "mean_running": "mean running"}
 
 
+def resolve_model(model: str) -> ModelSpec:
+    """A preset name, or the path of a Hugging Face config.json (an upload, store_hf_config),
+    named as the CLI names it (its _name_or_path or architectures)."""
+    if os.path.isfile(model):
+        config, name = hf_config_source(model)
+        return load_hf_config(config, name=name)
+    return get_model(model)
+
+
+def store_hf_config(name: str, data: bytes, store: Path = UPLOADS) -> str:
+    """Keep an uploaded config.json on disk under its digest; the path the planner reads.
+
+    Raises:
+        InputError naming the file: over MAX_UPLOAD_MB, empty, or not a model config (the
+        parser's one-line message, with the user's file name).
+    """
+    if len(data) > MAX_UPLOAD_MB * 2**20:
+        raise InputError(f"{len(data) / 2**20:.1f} MB is over the {MAX_UPLOAD_MB} MB upload limit",
+                         file=name)
+    if not data.strip():
+        raise InputError("the file is empty", file=name)
+    path = store / ("hf-" + hashlib.sha256(data).hexdigest()[:16]) / "config.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not path.exists():
+        path.write_bytes(data)
+    try:
+        resolve_model(str(path))
+    except InputError as err:
+        raise InputError(str(err).replace(str(path), name)) from None
+    return str(path)
+
+
 def capacity(model_name: str, gpu_name: str, **kwargs) -> dict:
     """planner's CapacityReport as a dict; raises ValueError for impossible configurations."""
-    return compute_capacity(get_model(model_name), get_gpu(gpu_name), **kwargs).to_dict()
+    return compute_capacity(resolve_model(model_name), get_gpu(gpu_name), **kwargs).to_dict()
 
 
 def capacity_sweep(model_name: str, gpu_name: str, param: str, base: tuple) -> pd.DataFrame:
@@ -70,8 +110,11 @@ def simulated_sweep(workload: Workload, allocators: tuple[str, ...], param: str,
         one row per (allocator, value): the sweep's row (capacity figures, flattened summary,
         ``error`` None or the reason the point is impossible).
     """
+    kwargs = dict(base)
+    if os.path.isfile(kwargs.get("model", "")):   # an uploaded config.json
+        kwargs["hf_config"], kwargs["model"] = hf_config_source(kwargs["model"])
     plan = PlanBase(workload=workload_source(workload), max_requests=workload.max_requests,
-                    rate=workload.rate if needs_rate(workload) else None, **dict(base))
+                    rate=workload.rate if needs_rate(workload) else None, **kwargs)
     # max_num_seqs is an engine setting: planner.sweep routes it to EngineConfig per point
     axes = {"allocator": list(dict.fromkeys(allocators)), param: list(SIM_SWEEPS[param][1])}
     return pd.DataFrame(run_sweep(expand_grid(axes), plan))

@@ -1,0 +1,56 @@
+"""The summary table ``kvsim compare`` prints (one column per run), and ``kvsim replay`` without
+``--out`` (one column): the figures a user compares first, shares of the pool in %."""
+from __future__ import annotations
+
+
+def _pct(value) -> str | None:
+    return None if value is None else f"{100 * value:.1f}%"
+
+
+# (label, getter, formatter or None) rows of the table; shares of the pool and hit rates in %
+ROWS = (
+    ("requests finished", lambda s: s["requests_finished"], None),
+    ("requests rejected", lambda s: s["requests_rejected"], None),
+    ("simulated time (s)", lambda s: s["simulated_duration_s"], None),
+    ("mean running", lambda s: s["mean_running"], None),
+    ("max running", lambda s: s["max_running"], None),
+    ("token states", lambda s: s["memory_breakdown"]["token_states"], _pct),
+    ("reservation", lambda s: s["memory_breakdown"]["reservation"], _pct),
+    ("internal frag.", lambda s: s["memory_breakdown"]["internal_fragmentation"], _pct),
+    ("external frag.", lambda s: s["memory_breakdown"]["external_fragmentation"], _pct),
+    ("cached", lambda s: s["memory_breakdown"]["cached"], _pct),
+    ("free", lambda s: s["memory_breakdown"]["free"], _pct),
+    ("prefix hit rate", lambda s: s["prefix_hit_rate"], _pct),
+    ("computed prompt tokens", lambda s: s["computed_prompt_tokens"], None),
+    ("preemptions", lambda s: s["num_preemptions"], None),
+    ("output tok/s", lambda s: s["output_throughput_tokens_per_s"], None),
+    ("TTFT p50 (s)", lambda s: s["ttft_s"]["p50"], None),
+    ("TTFT p99 (s)", lambda s: s["ttft_s"]["p99"], None),
+    ("TPOT p50 (s)", lambda s: s["tpot_s"]["p50"], None),
+    ("E2E p50 (s)", lambda s: s["e2e_s"]["p50"], None),
+    ("E2E p99 (s)", lambda s: s["e2e_s"]["p99"], None),
+    ("wall clock (s)", lambda s: s["wall_clock_s"], None),
+)
+def _fmt(value) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.4g}" if abs(value) < 1e5 else f"{value:.0f}"
+    return str(value)
+
+
+def format_table(summaries: dict[str, dict], overloaded: dict[str, bool] | None = None) -> str:
+    """Plain-text table: one column per run (shares of the pool in %); with ``overloaded``, a
+    last row saying which runs are (simulator.overload)."""
+    names = list(summaries)
+    rows = [(label, [fmt(get(summaries[n])) if fmt else _fmt(get(summaries[n])) for n in names])
+            for label, get, fmt in ROWS]
+    rows = [(label, [v if v is not None else "-" for v in values]) for label, values in rows]
+    if overloaded is not None:
+        rows.append(("overloaded", ["yes" if overloaded[n] else "no" for n in names]))
+    width = max(len(label) for label, _ in rows)
+    col_w = [max(len(n), *(len(values[i]) for _, values in rows)) for i, n in enumerate(names)]
+    lines = [" " * width + "  " + "  ".join(n.rjust(w) for n, w in zip(names, col_w))]
+    for label, values in rows:
+        lines.append(label.ljust(width) + "  " + "  ".join(v.rjust(w) for v, w in zip(values, col_w)))
+    return "\n".join(lines)
