@@ -445,9 +445,10 @@ class BlockPool:
             self.num_cached_blocks -= 1
             self._free_queue.unkey(block_id)
 
-    def _drop_keys(self, block_ids: list[int]) -> None:
+    def _drop_keys(self, block_ids: list[int], clear: bool = True) -> None:
         """Remove keyed blocks from the hash map (no counters but the map's). Blocks of one
-        segment that follow each other (a freed table's, tail first) are dropped as one run."""
+        segment that follow each other (a freed table's, tail first) are dropped as one run.
+        ``clear`` False: the caller sets their ``block_key`` to None itself (after this)."""
         block_key = self.block_key
         if self.int_keys:
             key_to_block = self._key_to_block
@@ -498,8 +499,9 @@ class BlockPool:
                 if not seg.num_blocks:
                     del segments[seg.chain]
                 i += run
-        for block_id in block_ids:
-            block_key[block_id] = None
+        if clear:
+            for block_id in block_ids:
+                block_key[block_id] = None
         self.num_keyed_blocks -= len(block_ids)
         self.map_version += 1
 
@@ -530,11 +532,19 @@ class BlockPool:
         blocks, evicted = self._free_queue.popleft(
             n, self.block_key if self.num_cached_blocks else None)
         ref = self.ref_cnt
-        for block_id in blocks:
-            ref[block_id] = 1
-        if evicted:
-            self._drop_keys(evicted)
-            self.num_cached_blocks -= len(evicted)
+        if evicted and len(evicted) == n:     # all cached (a full pool): one loop for both
+            block_key = self.block_key
+            self._drop_keys(evicted, clear=False)
+            for block_id in blocks:
+                ref[block_id] = 1
+                block_key[block_id] = None
+            self.num_cached_blocks -= n
+        else:
+            for block_id in blocks:
+                ref[block_id] = 1
+            if evicted:
+                self._drop_keys(evicted)
+                self.num_cached_blocks -= len(evicted)
         self.num_free_blocks -= n
         self.num_popped_blocks += n
         return blocks
@@ -550,7 +560,7 @@ class BlockPool:
             ref[block_id] += 1
 
     def free(self, blocks_tail_first: list[int], num_reuse_first: int,
-             num_keyed: int | None = None) -> None:
+             num_keyed: int | None = None, num_shared_head: int | None = None) -> None:
         """Drop a reference on each block; blocks reaching zero join the free queue.
 
         Args:
@@ -564,12 +574,19 @@ class BlockPool:
                 others none (a table's keyed head); used when the released blocks are the
                 first ones of the list, else the keys are read block by block
                 (check_invariants verifies the queue against the keys).
+            num_shared_head: when the caller knows it: only the last this-many blocks can be
+                held by anyone else (a table's keyed or hit head); the others are the caller's
+                own (ref 1), so their counts are not read.
         """
         ref = self.ref_cnt
         num_first = num_reuse_first
-        counts = [ref[b] for b in blocks_tail_first]
+        num_own = 0 if num_shared_head is None else len(blocks_tail_first) - num_shared_head
+        counts = [ref[b] for b in blocks_tail_first[num_own:]] if num_own else \
+            [ref[b] for b in blocks_tail_first]
         num_released = counts.count(1)
-        if counts[:num_released].count(1) == num_released:
+        tail_released = counts[:num_released].count(1) == num_released
+        num_released += num_own
+        if tail_released:
             # the usual case: the blocks released are the first ones (a table's tail; the
             # rest, its head, is shared: a prompt others hit), so release them with one
             # store each and count down only the shared ones

@@ -327,7 +327,10 @@ class PagedAllocator:
         tail_fill = seq.num_tokens - num_full * size
         tail_released = bool(tail_fill) and pool.ref_cnt[table[-1]] == 1
         num_free_before = pool.num_free_blocks
-        pool.free(table[::-1], num_reuse_first, None if seq.forked else num_keyed)
+        if seq.forked:
+            pool.free(table[::-1], num_reuse_first)
+        else:       # blocks past the keyed and hit head were never keyed: nobody else holds them
+            pool.free(table[::-1], num_reuse_first, num_keyed, max(num_keyed, seq.num_hit_blocks))
         num_released = pool.num_free_blocks - num_free_before
         self._num_filled_slots -= num_released * size - (size - tail_fill) * tail_released
 
