@@ -43,8 +43,16 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
+from operator import itemgetter
 
 from kvsim.workloads.keys import segment_key
+
+
+def _read(values: list, indices: list[int]) -> Sequence:
+    """``[values[i] for i in indices]`` (as a tuple), the loop in C."""
+    if len(indices) > 1:
+        return itemgetter(*indices)(values)
+    return [values[i] for i in indices]
 
 
 class _Batch:
@@ -532,19 +540,17 @@ class BlockPool:
         blocks, evicted = self._free_queue.popleft(
             n, self.block_key if self.num_cached_blocks else None)
         ref = self.ref_cnt
-        if evicted and len(evicted) == n:     # all cached (a full pool): one loop for both
+        if evicted:
+            # one loop for refs and keys: the other popped blocks have no key already
             block_key = self.block_key
             self._drop_keys(evicted, clear=False)
             for block_id in blocks:
                 ref[block_id] = 1
                 block_key[block_id] = None
-            self.num_cached_blocks -= n
+            self.num_cached_blocks -= len(evicted)
         else:
             for block_id in blocks:
                 ref[block_id] = 1
-            if evicted:
-                self._drop_keys(evicted)
-                self.num_cached_blocks -= len(evicted)
         self.num_free_blocks -= n
         self.num_popped_blocks += n
         return blocks
@@ -581,8 +587,7 @@ class BlockPool:
         ref = self.ref_cnt
         num_first = num_reuse_first
         num_own = 0 if num_shared_head is None else len(blocks_tail_first) - num_shared_head
-        counts = [ref[b] for b in blocks_tail_first[num_own:]] if num_own else \
-            [ref[b] for b in blocks_tail_first]
+        counts = _read(ref, blocks_tail_first[num_own:] if num_own else blocks_tail_first)
         num_released = counts.count(1)
         tail_released = counts[:num_released].count(1) == num_released
         num_released += num_own
