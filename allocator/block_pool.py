@@ -541,6 +541,7 @@ class BlockPool:
             n, self.block_key if self.num_cached_blocks else None)
         ref = self.ref_cnt
         if evicted:
+            self._evicting(evicted)
             # one loop for refs and keys: the other popped blocks have no key already
             block_key = self.block_key
             self._drop_keys(evicted, clear=False)
@@ -554,6 +555,11 @@ class BlockPool:
         self.num_free_blocks -= n
         self.num_popped_blocks += n
         return blocks
+
+    def _evicting(self, block_ids: list[int]) -> None:
+        """Hook: ``pop`` is about to evict these cached free blocks (their keys still set).
+        Eviction goes by run, not through ``unregister``; a subclass counting cached blocks
+        by some property of theirs overrides this."""
 
     def touch(self, blocks: Iterable[int]) -> None:
         """Take a reference on prefix-hit blocks; cached ones leave the free queue."""
