@@ -67,6 +67,11 @@ class PoolSnapshot:
     # None from a bare allocator): which sequences, and how many tokens each computed in it
     step_seq_ids: np.ndarray | None = None          # int64 [num_step_seqs]
     step_num_new_tokens: np.ndarray | None = None   # int64 [num_step_seqs], >= 1
+    # KV-cache groups (GroupedPagedAllocator): the group holding each cell (-1 none; a cached
+    # free cell: the group whose key it carries), every group's tables, the groups' names
+    block_group: np.ndarray | None = None
+    group_block_tables: dict | None = None  # seq_id -> (cells of group 0, of group 1, ...)
+    group_names: tuple | None = None
 
     def __post_init__(self):
         if self.kind not in ("paged", "contiguous"):
@@ -86,3 +91,23 @@ class PoolSnapshot:
         """Cells per class (dominant class of each cell)."""
         counts = np.bincount(self.cell_class, minlength=len(MEMORY_CLASSES))
         return dict(zip(MEMORY_CLASSES, (int(c) for c in counts)))
+
+
+def pool_cells(pool, block_size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Snapshot arrays of a BlockPool before any table is written: (cell_class, owner, fill,
+    block_key), with cached free blocks CACHED and full, the null block INTERNAL, the rest
+    FREE and unowned."""
+    n = pool.num_blocks
+    cell_class = np.full(n, FREE, dtype=np.int8)
+    owner = np.full(n, -1, dtype=np.int64)
+    fill = np.zeros(n, dtype=np.int32)
+    block_key = np.zeros(n, dtype=np.uint64)
+    for block_id, key in enumerate(pool.block_key):
+        if key is not None:
+            block_key[block_id] = pool.key_of(block_id) & 0xFFFFFFFFFFFFFFFF
+            if pool.ref_cnt[block_id] == 0:
+                cell_class[block_id] = CACHED
+                fill[block_id] = block_size
+    if pool.null_block is not None:
+        cell_class[pool.null_block] = INTERNAL
+    return cell_class, owner, fill, block_key

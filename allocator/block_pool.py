@@ -710,3 +710,39 @@ class BlockPool:
             num_keyed += num_blocks
         assert num_keyed == sum(k is not None for k in self.block_key) == self.num_keyed_blocks, \
             "keys out of sync"
+
+
+class PoolQueries:
+    """Pool-level queries and vLLM's prefix-cache counters, alike for every allocator over a
+    BlockPool (uses ``self.pool`` and ``self.num_usable_blocks``)."""
+
+    def _init_prefix_counters(self) -> None:
+        # vLLM's prefix_cache_queries / _hits: tokens of admitted sequences and their hits;
+        # re-admissions after a preemption are counted apart, as vLLM does
+        self.num_queried_tokens = self.num_hit_tokens = 0
+        self.num_preempted_queried_tokens = self.num_preempted_hit_tokens = 0
+        self._preempted_seq_ids: set = set()
+
+    def _count_query(self, seq_id, num_tokens: int, num_hit_tokens: int) -> None:
+        """Record an admission (prefix caching on)."""
+        if seq_id in self._preempted_seq_ids:
+            self._preempted_seq_ids.discard(seq_id)
+            self.num_preempted_queried_tokens += num_tokens
+            self.num_preempted_hit_tokens += num_hit_tokens
+        else:
+            self.num_queried_tokens += num_tokens
+            self.num_hit_tokens += num_hit_tokens
+
+    @property
+    def num_free_blocks(self) -> int:
+        """Blocks an allocation could use now, evictable cached blocks included."""
+        return self.pool.num_free_blocks
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.num_usable_blocks - self.pool.num_free_blocks
+
+    @property
+    def usage(self) -> float:
+        """vLLM's kv_cache_usage: 1 - free / usable (cached blocks count as free)."""
+        return 1.0 - self.pool.num_free_blocks / self.num_usable_blocks

@@ -35,9 +35,9 @@ from collections.abc import Hashable, Sequence
 
 import numpy as np
 
-from kvsim.allocator.accounting import (CACHED, FREE, INTERNAL, MEMORY_CLASSES, TOKEN_STATES,
-                                  PoolSnapshot, check_breakdown)
-from kvsim.allocator.block_pool import BlockPool
+from kvsim.allocator.accounting import (MEMORY_CLASSES, TOKEN_STATES, PoolSnapshot,
+                                        check_breakdown, pool_cells)
+from kvsim.allocator.block_pool import BlockPool, PoolQueries
 from kvsim.allocator.checks import (owner_codes, require_int, require_live, require_new_seq_id,
                                     snapshot_order)
 from kvsim.workloads.keys import SegmentKeys
@@ -63,7 +63,7 @@ class _Seq:
         self.forked = False
 
 
-class PagedAllocator:
+class PagedAllocator(PoolQueries):
     """vLLM-style paged KV-cache allocator.
 
     Args:
@@ -87,30 +87,12 @@ class PagedAllocator:
         self.pool = BlockPool(num_blocks, reserve_null_block=null_block)
         self._seqs: dict[int, _Seq] = {}
         self._num_filled_slots = 0      # sum over in-use blocks of slots holding tokens
-        # vLLM's prefix_cache_queries / _hits: tokens of admitted sequences and their hits;
-        # re-admissions after a preemption are counted apart, as vLLM does
-        self.num_queried_tokens = self.num_hit_tokens = 0
-        self.num_preempted_queried_tokens = self.num_preempted_hit_tokens = 0
-        self._preempted_seq_ids: set[Hashable] = set()
+        self._init_prefix_counters()
         # last prefix scan (admission asks lookup, blocks_needed and allocate in a row):
         # (block_hashes, pool.map_version, blocks scanned, hits)
         self._last_scan: tuple | None = None
 
     # ---- queries ---------------------------------------------------------------------------
-    @property
-    def num_free_blocks(self) -> int:
-        """Blocks allocate() could use now, evictable cached blocks included."""
-        return self.pool.num_free_blocks
-
-    @property
-    def num_used_blocks(self) -> int:
-        return self.num_usable_blocks - self.pool.num_free_blocks
-
-    @property
-    def usage(self) -> float:
-        """vLLM's kv_cache_usage: 1 - free / usable (cached blocks count as free)."""
-        return 1.0 - self.pool.num_free_blocks / self.num_usable_blocks
-
     @property
     def seq_ids(self) -> list[Hashable]:
         return list(self._seqs)
@@ -199,13 +181,7 @@ class PagedAllocator:
         num_hit_tokens = len(hits) * size
         self._num_filled_slots += num_evictable * size + num_tokens - num_hit_tokens
         if self.enable_prefix_caching:
-            if seq_id in self._preempted_seq_ids:
-                self._preempted_seq_ids.discard(seq_id)
-                self.num_preempted_queried_tokens += num_check_tokens
-                self.num_preempted_hit_tokens += num_hit_tokens
-            else:
-                self.num_queried_tokens += num_check_tokens
-                self.num_hit_tokens += num_hit_tokens
+            self._count_query(seq_id, num_check_tokens, num_hit_tokens)
         seq = _Seq(table, num_tokens, num_hit_tokens, block_hashes,
                    *self._count_keys(block_hashes), len(hits), len(hits))
         self._seqs[seq_id] = seq
@@ -355,18 +331,7 @@ class PagedAllocator:
     def snapshot(self) -> PoolSnapshot:
         """Per-block arrays of the pool now (see PoolSnapshot)."""
         n, size, pool = self.num_blocks, self.block_size, self.pool
-        cell_class = np.full(n, FREE, dtype=np.int8)
-        owner = np.full(n, -1, dtype=np.int64)
-        fill = np.zeros(n, dtype=np.int32)
-        block_key = np.zeros(n, dtype=np.uint64)
-        for block_id, key in enumerate(pool.block_key):
-            if key is not None:
-                block_key[block_id] = pool.key_of(block_id) & 0xFFFFFFFFFFFFFFFF
-                if pool.ref_cnt[block_id] == 0:
-                    cell_class[block_id] = CACHED
-                    fill[block_id] = size
-        if pool.null_block is not None:
-            cell_class[pool.null_block] = INTERNAL
+        cell_class, owner, fill, block_key = pool_cells(pool, size)
         tables, lens = {}, {}
         ordered = snapshot_order(self._seqs)
         code_of, owner_ids = owner_codes(ordered)

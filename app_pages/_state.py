@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from kvsim.dashboard import comparison, planning, playback, scenario, sources
+from kvsim.dashboard import comparison, hybrid, planning, playback, scenario, sources
 from kvsim.dashboard.kernel_check import check_snapshot
 
 # widget keys whose values must survive page switches (Streamlit drops the state of widgets that a
@@ -43,6 +43,12 @@ def load_requests(workload: sources.Workload) -> list:
 def run_scenario(sc: scenario.Scenario) -> tuple[scenario.Run, scenario.Run]:
     """Both sides of the scenario (scenario.simulate_scenario), cached; read-only."""
     return scenario.simulate_scenario(sc, load_requests(sc.workload))
+
+
+@st.cache_resource(max_entries=4, show_spinner="Simulating…")
+def run_hybrid(sc: hybrid.HybridScenario) -> hybrid.HybridRun:
+    """The KV-cache groups page's run (hybrid.simulate_hybrid), cached; read-only."""
+    return hybrid.simulate_hybrid(sc, load_requests(sc.workload))
 
 
 @st.cache_data(max_entries=64, show_spinner=False)

@@ -81,7 +81,8 @@ def kvsim_argv(trace: str | Path, oracle_args: dict, out_dir: str | Path) -> lis
     Returns:
         The argument list for `kvsim.cli.main`.
     """
-    unknown = set(oracle_args) - set(ORACLE_DEFAULTS) - {"num_gpu_blocks"}
+    # kv_groups: bench/hybrid_oracle.py's groups (the same spelling as `kvsim --kv-groups`)
+    unknown = set(oracle_args) - set(ORACLE_DEFAULTS) - {"num_gpu_blocks", "kv_groups"}
     if unknown:
         raise ValueError(f"oracle arguments without a kvsim equivalent: {sorted(unknown)}")
     a = {**ORACLE_DEFAULTS, **oracle_args}
@@ -99,6 +100,8 @@ def kvsim_argv(trace: str | Path, oracle_args: dict, out_dir: str | Path) -> lis
         argv.append("--no-full-prompt-admission")
     if a["watermark"]:
         argv += ["--watermark", str(a["watermark"])]
+    if a.get("kv_groups"):
+        argv += ["--kv-groups", a["kv_groups"]]
     argv += ["--out", str(out / "result.json"), "--requests", str(out / "requests.csv"),
              "--timeseries", str(out / "steps.csv")]
     return argv

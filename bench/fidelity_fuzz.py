@@ -29,8 +29,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench.fidelity_diff import ORACLE_DIR, compare_dirs, find_oracle_python, oracle_cli_args  # noqa: E402
-from bench.fidelity_vllm import RUNS, _cache_key, run_kvsim  # noqa: E402
+from bench.fidelity_diff import ORACLE_DIR, find_oracle_python, oracle_cli_args  # noqa: E402
+from bench.fidelity_vllm import RUNS, _cache_key, compare_with_kvsim, oracle_skip_reason  # noqa: E402
 from bench.make_oracle_fixtures import _lognormal_int, write_trace  # noqa: E402
 
 
@@ -145,17 +145,16 @@ def main(argv: list[str] | None = None) -> int:
     num_identical = num_compared = 0
     for name, cdir, args in cases:
         odir = cdir / "oracle"
-        if (odir / "error").exists() or not (odir / "requests.csv").exists():
-            reason = (odir / "error").read_text().strip() if (odir / "error").exists() \
-                else "no oracle output"
+        reason = oracle_skip_reason(odir)
+        if reason is not None:
             rows_out.append([name, json.dumps(args, sort_keys=True), "", "", "",
                              f"skipped: {reason}"])
             continue
-        kv_dir, why, _ = run_kvsim(f"fuzz_{name.replace('/', '_')}", cdir / "trace.csv", args)
-        if kv_dir is None:
+        d, _, why = compare_with_kvsim(name, f"fuzz_{name.replace('/', '_')}",
+                                       cdir / "trace.csv", args, odir)
+        if d is None:
             print(f"kvsim unavailable: {why}")
             return 1
-        d = compare_dirs(name, odir, kv_dir)
         num_compared += 1
         num_identical += d.identical
         first = d.first_step.split(":")[0] if d.first_step else ""

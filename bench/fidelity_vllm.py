@@ -230,6 +230,24 @@ def run_kvsim(name: str, trace: Path, args: dict) -> tuple[Path | None, str, flo
     return out, "ok", wall_s
 
 
+def oracle_skip_reason(odir: Path) -> str | None:
+    """Why a case has nothing to compare (the oracle's error file: vLLM refused it, or no
+    output yet); None when the oracle's requests.csv is there."""
+    if (odir / "error").exists():
+        return (odir / "error").read_text().strip()
+    return None if (odir / "requests.csv").exists() else "no oracle output"
+
+
+def compare_with_kvsim(name: str, tag: str, trace: Path, args: dict, odir: Path):
+    """Replay a case with kvsim (output under runs/fidelity/kvsim/<tag>) and compare it with
+    the oracle's output in ``odir``. Returns (FidelityDiff, kvsim's folder, "ok"), or
+    (None, None, why kvsim failed)."""
+    kv_dir, why, _ = run_kvsim(tag, trace, args)
+    if kv_dir is None:
+        return None, None, why
+    return compare_dirs(name, odir, kv_dir), kv_dir, why
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cases", nargs="*", help="only cases whose name contains one of these")

@@ -35,8 +35,10 @@ DIR/kernels_h200_correctness.txt; prints a summary last (bench/kernels_report.py
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import importlib.util
+import json
 import math
 import platform
 import sys
@@ -399,6 +401,43 @@ def flex_paged(batch: Batch):
     return out
 
 
+# dispatch-rule variants measured side by side with the rule (``--prefill-variants``,
+# ``--mixed-variants``): the module constants of kvsim.kernels.attention they change
+VARIANTS = {
+    "w8-maxreg128": dict(PREFILL_WARPS=8, PREFILL_MAX_REGISTERS=128),  # two 8-warp programs per SM (the rule)
+    "w4": dict(PREFILL_WARPS=4, PREFILL_MAX_REGISTERS=None),  # the rule before 2026-12-01 (255 registers)
+    "w8": dict(PREFILL_WARPS=8),
+    "w8-t32-s2": dict(PREFILL_WARPS=8, PREFILL_TILE=32, PREFILL_STAGES=2),
+    "no-decode-split": dict(SMALL_PARTITION_TOKENS=0),  # the rule before: decodes of a full launch unsplit
+    "decode-split-4096": dict(SMALL_PARTITION_TOKENS=4096),
+}
+
+
+@contextlib.contextmanager
+def rule(constants: dict):
+    """Plan with these constants of kvsim.kernels.attention (plans made inside are dropped after)."""
+    saved = {k: getattr(attn, k) for k in constants}
+    for k, v in constants.items():
+        setattr(attn, k, v)
+    attn._PLANS.clear()
+    attn._STATIC.clear()
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            setattr(attn, k, v)
+        attn._PLANS.clear()
+        attn._STATIC.clear()
+
+
+def measure_ours(w, section, name, cfg, batch, packed, meta):
+    """Our kernel under ``cfg``: None (the rule), a KernelConfig, or a dict of rule constants."""
+    if isinstance(cfg, dict):
+        with rule(cfg):
+            return measure(w, section, name, batch.ours(), batch, packed, meta, kind="paged", config=cfg)
+    return measure(w, section, name, batch.ours(config=cfg), batch, packed, meta, kind="paged", config=cfg or "")
+
+
 def timed_fn(fn):
     return getattr(fn, "timed", fn)
 
@@ -456,9 +495,7 @@ def section_prefill(w, args, t_start, points=None, configs=None, flex=True):
         meta = point_meta(batch)
         ours = {}
         for name, cfg in (configs or {"triton": None}).items():
-            t, ok = measure(w, "prefill", name, batch.ours(config=cfg), batch, packed, meta, kind="paged",
-                            config=cfg or "")
-            ours[name] = (t, ok)
+            ours[name] = measure_ours(w, "prefill", name, cfg, batch, packed, meta)
         best = {}
         for name, fn in dense_prefill_peers(batch, packed).items():
             t, ok = measure(w, "prefill", name, fn, batch, packed, meta)
@@ -514,8 +551,7 @@ def section_mixed(w, args, t_start, points=None, configs=None):
         meta = point_meta(batch, decodes=n_dec, decode_context=dec_ctx)
         ours = {}
         for name, cfg in (configs or {"triton": None}).items():
-            ours[name] = measure(w, "mixed", name, batch.ours(config=cfg), batch, packed, meta, kind="paged",
-                                 config=cfg or "")[0]
+            ours[name] = measure_ours(w, "mixed", name, cfg, batch, packed, meta)[0]
         # the dense baseline: the best prefill over the chunks + the best decode over the decodes
         n_chunks = len(chunks)
         pre = Batch(batch.query[:sum(q for q, _ in chunks)], batch.key_cache, batch.value_cache,
@@ -650,7 +686,7 @@ def section_decode(w, args, t_start, copy_peak, grid=None, configs=None, legacy=
             impls[name] = (paged_attention, cfg)
         if legacy is not None:
             impls["legacy"] = (legacy.paged_attention, None)
-        line = {}
+        line, ready = {}, {}
         for impl, (fn_, cfg) in impls.items():
             kwargs = dict(max_seq_len=ctx, validate=False)
             if cfg is not None:
@@ -658,12 +694,32 @@ def section_decode(w, args, t_start, copy_peak, grid=None, configs=None, legacy=
             fns = [lambda r=r: fn_(q[r * batch:(r + 1) * batch], kc, vc, tables[r * batch:(r + 1) * batch],
                                    lens[r * batch:(r + 1) * batch], SCALE, "flat", **kwargs) for r in range(sets)]
             try:
-                err = decode_check(q, kc, vc, tables, lens, fns[0](), batch)
-                t, how = bench_us(fns)
+                ready[impl] = (fns, decode_check(q, kc, vc, tables, lens, fns[0](), batch), [])
             except Exception as e:
                 w.add(section="decode", kind="paged", impl=impl, note=f"error: {type(e).__name__}: {str(e)[:150]}",
                       **meta)
+        # side by side with the previous kernel: timed in A B B A order, so that a drift of the card's
+        # clocks or of the neighbours' load within the point weighs on both alike; after one timing
+        # that is thrown away (on the H200 the first timing of a multi-GB pool ran up to 15% slow,
+        # whichever kernel took it: bench/results/kernels_h200_kern2.csv)
+        order = list(ready) + (list(reversed(ready)) if legacy is not None else [])
+        if ready:
+            with contextlib.suppress(Exception):
+                bench_us(ready[order[0]][0])
+        for impl in order:
+            if impl not in ready:
                 continue
+            try:
+                ready[impl][2].append(bench_us(ready[impl][0]))
+            except Exception as e:
+                w.add(section="decode", kind="paged", impl=impl, note=f"error: {type(e).__name__}: {str(e)[:150]}",
+                      **meta)
+                del ready[impl]
+        for impl, (fns, err, timings) in ready.items():
+            cfg = impls[impl][1]
+            t, how = sum(x for x, _ in timings) / len(timings), timings[0][1]
+            if len(timings) > 1:
+                how += f"; mean of {len(timings)} (ABBA): " + "/".join(f"{x:.2f}" for x, _ in timings)
             ps, cfg_used = attn.plan_launch(batch, hkv, ctx, HEAD_SIZE, "flat", q.device, None, cfg, gqa)
             tb = kv_bytes / t / 1e6
             note = how + ("" if cfg_used.unmasked_full_tiles else "; all tiles masked")
@@ -690,7 +746,7 @@ EAGER_DECODE = [(b, ctx) for b in (1, 8) for ctx in (512, 2048, 8192, 32768)]
 EAGER_PREFILL = [(1, 512), (1, 2048), (8, 512), (8, 2048)]
 
 
-def section_eager(w, args, t_start, legacy=None, raw=False):
+def section_eager(w, args, t_start, legacy=None):
     gqa = 4
     hkv = NUM_HEADS // gqa
     for batch, ctx in EAGER_DECODE:
@@ -707,21 +763,23 @@ def section_eager(w, args, t_start, legacy=None, raw=False):
         if legacy is not None:
             impls["legacy"] = lambda: legacy.paged_attention(q, kc, vc, tables, lens, SCALE, max_seq_len=ctx,
                                                              validate=False)
-        if raw:
-            impls["triton-launch-only"] = raw_launch(q, kc, vc, tables, lens, ctx)
         line = {}
+        paged = ("triton", "triton-validate", "legacy")
         for impl, fn in impls.items():
-            if fn is None:
-                continue
+            direct = attn._ATTENTION.direct_calls
             try:
                 t, loop = eager_us(fn)
+                # ours checked after the timing (the launches that skip Triton's binder); SDPA runs on
+                # other random data of the same shape
+                err = decode_check(q, kc, vc, tables, lens, fn(), batch) if impl in paged else float("nan")
             except Exception as e:
                 w.add(section="eager", kind="decode", impl=impl, note=f"error: {type(e).__name__}: {str(e)[:120]}",
                       batch=batch, context_tokens=ctx, gqa=gqa)
                 continue
             w.add(section="eager", kind="decode", impl=impl, batch=batch, context_tokens=ctx, new_tokens=batch,
-                  gqa=gqa, block_size=16, time_us=round(t, 2), loop_us=round(loop, 2), note="do_bench median; "
-                  "loop_us: 200 calls back to back")
+                  gqa=gqa, block_size=16, time_us=round(t, 2), loop_us=round(loop, 2), max_rel_err=f"{err:.2e}",
+                  correct=err <= TOL[DTYPE] if impl in paged else "", note="do_bench median; loop_us: 200 calls back to back; direct "
+                  f"launches {attn._ATTENTION.direct_calls - direct}")
             line[impl] = (t, loop)
         print(f"eager decode B={batch} L={ctx}: " + "; ".join(f"{k} {a:.1f}/{b:.1f}" for k, (a, b) in line.items())
               + "  (do_bench us / back-to-back us)", flush=True)
@@ -737,46 +795,17 @@ def section_eager(w, args, t_start, legacy=None, raw=False):
         for impl, fn in impls.items():
             try:
                 t, loop = eager_us(timed_fn(fn))
+                err = check_rows(b, fn(), packed=packed)
             except Exception as e:
                 w.add(section="eager", kind="prefill", impl=impl, note=f"error: {type(e).__name__}", batch=batch,
                       new_tokens=batch * q_len, gqa=gqa)
                 continue
             w.add(section="eager", kind="prefill", impl=impl, batch=batch, new_tokens=batch * q_len, context_tokens=0,
-                  gqa=gqa, block_size=16, time_us=round(t, 2), loop_us=round(loop, 2))
+                  gqa=gqa, block_size=16, time_us=round(t, 2), loop_us=round(loop, 2), max_rel_err=f"{err:.2e}",
+                  correct=err <= TOL[DTYPE])
             line[impl] = (t, loop)
         print(f"eager prefill {batch} x {q_len}: " + "; ".join(f"{k} {a:.1f}/{c:.1f}" for k, (a, c) in line.items()),
               flush=True)
-
-
-def raw_launch(q, kc, vc, tables, lens, ctx):
-    """The Triton launch alone (arguments prepared once): what the wrapper adds is the difference."""
-    plan = attn.plan_attention(q.shape[0], q.shape[0], NUM_HEADS, kc.shape[2], HEAD_SIZE, ctx, 1, "flat", q.device)
-    out = torch.empty_like(q)
-    split = plan.partition_size is not None
-    if split:
-        scratch = torch.empty(q.shape[0] * NUM_HEADS * plan.num_parts * (HEAD_SIZE + 2), device=DEVICE)
-        e = q.shape[0] * NUM_HEADS * plan.num_parts
-        tmp, m, l = scratch, scratch[e * HEAD_SIZE:], scratch[e * (HEAD_SIZE + 1):]
-        t_str = (NUM_HEADS * plan.num_parts * HEAD_SIZE, plan.num_parts * HEAD_SIZE, HEAD_SIZE,
-                 NUM_HEADS * plan.num_parts, plan.num_parts)
-        counters = torch.zeros(plan.num_qblocks * kc.shape[2], dtype=torch.int32, device=DEVICE)
-    else:
-        tmp = m = l = counters = out
-        t_str = (0,) * 5
-    geom, ks, vs, kv_strides = attn._geometry(kc, vc, "flat")
-    grid = (kc.shape[2], plan.num_qblocks, plan.num_parts if split else 1)
-    args = (out, tmp, m, l, counters, q, kc, vc, tables, lens, lens, SCALE * attn.LOG2E, 0,
-            plan.partition_size // plan.tile if split else 0, q.shape[0], plan.num_qblocks, kc.shape[2],
-            q.stride(0), q.stride(1), out.stride(0), out.stride(1), *t_str, tables.stride(0), *kv_strides)
-    kw = dict(GROUP=NUM_HEADS // kc.shape[2], HEAD_SIZE=HEAD_SIZE, BLOCK_Q=1, BLOCK_M=plan.block_rows, SMALL_M=0,
-              MERGE_ROWS=plan.merge_rows, SMALL_MERGE_ROWS=2, BLOCK_D=HEAD_SIZE, BLOCK_SIZE=16, TILE=plan.tile,
-              K_X=1, V_X=1, V_TOKENS_CONTIGUOUS=False, RUN=min(plan.tile, 16), SPLIT=split, UPCAST_DOT=False,
-              IEEE=False, UNMASKED_FULL_TILES=plan.config.unmasked_full_tiles, FUSED=split and plan.fused,
-              PARTS_PER_STEP=plan.parts_per_step, DECODE_ONLY=True, WINDOW=False, LONGEST_FIRST=True,
-              SMALL_UNMASKED=True, num_warps=plan.config.num_warps, num_stages=plan.config.num_stages)
-    if split and not plan.fused:
-        return None  # two launches: not a like-for-like "launch only" figure
-    return lambda: attn._attention_kernel[grid](*args, **kw)
 
 
 # ---- correctness across dtypes and layouts
@@ -911,7 +940,7 @@ def run_tune(w, args, t_start, copy_peak, legacy):
     section_decode(w, args, t_start, copy_peak, TUNE_DECODE, {"t64w4s3": KernelConfig(64, 4, 3)}, legacy)
     print(f"decode sweep done at {time.time() - t_start:.0f}s", flush=True)
     share(25)
-    section_eager(w, args, t_start, legacy, raw=True)
+    section_eager(w, args, t_start, legacy)
 
 
 def dry_run_setup() -> None:
@@ -946,6 +975,33 @@ def dry_run_setup() -> None:
              TUNE_MIXED=g["MIXED_POINTS"][:1], TUNE_DECODE=[(1, 40, 16, 2)])
 
 
+# a run plan's keys (the options of the same name) -> how a JSON value is written on the command line
+_PLAN_OPTIONS = dict(
+    decode_points=lambda v: ",".join(":".join(map(str, p)) for p in v),
+    mixed_points=lambda v: ",".join(map(str, v)), mixed_variants=",".join,
+    prefill_points=lambda v: ",".join(map(str, v)), prefill_variants=",".join,
+    correctness_cases=lambda v: ",".join(map(str, v)),
+    shares=lambda v: ",".join(f"{k}={x}" for k, x in v.items()))
+_OPTION_DEFAULTS = dict(mixed_variants="rows64", prefill_variants="", shares="")
+
+
+def apply_plan(args, plan: dict) -> None:
+    """Fill the options the command line left out from a run plan, then the defaults."""
+    unknown = set(plan) - set(_PLAN_OPTIONS)
+    if unknown:
+        raise SystemExit(f"{args.plan}: unknown plan keys {sorted(unknown)} (known: {sorted(_PLAN_OPTIONS)})")
+    for option, value in plan.items():
+        if getattr(args, option) is None:
+            setattr(args, option, _PLAN_OPTIONS[option](value))
+    for option, default in _OPTION_DEFAULTS.items():
+        if getattr(args, option) is None:
+            setattr(args, option, default)
+    unknown = {v for spec in (args.mixed_variants, args.prefill_variants) for v in spec.split(",")
+               if v and v != "rows64" and v not in VARIANTS}
+    if unknown:
+        raise SystemExit(f"unknown rule variants {sorted(unknown)} (known: {sorted(VARIANTS)}, rows64)")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True)
@@ -957,7 +1013,16 @@ def main() -> int:
     ap.add_argument("--dry-run", action="store_true", help="CPU interpreter, tiny shapes: check the script itself")
     ap.add_argument("--decode-points", help="only these decode points, BATCH:CONTEXT:BLOCK:GQA,... (with --legacy: "
                     "side by side with the previous kernel)")
+    ap.add_argument("--prefill-points", help="indices into PREFILL_POINTS (default: all and a ragged 64)")
+    ap.add_argument("--mixed-points", help="indices into MIXED_POINTS (default: all)")
+    ap.add_argument("--correctness-cases", help="indices into CORRECTNESS_CASES (default: all but the last)")
+    ap.add_argument("--prefill-variants", help=f"rule variants timed beside the rule: {sorted(VARIANTS)}")
+    ap.add_argument("--mixed-variants", help="rule variants (or rows64: 64-row programs; the default)")
+    ap.add_argument("--shares", help="share of the budget per section, e.g. decode=0.4,mixed=0.2")
+    ap.add_argument("--plan", type=Path, help="a JSON run plan (bench/kernels_h200_plan.json; the one that "
+                    "bench/codegen_sm90.py precompiles): the options above that the command line leaves out")
     args = ap.parse_args()
+    apply_plan(args, json.loads(args.plan.read_text()) if args.plan else {})
     if args.dry_run:
         dry_run_setup()
     t_start = time.time()
@@ -983,13 +1048,19 @@ def main() -> int:
         total = args.budget_s
         # each section within its share of the budget, so that a slow one cannot starve the rest
         shares = dict(correctness=0.07, eager=0.07, mixed=0.13, prefill=0.25, decode=0.48)
+        shares.update({k: float(v) for k, v in (x.split("=") for x in args.shares.split(",") if x)})
         share_sum = sum(shares[x] for x in sections)
-        runs = dict(correctness=lambda: section_correctness(args.out, CORRECTNESS_CASES[:-1],
-                                                            total * shares["correctness"] / share_sum),
+        pick = lambda items, spec: [items[int(i)] for i in spec.split(",")] if spec else None  # noqa: E731
+        variants = lambda spec: {"triton": None, **{  # noqa: E731
+            v: KernelConfig(64, 4, 3, block_rows=64, small_unmasked_full_tiles=False) if v == "rows64" else VARIANTS[v]
+            for v in spec.split(",") if v}}
+        cases = pick(CORRECTNESS_CASES, args.correctness_cases) or CORRECTNESS_CASES[:-1]
+        runs = dict(correctness=lambda: section_correctness(args.out, cases, total * shares["correctness"] / share_sum),
                     eager=lambda: section_eager(w, args, t_start, legacy),
-                    mixed=lambda: section_mixed(w, args, t_start, configs={
-                        "triton": None, "rows64": KernelConfig(64, 4, 3, block_rows=64, small_unmasked_full_tiles=False)}),
-                    prefill=lambda: section_prefill(w, args, t_start),
+                    mixed=lambda: section_mixed(w, args, t_start, pick(MIXED_POINTS, args.mixed_points),
+                                                variants(args.mixed_variants)),
+                    prefill=lambda: section_prefill(w, args, t_start, pick(PREFILL_POINTS, args.prefill_points),
+                                                    variants(args.prefill_variants)),
                     decode=lambda: section_decode(w, args, t_start, copy_peak, grid=decode_points,
                                                   legacy=legacy if decode_points else None))
         for name in ("correctness", "eager", "mixed", "prefill", "decode"):
@@ -1022,6 +1093,29 @@ def summarize(rows):
     if mix:
         print(f"mixed: ours/two dense launches geomean {geomean(mix):.3f}, max {max(mix):.3f} over {len(mix)} points "
               "(target < 1)")
+    dense = ("flash", "sdpa", "cudnn", "flex-dense", "prefill:", "decode:", "best-")
+    for section in ("prefill", "mixed"):
+        names = sorted({k for key, d in by.items() if key[0] == section for k in d
+                        if not k.startswith(dense) and k not in ("triton", "flex-paged")})
+        for v in names:
+            if section == "prefill":
+                xs = [min(t for k, t in d.items() if k.startswith(dense[:4])) / d[v] for key, d in by.items()
+                      if key[0] == section and v in d and any(k.startswith(dense[:4]) for k in d)]
+                what = "ours/best dense throughput"
+            else:
+                xs = [d[v] / d["best-prefill+best-decode"] for key, d in by.items()
+                      if key[0] == section and v in d and "best-prefill+best-decode" in d]
+                what = "ours/two dense launches"
+            if xs:
+                print(f"{section} variant {v}: {what} geomean {geomean(xs):.3f} over {len(xs)} points")
+    for key, d in by.items():
+        if key[0] == "eager" and "triton" in d:
+            sdpa = {k: t for k, t in d.items() if k.startswith(("sdpa", "flash"))}
+            if sdpa:
+                best = min(sdpa, key=sdpa.get)
+                print(f"eager {key[1]} x {key[3] or key[2]}: triton {d['triton']:.1f} us, {best} {sdpa[best]:.1f} us"
+                      + (f", legacy {d['legacy']:.1f} us" if "legacy" in d else "")
+                      + f" (target: triton <= sdpa: {'met' if d['triton'] <= sdpa[best] else 'not met'})")
     dec = [r for r in rows if r["section"] == "decode" and r["impl"] == "triton" and r["time_us"] != ""]
     if dec:
         same = [float(r["pct_copy_same_bytes"]) for r in dec]

@@ -237,6 +237,26 @@ CASES = [
          "custom_ids", {"num_gpu_blocks": 60, "max_num_seqs": 8}),
     Case("max_num_seqs", "bursts into max_num_seqs 4 (budget 256)",
          "burst", {"num_gpu_blocks": 1000, "max_num_seqs": 4, "max_num_batched_tokens": 256}),
+    # hybrid models (bench/hybrid_oracle.py: vLLM's HybridKVCacheCoordinator with these groups)
+    Case("hybrid_sliding_prefix", "gpt-oss groups (window 128 + full): prefix hits, preemptions",
+         "prefix_groups", {"num_gpu_blocks": 320, "max_num_seqs": 64,
+                           "kv_groups": "sliding:128,full"}),
+    Case("hybrid_sliding_storm", "window 32 + full in a tiny pool: windows free blocks, storms",
+         "storm", {"num_gpu_blocks": 150, "max_num_seqs": 64, "kv_groups": "sliding:32,full"}),
+    Case("hybrid_gemma_like", "three windows of 64 + full (Gemma 3's shape), prefix groups",
+         "prefix_groups", {"num_gpu_blocks": 420, "max_num_seqs": 64,
+                           "kv_groups": "sliding:64,sliding:64,sliding:64,full"}),
+    Case("hybrid_mamba_prefix", "Mamba2 groups (prompt checkpoints) + full: block-boundary hits",
+         "prefix_groups", {"num_gpu_blocks": 240, "max_num_seqs": 64,
+                           "kv_groups": "mamba_ckpt,mamba_ckpt,full"}),
+    Case("hybrid_mamba_storm", "Mamba + full in a tiny pool: state blocks under preemption",
+         "storm", {"num_gpu_blocks": 150, "max_num_seqs": 64, "kv_groups": "mamba,full"}),
+    Case("hybrid_gdn_block64", "Gated DeltaNet (checkpoints on the 64-token grid) + full",
+         "prefix_groups", {"num_gpu_blocks": 130, "block_size": 64, "max_num_seqs": 64,
+                           "kv_groups": "mamba_ckpt:64,full"}),
+    Case("hybrid_mamba_pc_off", "Mamba + window + full without prefix caching (one state)",
+         "prefix_groups", {"num_gpu_blocks": 300, "max_num_seqs": 64, "prefix_caching": "off",
+                           "kv_groups": "mamba,sliding:100,full"}),
 ]
 
 
@@ -264,9 +284,13 @@ def make_case(case: Case, oracle_python: str) -> dict:
     case_dir.mkdir(parents=True, exist_ok=True)
     trace_path = case_dir / "trace.csv"
     write_trace(trace_path, TRACES[case.trace]())
+    args = dict(case.oracle_args)
+    script, groups = ORACLE_DIR / "oracle.py", []
+    if "kv_groups" in args:     # the oracle with a hybrid model's KV-cache groups
+        script, groups = ROOT / "bench" / "hybrid_oracle.py", ["--kv-groups", args.pop("kv_groups")]
     with tempfile.TemporaryDirectory() as tmp:
-        cmd = [oracle_python, str(ORACLE_DIR / "oracle.py"), "--trace", str(trace_path),
-               "--out-dir", tmp, *oracle_cli_args(case.oracle_args)]
+        cmd = [oracle_python, str(script), "--trace", str(trace_path),
+               "--out-dir", tmp, *groups, *oracle_cli_args(args)]
         run = subprocess.run(cmd, capture_output=True, text=True)
         if run.returncode != 0:
             raise SystemExit(f"oracle failed on {case.name}: {run.stderr.strip()[-2000:]}")

@@ -6,6 +6,8 @@ Cases (each in its own subprocess, so peak RSS is the case's own):
   mooncake-conv-nopc  the same replay with prefix caching off (issue 20: prefix caching on
                   should cost at most 2x this)
   sharegpt-10k / -100k / -1m   synthetic ShareGPT-like requests (workloads spec)
+  azure-conv-gpt-oss(-full)    the Azure trace on gpt-oss-120b / one H100: KV-cache groups
+                               (sliding window + full), and every layer full (not by default)
 Setup (planner.engine_setup.build_engine, as `kvsim replay`): paged allocator, prefix caching on,
 vLLM's num_gpu_blocks for Llama-3.1-8B on one A100-80GB, roofline step times, max_num_seqs 256,
 max_num_batched_tokens 8192, one replica, time series sampled every 10 s, per-request table
@@ -44,9 +46,19 @@ CASES = {
     "sharegpt-10k": "sharegpt:rate=20,n=10000,seed=0",
     "sharegpt-100k": "sharegpt:rate=20,n=100000,seed=0",
     "sharegpt-1m": "sharegpt:rate=20,n=1000000,seed=0",
+    # a hybrid model (KV-cache groups: HybridScheduler), and the same with every layer full
+    "azure-conv-gpt-oss": str(TRACES / "azure_llm_2023" / "AzureLLMInferenceTrace_conv.csv"),
+    "azure-conv-gpt-oss-full": str(TRACES / "azure_llm_2023" / "AzureLLMInferenceTrace_conv.csv"),
 }
+DEFAULT_CASES = [c for c in CASES if "gpt-oss" not in c]
 MODEL, GPU = "Llama-3.1-8B", "A100-80GB"
 NO_PREFIX_CACHING = "-nopc"   # case-name suffix: the same replay with prefix caching off
+# cases on another model: gpt-oss-120b (18 sliding-window + 18 full layers) on one H100
+CASE_SETUP = {
+    "azure-conv-gpt-oss": dict(model="gpt-oss-120b", gpu="H100-80GB-SXM", max_model_len=131072),
+    "azure-conv-gpt-oss-full": dict(model="gpt-oss-120b", gpu="H100-80GB-SXM",
+                                    max_model_len=131072, disable_hybrid_kv_cache_manager=True),
+}
 
 
 def run_case(name: str, profile: bool = False) -> dict:
@@ -55,8 +67,9 @@ def run_case(name: str, profile: bool = False) -> dict:
     from kvsim.simulator import simulate
 
     max_model_len = 32768 if name.startswith("mooncake") else 16384
-    setup = build_engine(model=MODEL, gpu=GPU, max_model_len=max_model_len, max_num_seqs=256,
-                         max_num_batched_tokens=8192,
+    setup = build_engine(**{"model": MODEL, "gpu": GPU, "max_model_len": max_model_len,
+                            **CASE_SETUP.get(name, {})},
+                         max_num_seqs=256, max_num_batched_tokens=8192,
                          enable_prefix_caching=not name.endswith(NO_PREFIX_CACHING))
     config, cost, report = setup.config, setup.cost, setup.capacity
     requests = workloads.load(CASES[name])
@@ -174,7 +187,9 @@ def _absent(name: str) -> bool:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--cases", default=",".join(CASES))
+    ap.add_argument("--cases", default=",".join(DEFAULT_CASES),
+                    help=f"comma-separated, from {', '.join(CASES)} (default: the "
+                         f"full-attention ones)")
     ap.add_argument("--one", choices=CASES, help=argparse.SUPPRESS)   # child process: one case
     ap.add_argument("--profile", choices=CASES, metavar="CASE",
                     help="run one case under cProfile (stderr)")

@@ -98,6 +98,15 @@ CASES: dict[str, tuple[list[str], tuple[Path, ...]]] = {
     "compare-prefix-caching": (["compare", "sharegpt:rate=1,system=512,turns=uniform(1,6),think_s=30,"
                                 "n=300,seed=1", "--allocators", "paged,max", "--prefix-caching", "on,off",
                                 "--num-blocks", "1200", "--json", "{out}/compare.json", "--quiet"], ()),
+    # issue 17: hybrid models (KV-cache groups: windows free blocks, Mamba state, per-group rows)
+    "hybrid-sliding": (["replay", SHAREGPT, *TIGHT, "--kv-groups", "sliding:128,full",
+                        *REPLAY_OUTS], ()),
+    "hybrid-mamba": (["replay", SHAREGPT, *TIGHT, "--kv-groups", "mamba_ckpt,mamba_ckpt,full",
+                      *REPLAY_OUTS], ()),
+    "hybrid-gpt-oss-azure": (["replay", str(AZURE), "--max-requests", "1500", "--model",
+                              "gpt-oss-120b", "--gpu", "h100", "--rate-scale", "8",
+                              *REPLAY_OUTS], (AZURE,)),
+    "capacity-hybrid": (["capacity", "--model", "Gemma-3-27B", "--gpu", "h200", "--json"], ()),
 }
 # what differs between two runs of the same command by design
 _MASKS = [

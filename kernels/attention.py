@@ -65,6 +65,7 @@ bf16 dot reads raw bits).
 """
 from __future__ import annotations
 
+import itertools
 import math
 import os
 from dataclasses import dataclass
@@ -73,6 +74,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kvsim.kernels.launcher import CachedLauncher
 from kvsim.kernels.layout import cache_geometry, cache_strides
 
 LOG2E = 1.4426950408889634
@@ -83,8 +85,19 @@ FUSED_MERGE_MAX_ROWS = 64  # partitions x query rows that one program merges, at
 MERGE_TILE_ELEMS = 4096  # fp32 partial-result elements one merge step loads on GPU (16 KB)
 PREFILL_ROWS = 128  # query rows (tokens x heads of a group) of a program in a launch with prefills
 PREFILL_TILE = 64  # KV tokens per tile there
-PREFILL_WARPS = 4  # H200 sweep (bench/results/kernels_h200_tune5.csv): 4 warps beat 8 by 1.2-1.3x
+# 8 warps capped at 128 registers a thread: two programs per multiprocessor, as with 4 warps (which
+# take 255 registers and spill 280 B), with almost no spills; on the H200 (2026-12-01,
+# bench/results/kernels_h200_kern2.csv) 1.14x the throughput of 4 warps at the geometric mean of the
+# 16 prefill points, faster on every one (8 uncapped warps: 177 registers, one program, slower)
+PREFILL_WARPS = 8
 PREFILL_STAGES = 3
+PREFILL_MAX_REGISTERS = 128  # ptxas register cap of the prefill configuration (None: ptxas chooses)
+# a launch with prefills that fills the GPU is not split as a whole, but its decodes are, in
+# partitions of this many tokens: unsplit, a few long decodes next to a short chunk are a handful of
+# programs that each stream their whole context alone and finish last (1 x 1024 + 8 x 16k: 2.99x
+# two dense launches on the H200); split, their partitions run beside the prefill's programs
+SMALL_PARTITION_TOKENS = 2048
+SPLIT_SCRATCH_MAX_BYTES = 256 << 20  # the small-path split keeps its partials within this
 INTERPRETER_ROWS = 128  # the interpreter pays per program-iteration: big blocks
 
 
@@ -102,6 +115,11 @@ class KernelConfig:
     longest_first: launches with prefills start with the last q-blocks (the longest causal rows and
         the decodes listed after the prefills), so that short programs fill the tail.
     small_unmasked_full_tiles: ``unmasked_full_tiles`` of the small-row path.
+    small_partition_tokens: launches with prefills that are not split as a whole: split-KV of the
+        small-row path alone (the decodes), in partitions of this many tokens (0 = never; None =
+        planned: SMALL_PARTITION_TOKENS on GPU). The q-blocks of the large path are not split.
+    max_registers: cap on registers per thread (ptxas .maxnreg; None: ptxas chooses), e.g. 128 to
+        keep two 8-warp programs per multiprocessor.
     """
     tile_tokens: int
     num_warps: int = 4
@@ -112,6 +130,8 @@ class KernelConfig:
     small_rows: int | None = None
     longest_first: bool = True
     small_unmasked_full_tiles: bool = True
+    small_partition_tokens: int | None = None
+    max_registers: int | None = None
 
     def __post_init__(self):
         for name in ("tile_tokens", "block_rows", "small_rows"):
@@ -140,6 +160,7 @@ class LaunchPlan:
     reduce_parts_per_step: int
     reduce_warps: int
     config: KernelConfig
+    big_split: bool = True  # with a split: the large path's q-blocks are split too (else only the small path)
 
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
@@ -279,9 +300,16 @@ def plan_attention(num_tokens: int, num_seqs: int, num_heads: int, num_kv_heads:
         partition_size = plan_partitions(num_qblocks, num_kv_heads, span, tile0, num_sms(device))
     if partition_size is not None and partition_size >= span:
         partition_size = None  # one partition: no split computes the same thing without the merge
+    big_split = True
+    if partition_size is None and small_rows:
+        partition_size = _small_partition(base.small_partition_tokens, on_gpu, span, tile0,
+                                          num_tokens * num_heads * (head_size + 2) * 4)
+        big_split = partition_size is None
     if partition_size is not None:
         num_parts = math.ceil(span / partition_size) + (sliding_window is not None)  # tile alignment
-        fused = num_parts * block_q * group <= FUSED_MERGE_MAX_ROWS
+        # rows one program merges: a q-block of the split path (a decode's query heads when only
+        # the small path is split)
+        fused = num_parts * (block_q if big_split else 1) * group <= FUSED_MERGE_MAX_ROWS
     else:
         num_parts, fused = 1, True
     if config is not None or not on_gpu:
@@ -292,7 +320,8 @@ def plan_attention(num_tokens: int, num_seqs: int, num_heads: int, num_kv_heads:
         # the small-row path (decodes) follows the decode rule: a large flat launch masks every tile
         large = num_qblocks * num_kv_heads > 2 * num_sms(device)
         cfg = KernelConfig(PREFILL_TILE, PREFILL_WARPS, PREFILL_STAGES, fused_reduce=fused,
-                           small_unmasked_full_tiles=not (large and layout == "flat"))
+                           max_registers=PREFILL_MAX_REGISTERS,
+                           small_unmasked_full_tiles=partition_size is not None or not (large and layout == "flat"))
     tile = cfg.tile_tokens
     if partition_size is not None:
         # the tile must divide the partition so that no tile straddles two partitions
@@ -303,7 +332,23 @@ def plan_attention(num_tokens: int, num_seqs: int, num_heads: int, num_kv_heads:
     parts_per_step = max(2, min(_p2(num_parts), merge_tile_elems(device) // (merge_rows * block_d)))
     return LaunchPlan(decode_only, block_q, block_rows, small_rows, tile, partition_size, num_parts,
                       num_qblocks, cfg.fused_reduce, merge_rows, small_merge_rows, parts_per_step,
-                      min(128, max(2, _p2(num_parts))), (8 if num_parts > 32 else 4) if on_gpu else 1, cfg)
+                      min(128, max(2, _p2(num_parts))), (8 if num_parts > 32 else 4) if on_gpu else 1, cfg,
+                      big_split)
+
+
+def _small_partition(tokens: int | None, on_gpu: bool, span: int, tile: int, bytes_per_part: int) -> int | None:
+    """Partition size of the small-path split of a launch with prefills (None: no split): ``tokens``
+    (None: SMALL_PARTITION_TOKENS on GPU, off in the interpreter) rounded up to the tile, enlarged
+    until the partials (``bytes_per_part`` per partition: they are laid out by query token) fit in
+    SPLIT_SCRATCH_MAX_BYTES; no split when one partition would cover the longest range."""
+    if tokens is None:
+        tokens = SMALL_PARTITION_TOKENS if on_gpu else 0
+    if not tokens:
+        return None
+    size = tile * math.ceil(tokens / tile)
+    while size < span and math.ceil(span / size) * bytes_per_part > SPLIT_SCRATCH_MAX_BYTES:
+        size *= 2
+    return size if size < span else None
 
 
 def plan_launch(num_seqs: int, num_kv_heads: int, max_seq_len: int, head_size: int, layout: str,
@@ -419,15 +464,15 @@ def _kv_range(seq_len, q_len, first, n_tok, sliding_window, WINDOW: tl.constexpr
 
 
 @triton.jit
-def _attend_tile(q, m_i, l_i, acc, j, lo, hi, pos, bt_row, k_base, v_base, k_d, v_d, d_ok, qk_scale,
+def _attend_tile(q, m_i, l_i, acc, t0, lo, hi, pos, bt_row, k_base, v_base, k_d, v_d, d_ok, qk_scale,
                  sliding_window, k_stride_block, k_stride_token, v_stride_block, v_stride_token,
                  HEAD_SIZE: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr,
                  V_TOKENS_CONTIGUOUS: tl.constexpr, RUN: tl.constexpr, UPCAST_DOT: tl.constexpr,
                  IEEE: tl.constexpr, MASKED: tl.constexpr, ROW_MASKS: tl.constexpr, WINDOW: tl.constexpr):
-    """Tile j (tokens [j*TILE, (j+1)*TILE)): gather K/V through the block table, online-softmax
-    update. MASKED: the tile may hold tokens outside [lo, hi) (never read into the result) or, with
+    """The tile of TILE tokens from t0: gather K/V through the block table, online-softmax update.
+    MASKED: the tile may hold tokens outside [lo, hi) (never read into the result) or, with
     ROW_MASKS (several tokens per program), tokens past a row's position or before its window."""
-    t = j * TILE + tl.arange(0, TILE)
+    t = t0 + tl.arange(0, TILE)
     if MASKED:
         t_ok = t < hi
         if WINDOW:
@@ -437,6 +482,12 @@ def _attend_tile(q, m_i, l_i, acc, j, lo, hi, pos, bt_row, k_base, v_base, k_d, 
     else:
         block = tl.load(bt_row + t // BLOCK_SIZE).to(tl.int64)
     slot = t % BLOCK_SIZE
+    # (the order of these statements is the decode-only kernel's: it decides the schedule ptxas
+    # finds, see _attend_qblock)
+    if MASKED:
+        kv_mask = t_ok[:, None] & d_ok[None, :]
+    else:
+        kv_mask = d_ok[None, :]
     k_ptrs = k_base + (block * k_stride_block + slot * k_stride_token)[:, None] + k_d[None, :]
     v_tok = block * v_stride_block + slot * v_stride_token
     if V_TOKENS_CONTIGUOUS:
@@ -447,20 +498,15 @@ def _attend_tile(q, m_i, l_i, acc, j, lo, hi, pos, bt_row, k_base, v_base, k_d, 
     if HEAD_SIZE == BLOCK_D and not MASKED:
         k = tl.load(k_ptrs)
         v = tl.load(v_ptrs)
-    elif MASKED:
-        kv_mask = t_ok[:, None] & d_ok[None, :]
+    elif V_TOKENS_CONTIGUOUS and MASKED:
+        # a mask varying along tokens would stop 16-byte loads: load the whole runs (every address
+        # is inside the pool) and zero the tokens outside the range, which may hold NaN (free slots)
         k = tl.load(k_ptrs, mask=kv_mask, other=0.0)
-        if V_TOKENS_CONTIGUOUS:
-            # a mask varying along tokens would stop 16-byte loads: load the whole runs (every
-            # address is inside the pool) and zero the tokens outside the range, which may hold
-            # NaN (free slots)
-            v = tl.load(v_ptrs, mask=d_ok[None, :], other=0.0)
-            v = tl.where(t_ok[:, None], v, 0.0)
-        else:
-            v = tl.load(v_ptrs, mask=kv_mask, other=0.0)
-    else:
-        k = tl.load(k_ptrs, mask=d_ok[None, :], other=0.0)
         v = tl.load(v_ptrs, mask=d_ok[None, :], other=0.0)
+        v = tl.where(t_ok[:, None], v, 0.0)
+    else:
+        k = tl.load(k_ptrs, mask=kv_mask, other=0.0)
+        v = tl.load(v_ptrs, mask=kv_mask, other=0.0)
     if UPCAST_DOT:
         k = k.to(tl.float32)
         v = v.to(tl.float32)
@@ -498,12 +544,15 @@ def _attend_tile(q, m_i, l_i, acc, j, lo, hi, pos, bt_row, k_base, v_base, k_d, 
 @triton.jit
 def _merge_partitions(tmp_ptr, m_ptr, l_ptr, t_rows, ml_rows, rows_ok, num_parts, stride_t_part,
                       ROWS: tl.constexpr, HEAD_SIZE: tl.constexpr, BLOCK_D: tl.constexpr,
-                      PARTS_PER_STEP: tl.constexpr, CACHE: tl.constexpr):
+                      PARTS_PER_STEP: tl.constexpr, CACHE: tl.constexpr, EMPTY_ROWS: tl.constexpr):
     """Merge the partial results (acc, m, l) of partitions 0 .. num_parts - 1 of ROWS query rows
     (t_rows / ml_rows: each row's offset in the partials; parts are contiguous in m and l), in
     partition order, so that the result never depends on which program finished last:
     M = max_p m_p;  L = sum_p l_p 2^(m_p - M);  A = sum_p acc_p 2^(m_p - M).
-    A row may have no token in a partition (m = -inf, l = 0, acc = 0): it adds nothing.
+    EMPTY_ROWS: a row may have no token in a partition (m = -inf, l = 0, acc = 0; several tokens
+    per q-block, or a window), so a row's running max may still be -inf; without it every row's
+    first partition holds a token (one token per q-block, no window) and padding rows are set to 0,
+    as the decode-only kernel did (the same code, hence the same registers).
     CACHE: load cache modifier (".cg": read from L2, where other programs wrote the partials).
     Returns (L, A), [ROWS] and [ROWS, BLOCK_D] (rows not ok: 0)."""
     d = tl.arange(0, BLOCK_D)
@@ -519,8 +568,12 @@ def _merge_partitions(tmp_ptr, m_ptr, l_ptr, t_rows, ml_rows, rows_ok, num_parts
         l_p = tl.load(l_ptr + ml_rows[:, None] + p[None, :], mask=ok, other=0.0, cache_modifier=CACHE)
         a_p = tl.load(tmp_ptr + t_rows[:, None, None] + p[None, :, None] * stride_t_part + d[None, None, :],
                       mask=ok[:, :, None] & d_ok[None, None, :], other=0.0, cache_modifier=CACHE)
-        m_new = tl.maximum(big_m, tl.max(m_p, 1))
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # no token yet (or a padding row)
+        if EMPTY_ROWS:
+            m_new = tl.maximum(big_m, tl.max(m_p, 1))
+            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # no token yet (or a padding row)
+        else:
+            m_new = tl.where(rows_ok, tl.maximum(big_m, tl.max(m_p, 1)), 0.0)
+            m_use = m_new
         rescale_old = tl.math.exp2(big_m - m_use)
         w_p = tl.math.exp2(m_p - m_use[:, None])
         big_l = big_l * rescale_old + tl.sum(l_p * w_p, 1)
@@ -530,10 +583,19 @@ def _merge_partitions(tmp_ptr, m_ptr, l_ptr, t_rows, ml_rows, rows_ok, num_parts
 
 
 @triton.jit
+def _col(x, COL: tl.constexpr):
+    """x[:, None] for a tensor of rows (COL), x itself for a scalar."""
+    if COL:
+        return x[:, None]
+    else:
+        return x
+
+
+@triton.jit
 def _attend_qblock(
-    out_ptr, tmp_ptr, m_ptr, l_ptr, counters_ptr, q_ptr, k_ptr, v_ptr, bt_row,
-    qblock, kv_head, part, tok0, n_tok, seq_len, q_len, first, qk_scale, sliding_window,
-    tiles_per_part, num_kv_heads,
+    out_ptr, tmp_ptr, m_ptr, l_ptr, counters_ptr, q_ptr, k_ptr, v_ptr, block_tables_ptr, stride_bt_seq,
+    seq, qblock, kv_head, part, tok0, n_tok, seq_len, q_len, first, qk_scale, sliding_window,
+    partition_size, num_kv_heads,
     stride_q_tok, stride_q_head, stride_o_tok, stride_o_head,
     stride_t_tok, stride_t_head, stride_t_part, stride_ml_tok, stride_ml_head,
     k_stride_block, k_stride_token, k_stride_head, k_stride_dx, k_stride_x,
@@ -546,33 +608,38 @@ def _attend_qblock(
 ):
     """One program's work: the n_tok new tokens [first, first + n_tok) of a sequence (tok0: the
     first one's query row) x the GROUP query heads of kv_head, as ROWS rows; all of their KV range,
-    or partition ``part`` of it (SPLIT)."""
+    or partition ``part`` of it (SPLIT; partitions of ``partition_size`` tokens).
+
+    Two instances of this code: q-blocks of several tokens or with a window (``ROW_MASKS or
+    WINDOW``: tile ranges, per-row masks), and the one-token q-block without a window (a decode):
+    rows are the query heads, the range is counted in tokens from 0 and the loops are the decode-only
+    kernel's own, because on Hopper that is what kept its register count at 128 (4 programs per
+    multiprocessor) where the tile-range form took 140-146 (3 per multiprocessor, 1.13-1.33x slower
+    on the H200; the analysis is in docs/KERNELS.md, "Code generation of the decode path")."""
     p_lo, p_hi, lo, full_lo = _kv_range(seq_len, q_len, first, n_tok, sliding_window, WINDOW)
     hi = p_hi + 1
-    j_lo = lo // TILE
-    j_hi = tl.cdiv(hi, TILE)
-    if SPLIT:
-        num_parts = tl.cdiv(j_hi - j_lo, tiles_per_part)
-        a = j_lo + part * tiles_per_part
-        j_hi = tl.minimum(j_hi, a + tiles_per_part)
-    else:
-        num_parts = 1
-        a = j_lo
-    # the loops run for every program (empty past the q-block's range) and only the stores below are
-    # guarded, as in the decode-only kernel before: guarding the whole body made MHA split launches
-    # 1.2-1.3x slower on the H200 (bench/results/kernels_h200_decode_fix.csv)
     rows = tl.arange(0, ROWS)
-    r_tok = rows // GROUP
-    row_ok = (rows < (ROWS // GROUP) * GROUP) & (r_tok < n_tok)
-    heads = kv_head * GROUP + rows % GROUP
+    if ROW_MASKS:
+        r_tok = rows // GROUP
+        row_ok = (rows < (ROWS // GROUP) * GROUP) & (r_tok < n_tok)
+        heads = kv_head * GROUP + rows % GROUP
+    else:  # one token: the rows are its query heads
+        row_ok = rows < GROUP
+        heads = kv_head * GROUP + rows
     d = tl.arange(0, BLOCK_D)
     d_ok = d < HEAD_SIZE
-    q_rows = tok0 + r_tok
-    q = tl.load(q_ptr + q_rows.to(tl.int64)[:, None] * stride_q_tok + heads[:, None] * stride_q_head + d[None, :],
+    # each row's query token (one token: a scalar), widened to int64 where it is used (where the
+    # decode-only kernel widened it: the position in the code changes ptxas's schedule)
+    if ROW_MASKS:
+        tok = tok0 + r_tok
+        pos = p_lo + tl.minimum(r_tok, n_tok - 1)  # padding rows: the last token's position
+    else:
+        tok = tok0
+        pos = p_lo
+    q = tl.load(q_ptr + _col(tok.to(tl.int64), ROW_MASKS) * stride_q_tok + heads[:, None] * stride_q_head + d[None, :],
                 mask=row_ok[:, None] & d_ok[None, :], other=0.0)
     if UPCAST_DOT:
         q = q.to(tl.float32)
-    pos = p_lo + tl.minimum(r_tok, n_tok - 1)  # padding rows: the last token's position
     # address pieces that do not depend on the token
     k_d = (d // K_X) * k_stride_dx + (d % K_X) * k_stride_x
     if K_X > 1:
@@ -582,57 +649,98 @@ def _attend_qblock(
     v_d = (d // V_X) * v_stride_dx + (d % V_X) * v_stride_x
     k_base = k_ptr + kv_head.to(tl.int64) * k_stride_head
     v_base = v_ptr + kv_head.to(tl.int64) * v_stride_head
+    bt_row = block_tables_ptr + seq.to(tl.int64) * stride_bt_seq
 
     m_i = tl.full([ROWS], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([ROWS], dtype=tl.float32)
     acc = tl.zeros([ROWS, BLOCK_D], dtype=tl.float32)
-    if UNMASKED_FULL_TILES:
-        # tiles [a, b): window edge, masked; [b, c): seen whole by every row, no masks;
-        # [c, j_hi): the causal diagonal (a decode's last, partial tile), masked
-        b = tl.minimum(tl.maximum(tl.cdiv(full_lo, TILE), a), j_hi)
-        c = tl.minimum(tl.maximum((p_lo + 1) // TILE, b), j_hi)
-        if WINDOW:
-            for j in range(a, b):
+    # the loops run for every program (empty past the q-block's range) and only the stores below are
+    # guarded, as in the decode-only kernel before: guarding the whole body made MHA split launches
+    # 1.2-1.3x slower on the H200 (bench/results/kernels_h200_decode_fix.csv)
+    if ROW_MASKS or WINDOW:
+        j_lo = lo // TILE
+        j_hi = tl.cdiv(hi, TILE)
+        if SPLIT:
+            tiles_per_part = partition_size // TILE
+            num_parts = tl.cdiv(j_hi - j_lo, tiles_per_part)
+            a = j_lo + part * tiles_per_part
+            j_hi = tl.minimum(j_hi, a + tiles_per_part)
+        else:
+            a = j_lo
+        if UNMASKED_FULL_TILES:
+            # tiles [a, b): window edge, masked; [b, c): seen whole by every row, no masks;
+            # [c, j_hi): the causal diagonal (a decode's last, partial tile), masked
+            b = tl.minimum(tl.maximum(tl.cdiv(full_lo, TILE), a), j_hi)
+            c = tl.minimum(tl.maximum((p_lo + 1) // TILE, b), j_hi)
+            if WINDOW:
+                for j in range(a, b):
+                    m_i, l_i, acc = _attend_tile(
+                        q, m_i, l_i, acc, j * TILE, lo, hi, pos, bt_row, k_base, v_base, k_d, v_d, d_ok,
+                        qk_scale, sliding_window, k_stride_block, k_stride_token, v_stride_block, v_stride_token,
+                        HEAD_SIZE, BLOCK_D, BLOCK_SIZE, TILE, V_TOKENS_CONTIGUOUS, RUN, UPCAST_DOT, IEEE,
+                        True, ROW_MASKS, WINDOW)
+            for j in range(b, c):
                 m_i, l_i, acc = _attend_tile(
-                    q, m_i, l_i, acc, j, lo, hi, pos, bt_row, k_base, v_base, k_d, v_d, d_ok, qk_scale,
+                    q, m_i, l_i, acc, j * TILE, lo, hi, pos, bt_row, k_base, v_base, k_d, v_d, d_ok, qk_scale,
                     sliding_window, k_stride_block, k_stride_token, v_stride_block, v_stride_token,
                     HEAD_SIZE, BLOCK_D, BLOCK_SIZE, TILE, V_TOKENS_CONTIGUOUS, RUN, UPCAST_DOT, IEEE,
-                    True, ROW_MASKS, WINDOW)
-        for j in range(b, c):
-            m_i, l_i, acc = _attend_tile(
-                q, m_i, l_i, acc, j, lo, hi, pos, bt_row, k_base, v_base, k_d, v_d, d_ok, qk_scale,
-                sliding_window, k_stride_block, k_stride_token, v_stride_block, v_stride_token,
-                HEAD_SIZE, BLOCK_D, BLOCK_SIZE, TILE, V_TOKENS_CONTIGUOUS, RUN, UPCAST_DOT, IEEE,
-                False, ROW_MASKS, WINDOW)
-        if ROW_MASKS:
+                    False, ROW_MASKS, WINDOW)
             for j in range(c, j_hi):
                 m_i, l_i, acc = _attend_tile(
-                    q, m_i, l_i, acc, j, lo, hi, pos, bt_row, k_base, v_base, k_d, v_d, d_ok, qk_scale,
+                    q, m_i, l_i, acc, j * TILE, lo, hi, pos, bt_row, k_base, v_base, k_d, v_d, d_ok, qk_scale,
                     sliding_window, k_stride_block, k_stride_token, v_stride_block, v_stride_token,
                     HEAD_SIZE, BLOCK_D, BLOCK_SIZE, TILE, V_TOKENS_CONTIGUOUS, RUN, UPCAST_DOT, IEEE,
                     True, ROW_MASKS, WINDOW)
-        elif c < j_hi:  # one token per program: at most one partial tile
-            m_i, l_i, acc = _attend_tile(
-                q, m_i, l_i, acc, c, lo, hi, pos, bt_row, k_base, v_base, k_d, v_d, d_ok, qk_scale,
-                sliding_window, k_stride_block, k_stride_token, v_stride_block, v_stride_token,
-                HEAD_SIZE, BLOCK_D, BLOCK_SIZE, TILE, V_TOKENS_CONTIGUOUS, RUN, UPCAST_DOT, IEEE,
-                True, ROW_MASKS, WINDOW)
+        else:
+            for j in range(a, j_hi):
+                m_i, l_i, acc = _attend_tile(
+                    q, m_i, l_i, acc, j * TILE, lo, hi, pos, bt_row, k_base, v_base, k_d, v_d, d_ok, qk_scale,
+                    sliding_window, k_stride_block, k_stride_token, v_stride_block, v_stride_token,
+                    HEAD_SIZE, BLOCK_D, BLOCK_SIZE, TILE, V_TOKENS_CONTIGUOUS, RUN, UPCAST_DOT, IEEE,
+                    True, ROW_MASKS, WINDOW)
     else:
-        for j in range(a, j_hi):
-            m_i, l_i, acc = _attend_tile(
-                q, m_i, l_i, acc, j, lo, hi, pos, bt_row, k_base, v_base, k_d, v_d, d_ok, qk_scale,
-                sliding_window, k_stride_block, k_stride_token, v_stride_block, v_stride_token,
-                HEAD_SIZE, BLOCK_D, BLOCK_SIZE, TILE, V_TOKENS_CONTIGUOUS, RUN, UPCAST_DOT, IEEE,
-                True, ROW_MASKS, WINDOW)
+        # one token at position p_lo: KV [0, hi), partitions of partition_size tokens from 0; full
+        # tiles without masks and one masked tail (every tile masked: UNMASKED_FULL_TILES off)
+        if SPLIT:
+            start = part * partition_size
+            end = tl.minimum(start + partition_size, hi)
+        else:
+            start = 0
+            end = hi
+        end = tl.maximum(end, start)  # a partition past this token's range has no tokens
+        if UNMASKED_FULL_TILES:
+            num_full = (end - start) // TILE
+            for i in range(0, num_full):
+                m_i, l_i, acc = _attend_tile(
+                    q, m_i, l_i, acc, start + i * TILE, lo, end, pos, bt_row, k_base, v_base, k_d, v_d, d_ok,
+                    qk_scale, sliding_window, k_stride_block, k_stride_token, v_stride_block, v_stride_token,
+                    HEAD_SIZE, BLOCK_D, BLOCK_SIZE, TILE, V_TOKENS_CONTIGUOUS, RUN, UPCAST_DOT, IEEE,
+                    False, ROW_MASKS, WINDOW)
+            tail = start + num_full * TILE
+            if tail < end:
+                m_i, l_i, acc = _attend_tile(
+                    q, m_i, l_i, acc, tail, lo, end, pos, bt_row, k_base, v_base, k_d, v_d, d_ok, qk_scale,
+                    sliding_window, k_stride_block, k_stride_token, v_stride_block, v_stride_token,
+                    HEAD_SIZE, BLOCK_D, BLOCK_SIZE, TILE, V_TOKENS_CONTIGUOUS, RUN, UPCAST_DOT, IEEE,
+                    True, ROW_MASKS, WINDOW)
+        else:
+            for t0 in range(start, end, TILE):
+                m_i, l_i, acc = _attend_tile(
+                    q, m_i, l_i, acc, t0, lo, end, pos, bt_row, k_base, v_base, k_d, v_d, d_ok, qk_scale,
+                    sliding_window, k_stride_block, k_stride_token, v_stride_block, v_stride_token,
+                    HEAD_SIZE, BLOCK_D, BLOCK_SIZE, TILE, V_TOKENS_CONTIGUOUS, RUN, UPCAST_DOT, IEEE,
+                    True, ROW_MASKS, WINDOW)
 
     out_mask = row_ok[:, None] & d_ok[None, :]
     if SPLIT:
+        if not (ROW_MASKS or WINDOW):
+            num_parts = tl.cdiv(hi, partition_size)
         if part < num_parts:  # a partition past this q-block's range has no tokens: nothing to merge
             # unnormalised partial result (acc, m, l), merged in partition order (below, or by
             # _reduce_partitions_kernel)
-            t_offs = q_rows.to(tl.int64)[:, None] * stride_t_tok + heads[:, None] * stride_t_head + d[None, :]
+            t_offs = _col(tok.to(tl.int64), ROW_MASKS) * stride_t_tok + heads[:, None] * stride_t_head + d[None, :]
             tl.store(tmp_ptr + t_offs + part * stride_t_part, acc, mask=out_mask)
-            ml_offs = q_rows.to(tl.int64) * stride_ml_tok + heads * stride_ml_head + part
+            ml_offs = tok.to(tl.int64) * stride_ml_tok + heads * stride_ml_head + part
             tl.store(m_ptr + ml_offs, m_i, mask=row_ok)
             tl.store(l_ptr + ml_offs, l_i, mask=row_ok)
             if FUSED:
@@ -641,37 +749,42 @@ def _attend_qblock(
                 # of the ticket (taken by one thread); the ticket's acquire makes the other
                 # programs' partials visible to this one.
                 tl.debug_barrier()
-                counter = counters_ptr + qblock.to(tl.int64) * num_kv_heads + kv_head
+                counter = counters_ptr + qblock * num_kv_heads + kv_head
                 ticket = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
                 if ticket == num_parts - 1:
                     mr = tl.arange(0, MERGE_ROWS)
-                    mr_tok = mr // GROUP
-                    mr_ok = (mr < (ROWS // GROUP) * GROUP) & (mr_tok < n_tok)
-                    mr_rows = (tok0 + mr_tok).to(tl.int64)
-                    mr_heads = kv_head * GROUP + mr % GROUP
+                    if ROW_MASKS:
+                        mr_tok = mr // GROUP
+                        mr_ok = (mr < (ROWS // GROUP) * GROUP) & (mr_tok < n_tok)
+                        mr_heads = kv_head * GROUP + mr % GROUP
+                        mr_rows = (tok0 + mr_tok).to(tl.int64)
+                    else:
+                        mr_ok = mr < GROUP
+                        mr_heads = kv_head * GROUP + mr
+                        mr_rows = tok.to(tl.int64)
                     big_l, big_acc = _merge_partitions(
                         tmp_ptr, m_ptr, l_ptr, mr_rows * stride_t_tok + mr_heads * stride_t_head,
                         mr_rows * stride_ml_tok + mr_heads * stride_ml_head, mr_ok, num_parts, stride_t_part,
-                        MERGE_ROWS, HEAD_SIZE, BLOCK_D, PARTS_PER_STEP, ".cg")
+                        MERGE_ROWS, HEAD_SIZE, BLOCK_D, PARTS_PER_STEP, ".cg", ROW_MASKS or WINDOW)
                     # every program of (q-block, kv_head) has taken its ticket: reset for the next call
                     tl.store(counter, 0)
                     out = big_acc / tl.where(mr_ok, big_l, 1.0)[:, None]
-                    tl.store(out_ptr + mr_rows[:, None] * stride_o_tok + mr_heads[:, None] * stride_o_head
-                             + d[None, :], out.to(out_ptr.dtype.element_ty), mask=mr_ok[:, None] & d_ok[None, :])
+                    tl.store(out_ptr + _col(mr_rows, ROW_MASKS) * stride_o_tok + mr_heads[:, None] * stride_o_head + d[None, :],
+                             out.to(out_ptr.dtype.element_ty), mask=mr_ok[:, None] & d_ok[None, :])
     else:
+        out_offs = _col(tok.to(tl.int64), ROW_MASKS) * stride_o_tok + heads[:, None] * stride_o_head + d[None, :]
         out = acc / l_i[:, None]
-        tl.store(out_ptr + q_rows.to(tl.int64)[:, None] * stride_o_tok + heads[:, None] * stride_o_head
-                 + d[None, :], out.to(out_ptr.dtype.element_ty), mask=out_mask)
+        tl.store(out_ptr + out_offs, out.to(out_ptr.dtype.element_ty), mask=out_mask)
 
 
 @triton.jit
 def _attention_kernel(
     out_ptr, tmp_ptr, m_ptr, l_ptr, counters_ptr,
     q_ptr, k_ptr, v_ptr, block_tables_ptr, seq_lens_ptr, qsl_ptr,
-    qk_scale, sliding_window, tiles_per_part, num_seqs, num_qblocks, num_kv_heads,
+    qk_scale, sliding_window, partition_size, num_seqs, num_qblocks,
     stride_q_tok, stride_q_head, stride_o_tok, stride_o_head,
     stride_t_tok, stride_t_head, stride_t_part, stride_ml_tok, stride_ml_head,
-    stride_bt_seq,
+    num_kv_heads, stride_bt_seq,
     k_stride_block, k_stride_token, k_stride_head, k_stride_dx, k_stride_x,
     v_stride_block, v_stride_token, v_stride_head, v_stride_dx, v_stride_x,
     GROUP: tl.constexpr, HEAD_SIZE: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr,
@@ -680,13 +793,13 @@ def _attention_kernel(
     V_TOKENS_CONTIGUOUS: tl.constexpr, RUN: tl.constexpr, SPLIT: tl.constexpr, UPCAST_DOT: tl.constexpr,
     IEEE: tl.constexpr, UNMASKED_FULL_TILES: tl.constexpr, FUSED: tl.constexpr,
     PARTS_PER_STEP: tl.constexpr, DECODE_ONLY: tl.constexpr, WINDOW: tl.constexpr,
-    LONGEST_FIRST: tl.constexpr, SMALL_UNMASKED: tl.constexpr,
+    LONGEST_FIRST: tl.constexpr, SMALL_UNMASKED: tl.constexpr, BIG_SPLIT: tl.constexpr,
 ):
     if DECODE_ONLY:
         # the KV heads of one sequence side by side, as the decode-only kernel before did: they read
         # neighbouring bytes of the same blocks (flat layout)
-        pid = tl.program_id(1)
         kv_head = tl.program_id(0)
+        pid = tl.program_id(1)
     else:
         pid = tl.program_id(0)
         kv_head = tl.program_id(1)
@@ -711,7 +824,6 @@ def _attention_kernel(
         n_tok = tl.minimum(q_len - first, BLOCK_Q)
     if n_tok > 0:  # programs past their sequence's last q-block (the grid is a bound) do nothing
         seq_len = tl.load(seq_lens_ptr + seq).to(tl.int32)
-        bt_row = block_tables_ptr + seq.to(tl.int64) * stride_bt_seq
         # (a constexpr test outside: a variable set to False in Triton is a tensor, and both paths
         # would be compiled). The call sites below and the _attend_tile loops of _attend_qblock repeat
         # their argument lists because each is one compile-time instance (rows, masking): Triton
@@ -720,31 +832,32 @@ def _attention_kernel(
             # mixed launch: a q-block of few rows (a decode) runs the small-row path
             if n_tok * GROUP <= SMALL_M:
                 _attend_qblock(
-                    out_ptr, tmp_ptr, m_ptr, l_ptr, counters_ptr, q_ptr, k_ptr, v_ptr, bt_row,
-                    qblock, kv_head, part, tok0, n_tok, seq_len, q_len, first, qk_scale, sliding_window,
-                    tiles_per_part, num_kv_heads, stride_q_tok, stride_q_head, stride_o_tok, stride_o_head,
+                    out_ptr, tmp_ptr, m_ptr, l_ptr, counters_ptr, q_ptr, k_ptr, v_ptr, block_tables_ptr,
+                    stride_bt_seq, seq, qblock, kv_head, part, tok0, n_tok, seq_len, q_len, first, qk_scale, sliding_window,
+                    partition_size, num_kv_heads, stride_q_tok, stride_q_head, stride_o_tok, stride_o_head,
                     stride_t_tok, stride_t_head, stride_t_part, stride_ml_tok, stride_ml_head,
                     k_stride_block, k_stride_token, k_stride_head, k_stride_dx, k_stride_x,
                     v_stride_block, v_stride_token, v_stride_head, v_stride_dx, v_stride_x,
                     SMALL_M, SMALL_MERGE_ROWS, GROUP, HEAD_SIZE, BLOCK_D, BLOCK_SIZE, TILE, K_X, V_X,
                     V_TOKENS_CONTIGUOUS, RUN, SPLIT, UPCAST_DOT, IEEE, SMALL_UNMASKED, FUSED, PARTS_PER_STEP,
                     SMALL_M // GROUP > 1, WINDOW)
-            else:
+            elif BIG_SPLIT | (part == 0):
+                # (not BIG_SPLIT: only the small path is split; the other q-blocks run whole, in partition 0)
                 _attend_qblock(
-                    out_ptr, tmp_ptr, m_ptr, l_ptr, counters_ptr, q_ptr, k_ptr, v_ptr, bt_row,
-                    qblock, kv_head, part, tok0, n_tok, seq_len, q_len, first, qk_scale, sliding_window,
-                    tiles_per_part, num_kv_heads, stride_q_tok, stride_q_head, stride_o_tok, stride_o_head,
+                    out_ptr, tmp_ptr, m_ptr, l_ptr, counters_ptr, q_ptr, k_ptr, v_ptr, block_tables_ptr,
+                    stride_bt_seq, seq, qblock, kv_head, part, tok0, n_tok, seq_len, q_len, first, qk_scale, sliding_window,
+                    partition_size, num_kv_heads, stride_q_tok, stride_q_head, stride_o_tok, stride_o_head,
                     stride_t_tok, stride_t_head, stride_t_part, stride_ml_tok, stride_ml_head,
                     k_stride_block, k_stride_token, k_stride_head, k_stride_dx, k_stride_x,
                     v_stride_block, v_stride_token, v_stride_head, v_stride_dx, v_stride_x,
                     BLOCK_M, MERGE_ROWS, GROUP, HEAD_SIZE, BLOCK_D, BLOCK_SIZE, TILE, K_X, V_X,
-                    V_TOKENS_CONTIGUOUS, RUN, SPLIT, UPCAST_DOT, IEEE, UNMASKED_FULL_TILES, FUSED, PARTS_PER_STEP,
+                    V_TOKENS_CONTIGUOUS, RUN, SPLIT and BIG_SPLIT, UPCAST_DOT, IEEE, UNMASKED_FULL_TILES, FUSED, PARTS_PER_STEP,
                     BLOCK_Q > 1, WINDOW)
         else:
             _attend_qblock(
-                out_ptr, tmp_ptr, m_ptr, l_ptr, counters_ptr, q_ptr, k_ptr, v_ptr, bt_row,
-                qblock, kv_head, part, tok0, n_tok, seq_len, q_len, first, qk_scale, sliding_window,
-                tiles_per_part, num_kv_heads, stride_q_tok, stride_q_head, stride_o_tok, stride_o_head,
+                out_ptr, tmp_ptr, m_ptr, l_ptr, counters_ptr, q_ptr, k_ptr, v_ptr, block_tables_ptr, stride_bt_seq,
+                seq, qblock, kv_head, part, tok0, n_tok, seq_len, q_len, first, qk_scale, sliding_window,
+                partition_size, num_kv_heads, stride_q_tok, stride_q_head, stride_o_tok, stride_o_head,
                 stride_t_tok, stride_t_head, stride_t_part, stride_ml_tok, stride_ml_head,
                 k_stride_block, k_stride_token, k_stride_head, k_stride_dx, k_stride_x,
                 v_stride_block, v_stride_token, v_stride_head, v_stride_dx, v_stride_x,
@@ -755,13 +868,15 @@ def _attention_kernel(
 
 @triton.jit
 def _reduce_partitions_kernel(
-    out_ptr, tmp_ptr, m_ptr, l_ptr, seq_lens_ptr, qsl_ptr, sliding_window, tiles_per_part, num_seqs,
+    out_ptr, tmp_ptr, m_ptr, l_ptr, seq_lens_ptr, qsl_ptr, sliding_window, partition_size, num_seqs,
     stride_o_tok, stride_o_head, stride_t_tok, stride_t_head, stride_t_part, stride_ml_tok, stride_ml_head,
     HEAD_SIZE: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_Q: tl.constexpr, TILE: tl.constexpr,
-    PARTS_PER_STEP: tl.constexpr, DECODE_ONLY: tl.constexpr, WINDOW: tl.constexpr,
+    PARTS_PER_STEP: tl.constexpr, DECODE_ONLY: tl.constexpr, WINDOW: tl.constexpr, GROUP: tl.constexpr,
+    SMALL_ONLY: tl.constexpr,
 ):
     """The unfused merge: one program per (query token, query head), launched after the attention
-    kernel; it merges the partitions of its token's q-block."""
+    kernel; it merges the partitions of its token's q-block. SMALL_ONLY > 0: only q-blocks of at
+    most that many rows were split (the others wrote their output directly)."""
     tok = tl.program_id(0)
     head = tl.program_id(1)
     if DECODE_ONLY:
@@ -776,18 +891,26 @@ def _reduce_partitions_kernel(
         first = (tok - q_start) // BLOCK_Q * BLOCK_Q
         n_tok = tl.minimum(q_len - first, BLOCK_Q)
     seq_len = tl.load(seq_lens_ptr + seq).to(tl.int32)
-    p_lo, p_hi, lo, full_lo = _kv_range(seq_len, q_len, first, n_tok, sliding_window, WINDOW)
-    num_parts = tl.cdiv(tl.cdiv(p_hi + 1, TILE) - lo // TILE, tiles_per_part)
+    if DECODE_ONLY and not WINDOW:
+        num_parts = tl.cdiv(seq_len, partition_size)  # partitions of the token's range [0, seq_len)
+    else:
+        p_lo, p_hi, lo, full_lo = _kv_range(seq_len, q_len, first, n_tok, sliding_window, WINDOW)
+        num_parts = tl.cdiv(tl.cdiv(p_hi + 1, TILE) - lo // TILE, partition_size // TILE)
     # one query row: a "q-block" of one row; rows_ok has a second, padding row (no 1-element tensors)
     r = tl.arange(0, 2)
-    t_rows = tok.to(tl.int64) * stride_t_tok + head * stride_t_head + r * 0
-    ml_rows = tok.to(tl.int64) * stride_ml_tok + head * stride_ml_head + r * 0
-    l, acc = _merge_partitions(tmp_ptr, m_ptr, l_ptr, t_rows, ml_rows, r < 1, num_parts, stride_t_part,
-                               2, HEAD_SIZE, BLOCK_D, PARTS_PER_STEP, "")
+    r_ok = r < 1
+    if SMALL_ONLY > 0:
+        num_parts = tl.where(n_tok * GROUP <= SMALL_ONLY, num_parts, 0)
+        r_ok = r_ok & (n_tok * GROUP + r * 0 <= SMALL_ONLY)
+    heads = head + r
+    tok64 = tok.to(tl.int64)
+    l, acc = _merge_partitions(tmp_ptr, m_ptr, l_ptr, tok64 * stride_t_tok + heads * stride_t_head,
+                               tok64 * stride_ml_tok + heads * stride_ml_head, r_ok, num_parts, stride_t_part,
+                               2, HEAD_SIZE, BLOCK_D, PARTS_PER_STEP, "", not DECODE_ONLY or WINDOW)
     d = tl.arange(0, BLOCK_D)
-    out = acc / tl.where(r < 1, l, 1.0)[:, None]
-    tl.store(out_ptr + tok.to(tl.int64) * stride_o_tok + head * stride_o_head + r[:, None] * 0 + d[None, :],
-             out.to(out_ptr.dtype.element_ty), mask=(r < 1)[:, None] & (d < HEAD_SIZE)[None, :])
+    out = acc / tl.where(r_ok, l, 1.0)[:, None]
+    tl.store(out_ptr + tok64 * stride_o_tok + heads[:, None] * stride_o_head + d[None, :],
+             out.to(out_ptr.dtype.element_ty), mask=r_ok[:, None] & (d < HEAD_SIZE)[None, :])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -864,6 +987,52 @@ def _check_values(geom, block_tables, seq_lens, query_start_loc, num_tokens, sli
 
 
 _PLANS: dict[tuple, LaunchPlan] = {}
+_STATIC: dict[tuple, tuple] = {}  # per (plan, dtypes, strides): grid, partial strides, constexprs, token
+# the launch key of CachedLauncher: one token per _STATIC entry made (a plan made again after the
+# caches were cleared, with other module constants, must not reuse the compiled kernel of the first)
+_TOKENS = itertools.count()
+_ATTENTION = CachedLauncher(_attention_kernel)
+_REDUCE = CachedLauncher(_reduce_partitions_kernel)
+
+
+def _static_launch(plan: LaunchPlan, geom, ks, vs, query: torch.Tensor, layout: str, sliding_window):
+    """What a launch passes that depends only on its plan, dtypes and strides: (grid, partial-result
+    strides, the attention kernel's constexprs and options, the reduce kernel's or None, a token that
+    names this entry for CachedLauncher)."""
+    num_tokens, num_heads, head_size = query.shape
+    cfg = plan.config
+    group = num_heads // geom.num_kv_heads
+    block_d = max(16, _p2(head_size))
+    split = plan.partition_size is not None
+    if split:
+        num_parts = plan.num_parts
+        t_strides = (num_heads * num_parts * head_size, num_parts * head_size, head_size,
+                     num_heads * num_parts, num_parts)
+    else:
+        t_strides = (0, 0, 0, 0, 0)
+    grid = ((geom.num_kv_heads, plan.num_qblocks) if plan.decode_only else (plan.num_qblocks, geom.num_kv_heads)) \
+        + (plan.num_parts if split else 1,)
+    kw = dict(
+        GROUP=group, HEAD_SIZE=head_size, BLOCK_Q=plan.block_q, BLOCK_M=plan.block_rows, SMALL_M=plan.small_rows,
+        MERGE_ROWS=plan.merge_rows, SMALL_MERGE_ROWS=plan.small_merge_rows, BLOCK_D=block_d,
+        BLOCK_SIZE=geom.block_size, TILE=plan.tile, K_X=ks.X, V_X=vs.X,
+        V_TOKENS_CONTIGUOUS=layout == "vllm" and vs.token == 1 and vs.block % 16 == 0,
+        RUN=min(plan.tile, geom.block_size), SPLIT=split,
+        UPCAST_DOT=_INTERPRET and query.dtype == torch.bfloat16, IEEE=query.dtype == torch.float32,
+        UNMASKED_FULL_TILES=cfg.unmasked_full_tiles, FUSED=split and plan.fused,
+        PARTS_PER_STEP=plan.parts_per_step, DECODE_ONLY=plan.decode_only, WINDOW=sliding_window is not None,
+        LONGEST_FIRST=cfg.longest_first, SMALL_UNMASKED=cfg.small_unmasked_full_tiles, BIG_SPLIT=plan.big_split,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    if cfg.max_registers is not None:
+        kw["maxnreg"] = cfg.max_registers
+    reduce_kw = None
+    if split and not plan.fused:
+        reduce_kw = dict(
+            HEAD_SIZE=head_size, BLOCK_D=block_d, BLOCK_Q=plan.block_q, TILE=plan.tile,
+            PARTS_PER_STEP=plan.reduce_parts_per_step, DECODE_ONLY=plan.decode_only,
+            WINDOW=sliding_window is not None, GROUP=group, SMALL_ONLY=0 if plan.big_split else plan.small_rows,
+            num_warps=plan.reduce_warps)
+    return grid, t_strides, kw, reduce_kw, next(_TOKENS)
 
 
 def _launch(query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, scale, layout,
@@ -924,48 +1093,42 @@ def _launch(query, key_cache, value_cache, block_tables, seq_lens, query_start_l
         plan = plan_attention(num_tokens, num_seqs, num_heads, geom.num_kv_heads, head_size, max_seq_len,
                               max_query_len, layout, device, partition_size, config, sliding_window)
         _PLANS[key] = plan
-    cfg = plan.config
     if query.stride(-1) != 1:
         query = query.contiguous()
-    group = num_heads // geom.num_kv_heads
-    block_d = max(16, _p2(head_size))
+    lkey = (key, query.dtype, block_tables.dtype, seq_lens.dtype, None if query_start_loc is None else
+            query_start_loc.dtype, query.stride(0), query.stride(1), out.stride(0), out.stride(1),
+            block_tables.stride(0), kv_strides)
+    static = _STATIC.get(lkey)
+    if static is None:
+        static = _STATIC[lkey] = _static_launch(plan, geom, ks, vs, query, layout, sliding_window)
+    grid, t_strides, kw, reduce_kw, token = static
     split = plan.partition_size is not None
-    qsl = query_start_loc if query_start_loc is not None else seq_lens  # never read by decode launches
     if split:
-        num_parts = plan.num_parts
-        part_elems = num_tokens * num_heads * num_parts
+        part_elems = num_tokens * num_heads * plan.num_parts
         scratch = _scratch(device, part_elems * (head_size + 2))
         tmp, m, l = scratch, scratch[part_elems * head_size:], scratch[part_elems * (head_size + 1):]
-        t_strides = (num_heads * num_parts * head_size, num_parts * head_size, head_size,
-                     num_heads * num_parts, num_parts)
         counters = (_counters(workspace, plan.num_qblocks * geom.num_kv_heads, device) if plan.fused else out)
     else:
         tmp = m = l = counters = out
-        t_strides = (0, 0, 0, 0, 0)
-    grid = ((geom.num_kv_heads, plan.num_qblocks) if plan.decode_only else (plan.num_qblocks, geom.num_kv_heads)) \
-        + (plan.num_parts if split else 1,)
-    _attention_kernel[grid](
-        out, tmp, m, l, counters, query, key_cache, value_cache, block_tables, seq_lens, qsl,
-        scale * LOG2E, sliding_window or 0, plan.partition_size // plan.tile if split else 0, num_seqs,
-        plan.num_qblocks, geom.num_kv_heads, query.stride(0), query.stride(1), out.stride(0), out.stride(1),
-        *t_strides, block_tables.stride(0), *kv_strides,
-        GROUP=group, HEAD_SIZE=head_size, BLOCK_Q=plan.block_q, BLOCK_M=plan.block_rows, SMALL_M=plan.small_rows,
-        MERGE_ROWS=plan.merge_rows, SMALL_MERGE_ROWS=plan.small_merge_rows, BLOCK_D=block_d,
-        BLOCK_SIZE=geom.block_size, TILE=plan.tile, K_X=ks.X, V_X=vs.X,
-        V_TOKENS_CONTIGUOUS=layout == "vllm" and vs.token == 1 and vs.block % 16 == 0,
-        RUN=min(plan.tile, geom.block_size), SPLIT=split,
-        UPCAST_DOT=_INTERPRET and query.dtype == torch.bfloat16, IEEE=query.dtype == torch.float32,
-        UNMASKED_FULL_TILES=cfg.unmasked_full_tiles, FUSED=split and plan.fused,
-        PARTS_PER_STEP=plan.parts_per_step, DECODE_ONLY=plan.decode_only, WINDOW=sliding_window is not None,
-        LONGEST_FIRST=cfg.longest_first, SMALL_UNMASKED=cfg.small_unmasked_full_tiles, num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages)
-    if split and not plan.fused:
-        _reduce_partitions_kernel[(num_tokens, num_heads)](
-            out, tmp, m, l, seq_lens, qsl, sliding_window or 0, plan.partition_size // plan.tile, num_seqs,
-            out.stride(0), out.stride(1), *t_strides,
-            HEAD_SIZE=head_size, BLOCK_D=block_d, BLOCK_Q=plan.block_q, TILE=plan.tile,
-            PARTS_PER_STEP=plan.reduce_parts_per_step, DECODE_ONLY=plan.decode_only,
-            WINDOW=sliding_window is not None, num_warps=plan.reduce_warps)
+    # Arguments a launch does not read are passed as None or 1, which Triton turns into constants
+    # and drops from the kernel's parameters: a decode-only launch then has the parameter block of
+    # the decode-only kernel before, argument for argument. That matters: ptxas pairs 8-byte-aligned
+    # parameters into 64-bit loads, and a shifted block cost 2 registers and 16 instructions.
+    decode_only = plan.decode_only
+    qsl = None if decode_only else query_start_loc
+    num_seqs_arg = 1 if decode_only else num_seqs
+    window_arg = sliding_window or 1
+    _ATTENTION(grid, (out, tmp, m, l, counters, query, key_cache, value_cache, block_tables, seq_lens, qsl,
+                      scale * LOG2E, window_arg, plan.partition_size if split else 0, num_seqs_arg,
+                      1 if decode_only else plan.num_qblocks, query.stride(0), query.stride(1), out.stride(0),
+                      out.stride(1), *t_strides, geom.num_kv_heads if split and plan.fused else 0,
+                      block_tables.stride(0), *kv_strides),
+               kw, token, (out, tmp, m, l, counters, query, key_cache, value_cache, block_tables, seq_lens)
+               + (() if qsl is None else (qsl,)))
+    if reduce_kw is not None:
+        _REDUCE((num_tokens, num_heads, 1), (out, tmp, m, l, seq_lens, qsl, window_arg, plan.partition_size,
+                                             num_seqs_arg, out.stride(0), out.stride(1), *t_strides),
+                reduce_kw, token, (out, tmp, m, l, seq_lens) + (() if qsl is None else (qsl,)))
     return out
 
 

@@ -27,7 +27,7 @@ Snapshots travel as ``.npz`` (``save_snapshot`` / ``load_snapshot``).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -464,9 +464,11 @@ def validate_snapshot(snapshot, *, layout: str = "flat", dtype: torch.dtype = to
                       device: str | torch.device | None = None, num_kv_heads: int | None = None,
                       num_heads: int | None = None, head_size: int | None = None,
                       partition_size: int | None = None, max_seqs: int | None = None,
-                      seed: int = 0) -> ValidationReport:
+                      seed: int = 0, sliding_window: int | None = None) -> ValidationReport:
     """Run paged (decode) attention over a snapshot's block tables: every sequence's last token
-    attends to all of its tokens. Compare with dense attention and with an identity table.
+    attends to all of its tokens (the last ``sliding_window`` with a window: a sliding-window
+    group's tables hold the null block below it). Compare with dense attention (with the
+    window mask) and with an identity table.
 
     Args:
         snapshot: PoolSnapshot look-alike or PoolArrays (see ``pool_arrays``).
@@ -478,9 +480,12 @@ def validate_snapshot(snapshot, *, layout: str = "flat", dtype: torch.dtype = to
         max_seqs: validate at most max_seqs sequences, chosen so that shared blocks are read by
             two of them (``choose_sequences``); the report says how many shared blocks were.
         seed: seed of the queries (numpy PCG64).
+        sliding_window: None or the window in tokens.
     Returns:
         ValidationReport, one SequenceCheck per checked sequence with tokens.
     """
+    if sliding_window is not None and sliding_window < 1:
+        raise ValueError(f"sliding_window must be >= 1, got {sliding_window}")
     arrays = pool_arrays(snapshot)
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     num_kv_heads, num_heads, head_size = _model_geometry(device, num_kv_heads, num_heads, head_size, dtype)
@@ -489,6 +494,11 @@ def validate_snapshot(snapshot, *, layout: str = "flat", dtype: torch.dtype = to
     num_empty = sum(arrays.seq_lens[s] == 0 for s in seq_ids)
     all_tables = {s: np.asarray(arrays.block_tables[s][:-(-arrays.seq_lens[s] // bs)], dtype=np.int64)
                   for s in seq_ids if arrays.seq_lens[s] > 0}
+    if sliding_window is not None:
+        # the blocks the last token reads: from its window's first position (a sliding-window
+        # group's positions below it hold the null block, which is not sharing)
+        all_tables = {s: t[max(0, arrays.seq_lens[s] - sliding_window) // bs:]
+                      for s, t in all_tables.items()}
     seq_ids = choose_sequences(all_tables, arrays.num_blocks, max_seqs)
     coverage = dict(num_sequences=len(all_tables),
                     num_shared_blocks=int((_readers(all_tables, arrays.num_blocks) >= 2).sum()),
@@ -496,9 +506,14 @@ def validate_snapshot(snapshot, *, layout: str = "flat", dtype: torch.dtype = to
                                                             arrays.num_blocks) >= 2).sum()))
     tol = _TOLERANCE[dtype]
     results = _run_batch(arrays, seq_ids, [arrays.seq_lens[s] - 1 for s in seq_ids], [1] * len(seq_ids), layout,
-                         dtype, device, num_kv_heads, num_heads, head_size, partition_size, None, seed) \
+                         dtype, device, num_kv_heads, num_heads, head_size, partition_size, sliding_window,
+                         seed) \
         if seq_ids else []
     checks = [SequenceCheck(*_check_fields(r, tol)) for r in results]
+    if sliding_window is not None and checks:   # shared = read by two checked sequences
+        readers = _readers({s: all_tables[s] for s in seq_ids}, arrays.num_blocks)
+        checks = [replace(c, num_shared_blocks=int(
+            (readers[np.unique(all_tables[c.seq_id])] > 1).sum())) for c in checks]
     return ValidationReport(checks, int(num_empty), tol, str(dtype).replace("torch.", ""), layout, str(device),
                             partition_size, num_kv_heads, num_heads, head_size, **coverage)
 

@@ -338,7 +338,10 @@ class StepExecutor:
         unified = kernels_unified_attention()
         self.attention = attention or unified or torch_attention
         self.attention_name = getattr(self.attention, "__name__", type(self.attention).__name__)
-        self._workspace = attention_workspace(max(max_num_seqs, 512), shape.num_kv_heads, self.device)
+        # one merge counter per (q-block, KV head): a mixed step has at most
+        # max_num_batched_tokens + max_num_seqs q-blocks (unified_attention splits its decodes)
+        self._workspace = attention_workspace(max(max_num_batched_tokens + max_num_seqs, 512), shape.num_kv_heads,
+                                              self.device)
         self.capture_sizes = cudagraph_capture_sizes(max_num_seqs)
         self.cuda_graphs = cuda_graphs and self.device.type == "cuda"
         self.pad_steps = self.cuda_graphs if pad_steps is None else pad_steps

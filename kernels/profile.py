@@ -13,9 +13,11 @@ step, attn_token_pairs = sum of new tokens x context, a one-token chunk of a pro
 prefill) and the median, min and max of the measured times.
 
 The default grid covers decode at every CUDA-graph capture size (the time is a step function of the
-padded batch) at three contexts, decode batches with one long sequence among short ones, and mixed steps of 16 to max_num_batched_tokens tokens: one fresh
-prompt, one chunk after a cached prefix, many short prompts, and a prompt chunk beside decodes. It
-stays inside the pool: every point's blocks fit in num_blocks.
+padded batch) at three contexts, decode batches with one long sequence among short ones, and mixed
+steps of 16 to max_num_batched_tokens tokens: one fresh prompt, one chunk after a cached prefix, many
+short prompts, and a prompt chunk beside decodes; then ``context_grid``: long and unequal decode
+contexts at every power-of-two bucket, and chunks after long cached prefixes. It stays inside the
+pool: every point's blocks fit in num_blocks.
 """
 from __future__ import annotations
 
@@ -24,7 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvsim.kernels.executor import StepExecutor, build_step
+from kvsim.kernels.executor import MIN_BUCKET_TOKENS, StepExecutor, build_step
 
 COLUMNS = ("kind", "num_seqs", "num_prefill_seqs", "num_prefill_tokens", "num_decode_tokens",
            "num_scheduled_tokens", "kv_read_tokens", "attn_token_pairs", "max_context_tokens", "padded_num_seqs",
@@ -38,7 +40,8 @@ class GridPoint:
     num_prefill_seqs: int = 0
     prefill_tokens: int = 0             # new tokens of each prompt chunk
     prefix_tokens: int = 0              # tokens of each prompt already cached before the chunk
-    long_context_tokens: int = 0        # > 0: the last decoding sequence has this context instead
+    long_context_tokens: int = 0        # > 0: the last num_long_seqs decoding sequences have this context
+    num_long_seqs: int = 1
 
     @property
     def kind(self) -> str:
@@ -48,7 +51,8 @@ class GridPoint:
         """(context after the step, new tokens) of each sequence, decoders first."""
         ctx = [self.decode_context_tokens] * self.num_decode_seqs
         if self.long_context_tokens and ctx:
-            ctx[-1] = self.long_context_tokens
+            k = min(self.num_long_seqs, len(ctx))
+            ctx[len(ctx) - k:] = [self.long_context_tokens] * k
         ctx += [self.prefix_tokens + self.prefill_tokens] * self.num_prefill_seqs
         return ctx, [1] * self.num_decode_seqs + [self.prefill_tokens] * self.num_prefill_seqs
 
@@ -91,7 +95,54 @@ def default_grid(capture_sizes: list[int], *, max_num_seqs: int, max_num_batched
             if t > d and d + 1 <= max_num_seqs and t - d <= max_model_len:
                 points.append(GridPoint(num_decode_seqs=d, decode_context_tokens=min(1024, max_model_len),
                                         num_prefill_seqs=1, prefill_tokens=t - d))
+    points += context_grid(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                           max_model_len=max_model_len, num_blocks=num_blocks, block_size=block_size)
     # clamping to max_model_len can repeat a point: keep the first of each
+    return [pt for pt in dict.fromkeys(points) if pt.num_blocks(block_size) <= num_blocks]
+
+
+def context_grid(*, max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int, num_blocks: int,
+                 block_size: int) -> list[GridPoint]:
+    """Steps whose contexts are long or unequal, most informative first (part of ``default_grid``).
+
+    A decode batch's time is not a function of its total context alone: the longest sequence is
+    read by few programs (one per KV head once the batch fills a wave, unless the executor splits
+    it), so one long context among short ones sets a floor, and the split-KV plans depend on the
+    longest context's power-of-two bucket (``simulator.cost_table`` prices the floor from these
+    rows). The points: one long sequence among 512-token ones at every bucket, at batches below
+    and above one wave; prompt chunks after long cached prefixes (conversation traces reach
+    16k-64k tokens of cache), and beside decodes of long contexts (in an eager mixed step each
+    sequence's attention is one program per KV head, so the longest context is a tail the other
+    work does not hide).
+    """
+    short = 512
+    points = []
+
+    def decode(b, long):
+        if b <= max_num_seqs and long <= max_model_len:
+            points.append(GridPoint(num_decode_seqs=b, decode_context_tokens=min(short, long),
+                                    long_context_tokens=long))
+    for b in (24, 32, 48, 64, 96, 128, 192, 256):     # a wave or more, unsplit (bucket 4096)
+        for long in (2048, 4096):
+            decode(b, long)
+    for b in (1, 2, 4, 8, 16):                        # under a wave: the kernel splits by bucket
+        for long in (8192, 16384, 32768, 65536, 131072):
+            decode(b, long)
+    for prefix in (16384, 32768, 65536):              # chunks after a long cached prefix
+        for t in (2048, 8192):
+            if t <= max_num_batched_tokens and prefix + t <= max_model_len:
+                points.append(GridPoint(num_prefill_seqs=1, prefill_tokens=t, prefix_tokens=prefix))
+    for b in (24, 32, 64, 128, 256):                  # a wave or more, split into partitions
+        for long in (8192, 32768, 131072):
+            decode(b, long)
+    for t in (2048, 8192):                            # long decodes beside a chunk (eager, unsplit):
+        for d, ctx in ((1, 32768), (1, 131072), (16, 16384)):   # the longest program outlasts the rest
+            if d < max_num_seqs and t <= max_num_batched_tokens and ctx <= max_model_len:
+                points.append(GridPoint(num_decode_seqs=d, decode_context_tokens=ctx, num_prefill_seqs=1,
+                                        prefill_tokens=t - d))
+    if max_num_seqs > 11 and max_num_batched_tokens >= 8192 and max_model_len >= 65536:
+        points.append(GridPoint(num_decode_seqs=10, decode_context_tokens=2048, long_context_tokens=65536,
+                                num_prefill_seqs=1, prefill_tokens=8182))
     return [pt for pt in dict.fromkeys(points) if pt.num_blocks(block_size) <= num_blocks]
 
 
@@ -169,6 +220,8 @@ def provenance(executor: StepExecutor, command: str, repeat: int) -> dict[str, s
                      f"max_num_batched_tokens {executor.max_num_batched_tokens}, max_model_len "
                      f"{executor.max_model_len}, decode attention paged_attention, mixed attention "
                      f"{executor.attention_name}, cuda graphs {executor.cuda_graphs}"),
+        "context buckets": (f"powers of two from {MIN_BUCKET_TOKENS} tokens (decode graphs and their split-KV "
+                            "plans are chosen by the longest context's bucket)"),
         "timing": (f"{'CUDA events' if dev.type == 'cuda' else 'wall clock'}, first kernel to sample; "
                    f"median of {repeat} runs after one warm-up"),
         "command": command,

@@ -25,6 +25,13 @@ Step time, the first that applies: ``step_s`` (fixed; 1.0 is the step clock, sim
 vLLM's step index), ``cost_table`` (a measured CSV, simulator.cost_table), else the roofline of
 ``model`` on ``gpu`` (planner.roofline). ``step_time_scale`` multiplies whichever it is.
 
+Hybrid models (per-layer shapes: sliding windows, Mamba state; the hybrid presets and
+``--hf-config`` imports): when the model sizes the pool, vLLM's KV-cache groups come with it
+(``capacity.kv_groups``; block_size None takes vLLM's: 16, MLA's 64, a Mamba hybrid's aligned
+block) and the simulator runs them (GroupedPagedAllocator + HybridScheduler). A pool given in
+blocks or tokens takes ``kv_cache_groups`` (``simulator.config.parse_kv_groups``), or, for a
+hybrid model, the model's groups and block size.
+
 Defaults a caller leaves as None: model and GPU (``DEFAULT_MODEL`` on ``DEFAULT_GPU``, resolved
 only when sizing or the roofline needs them; a name given is always resolved, so a typo is an
 error even when unused), max_num_seqs / max_num_batched_tokens (vLLM's ``vllm serve`` defaults
@@ -38,11 +45,13 @@ from dataclasses import dataclass
 
 from kvsim.errors import InputError
 from kvsim.planner.capacity import (DEFAULT_BLOCK_SIZE, DEFAULT_GPU_MEMORY_UTILIZATION, CapacityReport,
-                                    compute_capacity, vllm_batch_defaults)
+                                    compute_capacity, kv_cache_group_specs, model_kv_groups,
+                                    vllm_batch_defaults)
 from kvsim.planner.presets import get_gpu, get_model
 from kvsim.planner.roofline import DEFAULT_STEP_OVERHEAD_S, RooflineCost
 from kvsim.planner.specs import GpuSpec, ModelSpec
-from kvsim.simulator.config import EngineConfig
+from kvsim.planner.weights import serve_weights_as
+from kvsim.simulator.config import EngineConfig, parse_kv_groups
 from kvsim.simulator.cost import CostModel, FixedStepCost, ScaledCost
 from kvsim.simulator.cost_table import load_cost_table
 
@@ -80,15 +89,18 @@ def build_engine(*,
                  gpu: str | GpuSpec | None = None,
                  tensor_parallel_size: int = 1,
                  kv_cache_dtype: str = "auto",
+                 weight_dtype: str = "auto",
                  gpu_memory_utilization: float | None = None,
                  non_kv_bytes: int | None = None,
                  # the KV pool
                  allocator: str = "paged",
                  placement: str = "buddy",
-                 block_size: int = DEFAULT_BLOCK_SIZE,
+                 block_size: int | None = None,
                  num_gpu_blocks: int | None = None,
                  kv_tokens: int | None = None,
                  null_block: bool = True,
+                 kv_cache_groups: str | tuple = (),
+                 disable_hybrid_kv_cache_manager: bool = False,
                  # the scheduler
                  max_model_len: int | None = None,
                  max_num_seqs: int | None = None,
@@ -111,14 +123,22 @@ def build_engine(*,
         gpu: preset name or GpuSpec (default DEFAULT_GPU where needed).
         tensor_parallel_size: GPUs per replica (KV heads and weights are split over them).
         kv_cache_dtype: "auto" (the model's dtype), "fp16"/"bf16", "fp8", ...
+        weight_dtype: "auto" (the checkpoint's quantization_config, else its dtype), or the
+            format the weights are served in ("bf16", "fp8", "int4", "mxfp4", ...).
         gpu_memory_utilization: fraction of GPU memory vLLM may use (None: vLLM 0.33's 0.92).
         non_kv_bytes: per-GPU memory that is not KV cache, if measured (replaces the estimate).
         allocator: "paged" or a contiguous policy ("max", "pow2", "oracle").
         placement: contiguous allocators' arena placement ("buddy", "first-fit").
-        block_size: tokens per KV block.
+        block_size: tokens per KV block (None: vLLM's for the model; 16 without per-layer
+            shapes).
         num_gpu_blocks: the pool in vLLM's blocks (null block included when ``null_block``).
         kv_tokens: the pool in usable KV slots (rounded down to whole blocks).
         null_block: reserve block 0 as vLLM v1 does (see the module docstring).
+        kv_cache_groups: KV-cache groups for a pool given in blocks or tokens
+            ("full,sliding:128", or a tuple of KVCacheGroupSpec); a hybrid model that sizes
+            the pool brings its own.
+        disable_hybrid_kv_cache_manager: vLLM's flag: sliding-window layers keep every block
+            (one full-attention group).
         max_model_len: longest sequence, prompt + output.
         max_num_seqs: most requests running at once.
         max_num_batched_tokens: token budget of one step.
@@ -147,9 +167,16 @@ def build_engine(*,
     model_spec = _resolve(model, get_model)
     gpu_spec = _resolve(gpu, get_gpu)
     sized = num_gpu_blocks is None and kv_tokens is None
+    if isinstance(kv_cache_groups, str):
+        kv_cache_groups = parse_kv_groups(kv_cache_groups)
+    if kv_cache_groups and sized:
+        raise InputError("kv_cache_groups go with a pool given in blocks or tokens (a model that "
+                         "sizes the pool brings its own groups)", field="kv_groups")
     roofline = step_s is None and cost_table is None
     if sized or roofline:
         model_spec = model_spec or get_model(DEFAULT_MODEL)
+    if model_spec is not None:
+        model_spec = serve_weights_as(model_spec, weight_dtype)
     if sized or roofline or max_num_seqs is None or max_num_batched_tokens is None:
         gpu_spec = gpu_spec or get_gpu(DEFAULT_GPU)
     if max_num_seqs is None or max_num_batched_tokens is None:
@@ -165,9 +192,24 @@ def build_engine(*,
             gpu_memory_utilization=(DEFAULT_GPU_MEMORY_UTILIZATION if gpu_memory_utilization is None
                                     else gpu_memory_utilization),
             max_model_len=max_model_len, max_num_seqs=max_num_seqs,
-            max_num_batched_tokens=max_num_batched_tokens, non_kv_bytes=non_kv_bytes)
+            max_num_batched_tokens=max_num_batched_tokens, non_kv_bytes=non_kv_bytes,
+            enable_prefix_caching=enable_prefix_caching,
+            disable_hybrid_kv_cache_manager=disable_hybrid_kv_cache_manager)
         num_gpu_blocks, max_model_len = report.num_gpu_blocks, report.max_model_len
-    elif kv_tokens is not None:
+        block_size = report.block_size
+        if report.kv_plan is not None and allocator == "paged":
+            # (a contiguous pool reserves whole sequences: groups do not apply)
+            kv_cache_groups = kv_cache_group_specs(model_spec, report.kv_plan.groups)
+    elif not kv_cache_groups and allocator == "paged" and model_spec is not None and \
+            model_spec.layers is not None:
+        # a hybrid model on a pool given in blocks or tokens: its groups, whatever the pool
+        kv_cache_groups, block_size = model_kv_groups(
+            model_spec, tp=tensor_parallel_size, kv_dtype=kv_cache_dtype, block_size=block_size,
+            enable_prefix_caching=enable_prefix_caching,
+            max_model_len=max_model_len or DEFAULT_MAX_MODEL_LEN,
+            disable_hybrid=disable_hybrid_kv_cache_manager)
+    block_size = DEFAULT_BLOCK_SIZE if block_size is None else block_size
+    if kv_tokens is not None:
         num_gpu_blocks = kv_tokens // block_size + int(null_block)
         if num_gpu_blocks < 1 + int(null_block):
             raise InputError(f"kv_tokens {kv_tokens} is less than one block of {block_size} tokens",
@@ -186,7 +228,8 @@ def build_engine(*,
         max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
         enable_prefix_caching=enable_prefix_caching,
         long_prefill_token_threshold=long_prefill_token_threshold,
-        full_prompt_admission=scheduler_reserve_full_isl, watermark=watermark)
+        full_prompt_admission=scheduler_reserve_full_isl, watermark=watermark,
+        kv_cache_groups=tuple(kv_cache_groups))
 
     if step_s is not None:
         cost: CostModel = FixedStepCost(step_s)

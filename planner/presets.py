@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 from pathlib import Path
 
-from kvsim.planner.specs import GIB, GpuSpec, ModelSpec, dtype_bytes
 from kvsim.errors import InputError
+from kvsim.planner.layers import parse_layers
+from kvsim.planner.specs import GIB, GpuSpec, ModelSpec, dtype_bytes
+from kvsim.planner.weights import ServedWeights, param_breakdown, weight_format
 
 MIB = 2**20
 TB = 1e12
@@ -73,6 +76,51 @@ _MODELS = [
               max_position_embeddings=163840, source="hf:deepseek-ai/DeepSeek-V2-Lite/config.json"),
 ]
 
+# the config.json fields of the presets above (the weights by kind are counted from them; a test
+# checks that the counts reproduce num_params exactly)
+PRESET_CONFIGS: dict[str, dict] = {
+    "Llama-3.1-8B": dict(model_type="llama", hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                         num_attention_heads=32, num_key_value_heads=8, vocab_size=128256,
+                         max_position_embeddings=131072, tie_word_embeddings=False, torch_dtype="bfloat16"),
+    "Llama-3.1-70B": dict(model_type="llama", hidden_size=8192, intermediate_size=28672, num_hidden_layers=80,
+                          num_attention_heads=64, num_key_value_heads=8, vocab_size=128256,
+                          max_position_embeddings=131072, tie_word_embeddings=False, torch_dtype="bfloat16"),
+    "Qwen2.5-7B": dict(model_type="qwen2", hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
+                       num_attention_heads=28, num_key_value_heads=4, vocab_size=152064,
+                       max_position_embeddings=131072, tie_word_embeddings=False, torch_dtype="bfloat16"),
+    "Qwen2.5-72B": dict(model_type="qwen2", hidden_size=8192, intermediate_size=29568, num_hidden_layers=80,
+                        num_attention_heads=64, num_key_value_heads=8, vocab_size=152064,
+                        max_position_embeddings=131072, tie_word_embeddings=False, torch_dtype="bfloat16"),
+    "Mistral-7B-v0.3": dict(model_type="mistral", hidden_size=4096, intermediate_size=14336,
+                            num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
+                            vocab_size=32768, max_position_embeddings=32768, tie_word_embeddings=False,
+                            torch_dtype="bfloat16"),
+    "OPT-13B": dict(model_type="opt", hidden_size=5120, ffn_dim=20480, num_hidden_layers=40,
+                    num_attention_heads=40, vocab_size=50272, max_position_embeddings=2048,
+                    torch_dtype="float16"),
+    "DeepSeek-V2-Lite": dict(model_type="deepseek_v2", hidden_size=2048, intermediate_size=10944,
+                             num_hidden_layers=27, num_attention_heads=16, num_key_value_heads=16,
+                             vocab_size=102400, kv_lora_rank=512, q_lora_rank=None, qk_rope_head_dim=64,
+                             qk_nope_head_dim=128, v_head_dim=128, n_routed_experts=64, n_shared_experts=2,
+                             num_experts_per_tok=6, moe_intermediate_size=1408, first_k_dense_replace=1,
+                             max_position_embeddings=163840, tie_word_embeddings=False,
+                             torch_dtype="bfloat16"),
+}
+
+
+# hybrid models: presets read from the config.json files bundled in planner/hf_configs (copied
+# from the Hugging Face Hub; see each folder), name -> (folder, Hub id)
+HF_CONFIG_DIR = Path(__file__).resolve().parent / "hf_configs"
+BUNDLED_MODELS = {
+    "gpt-oss-20b": ("gpt-oss-20b", "openai/gpt-oss-20b"),
+    "gpt-oss-120b": ("gpt-oss-120b", "openai/gpt-oss-120b"),
+    "Gemma-3-27B": ("gemma-3-27b-it", "google/gemma-3-27b-it"),
+    "DeepSeek-V3": ("DeepSeek-V3", "deepseek-ai/DeepSeek-V3"),
+    "Qwen3-Next-80B-A3B": ("Qwen3-Next-80B-A3B-Instruct", "Qwen/Qwen3-Next-80B-A3B-Instruct"),
+    "Nemotron-H-8B": ("Nemotron-H-8B-Base-8K", "nvidia/Nemotron-H-8B-Base-8K"),
+}
+
+
 # ---------------------------------------------------------------------------------------------
 # GPUs. memory_bytes: the total the driver reports (vLLM's total_gpu_memory), not the datasheet
 # figure. Bandwidth and dense (non-sparse) peaks from the vendors' datasheets: NVIDIA A100
@@ -122,7 +170,20 @@ def _norm(name: str) -> str:
     return re.sub(r"[^a-z0-9.]", "", str(name).lower())
 
 
-MODEL_PRESETS: dict[str, ModelSpec] = {m.name: m for m in _MODELS}
+def _with_weights(model: ModelSpec) -> ModelSpec:
+    """A preset with its weights by kind (from its config fields), served at its dtype."""
+    cfg = PRESET_CONFIGS[model.name]
+    return replace(model, weights=ServedWeights(param_breakdown(cfg),
+                                                weight_format(cfg, model.dtype_bytes)))
+
+
+def _bundled(name: str) -> ModelSpec:
+    folder, hub_id = BUNDLED_MODELS[name]
+    spec = load_hf_config(HF_CONFIG_DIR / folder / "config.json", name=name)
+    return replace(spec, source=f"hf:{hub_id}/config.json (bundled: planner/hf_configs/{folder})")
+
+
+MODEL_PRESETS: dict[str, ModelSpec] = {m.name: _with_weights(m) for m in _MODELS}
 GPU_PRESETS: dict[str, GpuSpec] = {g.name: g for g in _GPUS}
 
 _MODEL_ALIASES = {_norm(m.name): m.name for m in _MODELS}
@@ -136,6 +197,14 @@ _MODEL_ALIASES.update({_norm(a): n for a, n in {
     "mistralai/Mistral-7B-Instruct-v0.3": "Mistral-7B-v0.3",
     "opt13b": "OPT-13B", "facebook/opt-13b": "OPT-13B",
     "deepseek-ai/DeepSeek-V2-Lite": "DeepSeek-V2-Lite", "deepseek-ai/DeepSeek-V2-Lite-Chat": "DeepSeek-V2-Lite",
+}.items()})
+_MODEL_ALIASES.update({_norm(a): n for n, (folder, hub_id) in BUNDLED_MODELS.items()
+                       for a in (n, folder, hub_id)})
+_MODEL_ALIASES.update({_norm(a): n for a, n in {
+    "gemma-3-27b": "Gemma-3-27B", "gemma3-27b": "Gemma-3-27B", "deepseek-v3": "DeepSeek-V3",
+    "deepseek-ai/DeepSeek-R1": "DeepSeek-V3", "deepseek-ai/DeepSeek-V3-0324": "DeepSeek-V3",
+    "Qwen/Qwen3-Next-80B-A3B-Thinking": "Qwen3-Next-80B-A3B", "qwen3-next": "Qwen3-Next-80B-A3B",
+    "nemotron-h-8b": "Nemotron-H-8B",
 }.items()})
 
 _GPU_ALIASES = {_norm(g.name): g.name for g in _GPUS}
@@ -187,10 +256,9 @@ def custom_gpu(memory_gib: float, bandwidth_gb_per_s: float, bf16_tflops: float,
 # config.json
 # ---------------------------------------------------------------------------------------------
 def estimate_num_params(cfg: dict) -> tuple[int, int]:
-    """Weight count of a decoder-only model from its config.json fields.
-
-    Covers Llama/Mistral/Qwen2 (gated MLP, optional q/k/v bias), OPT (learned positions, biases,
-    two-matrix MLP), Mixtral/Qwen-MoE/DeepSeek MoE layers and DeepSeek MLA attention.
+    """Weight count of a decoder-only model from its config.json fields (``param_breakdown``:
+    Llama/Mistral/Qwen2, OPT, Mixtral/Qwen-MoE/DeepSeek MoE, MLA, gpt-oss, Gemma 3, Qwen3-Next,
+    Nemotron-H).
 
     Args:
         cfg: the (text) config dict.
@@ -198,66 +266,8 @@ def estimate_num_params(cfg: dict) -> tuple[int, int]:
         (num_params, num_active_params): all weights, and the weights one token touches
         (MoE: only num_experts_per_tok routed experts).
     """
-    model_type = str(cfg.get("model_type", "")).lower()
-    h = int(cfg["hidden_size"])
-    num_layers = int(cfg["num_hidden_layers"])
-    nh = int(cfg["num_attention_heads"])
-    vocab = int(cfg["vocab_size"])
-    opt_like = model_type == "opt"
-    tied = bool(cfg.get("tie_word_embeddings", opt_like))
-    norm = 2 * h if opt_like else h                  # LayerNorm has a bias, RMSNorm does not
-
-    # attention
-    if cfg.get("kv_lora_rank"):
-        rope, nope = int(cfg["qk_rope_head_dim"]), int(cfg["qk_nope_head_dim"])
-        v_dim, kv_rank = int(cfg["v_head_dim"]), int(cfg["kv_lora_rank"])
-        q_rank = cfg.get("q_lora_rank")
-        if q_rank:
-            q = h * int(q_rank) + int(q_rank) + int(q_rank) * nh * (nope + rope)
-        else:
-            q = h * nh * (nope + rope)
-        attn = q + h * (kv_rank + rope) + kv_rank + kv_rank * nh * (nope + v_dim) + nh * v_dim * h
-    else:
-        hd = int(cfg.get("head_dim") or h // nh)
-        nkv = int(cfg.get("num_key_value_heads") or nh)
-        attn = h * nh * hd + 2 * h * nkv * hd + nh * hd * h
-        if opt_like:
-            attn += nh * hd + 2 * nkv * hd + h
-        elif cfg.get("attention_bias") or model_type.startswith("qwen2"):
-            attn += nh * hd + 2 * nkv * hd
-
-    # MLP
-    inter = int(cfg.get("intermediate_size") or cfg.get("ffn_dim") or 4 * h)
-    if opt_like:
-        dense_mlp = 2 * h * inter + inter + h
-    else:
-        dense_mlp = 3 * h * inter
-    num_experts = int(cfg.get("n_routed_experts") or cfg.get("num_local_experts")
-                      or cfg.get("num_experts") or 0)
-    if num_experts:
-        moe_inter = int(cfg.get("moe_intermediate_size") or inter)
-        expert = 3 * h * moe_inter
-        top_k = int(cfg.get("num_experts_per_tok") or 1)
-        shared = 0
-        if cfg.get("n_shared_experts"):
-            shared = 3 * h * moe_inter * int(cfg["n_shared_experts"])
-        elif cfg.get("shared_expert_intermediate_size"):
-            shared = 3 * h * int(cfg["shared_expert_intermediate_size"]) + h  # + sigmoid gate
-        router = num_experts * h
-        moe_all = num_experts * expert + shared + router
-        moe_active = top_k * expert + shared + router
-        first_dense = int(cfg.get("first_k_dense_replace") or 0)
-        num_moe = num_layers - first_dense
-    else:
-        moe_all = moe_active = 0
-        first_dense, num_moe = num_layers, 0
-
-    per_dense_layer = attn + dense_mlp + 2 * norm
-    embed = vocab * h * (1 if tied else 2)
-    if opt_like:
-        embed += (int(cfg.get("max_position_embeddings", 2048)) + 2) * h
-    base = embed + norm + first_dense * per_dense_layer + num_moe * (attn + 2 * norm)
-    return base + num_moe * moe_all, base + num_moe * moe_active
+    breakdown = param_breakdown(cfg)
+    return breakdown.num_params, breakdown.num_active_params
 
 
 def _field(cfg: dict, names: tuple[str, ...], path: str, required: bool = True):
@@ -307,7 +317,7 @@ def load_hf_config(path: str | Path, name: str | None = None) -> ModelSpec:
     nh = _field(cfg, ("num_attention_heads", "n_head"), path)
     vocab = _field(cfg, ("vocab_size",), path)
     nkv = _field(cfg, ("num_key_value_heads",), path, required=False) or nh
-    head_dim = _field(cfg, ("head_dim",), path, required=False)
+    head_dim = _field(cfg, ("head_dim", "attention_head_dim"), path, required=False)
     kv_lora_rank = _field(cfg, ("kv_lora_rank",), path, required=False)
     rope = nope = None
     if kv_lora_rank:
@@ -331,10 +341,15 @@ def load_hf_config(path: str | Path, name: str | None = None) -> ModelSpec:
     max_pos = _field(cfg, ("max_position_embeddings", "n_positions"), path, required=False)
     norm_cfg = {**cfg, "hidden_size": hidden, "num_hidden_layers": num_layers,
                 "num_attention_heads": nh, "vocab_size": vocab, "intermediate_size": inter}
+    if isinstance(raw.get("vision_config"), dict):
+        norm_cfg["vision_config"] = raw["vision_config"]
     try:
-        num_params, num_active = estimate_num_params(norm_cfg)
+        breakdown = param_breakdown(norm_cfg)
     except (KeyError, TypeError, ValueError) as err:
         raise InputError(f"cannot count parameters: {err}", file=path) from None
+    num_params, num_active = breakdown.num_params, breakdown.num_active_params
+    layers = parse_layers(cfg, path, num_layers, nkv, head_dim)
+    weights = ServedWeights(breakdown, weight_format(cfg, dtype_bytes(dtype), path=path))
     try:
         return ModelSpec(name=name or Path(path).resolve().parent.name or "custom",
                          num_layers=num_layers, num_attention_heads=nh, num_kv_heads=nkv,
@@ -343,6 +358,11 @@ def load_hf_config(path: str | Path, name: str | None = None) -> ModelSpec:
                          num_active_params=num_active if num_active != num_params else None,
                          dtype=dtype, kv_lora_rank=kv_lora_rank, qk_rope_head_dim=rope,
                          qk_head_dim=(nope + rope) if kv_lora_rank else None,
-                         max_position_embeddings=max_pos, source=path)
+                         max_position_embeddings=max_pos, source=path, layers=layers,
+                         weights=weights)
     except ValueError as err:  # the spec's own checks (an InputError without the file)
         raise InputError(str(err), file=path) from None
+
+
+# the hybrid presets, after load_hf_config is defined (they are read through it)
+MODEL_PRESETS.update({name: _bundled(name) for name in BUNDLED_MODELS})

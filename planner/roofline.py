@@ -9,6 +9,9 @@ and a GpuSpec, per tensor-parallel rank (all ranks work in parallel on equal sha
              + attn_flops_per_token_pair / tp * attn_token_pairs   (4 * layers * heads * head_dim)
     time_s = max(bytes / bandwidth, flops / peak) + step_overhead_s
 
+Weights are the bytes as served (a checkpoint's fp8 / MXFP4 / int4 quantization; fp8 weights use
+the GPU's fp8 peak). With per-layer shapes, KV bytes per token count the attention layers only (a
+sliding window's context read as if kept: an upper bound); Mamba state reads are not modelled.
 Not modelled: all-reduce time under tp, activation traffic, kernel efficiency below the peaks
 (use ``bandwidth_efficiency`` / ``flops_efficiency``, or a measured ``TableCost``). MoE weights
 are all counted as read each step (true once a batch touches every expert).
@@ -53,7 +56,10 @@ class RooflineCost:
         self.flops_per_token = 2.0 * model.active_params / tp
         self.attn_flops_per_pair = model.attn_flops_per_token_pair / tp
         self.bandwidth_bytes_per_s = gpu.memory_bandwidth_bytes_per_s * bandwidth_efficiency
-        self.peak_flops_per_s = gpu.peak_flops_per_s(model.dtype) * flops_efficiency
+        # fp8 checkpoints (DeepSeek's) run fp8 GEMMs: the GPU's fp8 peak
+        fmt = getattr(model.weights, "format", None)
+        compute_dtype = "fp8" if fmt is not None and fmt.method == "fp8" else model.dtype
+        self.peak_flops_per_s = gpu.peak_flops_per_s(compute_dtype) * flops_efficiency
         self._last_lines = (None, None)
 
     def __repr__(self) -> str:

@@ -68,6 +68,12 @@ class ModelSpec:
     qk_head_dim: int | None = None      # query/key width per head if != head_dim (MLA: nope + rope)
     max_position_embeddings: int | None = None
     source: str = ""                    # where the numbers come from
+    # per-layer KV-cache shapes (planner.layers: AttentionLayer / MambaLayer / None for an MLP
+    # layer); None: every layer is full attention (num_kv_heads x head_dim, or MLA's latent)
+    layers: tuple | None = None
+    # the weights as served (planner.weights.ServedWeights: counts by kind and the checkpoint's
+    # quantization); None: num_params at ``dtype``
+    weights: object | None = None
 
     def __post_init__(self):
         who = f"model {self.name!r}"
@@ -92,6 +98,9 @@ class ModelSpec:
                              f"got {self.num_active_params}")
         if self.max_position_embeddings is not None:
             _require_positive(who, max_position_embeddings=self.max_position_embeddings)
+        if self.layers is not None and len(self.layers) != self.num_layers:
+            raise ValueError(f"{who}: {len(self.layers)} layer shapes for num_layers "
+                             f"{self.num_layers}")
 
     @property
     def is_mla(self) -> bool:
@@ -103,8 +112,24 @@ class ModelSpec:
 
     @property
     def weight_bytes(self) -> int:
-        """Bytes of all weights at the model's dtype (one copy, before tensor parallelism)."""
+        """Bytes of all weights as served (one copy, before tensor parallelism): the checkpoint's
+        quantization when known (``weights``), else every parameter at the model's dtype."""
+        if self.weights is not None:
+            return self.weights.bytes
         return self.num_params * self.dtype_bytes
+
+    @property
+    def is_hybrid(self) -> bool:
+        """Layers of more than one KV-cache kind (sliding windows, Mamba state, full)."""
+        return self.layers is not None and len({getattr(x, "kind", None) for x in self.layers
+                                                if x is not None}) > 1
+
+    @property
+    def num_attention_layers(self) -> int:
+        """Layers that attend over cached tokens (all of them without per-layer shapes)."""
+        if self.layers is None:
+            return self.num_layers
+        return sum(1 for x in self.layers if x is not None and x.kind != "mamba")
 
     @property
     def active_params(self) -> int:
@@ -117,7 +142,7 @@ class ModelSpec:
         Dense heads: 2*h*d (scores) + 2*h*d (weighted sum) = 4*h*d per layer.
         """
         qk = self.qk_head_dim if self.qk_head_dim is not None else self.head_dim
-        return 2 * self.num_layers * self.num_attention_heads * (qk + self.head_dim)
+        return 2 * self.num_attention_layers * self.num_attention_heads * (qk + self.head_dim)
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -26,7 +26,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 
 from kvsim.errors import InputError
-from kvsim.planner.capacity import DEFAULT_BLOCK_SIZE, DEFAULT_GPU_MEMORY_UTILIZATION
+from kvsim.planner.capacity import DEFAULT_GPU_MEMORY_UTILIZATION
 from kvsim.planner.engine_setup import DEFAULT_GPU, DEFAULT_MODEL, build_engine
 from kvsim.planner.presets import load_hf_config
 from kvsim.planner.roofline import DEFAULT_STEP_OVERHEAD_S
@@ -116,7 +116,9 @@ class PlanBase:
     tp: int = 1
     kv_dtype: str = "auto"
     gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION
-    block_size: int = DEFAULT_BLOCK_SIZE
+    block_size: int | None = None       # None: vLLM's for the model (build_engine)
+    weight_dtype: str = "auto"
+    disable_hybrid_kv_cache_manager: bool = False
     max_model_len: int | None = None
     non_kv_gib: float | None = None
     rate: float | None = None           # requests/s (workloads.retime: one meaning everywhere)
@@ -193,6 +195,8 @@ def evaluate_point(task: PointTask) -> dict:
             gpu=base.custom_gpu if (base.custom_gpu is not None and "gpu" not in task.params)
             else base.gpu,
             tensor_parallel_size=base.tp, kv_cache_dtype=base.kv_dtype,
+            weight_dtype=base.weight_dtype,
+            disable_hybrid_kv_cache_manager=base.disable_hybrid_kv_cache_manager,
             gpu_memory_utilization=base.gpu_memory_utilization, block_size=base.block_size,
             max_model_len=base.max_model_len,
             non_kv_bytes=None if base.non_kv_gib is None else int(base.non_kv_gib * GIB),

@@ -41,6 +41,10 @@ class EngineConfig:
             (vLLM's scheduler_reserve_full_isl, on by default).
         watermark: fraction of num_blocks kept free when admitting waiting requests (vLLM's
             scheduler watermark, 0 = off).
+        kv_cache_groups: the KV-cache groups of a hybrid model (allocator.KVCacheGroupSpec, in
+            vLLM's order; ``parse_kv_groups``), paged only: one block table per group over
+            the one pool (GroupedPagedAllocator, null block included). Empty: every layer is
+            full attention (PagedAllocator).
     """
 
     allocator: str = "paged"
@@ -56,6 +60,7 @@ class EngineConfig:
     long_prefill_token_threshold: int = 0
     full_prompt_admission: bool = True
     watermark: float = 0.0
+    kv_cache_groups: tuple = ()
 
     def __post_init__(self):
         if self.allocator not in ALLOCATORS:
@@ -85,6 +90,29 @@ class EngineConfig:
             raise InputError(f"watermark must be in [0, 1), got {self.watermark}")
         if self.allocator != "paged" and self.null_block:
             raise InputError("null_block applies to the paged allocator only")
+        if self.kv_cache_groups:
+            from kvsim.allocator.group_managers import KVCacheGroupSpec  # light module: lazy
+
+            if not all(isinstance(g, KVCacheGroupSpec) for g in self.kv_cache_groups):
+                raise InputError("kv_cache_groups must be KVCacheGroupSpec (parse_kv_groups)")
+            if self.allocator != "paged" or not self.null_block:
+                raise InputError("kv_cache_groups need the paged allocator with vLLM's null "
+                                 "block")
+
+    @property
+    def is_grouped(self) -> bool:
+        """KV-cache groups (a hybrid model): GroupedPagedAllocator and HybridScheduler."""
+        return bool(self.kv_cache_groups)
+
+    def summary_fields(self) -> dict:
+        """The settings a result's summary records (the groups only when there are some, so
+        that a full-attention summary keeps its keys)."""
+        out = {k: getattr(self, k) for k in self.__dataclass_fields__}
+        if not self.kv_cache_groups:
+            del out["kv_cache_groups"]
+        else:
+            out["kv_cache_groups"] = format_kv_groups(self.kv_cache_groups)
+        return out
 
     @property
     def is_paged(self) -> bool:
@@ -108,3 +136,62 @@ class EngineConfig:
     def watermark_blocks(self) -> int:
         """Blocks kept free at admission: int(watermark * num_gpu_blocks), as vLLM."""
         return int(self.watermark * self.pool_blocks)
+
+
+# ``--kv-groups`` spellings (the hybrid oracle's, bench/hybrid_oracle.py): one entry per group
+_GROUP_SPELLINGS = {"full": "full_attention", "sliding": "sliding_window", "mamba": "mamba",
+                    "mamba_ckpt": "mamba"}
+
+
+def parse_kv_groups(text: str, field: str = "kv_groups") -> tuple:
+    """KV-cache groups from ``full,sliding:128,mamba,mamba_ckpt:64`` (vLLM's group order).
+
+    ``full`` full attention (MLA too), ``sliding:W`` a sliding window of W tokens, ``mamba``
+    Mamba / linear-attention state, ``mamba_ckpt[:A]`` Mamba layers that export the prompt's
+    state from inside a prefill chunk at alignment A (default 1: Mamba2; Gated DeltaNet: the
+    block size).
+
+    Raises:
+        InputError: an unknown kind or a bad number (naming the entry).
+    Returns:
+        a tuple of allocator.KVCacheGroupSpec.
+    """
+    from kvsim.allocator.group_managers import KVCacheGroupSpec
+
+    groups = []
+    for i, item in enumerate(str(text).split(",")):
+        kind, _, arg = item.strip().partition(":")
+        where = f"{field} entry {i + 1} ({item.strip()!r})"
+        if kind not in _GROUP_SPELLINGS:
+            raise InputError(f"{where}: kind must be one of {', '.join(_GROUP_SPELLINGS)}",
+                             field=field)
+        if kind == "sliding" and not arg:
+            raise InputError(f"{where}: sliding needs a window, e.g. sliding:128", field=field)
+        if kind in ("full", "mamba") and arg:
+            raise InputError(f"{where}: {kind} takes no argument", field=field)
+        try:
+            number = int(arg) if arg else (1 if kind == "mamba_ckpt" else None)
+            if number is not None and number < 1:
+                raise ValueError
+        except ValueError:
+            raise InputError(f"{where}: {arg!r} is not an integer >= 1", field=field) from None
+        groups.append(KVCacheGroupSpec(
+            _GROUP_SPELLINGS[kind], sliding_window=number if kind == "sliding" else None,
+            mamba_checkpoint_alignment=number if kind == "mamba_ckpt" else None,
+            name=f"{kind}:{number}" if number and kind == "sliding" else kind))
+    return tuple(groups)
+
+
+def format_kv_groups(groups) -> str:
+    """The ``parse_kv_groups`` spelling of groups (round trip)."""
+    out = []
+    for g in groups:
+        if g.kind == "full_attention":
+            out.append("full")
+        elif g.kind == "sliding_window":
+            out.append(f"sliding:{g.sliding_window}")
+        elif g.mamba_checkpoint_alignment is None:
+            out.append("mamba")
+        else:
+            out.append(f"mamba_ckpt:{g.mamba_checkpoint_alignment}")
+    return ",".join(out)

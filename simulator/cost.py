@@ -39,6 +39,9 @@ class StepBatch:
     kv_read_tokens: sum over scheduled requests of the context attended (tokens already in the KV
         cache plus the new ones): the KV bytes read scale with it.
     attn_token_pairs: sum over scheduled requests of new_tokens * context, for attention FLOPs.
+    max_context_tokens: the longest context among them (after the step), or 0 when the engine
+        does not track it: it does only for a cost model whose ``uses_max_context_tokens`` is
+        true (a decode batch's longest sequence can set a floor under its time).
 
     Treated as immutable once built: the engine prices one run several times with the same
     batch, and a cost model may keep what it derived from the last batch it saw (by identity).
@@ -50,6 +53,7 @@ class StepBatch:
     num_scheduled_tokens: int = 0
     kv_read_tokens: int = 0
     attn_token_pairs: int = 0
+    max_context_tokens: int = 0
 
 
 def decode_step_batch(batch: StepBatch, i: int) -> StepBatch:
@@ -58,7 +62,12 @@ def decode_step_batch(batch: StepBatch, i: int) -> StepBatch:
     grow = i * batch.num_seqs
     return StepBatch(batch.num_seqs, batch.num_prefill_tokens, batch.num_decode_tokens,
                      batch.num_scheduled_tokens, batch.kv_read_tokens + grow,
-                     batch.attn_token_pairs + grow)
+                     batch.attn_token_pairs + grow, batch.max_context_tokens + i if batch.max_context_tokens else 0)
+
+
+def uses_max_context_tokens(model) -> bool:
+    """Whether ``model`` prices a step by its longest context (the engine then tracks it)."""
+    return bool(getattr(model, "uses_max_context_tokens", False))
 
 
 def summed_run_time_s(model: "CostModel", batch: StepBatch, num_steps: int) -> float:
@@ -205,6 +214,7 @@ class ScaledCost:
             raise InputError(f"step_time_scale must be a positive finite number, got {scale}")
         self.inner = inner
         self.scale = float(scale)
+        self.uses_max_context_tokens = uses_max_context_tokens(inner)
 
     def step_time_s(self, batch: StepBatch) -> float:
         return self.scale * self.inner.step_time_s(batch)

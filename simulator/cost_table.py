@@ -13,14 +13,26 @@ fits it the way the executor spends time:
 
 * **decode-only steps** replay a CUDA graph captured at a padded batch size, so the time is a
   step function of the batch plus the KV read: per measured graph size ``s``,
-  ``t = a_s + b_s * kv_read_tokens`` (least squares over that size's rows, leaving out the rows of
-  one long context among short ones, whose longest context a StepBatch does not carry); a batch of ``n``
-  sequences is priced at the smallest measured size >= n (the size it pads to when the table
-  measured every capture size, as the default grid does).
+  ``t = a_s + b_s * kv_read_tokens`` (least squares over that size's rows of equal contexts); a
+  batch of ``n`` sequences is priced at the smallest measured size >= n (the size it pads to when
+  the table measured every capture size, as the default grid does).
+* **the longest context's floor** (tables with ``max_context_tokens`` and a ``context buckets``
+  line): the longest sequence is read by few programs, so it can outlast the bandwidth term, and
+  the executor plans its split-KV launch by the longest context's bucket (a power of two, at
+  least the table's minimum). The rows of one long sequence among short ones give
+  ``floor_s(L) = t - a_s`` per size and bucket, and a decode step costs
+  ``a_s + max(b_s * kv_read_tokens, floor_s(max_context_tokens))`` (``context_floor_s``: between
+  measured sizes linear in the size; within a bucket linear in L through its rows, level above
+  the last; in the minimum bucket 0 while L is at most the rows' other contexts (equal contexts:
+  the line); a bucket without rows for that size borrows the nearest bucket that has them, never
+  the minimum one, whose launches are not split). The engine fills ``max_context_tokens`` only for
+  a model that says it uses it (``uses_max_context_tokens``).
 * **other steps** (and decode batches above the largest graph) run eagerly:
   ``t = f(num_scheduled_tokens) + c_pairs * attn_token_pairs + c_kv * kv_read_tokens
-  + c_seq * num_seqs``, ``f`` piecewise linear between the measured token counts (linear beyond
-  them), all fitted at once by least squares in relative error (each row weighted by 1/t, since
+  + c_seq * num_seqs [+ c_tail * max(0, max_context_tokens - attn_token_pairs / num_scheduled_tokens)]``
+  (the tail term where the table has longest contexts: one long decode beside a chunk is a
+  program per KV head over its whole context that the chunk's work does not hide; ``_tail_tokens``),
+  ``f`` piecewise linear between the measured token counts (linear beyond them), all fitted at once by least squares in relative error (each row weighted by 1/t, since
   errors are judged relative) with the coefficients kept >= 0.
 
 ``load_cost_table(path)`` returns this model for a profile table and the plain ``TableCost`` for
@@ -98,13 +110,48 @@ def _number(row: dict, name: str, path: str, line: int, *, positive=False) -> fl
     return value
 
 
-def _skewed(row: dict, v: dict, path: str, line: int) -> bool:
-    """A decode row whose longest context is over twice the mean (the grid's skewed batches):
-    the StepBatch has no longest context, so the decode lines are fitted without such rows."""
+def _skewed(row: dict, v: dict, path: str, line: int) -> int:
+    """The longest context of a decode row whose longest context is over twice the mean (the grid's
+    rows of one long sequence among short ones: they give the floor, not the lines), else 0."""
     if not row.get("max_context_tokens"):
-        return False
+        return 0
     longest = _number(row, "max_context_tokens", path, line)
-    return longest > 2 * v["kv_read_tokens"] / v["num_seqs"]
+    return int(longest) if longest > 2 * v["kv_read_tokens"] / v["num_seqs"] else 0
+
+
+def _min_bucket_tokens(provenance: dict[str, str], path: str) -> int | None:
+    """The smallest context bucket of the table's ``context buckets`` line (None: no such line)."""
+    text = provenance.get("context buckets")
+    if text is None:
+        return None
+    first = next((w for w in text.replace(",", " ").split() if w.isdigit()), None)
+    if first is None or int(first) < 1:
+        raise InputError(f"'context buckets' names no positive token count: {text!r}", file=path,
+                         field="context buckets")
+    return int(first)
+
+
+def _sum_max_lines(c0: float, c1: float, d0: float, d1: float, i0: int, i1: int) -> float:
+    """sum over integers i in [i0, i1) of max(c0 + c1 * i, d0 + d1 * i)."""
+    def total(a0, a1, lo, hi):
+        return (hi - lo) * a0 + a1 * (lo + hi - 1) * (hi - lo) / 2 if hi > lo else 0.0
+    if c1 == d1:
+        return total(c0, c1, i0, i1) if c0 >= d0 else total(d0, d1, i0, i1)
+    cross = (d0 - c0) / (c1 - d1)       # where the two lines meet
+    m = min(max(math.ceil(cross), i0), i1)
+    # below m the line that rises slower is on top, from m on the other
+    lo_c = c1 < d1
+    first = total(c0, c1, i0, m) if lo_c else total(d0, d1, i0, m)
+    second = total(d0, d1, m, i1) if lo_c else total(c0, c1, m, i1)
+    return first + second
+
+
+def _tail_tokens(longest: float, pairs: float, tokens: float) -> float:
+    """How far the longest context exceeds the context an average new token attends to: in an eager
+    step each sequence's attention is one program per KV head over its whole context, so a long
+    decode beside a chunk of short context is a tail the chunk's work does not hide (a chunk after
+    a long prefix, whose programs all read that prefix, is none)."""
+    return max(0.0, longest - pairs / tokens)
 
 
 def _nonneg_lstsq(a: np.ndarray, y: np.ndarray, free: int) -> np.ndarray:
@@ -125,13 +172,20 @@ def _nonneg_lstsq(a: np.ndarray, y: np.ndarray, free: int) -> np.ndarray:
 class StepShapeCost:
     """Step times fitted to a ``kvsim profile`` table (module docstring).
 
+    Args:
+        path: the table.
+        context_floor: price the longest context's floor where the table has its rows (False:
+            the lines alone, as before the floor; for comparisons).
     Attributes:
         provenance: the table's ``#`` header (GPU, date, versions, model, command).
         graph_sizes: measured CUDA-graph batch sizes; ``decode_lines[i]`` = (a_s, b_s) of size i.
         knots_tokens, knots_s: f of the eager model; coef: c_pairs, c_kv, c_seq.
+        min_bucket_tokens: the smallest context bucket; floors[bucket][size] = (start, [(L, floor_s)]).
+        uses_max_context_tokens: whether any floor was measured (the engine then tracks the
+            longest context).
     """
 
-    def __init__(self, path: str | Path):
+    def __init__(self, path: str | Path, *, context_floor: bool = True):
         self.path = path = str(path)
         self.provenance, header, rows = read_table(path)
         for name in SHAPE_COLUMNS:
@@ -139,6 +193,7 @@ class StepShapeCost:
                 raise InputError(f"missing column (have: {', '.join(header)})", file=path, line=len(self.provenance) + 1,
                                  field=name)
         decode: dict[int, list[tuple[float, float]]] = {}
+        skewed: list[tuple[int, int, float, float, int]] = []   # (size, longest, others' context, step_s, line)
         eager = []
         for line, row in rows:
             kind = row["kind"]
@@ -147,18 +202,24 @@ class StepShapeCost:
                                  field="kind")
             v = {name: _number(row, name, path, line, positive=name == "step_s")
                  for name in SHAPE_COLUMNS if name != "kind"}
+            if row.get("max_context_tokens"):
+                v["max_context_tokens"] = _number(row, "max_context_tokens", path, line)
             if v["num_scheduled_tokens"] == 0 or v["num_seqs"] == 0:
                 raise InputError("a measured step schedules at least one token of one sequence", file=path,
                                  line=line, field="num_scheduled_tokens")
             if kind == "decode" and v["graph"]:
-                if _skewed(row, v, path, line):
-                    continue   # one long context among short ones: not what a (size, kv) line prices
+                longest = _skewed(row, v, path, line)
+                if longest:    # one long context among short ones: the floor, not the lines
+                    others = (v["kv_read_tokens"] - longest) / max(v["num_seqs"] - 1, 1)
+                    skewed.append((int(v["padded_num_seqs"]), longest, others, v["step_s"], line))
+                    continue
                 decode.setdefault(int(v["padded_num_seqs"]), []).append((v["kv_read_tokens"], v["step_s"]))
             else:
                 eager.append(v)
         self.graph_sizes = sorted(decode)
         self.decode_lines = [self._line(decode[s]) for s in self.graph_sizes]
         self._fit_eager(eager, path)
+        self._fit_floor(skewed, path, context_floor)
 
     @staticmethod
     def _line(points: list[tuple[float, float]]) -> tuple[float, float]:
@@ -181,12 +242,115 @@ class StepShapeCost:
         # f's values at the knots are unknowns; every row's token count is a knot, so the hat basis
         # of linear interpolation is the indicator of its knot
         basis = (tokens[:, None] == self.knots_tokens[None, :]).astype(float)
-        extra = np.array([[r["attn_token_pairs"], r["kv_read_tokens"], r["num_seqs"]] for r in rows])
+        extra = np.array([[r["attn_token_pairs"], r["kv_read_tokens"], r["num_seqs"],
+                           _tail_tokens(r["max_context_tokens"], r["attn_token_pairs"], r["num_scheduled_tokens"])
+                           if r.get("max_context_tokens") else 0.0] for r in rows])
+        if not extra[:, 3].any():      # no longest contexts in the table (or no tails): no tail term
+            extra = extra[:, :3]
         scale = np.maximum(extra.max(axis=0), 1.0)      # conditioning: columns of order 1
         w = (1.0 / t)[:, None]
         coef = _nonneg_lstsq(np.hstack([basis, extra / scale]) * w, np.ones_like(t), free=k)
         self.knots_s = coef[:k]
-        self.coef = coef[k:] / scale                     # c_pairs, c_kv, c_seq
+        coef = coef[k:] / scale
+        self.coef = coef[:3]                             # c_pairs, c_kv, c_seq
+        self.c_tail = float(coef[3]) if len(coef) > 3 else 0.0
+
+    def _fit_floor(self, skewed: list[tuple[int, int, float, float, int]], path: str, enabled: bool) -> None:
+        self.min_bucket_tokens = _min_bucket_tokens(self.provenance, path)
+        self.floors: dict[int, dict[int, list[tuple[float, float]]]] = {}
+        if not enabled or self.min_bucket_tokens is None:
+            skewed = []
+        for size, longest, others, t, line in skewed:
+            i = bisect.bisect_left(self.graph_sizes, size)
+            if i == len(self.graph_sizes) or self.graph_sizes[i] != size:
+                raise InputError(f"a decode row of one long context at batch {size}, but no row of equal contexts "
+                                 "at that size to fit its line", file=path, line=line, field="padded_num_seqs")
+            bucket = self.bucket(longest)
+            start, points = self.floors.setdefault(bucket, {}).setdefault(size, [0.0, []])
+            points.append((float(longest), t - self.decode_lines[i][0]))
+            if bucket == self.min_bucket_tokens:
+                # at most as long as the others, the batch has equal contexts: its line prices it
+                self.floors[bucket][size][0] = max(start, others)
+        for by_size in self.floors.values():
+            for size, (start, points) in by_size.items():
+                # one value per context (the last row's)
+                by_size[size] = (start, sorted(dict(points).items()))
+        self.uses_max_context_tokens = bool(self.floors) or self.c_tail > 0
+
+    def bucket(self, context_tokens: int) -> int:
+        """The context bucket the executor plans a decode launch for: context_tokens rounded up
+        to a power of two, at least min_bucket_tokens."""
+        b = self.min_bucket_tokens
+        if context_tokens > b:
+            b <<= (int(context_tokens - 1) // b).bit_length()
+        return b
+
+    @staticmethod
+    def _floor_in_bucket(rows: tuple[float, list[tuple[float, float]]], longest: int) -> tuple[float, float, float]:
+        """(value, slope per token, last context of that piece) of a bucket's floor at ``longest``:
+        0 up to ``start`` (the other sequences' context of the minimum bucket's rows), then linear
+        between the bucket's rows (below the first, the first two rows' line), level from the last
+        row on, never below 0. The piece is linear from ``longest`` to its last context."""
+        start, points = rows
+        if longest <= start:
+            return 0.0, 0.0, start
+        if len(points) == 1 or longest >= points[-1][0]:
+            return max(points[-1][1], 0.0), 0.0, math.inf
+        j = max(1, bisect.bisect_right(points, (longest, math.inf)))
+        (x0, y0), (x1, y1) = points[j - 1], points[j]
+        slope = (y1 - y0) / (x1 - x0)
+        value = y0 + slope * (longest - x0)
+        last = float(x1)
+        if value <= 0:       # clamped at 0 until the line rises through it
+            return 0.0, 0.0, (min(last, math.floor(longest - value / slope)) if slope > 0 else last)
+        if slope < 0:        # falls to 0 before the next row
+            last = min(last, math.floor(longest + value / -slope))
+        return value, slope, last
+
+    def _floor_sizes(self, size: int, bucket: int) -> tuple[dict, int] | None:
+        """The floor rows by size of the bucket that prices ``size`` at ``bucket``: that bucket's
+        if its sizes span ``size``, else the nearest other bucket's (not the minimum one)."""
+        def spans(b):
+            by_size = self.floors.get(b)
+            return by_size is not None and min(by_size) <= size <= max(by_size)
+        if spans(bucket):
+            return self.floors[bucket], bucket
+        if bucket == self.min_bucket_tokens:
+            return None
+        others = [b for b in self.floors if b != self.min_bucket_tokens and spans(b)]
+        if not others:
+            return None
+        b = min(others, key=lambda b: (abs(b.bit_length() - bucket.bit_length()), b))
+        return self.floors[b], b
+
+    def context_floor_s(self, size: int, longest: int) -> tuple[float, float, float]:
+        """The floor under a decode batch padded to ``size`` whose longest context is ``longest``
+        tokens: (seconds, seconds per token of ``longest``, the last longest context up to which
+        that line holds); (0, 0, inf) where the table has none."""
+        if not self.floors or longest <= 0:
+            return 0.0, 0.0, math.inf
+        bucket = self.bucket(longest)
+        found = self._floor_sizes(size, bucket)
+        if found is None:
+            return 0.0, 0.0, float(bucket)
+        by_size, b = found
+        if b != bucket:                          # a borrowed bucket, read at its top: level
+            value = self._size_floor(by_size, size, b)[0]
+            return value, 0.0, float(bucket)
+        value, slope, last = self._size_floor(by_size, size, longest)
+        return value, slope, min(last, float(bucket))
+
+    def _size_floor(self, by_size: dict, size: int, longest: int) -> tuple[float, float, float]:
+        # between two measured sizes, linear in the size
+        sizes = sorted(by_size)
+        j = bisect.bisect_left(sizes, size)
+        if sizes[j] == size:
+            return self._floor_in_bucket(by_size[size], longest)
+        s0, s1 = sizes[j - 1], sizes[j]
+        w = (size - s0) / (s1 - s0)
+        v0, k0, l0 = self._floor_in_bucket(by_size[s0], longest)
+        v1, k1, l1 = self._floor_in_bucket(by_size[s1], longest)
+        return (1 - w) * v0 + w * v1, (1 - w) * k0 + w * k1, min(l0, l1)
 
     # ------------------------------------------------------------------ pricing
     def _f(self, tokens: float) -> float:
@@ -212,10 +376,14 @@ class StepShapeCost:
         i = self._graph_index(batch)
         if i is not None:
             a, b = self.decode_lines[i]
-            return max(0.0, a + b * batch.kv_read_tokens)
+            floor = self.context_floor_s(self.graph_sizes[i], batch.max_context_tokens)[0] \
+                if self.floors else 0.0
+            return max(0.0, a + max(b * batch.kv_read_tokens, floor))
         c_pairs, c_kv, c_seq = self.coef
+        tail = _tail_tokens(batch.max_context_tokens, batch.attn_token_pairs, batch.num_scheduled_tokens) \
+            if self.c_tail and batch.max_context_tokens else 0.0
         return max(0.0, self._f(batch.num_scheduled_tokens) + c_pairs * batch.attn_token_pairs
-                   + c_kv * batch.kv_read_tokens + c_seq * batch.num_seqs)
+                   + c_kv * batch.kv_read_tokens + c_seq * batch.num_seqs + self.c_tail * tail)
 
     def run_time_s(self, batch: StepBatch, num_steps: int) -> float:
         """num_steps decode steps, each sequence one token longer per step (closed form: the
@@ -224,11 +392,31 @@ class StepShapeCost:
             return 0.0
         i = self._graph_index(batch)
         if i is not None:
+            if self.floors and batch.max_context_tokens > 0:
+                return self._floored_run_time_s(batch, num_steps, i)
             slope = self.decode_lines[i][1]
         else:
             slope = self.coef[0] + self.coef[1]    # decode: pairs and kv both grow by one per sequence
         grow = slope * batch.num_seqs
         return self.step_time_s(batch) * num_steps + grow * num_steps * (num_steps - 1) / 2
+
+    def _floored_run_time_s(self, batch: StepBatch, num_steps: int, i: int) -> float:
+        """A decode run under the floor, in closed form: step j reads kv + j * num_seqs tokens and
+        its longest context is L + j; the floor is linear in j piece by piece (``context_floor_s``
+        says where each piece ends), so the run is summed per piece, each split where the floor
+        and the bandwidth line cross."""
+        a, b = self.decode_lines[i]
+        size = self.graph_sizes[i]
+        longest = batch.max_context_tokens
+        line0, line1 = b * batch.kv_read_tokens, b * batch.num_seqs
+        total, j = a * num_steps, 0
+        while j < num_steps:
+            value, slope, last = self.context_floor_s(size, longest + j)
+            end = num_steps if last == math.inf else min(num_steps, j + 1 + int(last) - (longest + j))
+            end = max(end, j + 1)
+            total += _sum_max_lines(line0, line1, value - slope * j, slope, j, end)
+            j = end
+        return total
 
     def __repr__(self) -> str:
         return f"StepShapeCost({self.path!r}, gpu={self.provenance.get('gpu', '?')})"

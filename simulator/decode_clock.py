@@ -76,6 +76,36 @@ class DecodeClock:
         self.buckets = [_Crossers() for _ in range(self.block_size)] if self.paged else []
         self.fin_heap: list = []        # (fin, order, SeqState) of clocked requests
         self.loose: list[SeqState] = []  # running requests off the clock, in running order
+        # (clock_c - computed tokens at clock-in, order, SeqState): its top is the longest
+        # clocked context; None unless the cost model prices the longest context (entries of
+        # requests that left the clock are dropped when they reach the top)
+        self.ctx_heap: list | None = None
+
+    def track_max_context(self) -> None:
+        """Keep the longest context of the clocked requests (before any request is clocked)."""
+        assert not self.num_clocked, "track_max_context before requests join the clock"
+        self.ctx_heap = []
+
+    def _clocked_max_computed(self) -> int:
+        """The most computed tokens among the clocked requests (0 when none)."""
+        heap = self.ctx_heap
+        while heap and not heap[0][2].clocked:
+            heapq.heappop(heap)
+        return self.clock_c - heap[0][0] if heap else 0
+
+    def step_max_context(self, out: StepOutput) -> int:
+        """The longest context after the step just scheduled (``schedule``'s output)."""
+        longest = max((seq.num_computed_tokens for seq, _n in out.entries), default=0)
+        if out.num_clocked:
+            longest = max(longest, self._clocked_max_computed())
+        return longest
+
+    def run_max_context(self) -> int:
+        """The longest context after the first step of the decode run just planned."""
+        longest = max((seq.num_computed_tokens for seq in self.loose), default=0)
+        if self.num_clocked:
+            longest = max(longest, self._clocked_max_computed())
+        return longest + 1
 
     def _materialize(self, seq: SeqState) -> None:
         """Bring a clocked request's counters up to date (it stays on the clock)."""
@@ -103,6 +133,8 @@ class DecodeClock:
         self.ctx_off += c - self.clock_c
         seq.fin = seq.max_output_tokens - seq.num_output_tokens + self.clock_o
         heapq.heappush(self.fin_heap, (seq.fin, seq.order, seq))
+        if self.ctx_heap is not None:
+            heapq.heappush(self.ctx_heap, (self.clock_c - c, seq.order, seq))
         if self.paged:
             seq.bucket = (self.clock_c - c) % self.block_size
             self.buckets[seq.bucket].add(seq.order, seq.seq_id)
@@ -127,6 +159,8 @@ class DecodeClock:
             for bucket in self.buckets:
                 bucket.clear()
             self.fin_heap.clear()
+            if self.ctx_heap is not None:
+                self.ctx_heap.clear()
             self.num_clocked = 0
             self.ctx_off = 0
         self.loose = list(self.running)

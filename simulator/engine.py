@@ -30,14 +30,16 @@ import numpy as np
 import simpy
 from simpy.core import URGENT
 
-from kvsim.allocator import MEMORY_CLASSES, ContiguousAllocator, PagedAllocator
+from kvsim.allocator import MEMORY_CLASSES, ContiguousAllocator, GroupedPagedAllocator, PagedAllocator
 from kvsim.simulator.config import EngineConfig
-from kvsim.simulator.cost import NS_PER_S, CostModel, FixedStepCost, StepBatch, StepTimer, to_ns
+from kvsim.simulator.cost import (NS_PER_S, CostModel, FixedStepCost, StepBatch, StepTimer, to_ns,
+                                  uses_max_context_tokens)
 from kvsim.simulator.footprint import check_simulation
 from kvsim.simulator.in_the_loop import IN_THE_LOOP_COLUMNS, scheduled_step
 from kvsim.simulator.recorder import DECODE_RUN, NUM_CLASSES, Recorder
 from kvsim.simulator.result import Result
 from kvsim.simulator.router import ROUTERS, Router
+from kvsim.simulator.hybrid_scheduler import HybridScheduler
 from kvsim.simulator.scheduler import Scheduler
 from kvsim.simulator.summary import summarize
 
@@ -57,6 +59,13 @@ def _urgent_timeout(env: simpy.Environment, delay_ns: int) -> simpy.Event:
 
 def make_allocator(config: EngineConfig):
     """The allocator an EngineConfig describes."""
+    if config.is_grouped:
+        # the synchronous scheduler: one batch in flight bounds how far a window may lag
+        return GroupedPagedAllocator(config.pool_blocks, config.block_size, config.kv_cache_groups,
+                                     enable_prefix_caching=config.enable_prefix_caching,
+                                     max_model_len=config.max_model_len,
+                                     max_num_batched_tokens=config.max_num_batched_tokens,
+                                     max_concurrent_batches=1)
     if config.is_paged:
         return PagedAllocator(config.pool_blocks, config.block_size,
                               enable_prefix_caching=config.enable_prefix_caching,
@@ -72,7 +81,8 @@ class _Replica:
                  step_clock: bool):
         self.index = index
         self.allocator = make_allocator(config)
-        self.sched = Scheduler(config, self.allocator, seed=seed + index)
+        policy = HybridScheduler if config.is_grouped else Scheduler
+        self.sched = policy(config, self.allocator, seed=seed + index)
         self.rec = recorder.replica(index, self.sched, self.allocator, step_clock)
         self.wake: simpy.Event | None = None
         self.num_steps = 0
@@ -141,6 +151,12 @@ class Simulation:
                                  record_requests=record_requests)
         self.replicas = [_Replica(i, config, seed, self.recorder, self.step_clock)
                          for i in range(replicas)]
+        # the longest context of each step, for a cost model that prices it (kept by the decode
+        # clock as a heap: nothing to pay when the model does not ask)
+        self.track_max_context = uses_max_context_tokens(cost_model)
+        if self.track_max_context:
+            for rep in self.replicas:
+                rep.sched.track_max_context()
         if self.in_the_loop:
             for rep in self.replicas:
                 rep.sched.clock_enabled = False   # every running request visited every step
@@ -223,7 +239,7 @@ class Simulation:
         summary = summarize(
             recorder, self.replicas, num_arrived=self.num_arrived,
             num_rejected=self.num_rejected, wall_s=self.wall_s,
-            config={"engine": {k: getattr(cfg, k) for k in cfg.__dataclass_fields__},
+            config={"engine": cfg.summary_fields(),
                     "replicas": len(self.replicas), "router": self.router.policy,
                     "seed": self.seed, "cost_model": type(self.cost).__name__,
                     "step_clock": self.step_clock})
@@ -284,7 +300,10 @@ class Simulation:
             return "prompt longer than max_model_len - 1"
         width = max(req.n, req.beam_width)
         final = req.prompt_tokens + min(req.output_tokens, cfg.max_model_len - req.prompt_tokens)
-        if cfg.is_paged:
+        if cfg.is_grouped:
+            if self.replicas[0].allocator.max_blocks_needed(final - 1) > cfg.pool_blocks - 1:
+                return "needs more blocks than the pool has"
+        elif cfg.is_paged:
             usable = cfg.pool_blocks - int(cfg.null_block)
             if -(-(final - 1) // cfg.block_size) > usable:
                 return "needs more blocks than the pool has"
@@ -298,6 +317,7 @@ class Simulation:
     # ------------------------------------------------------------------ the step loop
     def _engine(self, rep: _Replica):
         env, timer, record_steps = self.env, self.timer, self.record_steps
+        track = self.track_max_context
         sched, rec = rep.sched, rep.rec
         # ``now`` is the replica's time. It runs ahead of SimPy's across step ends that nothing
         # can observe (``_unobserved``): such a step is finished at once and the next one
@@ -326,7 +346,7 @@ class Simulation:
                 usage_start = rep.allocator.usage
                 n = len(sched.running)
                 kv = sched.decode_run_batch()[0]
-                b0 = StepBatch(n, 0, n, n, kv, kv)
+                b0 = StepBatch(n, 0, n, n, kv, kv, sched.run_max_context() if track else 0)
                 bound = min(self.next_arrival_ns, rec.next_record_ns, self.stop_ns)
                 if bound < _NEVER and now + timer.run_ns(b0, k) >= bound:
                     k = min(k, timer.steps_to_reach(b0, now, bound, k))
@@ -373,7 +393,7 @@ class Simulation:
                 if run is None:
                     batch = StepBatch(out.num_seqs, out.num_prefill_tokens, out.num_decode_seqs,
                                       out.num_scheduled_tokens, out.kv_read_tokens,
-                                      out.attn_token_pairs)
+                                      out.attn_token_pairs, sched.step_max_context(out) if track else 0)
                     if self.in_the_loop:
                         step = scheduled_step(out, rep.allocator, idx, self.config.block_size)
                         end = t + max(1, to_ns(self.cost.timed_step_s(batch, step)))
@@ -405,7 +425,9 @@ class Simulation:
                 if record_steps:
                     extra = ()
                     if self.in_the_loop:
-                        extra = (out.kv_read_tokens, out.attn_token_pairs, *self.cost.last, t / NS_PER_S)
+                        longest = max(map(sum, zip(step.num_computed_tokens, step.num_new_tokens)))
+                        extra = (out.kv_read_tokens, out.attn_token_pairs, *self.cost.last, t / NS_PER_S,
+                                 longest)
                     rec.step_row(idx, out, finished, row_state, extra)
                 for seq in finished:
                     rec.on_finished(seq)

@@ -16,11 +16,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from kvsim.simulator.cost import CostModel, StepBatch
+from kvsim.simulator.cost import CostModel, StepBatch, uses_max_context_tokens
 
 # what a step's row of the time series carries in the loop, after the usual step columns
 IN_THE_LOOP_COLUMNS = ("kv_read_tokens", "attn_token_pairs", "measured_step_s", "predicted_step_s",
-                       "step_start_s")
+                       "step_start_s", "max_context_tokens")
 
 
 @dataclass(slots=True)
@@ -70,6 +70,8 @@ class InTheLoopCost:
     def __init__(self, execute: Callable[[ScheduledStep], float], predictor: CostModel | None = None):
         self.execute = execute
         self.predictor = predictor
+        # the engine then fills the StepBatch's longest context for the prediction
+        self.uses_max_context_tokens = uses_max_context_tokens(predictor)
         self.last = (0.0, float("nan"))     # (measured, predicted) of the last step executed
 
     def timed_step_s(self, batch: StepBatch, step: ScheduledStep) -> float:

@@ -227,6 +227,13 @@ class ReplicaRecorder:
         self._update_next_record()
         self.arrived_since_step = 0
         self.num_finished = 0
+        # KV-cache groups (GroupedPagedAllocator): per group, slots by class summed over
+        # samples (token_states, internal_fragmentation, cached), the samples, most blocks held
+        self.grouped = hasattr(allocator, "group_breakdown")
+        if self.grouped:
+            self.group_sums = [[0, 0, 0] for _ in allocator.groups]
+            self.group_max_blocks = [0] * len(allocator.groups)
+            self.group_samples = 0
         self.saved_samples: list[int] = []
         self.cum = [0, 0, 0, 0]                # step rows: preemptions, pc queries, pc hits, finished
 
@@ -383,11 +390,27 @@ class ReplicaRecorder:
         idle_tail = (0, 0, 0, *counters, usage, saved, *bd)
         samples = self.tables.samples
         sample_ns = self.tables.sample_ns
+        num_rows = 0
         while self.next_sample_ns <= now:
             idle = idle_before_ns is not None and self.next_sample_ns < idle_before_ns
             samples.add((self.next_sample_ns / NS_PER_S, self.index) + (idle_tail if idle else row_tail))
             self.next_sample_ns += sample_ns
+            num_rows += 1
+        if self.grouped:
+            self._sample_groups(num_rows)
         self._update_next_record()
+
+    def _sample_groups(self, weight: int) -> None:
+        """Add the pool's per-group split now, ``weight`` samples' worth."""
+        alloc = self.allocator
+        for i, (g, m) in enumerate(zip(alloc.group_breakdown(), alloc.managers)):
+            sums = self.group_sums[i]
+            sums[0] += g["token_states"] * weight
+            sums[1] += g["internal_fragmentation"] * weight
+            sums[2] += g["cached"] * weight
+            if m.num_used_blocks > self.group_max_blocks[i]:
+                self.group_max_blocks[i] = m.num_used_blocks
+        self.group_samples += weight
 
     # ---------------------------------------------------------------- step rows (oracle names)
     def row_state(self) -> tuple:
@@ -408,6 +431,8 @@ class ReplicaRecorder:
         cum[3] += len(finished)
         arrived = self.arrived_since_step
         self.arrived_since_step = 0
+        if self.grouped:
+            self._sample_groups(1)
         self.tables.steps.rows.append((
             idx, arrived, out.num_seqs, out.num_scheduled_tokens, out.num_prefill_tokens,
             # vLLM 0.33's V2 model runner reports resumed requests among the new ones

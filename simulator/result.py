@@ -24,6 +24,9 @@ SUMMARY_KEYS = (
     "output_throughput_tokens_per_s", "total_throughput_tokens_per_s", "request_throughput_per_s",
     "ttft_s", "tpot_s", "e2e_s", "wall_clock_s", "config",
 )
+# a hybrid model's replay (KV-cache groups) adds, after "memory_breakdown", each group's share
+# of the pool by memory class (time-averaged over samples); full-attention summaries lack it
+GROUP_SUMMARY_KEY = "kv_cache_groups"
 
 
 def _json_default(obj):

@@ -102,6 +102,9 @@ class Scheduler(DecodeRuns, Forks, DecodeClock, KVSlots):
         self.num_generated_tokens = 0
         self.num_prompt_tokens_computed = 0  # prefill work actually done (after hits)
         self.num_steps = 0
+        # a decode into a block it holds skips the allocator (a policy whose allocator must
+        # see every token, KV-cache groups, turns it off)
+        self.lazy_decodes = self.paged
         self._init_kv_slots()
         self._init_decode_clock()
         self._init_decode_runs()
@@ -185,7 +188,7 @@ class Scheduler(DecodeRuns, Forks, DecodeClock, KVSlots):
         # iterator then simply stops earlier (vLLM's ``while req_index < len(self.running)``).
         slow = []                  # scheduled outside the decode fast path, updated later
         fast_ctx = 0               # decodes inside a held block: updated inline
-        lazy = self.paged          # paged decodes are told to the allocator lazily
+        lazy = self.lazy_decodes   # paged decodes are told to the allocator lazily
         for seq in running:
             if token_budget <= 0:
                 break
@@ -241,8 +244,10 @@ class Scheduler(DecodeRuns, Forks, DecodeClock, KVSlots):
             fit = self._admission(seq, token_budget, lpt)
             if fit is None:
                 break
-            waiting.popleft()
             n = self._admit(seq, fit[0], fit[1], out, now_ns, step_index)
+            if n is None:      # the allocator's own check refused it (KV-cache groups)
+                break
+            waiting.popleft()
             slow.append((seq, n))
             seq.order = self.next_order
             self.next_order += 1
@@ -325,11 +330,11 @@ class Scheduler(DecodeRuns, Forks, DecodeClock, KVSlots):
                                self._lpt(), num_blocks_taken, verdict_only=True) is not None
 
     def _admit(self, seq: SeqState, hit: int, n: int, out: StepOutput, now_ns: int,
-               step_index: int) -> int:
+               step_index: int) -> int | None:
         """Start the head that ``_admission`` let in: allocate its hit blocks and first chunk
-        (vLLM allocate_slots), count the prefix-cache query, mark it RUNNING. Returns ``n``."""
+        (vLLM allocate_slots), count the prefix-cache query, mark it RUNNING. Returns ``n``
+        (a policy whose allocator may still refuse returns None, with nothing changed)."""
         alloc = self.allocator
-        num_tokens = seq.num_tokens
         if self.paged:
             keys = seq.keys
             first = min(hit + n, self.config.max_model_len)
@@ -337,24 +342,32 @@ class Scheduler(DecodeRuns, Forks, DecodeClock, KVSlots):
             assert ok, "allocate failed after blocks_needed said it fits"
             got = alloc.num_cached_tokens(seq.seq_id) if keys is not None else 0
             assert got == hit, f"allocator hit {got} != lookup {hit}"
-            if self.prefix_caching:
-                # vLLM's prefix_cache_stats: re-admissions after preemption are counted apart
-                if seq.num_preemptions > 0:
-                    out.pc_preempted_queries += num_tokens
-                    out.pc_preempted_hits += hit
-                    self.num_preempted_queries += num_tokens
-                    self.num_preempted_hits += hit
-                else:
-                    out.pc_queries += num_tokens
-                    out.pc_hits += hit
-                    self.num_prefix_queries += num_tokens
-                    self.num_prefix_hits += hit
         else:
             final = seq.num_prompt_tokens + seq.max_output_tokens
             ok = alloc.allocate(seq.seq_id, n, final, num_prompt_tokens=seq.num_prompt_tokens)
             assert ok, "contiguous allocate failed after can_allocate"
             first = n
-        seq.num_alloc_tokens = first
+        self._start(seq, hit, n, first, out, now_ns, step_index)
+        return n
+
+    def _start(self, seq: SeqState, hit: int, n: int, num_alloc_tokens: int, out: StepOutput,
+               now_ns: int, step_index: int) -> None:
+        """An admission's bookkeeping once its slots are allocated: the prefix-cache query
+        (vLLM's prefix_cache_stats), the counters, RUNNING, the step's entry."""
+        if self.prefix_caching:
+            num_tokens = seq.num_tokens
+            # vLLM's prefix_cache_stats: re-admissions after preemption are counted apart
+            if seq.num_preemptions > 0:
+                out.pc_preempted_queries += num_tokens
+                out.pc_preempted_hits += hit
+                self.num_preempted_queries += num_tokens
+                self.num_preempted_hits += hit
+            else:
+                out.pc_queries += num_tokens
+                out.pc_hits += hit
+                self.num_prefix_queries += num_tokens
+                self.num_prefix_hits += hit
+        seq.num_alloc_tokens = num_alloc_tokens
         seq.num_computed_tokens = hit
         seq.num_cached_tokens_total += hit
         if seq.status == PREEMPTED:
@@ -366,7 +379,6 @@ class Scheduler(DecodeRuns, Forks, DecodeClock, KVSlots):
             seq.cached_tokens_first = hit
         seq.status = RUNNING
         out.entries.append((seq, n))
-        return n
 
     def _update_after_schedule(self, out: StepOutput, slow: list, num_fast: int,
                                fast_ctx: int) -> None:

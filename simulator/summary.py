@@ -10,7 +10,7 @@ import numpy as np
 from kvsim.allocator import MEMORY_CLASSES
 from kvsim.simulator.cost import NS_PER_S
 from kvsim.simulator.recorder import NUM_CLASSES, Recorder
-from kvsim.simulator.result import SUMMARY_KEYS
+from kvsim.simulator.result import GROUP_SUMMARY_KEY, SUMMARY_KEYS
 
 
 def percentiles(values: np.ndarray) -> dict:
@@ -90,4 +90,34 @@ def summarize(recorder: Recorder, replicas: list, *, num_arrived: int, num_rejec
         "config": config,
     }
     assert tuple(summary) == SUMMARY_KEYS
+    if recs and recs[0].grouped:
+        summary = _with_groups(summary, recs)
     return summary
+
+
+def group_breakdown_summary(recs: list) -> list[dict]:
+    """Each KV-cache group's time-averaged share of the pools by memory class, and the most
+    blocks it held (one replica's); with the free slots and the null block the shares of all
+    groups sum to memory_breakdown's."""
+    alloc = recs[0].allocator
+    pool_slots = sum(r.allocator.num_blocks * r.allocator.block_size for r in recs)
+    samples = max(1, recs[0].group_samples)
+    out = []
+    for i, spec in enumerate(alloc.groups):
+        token, frag, cached = (sum(r.group_sums[i][k] for r in recs) for k in range(3))
+        out.append({"group": i, "name": spec.name or spec.kind, "kind": spec.kind,
+                    "sliding_window": spec.sliding_window, "num_layers": spec.num_layers,
+                    "token_states": round(token / samples / pool_slots, 9),
+                    "internal_fragmentation": round(frag / samples / pool_slots, 9),
+                    "cached": round(cached / samples / pool_slots, 9),
+                    "max_blocks": max(r.group_max_blocks[i] for r in recs)})
+    return out
+
+
+def _with_groups(summary: dict, recs: list) -> dict:
+    out = {}
+    for key, value in summary.items():
+        out[key] = value
+        if key == "memory_breakdown":
+            out[GROUP_SUMMARY_KEY] = group_breakdown_summary(recs)
+    return out

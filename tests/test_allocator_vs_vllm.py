@@ -21,13 +21,18 @@ def vllm_python() -> str | None:
     return None
 
 
-@pytest.mark.slow
-def test_paged_allocator_decisions_equal_vllm_kv_cache_manager():
+def run_vllm_driver(script: str, *args: str, timeout_s: int = 600) -> str:
+    """Run a driver in tests/ under the vLLM interpreter (skip without one); its stdout."""
     python = vllm_python()
     if python is None:
         pytest.skip("no interpreter with vLLM ($KVSIM_VLLM_PYTHON or ../oracle-venv)")
-    result = subprocess.run([python, str(ROOT / "tests" / "vllm_allocator_driver.py"),
-                             "--seeds", "2", "--steps", "300"],
-                            capture_output=True, text=True, timeout=600, cwd=ROOT)
+    result = subprocess.run([python, str(ROOT / "tests" / script), *args],
+                            capture_output=True, text=True, timeout=timeout_s, cwd=ROOT)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
-    assert result.stdout.count("equal over 300 steps") == 6, result.stdout
+    return result.stdout
+
+
+@pytest.mark.slow
+def test_paged_allocator_decisions_equal_vllm_kv_cache_manager():
+    stdout = run_vllm_driver("vllm_allocator_driver.py", "--seeds", "2", "--steps", "300")
+    assert stdout.count("equal over 300 steps") == 6, stdout

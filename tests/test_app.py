@@ -264,3 +264,22 @@ def test_a_good_upload_is_simulated_and_survives_a_page_switch():
     assert "Using mine.csv" in [c.value for c in at.sidebar.caption]
     table = at.dataframe[0].value  # the summary table (in its expander)
     assert set(table.loc["requests_finished"]) == {"12"}  # both sides served all 12 requests
+
+
+def test_kv_groups_page_shows_each_group_and_a_window_freeing_blocks():
+    at = _app()
+    at.session_state["k_hyb_requests"] = 40
+    at.run()
+    at.switch_page("app_pages/kv_groups.py").run()
+    _clean(at)
+    assert at.title[0].value == "KV-cache groups (hybrid models)"
+    at.slider(key="k_hyb_frame").set_value(30).run()
+    _clean(at)
+    assert "One request's tables" in [h.value for h in at.subheader]
+    groups = at.dataframe[0].value
+    assert list(groups["group"]) == ["sliding:128", "full"]
+    # a bad groups spelling is one st.error, not a crash
+    shape = at.session_state["k_hyb_shape"]
+    at.text_input(key=f"k_hyb_groups_{shape}").set_value("full,window:3").run()
+    assert not at.exception
+    assert "entry 2" in at.error[0].value

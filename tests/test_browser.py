@@ -159,7 +159,8 @@ def test_live_pool_plays_and_every_page_renders(app_url, page, tmp_path):
             ("Block table inspector", "Block table inspector", "2_block_table.png"),
             ("Metrics", "Metrics", "3_metrics.png"),
             ("Capacity planner", "Capacity planner", "4_capacity_planner.png"),
-            ("Kernel validation", "Kernel validation", "5_kernel_validation.png")]:
+            ("Kernel validation", "Kernel validation", "5_kernel_validation.png"),
+            ("KV-cache groups", "KV-cache groups (hybrid models)", "6_kv_groups.png")]:
         page.locator('[data-testid="stSidebarNav"]').get_by_text(title).click()
         page.get_by_role("heading", name=heading).wait_for()
         _settle(page)

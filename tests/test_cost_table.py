@@ -123,3 +123,128 @@ def test_skewed_decode_rows_do_not_bend_the_decode_lines(tmp_path):
     path.write_text("\n".join(lines[:3] + [header] + body + [skew]) + "\n")
     model = StepShapeCost(path)
     assert math.isclose(model.step_time_s(StepBatch(24, 0, 24, 24, 9000, 9000)), decode_truth(24, 9000), rel_tol=1e-9)
+
+
+FLOOR_HEADER = HEADER.replace("attn_token_pairs,", "attn_token_pairs,max_context_tokens,")
+
+
+def floor_truth(size, longest):
+    """The measured floor of one long sequence among 512-token ones: bucket 4096 rises with the
+    longest context; the split buckets above it are level (empty programs of every sequence)."""
+    if longest <= 4096:
+        return 1e-7 * size * (longest - 512) / 24
+    return 2e-6 * size * (1 << (longest - 1).bit_length()) / 4096
+
+
+def floor_table(tmp_path, buckets_line="# context buckets: powers of two from 4096 tokens", extra=()):
+    """make_table's rows with max_context_tokens, plus rows of one long context among short ones."""
+    def with_max(line, longest):
+        parts = line.split(",")
+        return ",".join(parts[:8] + [str(longest)] + parts[8:])
+    lines = make_table(tmp_path).read_text().splitlines()
+    body = [with_max(x, int(x.split(",")[6]) // int(x.split(",")[1])) for x in lines[4:]]
+    skewed = []
+    for size, longest in ((24, 2048), (24, 4096), (32, 2048), (32, 4096), (8, 16384), (24, 16384)):
+        kv = (size - 1) * 512 + longest
+        t = decode_truth(size, 0) + floor_truth(size, longest)
+        skewed.append(with_max(row("decode", size, 0, size, kv, kv, size, 1, t), longest))
+    path = tmp_path / "floor.csv"
+    path.write_text("\n".join(lines[:3] + ([buckets_line] if buckets_line else []) + [FLOOR_HEADER] + body
+                              + skewed + list(extra)) + "\n")
+    return path
+
+
+def test_the_longest_context_sets_a_floor_under_decode_steps(tmp_path):
+    model = StepShapeCost(floor_table(tmp_path))
+    assert model.uses_max_context_tokens and model.min_bucket_tokens == 4096
+    a, b = model.decode_lines[SIZES.index(24)]
+
+    def decode(size, kv, longest):
+        return model.step_time_s(StepBatch(size, 0, size, size, kv, kv, longest))
+    kv = 23 * 512 + 3000
+    # between the bucket's rows: linear in the longest context, above the bandwidth line here
+    assert math.isclose(decode(24, kv, 3000), a + floor_truth(24, 3000), rel_tol=1e-9)
+    assert decode(24, kv, 3000) > decode_truth(24, kv) * 1.03
+    # no longest context (a model the engine does not track it for), or one no longer than the
+    # others' (equal contexts): the line of uniform batches
+    assert math.isclose(decode(24, kv, 0), decode_truth(24, kv), rel_tol=1e-9)
+    assert math.isclose(decode(24, 24 * 400, 400), decode_truth(24, 24 * 400), rel_tol=1e-9)
+    # a split bucket is level; a size between two measured ones is interpolated in the size
+    assert math.isclose(decode(24, 23 * 512 + 9000, 9000), a + floor_truth(24, 16384), rel_tol=1e-9)
+    a16 = model.decode_lines[SIZES.index(16)][0]
+    want16 = (floor_truth(8, 16384) + floor_truth(24, 16384)) / 2
+    assert math.isclose(decode(16, 15 * 512 + 12000, 12000), a16 + want16, rel_tol=1e-9)
+    # bucket 8192 has no rows: it borrows the nearest split bucket's, at its top
+    assert math.isclose(decode(24, 23 * 512 + 6000, 6000), a + floor_truth(24, 16384), rel_tol=1e-9)
+    # under the bandwidth line the floor does not count
+    assert math.isclose(decode(24, 24 * 1000, 1000), a + b * 24 * 1000, rel_tol=1e-9)
+    assert floor_truth(24, 1000) > 0
+    plain = StepShapeCost(floor_table(tmp_path), context_floor=False)
+    assert not plain.uses_max_context_tokens
+    assert math.isclose(plain.step_time_s(StepBatch(24, 0, 24, 24, kv, kv, 3000)), decode_truth(24, kv), rel_tol=1e-9)
+
+
+@pytest.mark.parametrize("size, longest, others, steps", [
+    (24, 1000, 512, 5000),     # rises into the bucket's rows, crosses into the split buckets
+    (24, 3900, 300, 800),      # the floor's line meets the bandwidth line inside the run
+    (16, 4000, 2000, 20000),   # interpolated sizes, three buckets
+    (3, 500, 100, 300),        # a size without floor rows: the line alone
+])
+def test_a_floored_decode_run_is_the_sum_of_its_steps(tmp_path, size, longest, others, steps):
+    model = StepShapeCost(floor_table(tmp_path))
+    kv = longest + (size - 1) * others
+    batch = StepBatch(size, 0, size, size, kv, kv, longest)
+    assert math.isclose(model.run_time_s(batch, steps), summed_run_time_s(model, batch, steps), rel_tol=1e-9)
+
+
+def test_floor_rows_need_their_line_and_a_bucket_line(tmp_path):
+    with pytest.raises(InputError) as info:
+        StepShapeCost(floor_table(tmp_path, "# context buckets: powers of two"))
+    assert "context buckets" in str(info.value) and "\n" not in str(info.value)
+    # without the line, skewed rows are left out of the lines and price nothing
+    assert not StepShapeCost(floor_table(tmp_path, None)).uses_max_context_tokens
+    kv = 39 * 512 + 4096
+    lonely = ",".join(row("decode", 40, 0, 40, kv, kv, 40, 1, 0.02).split(",")[:8] + ["4096"]
+                      + row("decode", 40, 0, 40, kv, kv, 40, 1, 0.02).split(",")[8:])
+    with pytest.raises(InputError) as info:
+        StepShapeCost(floor_table(tmp_path, extra=[lonely]))
+    assert "padded_num_seqs" in str(info.value) and ":57:" in str(info.value)
+
+
+def test_a_long_context_beside_a_chunk_is_a_tail_of_eager_steps(tmp_path):
+    # eager rows with their longest context: a long decode beside a chunk costs c_tail per token
+    # of its context beyond what the chunk's tokens attend to; a chunk after a long prefix none
+    def with_max(line, longest):
+        parts = line.split(",")
+        return ",".join(parts[:8] + [str(longest)] + parts[8:])
+    lines = make_table(tmp_path).read_text().splitlines()
+    body = []
+    for x in lines[4:]:
+        parts = x.split(",")
+        seqs, kv, prefill, decodes = int(parts[1]), int(parts[6]), int(parts[3]), int(parts[4])
+        # make_table: one prompt beside 512-token decodes, or equal prompts, or uniform decodes
+        longest = max(prefill, 512) if parts[0] == "mixed" and decodes else kv // seqs
+        body.append(with_max(x, longest))
+    tails = []
+    for t in (512, 1024, 2048):
+        for ctx in (8192, 32768):
+            new = t - 1
+            pairs, kv = new * new + ctx, new + ctx
+            truth = eager_truth(t, pairs, kv, 2) + 5e-7 * (ctx - pairs / t)
+            tails.append(with_max(row("mixed", 2, new, 1, kv, pairs, 2, 0, truth), ctx))
+    path = tmp_path / "tail.csv"
+    path.write_text("\n".join(lines[:3] + [FLOOR_HEADER] + body + tails) + "\n")
+    model = StepShapeCost(path)
+    assert model.uses_max_context_tokens and math.isclose(model.c_tail, 5e-7, rel_tol=0.05)
+    new, ctx = 1535, 20000
+    pairs, kv = new * new + ctx, new + ctx
+    got = model.step_time_s(StepBatch(2, new, 1, 1536, kv, pairs, ctx))
+    want = eager_truth(1536, pairs, kv, 2) + 5e-7 * (ctx - pairs / 1536)
+    assert math.isclose(got, want, rel_tol=0.02)
+    assert got > model.step_time_s(StepBatch(2, new, 1, 1536, kv, pairs, 0)) * 1.1   # untracked: no tail
+    # a chunk after a long prefix: every token attends to the prefix, no tail
+    pairs = 1024 * (20000 + 1024)
+    assert model.step_time_s(StepBatch(1, 1024, 0, 1024, 21024, pairs, 21024)) == \
+        model.step_time_s(StepBatch(1, 1024, 0, 1024, 21024, pairs, 0))
+    # the tables without longest contexts keep the three terms
+    assert StepShapeCost(make_table(tmp_path)).c_tail == 0.0

@@ -407,6 +407,29 @@ def test_dashboard_subcommand_bad_port_is_a_usage_error(capsys, port, why):
     assert capsys.readouterr().err.splitlines()[-1].endswith(f"argument --port: {why}")
 
 
+def test_hybrid_scenario_snapshots_every_group_and_a_window_leaves_blocks_behind():
+    from kvsim.dashboard.hybrid import (SHAPES, HybridScenario, groups_frame,
+                                        most_released_request, simulate_hybrid)
+    from kvsim.dashboard.sources import Workload, load_requests
+
+    sc = HybridScenario(Workload("builtin", "sharegpt:rate=4,n=60,seed=1", 60),
+                        groups="sliding:32,full", num_gpu_blocks=400, num_frames=12)
+    run = simulate_hybrid(sc, load_requests(sc.workload))
+    assert len(run.snapshots) == 12 and run.frame_times_s[-1] > 0
+    busy = [s for s in run.snapshots if s.group_block_tables]
+    released = [s for s in busy if most_released_request(s) is not None and any(
+        0 in t[0] for t in s.group_block_tables.values())]
+    assert released, "a window of 32 tokens must have freed blocks behind some request"
+    snap = released[0]
+    seq = most_released_request(snap)
+    sliding, full = snap.group_block_tables[seq]
+    assert 0 in list(sliding) and 0 not in list(full)
+    frame = groups_frame(snap, run.summary)
+    assert list(frame["group"]) == ["sliding:32", "full"]
+    assert frame["released positions"][0] > 0 == frame["released positions"][1]
+    assert set(SHAPES.values()) >= {"sliding:128,full"}
+
+
 def test_uploads_may_be_gzipped_and_whole_traces_are_replayed(tmp_path):
     import gzip
 

@@ -66,15 +66,18 @@ def test_kvsim_argv_maps_every_oracle_knob():
     argv = kvsim_argv("t.csv", {"num_gpu_blocks": 120, "block_size": 32, "max_num_seqs": 4,
                                 "max_num_batched_tokens": 256, "max_model_len": 400,
                                 "prefix_caching": "off", "long_prefill_token_threshold": 64,
-                                "no_reserve_full_isl": True, "watermark": 0.05}, "o")
+                                "no_reserve_full_isl": True, "watermark": 0.05,
+                                "kv_groups": "sliding:128,full"}, "o")
     text = " ".join(argv)
     for piece in ["--step-clock", "--allocator paged", "--block-size 32", "--num-blocks 120",
                   "--max-num-seqs 4", "--max-num-batched-tokens 256", "--max-model-len 400",
                   "--no-prefix-caching", "--long-prefill-token-threshold 64",
-                  "--no-full-prompt-admission", "--watermark 0.05", "--requests o/requests.csv"]:
+                  "--no-full-prompt-admission", "--watermark 0.05", "--requests o/requests.csv",
+                  "--kv-groups sliding:128,full"]:
         assert piece in text
     defaults = " ".join(kvsim_argv("t.csv", {"num_gpu_blocks": 10}, "o"))
-    for absent in ["--no-prefix-caching", "--watermark", "--long-prefill", "--no-full-prompt"]:
+    for absent in ["--no-prefix-caching", "--watermark", "--long-prefill", "--no-full-prompt",
+                   "--kv-groups"]:
         assert absent not in defaults
     with pytest.raises(ValueError, match="async_scheduling"):
         kvsim_argv("t.csv", {"num_gpu_blocks": 10, "async_scheduling": True}, "o")

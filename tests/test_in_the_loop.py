@@ -82,6 +82,41 @@ def test_in_the_loop_schedules_exactly_as_the_simulation():
     assert steps["step_start_s"].is_monotonic_increasing and len(steps) == plain.summary["num_steps"]
 
 
+class LongestLinear(Linear):
+    """Linear plus a term in the step's longest context (the engine must then track it)."""
+    uses_max_context_tokens = True
+
+    def step_time_s(self, b):
+        assert b.max_context_tokens > 0 or not b.num_scheduled_tokens, "the engine did not fill the longest context"
+        return super().step_time_s(b) + 2e-5 * b.max_context_tokens
+
+
+def longest_execute(step):
+    return linear_execute(step) + 2e-5 * max(c + n for c, n in zip(step.num_computed_tokens, step.num_new_tokens))
+
+
+def test_the_engine_tracks_the_longest_context_through_decode_runs():
+    # the decode clock's longest context (runs of decode steps, preemptions, prefix hits) against
+    # the executed arrays' of the same schedule, step by step: equal durations, equal decisions
+    from kvsim import workloads
+    from kvsim.simulator import simulate
+    from kvsim.simulator.config import EngineConfig
+    cfg = EngineConfig(allocator="paged", block_size=16, num_blocks=60, null_block=True, max_num_seqs=16,
+                       max_num_batched_tokens=256, max_model_len=1024, enable_prefix_caching=True,
+                       long_prefill_token_threshold=0, full_prompt_admission=True, watermark=0.0)
+    spec = "synthetic:prompt=uniform(20,300),output=uniform(5,200),rate=30,n=80,seed=3,system=64"
+    plain = simulate(workloads.load(spec), cfg, LongestLinear())
+    looped = simulate(workloads.load(spec), cfg, InTheLoopCost(longest_execute, LongestLinear()), record_steps=True)
+    assert plain.summary["num_preemptions"] > 10 and plain.summary["num_steps"] == looped.summary["num_steps"]
+    cols = ["request_id", "first_token_step", "finish_step", "num_preemptions", "e2e_s", "ttft_s"]
+    assert looped.requests[cols].equals(plain.requests[cols])
+    steps = looped.timeseries
+    assert (steps["measured_step_s"] == steps["predicted_step_s"]).all()
+    # the term matters: without it the run ends elsewhere
+    assert simulate(workloads.load(spec), cfg, Linear()).summary["simulated_duration_s"] != \
+        plain.summary["simulated_duration_s"]
+
+
 def test_replay_execute_on_the_cpu_writes_measured_steps(tmp_path):
     import json
 

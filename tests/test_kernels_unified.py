@@ -189,6 +189,26 @@ def test_split_fused_merge_equals_separate_reduce():
     assert (fused.float() - one_pass.float()).abs().max() <= 2e-3 * one_pass.float().abs().max()
 
 
+def test_split_of_the_decodes_alone_in_a_full_mixed_launch():
+    # long decodes next to a short chunk: only the small-row path (decodes, the chunk's 2-token tail
+    # q-block) is split, the chunk's full q-blocks run whole in partition 0; fused merge and separate
+    # reduce, against the unsplit launch, the reference and an identity table
+    case = make_batch(contexts=[0, 300, 200, 9], q_lens=[66, 1, 1, 2], dtype=torch.float16, seed=12)
+    base = dict(tile_tokens=32, block_rows=64, small_rows=16, small_partition_tokens=64)
+    plan = plan_attention(70, 4, 4, 2, 32, 301, 66, "flat", torch.device("cpu"), config=KernelConfig(**base))
+    assert plan.partition_size == 64 and not plan.big_split and plan.num_parts == 5
+    workspace = attention_workspace(70 + 4, 2, "cpu")
+    fused = run(case, config=KernelConfig(**base, fused_reduce=True), workspace=workspace)
+    assert not workspace.any()
+    separate = run(case, config=KernelConfig(**base, fused_reduce=False))
+    whole = run(case, config=KernelConfig(**dict(base, small_partition_tokens=0)))
+    assert torch.equal(fused, separate)
+    assert torch.equal(fused[:64], whole[:64])  # the chunk's full q-blocks: the unsplit code
+    assert (fused.float() - whole.float()).abs().max() <= 2e-3 * whole.float().abs().max()
+    assert_matches_reference(case, fused, TOL[torch.float16])
+    assert torch.equal(fused, run(identity_batch(case), config=KernelConfig(**base, fused_reduce=True)))
+
+
 def test_repeated_split_calls_reuse_their_buffers(monkeypatch):
     case = make_batch(contexts=[300, 5], q_lens=[3, 1], seed=10)
     first = run(case, partition_size=32, validate=False, max_seq_len=303, max_query_len=3)
@@ -237,10 +257,11 @@ def test_dispatch_rules_on_a_gpu(monkeypatch):
     # GPU dispatch without a GPU: the rule only reads the multiprocessor count
     monkeypatch.setattr(attention, "num_sms", lambda device: 132)
     cuda = torch.device("cuda")
-    # prefill: 128-row programs (16 tokens x 8 heads at GQA 8), 64-token tiles, 8 warps, no split;
-    # a decode-sized path for the decodes next to it
+    # prefill: 128-row programs (16 tokens x 8 heads at GQA 8), 64-token tiles, 8 warps capped at 128
+    # registers, no split; a decode-sized path for the decodes next to it
     plan = plan_attention(8192 + 64, 65, 32, 4, 128, 32768, 8192, "flat", cuda)
-    assert (plan.block_rows, plan.block_q, plan.tile, plan.config.num_warps, plan.small_rows) == (128, 16, 64, 4, 16)
+    assert (plan.block_rows, plan.block_q, plan.tile, plan.config.num_warps, plan.small_rows) == (128, 16, 64, 8, 16)
+    assert plan.config.max_registers == 128
     assert not plan.config.small_unmasked_full_tiles  # the decodes of a large launch: every tile masked
     assert plan.partition_size is None and plan.num_qblocks == (8192 + 64) // 16 + 65
     # a few query tokens over a long context (speculative decoding): few programs, split-KV
@@ -251,6 +272,14 @@ def test_dispatch_rules_on_a_gpu(monkeypatch):
     plan = plan_attention(8, 8, 32, 8, 128, 4096, 1, "flat", cuda)
     assert plan.decode_only and plan.block_q == 1
     assert (plan.partition_size, plan.config) == plan_launch(8, 8, 4096, 128, "flat", cuda, num_queries_per_kv=4)
+    # a full launch with a few long decodes next to a short chunk: the decodes alone are split
+    plan = plan_attention(1024 + 8, 9, 32, 8, 128, 16384, 1024, "flat", cuda)
+    assert plan.num_qblocks * 8 >= 132 and not plan.big_split
+    assert plan.partition_size == attention.SMALL_PARTITION_TOKENS and plan.num_parts == 8 and plan.fused
+    assert plan.config.small_unmasked_full_tiles
+    # unless their partials (laid out by query token) would outgrow SPLIT_SCRATCH_MAX_BYTES
+    plan = plan_attention(8192 + 16, 17, 32, 8, 128, 32768, 8192, "flat", cuda)
+    assert plan.partition_size is None
     # a window bounds the range a program reads: split by the window, not the context
     plan = plan_attention(1, 1, 32, 8, 128, 131072, 1, "flat", cuda, sliding_window=4096)
     assert plan.partition_size is not None and plan.num_parts * plan.partition_size <= 4096 + 2 * plan.partition_size

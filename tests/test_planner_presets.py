@@ -3,39 +3,12 @@ import json
 
 import pytest
 
-from kvsim.planner.presets import MODEL_PRESETS, estimate_num_params, get_model, load_hf_config
+from kvsim.planner.presets import PRESET_CONFIGS, MODEL_PRESETS, estimate_num_params, get_model, load_hf_config
 from kvsim.planner.specs import GpuSpec, ModelSpec
 from kvsim.errors import InputError
 
 # the config.json fields of each preset (as published on the Hugging Face Hub)
-CONFIGS = {
-    "Llama-3.1-8B": dict(model_type="llama", hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
-                         num_attention_heads=32, num_key_value_heads=8, vocab_size=128256,
-                         max_position_embeddings=131072, tie_word_embeddings=False, torch_dtype="bfloat16"),
-    "Llama-3.1-70B": dict(model_type="llama", hidden_size=8192, intermediate_size=28672, num_hidden_layers=80,
-                          num_attention_heads=64, num_key_value_heads=8, vocab_size=128256,
-                          max_position_embeddings=131072, tie_word_embeddings=False, torch_dtype="bfloat16"),
-    "Qwen2.5-7B": dict(model_type="qwen2", hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
-                       num_attention_heads=28, num_key_value_heads=4, vocab_size=152064,
-                       max_position_embeddings=131072, tie_word_embeddings=False, torch_dtype="bfloat16"),
-    "Qwen2.5-72B": dict(model_type="qwen2", hidden_size=8192, intermediate_size=29568, num_hidden_layers=80,
-                        num_attention_heads=64, num_key_value_heads=8, vocab_size=152064,
-                        max_position_embeddings=131072, tie_word_embeddings=False, torch_dtype="bfloat16"),
-    "Mistral-7B-v0.3": dict(model_type="mistral", hidden_size=4096, intermediate_size=14336,
-                            num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
-                            vocab_size=32768, max_position_embeddings=32768, tie_word_embeddings=False,
-                            torch_dtype="bfloat16"),
-    "OPT-13B": dict(model_type="opt", hidden_size=5120, ffn_dim=20480, num_hidden_layers=40,
-                    num_attention_heads=40, vocab_size=50272, max_position_embeddings=2048,
-                    torch_dtype="float16"),
-    "DeepSeek-V2-Lite": dict(model_type="deepseek_v2", hidden_size=2048, intermediate_size=10944,
-                             num_hidden_layers=27, num_attention_heads=16, num_key_value_heads=16,
-                             vocab_size=102400, kv_lora_rank=512, q_lora_rank=None, qk_rope_head_dim=64,
-                             qk_nope_head_dim=128, v_head_dim=128, n_routed_experts=64, n_shared_experts=2,
-                             num_experts_per_tok=6, moe_intermediate_size=1408, first_k_dense_replace=1,
-                             max_position_embeddings=163840, tie_word_embeddings=False,
-                             torch_dtype="bfloat16"),
-}
+CONFIGS = PRESET_CONFIGS
 
 
 def test_param_counts_of_presets_are_reproduced_from_their_configs():

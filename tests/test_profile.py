@@ -5,7 +5,7 @@ import torch
 
 from kvsim.kernels.decoder import DecoderShape
 from kvsim.kernels.executor import StepExecutor, cudagraph_capture_sizes
-from kvsim.kernels.profile import COLUMNS, GridPoint, default_grid, point_step, profile_grid, provenance, write_table
+from kvsim.kernels.profile import COLUMNS, GridPoint, context_grid, default_grid, point_step, profile_grid, provenance, write_table
 from kvsim.simulator.cost import StepBatch
 from kvsim.simulator.cost_table import SHAPE_COLUMNS, StepShapeCost
 
@@ -25,6 +25,23 @@ def test_default_grid_respects_limits_and_pool():
     small = default_grid(cudagraph_capture_sizes(8), max_num_seqs=8, max_num_batched_tokens=512,
                          max_model_len=1024, num_blocks=100, block_size=16)
     assert all(pt.num_blocks(16) <= 100 and pt.num_decode_seqs + pt.num_prefill_seqs <= 8 for pt in small)
+
+
+def test_context_grid_measures_a_floor_at_every_bucket_within_the_pool():
+    limits = dict(max_num_seqs=256, max_num_batched_tokens=8192, max_model_len=65536, block_size=16)
+    grid = context_grid(num_blocks=1 << 20, **limits)
+    skewed = [pt for pt in grid if pt.kind == "decode"]
+    # one long sequence among short ones, at every power-of-two bucket up to max_model_len
+    assert {pt.long_context_tokens for pt in skewed} == {2048, 4096, 8192, 16384, 32768, 65536}
+    for pt in skewed:
+        ctx, _ = pt.sequences()
+        assert max(ctx) == pt.long_context_tokens and ctx.count(max(ctx)) == 1 or len(ctx) == 1
+    mixed = [pt for pt in grid if pt.kind == "mixed"]
+    assert {pt.prefix_tokens for pt in mixed if not pt.num_decode_seqs} == {16384, 32768}
+    # long decodes beside a chunk: the longest context is a decode's
+    assert {max(pt.sequences()[0]) for pt in mixed if pt.num_decode_seqs} == {16384, 32768, 65536}
+    small = context_grid(num_blocks=3000, **limits)
+    assert small and all(pt.num_blocks(16) <= 3000 for pt in small) and len(small) < len(grid)
 
 
 def test_totals_are_the_steps_batch_fields():

@@ -41,7 +41,28 @@ def format_report(r: CapacityReport) -> str:
         f"GPU KV cache size:         {r.kv_cache_tokens:,} tokens",
         f"Maximum concurrency for {r.max_model_len:,} tokens per request: {r.max_concurrency:.2f}x",
     ]
+    if r.weight_format:
+        lines.insert(6, f"weights as served:         {r.weight_format}")
+    if r.kv_groups:
+        lines += format_groups(r)
     return "\n".join(lines)
+
+
+def format_groups(r: CapacityReport) -> list[str]:
+    """The per-group table of a model with per-layer shapes (vLLM's KV-cache groups: one block
+    table each, all in the pool of num_gpu_blocks blocks of bytes_per_block)."""
+    lines = [f"KV-cache groups ({len(r.kv_groups)}; every group's block is one pool block of "
+             f"{r.bytes_per_block:,} B):",
+             f"  {'group':<5} {'kind':<15} {'layers':>6} {'window':>7} {'block':>6} "
+             f"{'page/layer B':>13} {'bytes/token':>12} {'blocks/request':>15}"]
+    for i, g in enumerate(r.kv_groups):
+        window = "-" if g["sliding_window"] is None else f"{g['sliding_window']:,}"
+        # a Mamba block holds one request's state, not tokens
+        per_token = "state" if g["kind"] == "mamba" else f"{g['bytes_per_token']:,.1f}"
+        lines.append(f"  {i:<5} {g['kind']:<15} {g['num_layers']:>6} {window:>7} "
+                     f"{g['block_size']:>6} {g['page_bytes_per_layer']:>13,} "
+                     f"{per_token:>12} {g['blocks_per_request']:>15,}")
+    return lines
 
 
 def simulate_workload(args) -> dict:

@@ -25,10 +25,11 @@ import os
 
 from kvsim.cli.argtypes import add_rate_args, nonneg_int, positive_float, positive_int
 from kvsim.errors import InputError
-from kvsim.planner.capacity import DEFAULT_BLOCK_SIZE, DEFAULT_GPU_MEMORY_UTILIZATION, KV_DTYPES
+from kvsim.planner.capacity import DEFAULT_GPU_MEMORY_UTILIZATION, KV_DTYPES
 from kvsim.planner.engine_setup import DEFAULT_GPU, DEFAULT_MODEL
 from kvsim.planner.presets import GPU_PRESETS, MODEL_PRESETS, custom_gpu, load_hf_config
 from kvsim.planner.specs import GIB
+from kvsim.planner.weights import WEIGHT_DTYPES
 from kvsim.simulator.config import ALLOCATORS, PLACEMENTS, ROUTERS, EngineConfig
 
 # replay's batch limits: EngineConfig's defaults, 256 and 8192 (capacity and plan use vLLM's
@@ -81,6 +82,9 @@ def add_model_gpu_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--kv-dtype", "--kv-cache-dtype", dest="kv_dtype", default="auto", choices=KV_DTYPES,
                    metavar="DTYPE", help=f"KV-cache dtype ({', '.join(KV_DTYPES)}); auto = the "
                                          "model's dtype; fp8 halves KV bytes")
+    g.add_argument("--weight-dtype", default="auto", choices=WEIGHT_DTYPES, metavar="DTYPE",
+                   help=f"how the weights are served ({', '.join(WEIGHT_DTYPES)}); auto = the "
+                        "config's quantization_config (fp8, MXFP4, AWQ/GPTQ), else its dtype")
     g.add_argument("--gpu-memory-utilization", type=float, default=DEFAULT_GPU_MEMORY_UTILIZATION,
                    metavar="U", help="fraction of GPU memory vLLM may use (default %(default)s, vLLM 0.33's)")
     g.add_argument("--non-kv-gib", type=float, metavar="GIB",
@@ -136,14 +140,23 @@ def add_pool_args(p: argparse.ArgumentParser, *, explicit_size: bool = True) -> 
     """Block size and, with ``explicit_size``, a pool given in blocks or tokens (else the model and
     GPU size it, vLLM's formula)."""
     g = p.add_argument_group("KV pool")
-    g.add_argument("--block-size", type=positive_int, default=DEFAULT_BLOCK_SIZE, metavar="TOKENS",
-                   help="tokens per KV block (default %(default)s)")
+    g.add_argument("--block-size", type=positive_int, metavar="TOKENS",
+                   help="tokens per KV block (default vLLM's: 16; 64 for MLA models with "
+                        "per-layer shapes; Mamba hybrids align it to their state)")
+    g.add_argument("--disable-hybrid-kv-cache-manager", action="store_true",
+                   help="vLLM's flag: sliding-window layers keep every block (one "
+                        "full-attention group)")
     if explicit_size:
         size = g.add_mutually_exclusive_group()
         size.add_argument("--num-blocks", type=positive_int, metavar="N",
                           help="vLLM's num_gpu_blocks (null block included: N-1 usable); "
                                "default: sized by --model on --gpu")
         size.add_argument("--kv-tokens", type=positive_int, metavar="N", help="usable KV-cache slots")
+        g.add_argument("--kv-groups", metavar="GROUPS",
+                       help="KV-cache groups of a pool given in blocks or tokens, in vLLM's "
+                            "order: full | sliding:W | mamba | mamba_ckpt[:A], comma-separated "
+                            "(e.g. sliding:128,full); a hybrid model that sizes the pool brings "
+                            "its own")
 
 
 # -------------------------------------------------------------------------------- the scheduler
@@ -215,10 +228,13 @@ def engine_kwargs(args, **overrides) -> dict:
     """
     kwargs = dict(
         model=model_from_args(args), gpu=gpu_from_args(args), tensor_parallel_size=args.tp,
-        kv_cache_dtype=args.kv_dtype, gpu_memory_utilization=args.gpu_memory_utilization,
+        kv_cache_dtype=args.kv_dtype, weight_dtype=args.weight_dtype,
+        gpu_memory_utilization=args.gpu_memory_utilization,
         non_kv_bytes=non_kv_bytes(args), allocator=getattr(args, "allocator", "paged"),
         placement=args.placement, block_size=args.block_size,
         num_gpu_blocks=getattr(args, "num_blocks", None), kv_tokens=getattr(args, "kv_tokens", None),
+        kv_cache_groups=getattr(args, "kv_groups", None) or (),
+        disable_hybrid_kv_cache_manager=args.disable_hybrid_kv_cache_manager,
         max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
         enable_prefix_caching=not args.no_prefix_caching,

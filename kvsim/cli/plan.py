@@ -41,6 +41,8 @@ def plan_base(args):
                     custom_gpu=None if isinstance(gpu, str) else gpu, tp=args.tp,
                     kv_dtype=args.kv_dtype, gpu_memory_utilization=args.gpu_memory_utilization,
                     block_size=args.block_size, max_model_len=args.max_model_len,
+                    weight_dtype=args.weight_dtype,
+                    disable_hybrid_kv_cache_manager=args.disable_hybrid_kv_cache_manager,
                     non_kv_gib=args.non_kv_gib, rate=args.rate, rate_scale=args.rate_scale,
                     max_requests=args.max_requests,
                     allocator=args.allocator, replicas=args.replicas, router=args.router,

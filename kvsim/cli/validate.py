@@ -4,11 +4,19 @@
     kvsim validate WORKLOAD --at SECONDS --num-blocks N [--block-size 16] [--step-s 0.02]
                    [--save-snapshot pool.npz]
     kvsim validate ... --step [--sliding-window W]
+    kvsim validate WORKLOAD --at SECONDS --num-blocks N --kv-groups sliding:64,full [--group 0]
+                   [--step]
 
 ``--step`` checks one engine step as vLLM v1 runs it: the step's whole batch (prefills, chunked
 prefills after a prefix-cache hit, decodes) in one ``unified_attention`` launch, against dense
 causal attention per sequence. In the WORKLOAD form the step is the first one after --at that
 computes a prefill (one that admits an arrival), so prefill, prefix-hit and decode rows are mixed.
+
+With ``--kv-groups`` (a hybrid model's KV-cache groups, ``kvsim replay``'s spelling) the replay
+runs the grouped allocator and one group's tables are checked (``--group``, default the first
+sliding-window group): the unified kernel with that group's window, over tables whose positions
+below the window point at the null block (blocks a window left are freed and reused), against
+dense attention with the window mask.
 
 The first form reads a snapshot saved with ``kernels.bridge.save_snapshot``; the second replays
 WORKLOAD (``kvsim replay``'s defaults, kvsim.cli.replay) and takes the pool at SECONDS. Hardware in
@@ -51,6 +59,12 @@ def register(subparsers) -> None:
                    help="WORKLOAD form: fixed step time (default 0.02)")
     p.add_argument("--max-requests", type=positive_int,
                    help="WORKLOAD form: simulate only the first N requests")
+    p.add_argument("--kv-groups", metavar="GROUPS",
+                   help="WORKLOAD form: a hybrid model's KV-cache groups (full | sliding:W | "
+                        "mamba | mamba_ckpt[:A], comma-separated)")
+    p.add_argument("--group", type=int, metavar="I",
+                   help="with --kv-groups: the attention group whose tables are checked "
+                        "(default: the first sliding-window group; its window applies)")
     add_rate_args(p)
     p.add_argument("--layout", choices=("flat", "vllm"), default="flat")
     p.add_argument("--dtype", choices=DTYPES, default="float32")
@@ -93,6 +107,7 @@ def _simulated_snapshot(args):
     add_replay_args(parser)
     replay = parser.parse_args([args.workload])
     replay.num_blocks, replay.block_size, replay.step_s = args.num_blocks, args.block_size, args.step_s
+    replay.kv_groups = args.kv_groups
     replay.max_requests, replay.quiet = args.max_requests, True
     replay.rate, replay.rate_scale = args.rate, args.rate_scale
     times = [args.at]
@@ -111,6 +126,26 @@ def _simulated_snapshot(args):
     mixed = [s for s in snapshots if s.step_num_new_tokens is not None and len(s.step_num_new_tokens)
              and s.step_num_new_tokens.max() > 1]
     return (mixed or snapshots)[0]
+
+
+def _group_pool(snapshot, kv_groups: str, group: int | None):
+    """One attention group's view of a grouped pool's snapshot (its block tables over the pool's
+    blocks and keys; the step, if recorded, kept) and the group's window (None: full)."""
+    from dataclasses import replace
+
+    from kvsim.simulator.config import parse_kv_groups
+
+    groups = parse_kv_groups(kv_groups)
+    if group is None:
+        group = next((i for i, g in enumerate(groups) if g.kind == "sliding_window"), 0)
+    if not 0 <= group < len(groups):
+        raise InputError(f"--group {group}: the model has groups 0..{len(groups) - 1}",
+                         field="group")
+    if groups[group].kind == "mamba":
+        raise InputError(f"--group {group}: a Mamba group holds states, not attention KV",
+                         field="group")
+    tables = {s: t[group] for s, t in snapshot.group_block_tables.items()}
+    return replace(snapshot, block_tables=tables), groups[group].sliding_window
 
 
 def _load_snapshot(path: Path):
@@ -164,6 +199,11 @@ def format_report(report) -> str:
 
 
 def run(args) -> int:
+    if args.kv_groups and (args.snapshot is not None or args.sliding_window is not None):
+        raise InputError("--kv-groups goes with the WORKLOAD form, and the group's own window "
+                         "applies (no --sliding-window)")
+    if args.group is not None and not args.kv_groups:
+        raise InputError("--group needs --kv-groups")
     if args.sliding_window is not None and not args.step:
         raise InputError("--sliding-window applies to --step (a decode-only check has no window)")
     if args.step and args.max_seqs is not None:
@@ -198,19 +238,28 @@ def run(args) -> int:
     from kvsim.kernels.bridge import save_snapshot, validate_snapshot, validate_step
 
     snapshot = _load_snapshot(args.snapshot) if args.snapshot is not None else _simulated_snapshot(args)
+    window = args.sliding_window
+    if args.kv_groups:
+        snapshot, window = _group_pool(snapshot, args.kv_groups, args.group)
     geometry = dict(layout=args.layout, dtype=getattr(torch, args.dtype), device=device,
                     num_kv_heads=args.num_kv_heads, num_heads=args.num_heads, head_size=args.head_size,
                     partition_size=args.partition_size, seed=args.seed)
     if args.step:
         try:
-            report = validate_step(snapshot, sliding_window=args.sliding_window, **geometry)
+            report = validate_step(snapshot, sliding_window=window, **geometry)
         except ValueError as err:   # the snapshot holds no step, or one that does not fit it
             raise InputError(f"--step: {err}") from None
     else:
-        report = validate_snapshot(snapshot, max_seqs=args.max_seqs, **geometry)
+        report = validate_snapshot(snapshot, max_seqs=args.max_seqs, sliding_window=window,
+                                   **geometry)
     print(format_report(report))   # the table first, whatever happens to the files below
+    if args.kv_groups and window is not None:
+        print(f"sliding window {window}: the sliding-window group's tables (null block below "
+              f"the window), dense reference masked to the window")
     data = asdict(report)
     data["passed"] = report.passed
+    if args.kv_groups:
+        data["sliding_window"] = window
     write_files([(path, write) for path, write in (
         (args.save_snapshot, lambda: save_snapshot(args.save_snapshot, snapshot)),
         (args.json, lambda: args.json.write_text(json.dumps(data, indent=1) + "\n"))) if path is not None])

@@ -60,10 +60,10 @@ def follow_player(state: MutableMapping, frame: int, frame_times_s: np.ndarray,
         state["k_frame"] = frame_at(frame_times_s, float(play_times_s[frame]))
 
 
-def clamp_frame(state: MutableMapping, num_frames: int) -> None:
-    """Keep the frame inside a run that may have fewer frames than the last one."""
-    if state.get("k_frame", 0) >= num_frames:
-        state["k_frame"] = num_frames - 1
+def clamp_frame(state: MutableMapping, num_frames: int, key: str = "k_frame") -> None:
+    """Keep the frame (widget ``key``) inside a run that may have fewer frames than the last."""
+    if state.get(key, 0) >= num_frames:
+        state[key] = num_frames - 1
 
 
 def frame_at(frame_times_s: np.ndarray, t_s: float) -> int:

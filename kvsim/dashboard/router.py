@@ -19,6 +19,7 @@ PAGES_DIR = Path(app_pages.__file__).resolve().parent
 PAGES = (
     ("live_pool.py", "Live pool", ":material/grid_view:"),
     ("block_table.py", "Block table inspector", ":material/table_rows:"),
+    ("kv_groups.py", "KV-cache groups", ":material/view_column:"),
     ("metrics.py", "Metrics", ":material/monitoring:"),
     ("planner.py", "Capacity planner", ":material/calculate:"),
     ("kernels.py", "Kernel validation", ":material/memory:"),

@@ -1,0 +1,150 @@
+"""GroupedPagedAllocator: KV-cache groups over one pool (sliding window, Mamba state, full)."""
+import pytest
+
+from kvsim.allocator.accounting import MEMORY_CLASSES
+from kvsim.allocator.group_managers import NULL, KVCacheGroupSpec
+from kvsim.allocator.grouped import GroupedPagedAllocator
+from kvsim.workloads.keys import hash_token_blocks
+
+FULL = KVCacheGroupSpec("full_attention", name="full")
+SLIDING = KVCacheGroupSpec("sliding_window", sliding_window=8, name="sliding")
+MAMBA = KVCacheGroupSpec("mamba", name="mamba")
+
+
+def make(groups, num_blocks=64, block_size=4, caching=True, max_model_len=256, budget=64):
+    return GroupedPagedAllocator(num_blocks, block_size, groups, enable_prefix_caching=caching,
+                                 max_model_len=max_model_len, max_num_batched_tokens=budget)
+
+
+def decode(alloc, seq_id, num_computed, keys, prompt):
+    """One decode step of a request whose every token is computed (num_computed == length)."""
+    assert alloc.allocate_slots(seq_id, 1, num_computed_tokens=num_computed,
+                                num_tokens=num_computed + 1, num_prompt_tokens=prompt,
+                                block_hashes=keys)
+    return num_computed + 1
+
+
+def test_sliding_window_frees_blocks_behind_the_window_as_the_request_grows():
+    alloc = make([FULL, SLIDING])
+    tokens = list(range(200))
+    keys = hash_token_blocks(tokens, 4)
+    assert alloc.allocate_slots(0, 20, num_computed_tokens=0, num_tokens=20, num_prompt_tokens=20,
+                                block_hashes=keys)
+    full, sliding = alloc.block_tables(0)
+    assert len(full) == len(sliding) == 5 and NULL not in sliding
+    n = 20
+    for _ in range(20):
+        n = decode(alloc, 0, n, keys, 20)
+        alloc.check_invariants()
+    full, sliding = alloc.block_tables(0)
+    assert len(full) == len(sliding) == 10 and NULL not in full
+    # the last step computed token 39, whose window is tokens 32..39: blocks 0..7 are freed
+    assert sliding[:8] == [NULL] * 8 and NULL not in sliding[8:]
+    per_group = alloc.group_breakdown()
+    assert alloc.managers[1].num_used_blocks == 2 < alloc.managers[0].num_used_blocks == 10
+    assert per_group[1]["token_states"] < per_group[0]["token_states"]
+
+
+def test_sliding_hit_needs_only_the_window_and_full_attention_bounds_it():
+    alloc = make([FULL, SLIDING])
+    prompt = list(range(40))
+    keys = hash_token_blocks(prompt + [999], 4)
+    assert alloc.allocate_slots(0, 40, num_computed_tokens=0, num_tokens=40, num_prompt_tokens=40,
+                                block_hashes=keys)
+    alloc.free(0)
+    hit = alloc.find_cache_hit(keys, 41)
+    # full attention caches all 10 blocks; the sliding group only cdiv(8 - 1, 4) = 2 blocks
+    # just below the prompt's replay boundary (token 39): blocks 7 and 8
+    assert hit.num_tokens == 36
+    assert len(hit.blocks[0]) == 9 and NULL not in hit.blocks[0]
+    assert hit.blocks[1][:7] == (NULL,) * 7 and NULL not in hit.blocks[1][7:]
+    # full attention alone would serve 40 tokens: vLLM's "junction" the request then caches
+    assert hit.shared_prefix_boundary == 40
+
+
+def test_mamba_keeps_one_state_and_caches_only_the_replay_boundary():
+    alloc = make([MAMBA, FULL])
+    prompt = list(range(30))
+    keys = hash_token_blocks(prompt + list(range(100, 110)), 4)
+    assert alloc.allocate_slots(0, 28, num_computed_tokens=0, num_tokens=30, num_prompt_tokens=30,
+                                block_hashes=keys)
+    assert alloc.allocate_slots(0, 2, num_computed_tokens=28, num_tokens=30, num_prompt_tokens=30,
+                                block_hashes=keys)
+    mamba, full = alloc.block_tables(0)
+    assert len(mamba) == len(full) == 8
+    assert sum(b != NULL for b in mamba) == 2       # state at 28 (being read) and at 30
+    n = 30
+    for _ in range(4):
+        n = decode(alloc, 0, n, keys, 30)
+    assert sum(b != NULL for b in alloc.block_tables(0)[0]) <= 2
+    alloc.free(0)
+    hit = alloc.find_cache_hit(keys, 34)
+    # the state after 28 tokens (prompt - 1, block aligned) was cached: a hit of 28 tokens
+    assert hit.num_tokens == 28 and hit.blocks[0][-1] != NULL
+    alloc.check_invariants()
+
+
+def test_mamba_without_prefix_caching_takes_one_block_per_request():
+    alloc = make([MAMBA, FULL], caching=False)
+    assert alloc.allocate_slots(0, 37, num_computed_tokens=0, num_tokens=37, num_prompt_tokens=37)
+    mamba, full = alloc.block_tables(0)
+    assert len(mamba) == 1 and len(full) == 10
+    for n in range(37, 60):
+        assert alloc.allocate_slots(0, 1, num_computed_tokens=n, num_tokens=n + 1,
+                                    num_prompt_tokens=37)
+    assert len(alloc.block_tables(0)[0]) == 1
+    alloc.check_invariants()
+
+
+def test_failed_allocation_changes_nothing_but_frees_blocks_behind_the_window():
+    alloc = make([FULL, SLIDING], num_blocks=16)
+    keys = hash_token_blocks(list(range(200)), 4)
+    assert alloc.allocate_slots(0, 24, num_computed_tokens=0, num_tokens=24, num_prompt_tokens=24,
+                                block_hashes=keys)
+    free_before = alloc.num_free_blocks
+    # a 40-token chunk needs 10 full + 3 sliding blocks: does not fit, but blocks 0..3 of the
+    # sliding table are out of the window of token 24 and are freed anyway (as vLLM does)
+    assert not alloc.allocate_slots(0, 40, num_computed_tokens=24, num_tokens=64,
+                                    num_prompt_tokens=64, block_hashes=keys)
+    assert alloc.num_free_blocks == free_before + 4
+    assert alloc.block_tables(0)[1][:4] == [NULL] * 4
+    alloc.check_invariants()
+
+
+def test_breakdown_sums_to_the_pool_and_snapshot_names_groups():
+    alloc = make([FULL, SLIDING, MAMBA])
+    keys = hash_token_blocks(list(range(100)), 4)
+    assert alloc.allocate_slots(7, 30, num_computed_tokens=0, num_tokens=30, num_prompt_tokens=30,
+                                block_hashes=keys)
+    breakdown = alloc.breakdown()
+    assert tuple(breakdown) == MEMORY_CLASSES and sum(breakdown.values()) == 64 * 4
+    groups = alloc.group_breakdown()
+    assert sum(g["token_states"] for g in groups) == breakdown["token_states"]
+    snap = alloc.snapshot()
+    assert snap.group_names == ("full", "sliding", "mamba")
+    tables = snap.group_block_tables[7]
+    for group_id, table in enumerate(tables):
+        held = table[table != NULL]
+        assert (snap.block_group[held] == group_id).all()
+        assert (snap.owner[held] == 7).all()
+    alloc.free(7)
+    assert alloc.num_used_blocks == 0
+    snap = alloc.snapshot()
+    cached = snap.cell_class == MEMORY_CLASSES.index("cached")
+    assert cached.any() and (snap.block_group[cached] >= 0).all()
+    assert sum(g["cached"] for g in alloc.group_breakdown()) == alloc.breakdown()["cached"]
+
+
+def test_bad_calls_raise():
+    with pytest.raises(ValueError, match="sliding_window is required"):
+        KVCacheGroupSpec("sliding_window")
+    with pytest.raises(ValueError, match="kind must be one of"):
+        KVCacheGroupSpec("linear")
+    alloc = make([FULL, SLIDING])
+    with pytest.raises(ValueError, match="block_hashes are required"):
+        alloc.allocate_slots(0, 4, num_computed_tokens=0, num_tokens=4, num_prompt_tokens=4)
+    with pytest.raises(ValueError, match="num_new_tokens must be > 0"):
+        alloc.allocate_slots(0, 0, num_computed_tokens=0, num_tokens=4, num_prompt_tokens=4,
+                             block_hashes=[])
+    with pytest.raises(ValueError, match="unknown seq_id"):
+        alloc.free(3)
