@@ -53,7 +53,6 @@ from kvsim.planner.specs import GpuSpec, ModelSpec
 from kvsim.planner.weights import serve_weights_as
 from kvsim.simulator.config import EngineConfig, parse_kv_groups
 from kvsim.simulator.cost import CostModel, FixedStepCost, ScaledCost
-from kvsim.simulator.cost_table import load_cost_table
 
 DEFAULT_MODEL = "Llama-3.1-8B"
 DEFAULT_GPU = "H100-80GB-SXM"
@@ -234,6 +233,8 @@ def build_engine(*,
     if step_s is not None:
         cost: CostModel = FixedStepCost(step_s)
     elif cost_table is not None:
+        # here, not at the top: it imports numpy, which `kvsim replay --help` does not need
+        from kvsim.simulator.cost_table import load_cost_table
         cost = load_cost_table(cost_table)
     else:
         cost = RooflineCost(model_spec, gpu_spec, tp=tensor_parallel_size, kv_dtype=kv_cache_dtype,
