@@ -269,12 +269,18 @@ class PagedAllocator(PoolQueries):
         # blocks the parent already registered are skipped (register is a no-op on them)
         self._register_full_blocks(child)
 
-    def free(self, seq_id: Hashable, preempted: bool = False) -> None:
+    def free(self, seq_id: Hashable, preempted: bool = False,
+             num_hashed_tokens: int | None = None) -> None:
         """Release a sequence's blocks, tail first (so its tail is evicted before its head).
 
         Args:
             preempted: the sequence will come back (vLLM recompute preemption): register its
                 private full blocks too, so that it can hit them on re-admission.
+            num_hashed_tokens: only blocks within the first this-many tokens have a hash
+                (default: all its tokens). A full block past it is freed like a partial one:
+                not registered, front of the free queue. vLLM's AsyncScheduler frees a request
+                preempted while a decode is in flight that way: the block completed by that
+                decode's input token was not hashed yet (docs/FIDELITY.md rule 34).
         """
         seq = self._seq(seq_id)
         del self._seqs[seq_id]
@@ -283,10 +289,17 @@ class PagedAllocator(PoolQueries):
         # the table's keyed head (blocks registered eagerly or hit; see pool.free): exact
         # unless the table is shared with a fork
         num_keyed = min(seq.num_keyed_blocks, seq.num_shareable_blocks)
+        num_hashed = num_full       # full blocks with a hash (vLLM: the rest go to the front)
+        if num_hashed_tokens is not None and num_hashed_tokens < seq.num_tokens:
+            # blocks that have a key already (prefix hits, shareable blocks registered as they
+            # filled) keep it
+            num_hashed = max(require_int("num_hashed_tokens", num_hashed_tokens) // size,
+                             seq.num_hit_blocks,
+                             min(seq.num_keyed_blocks, seq.num_shareable_blocks))
         if self.enable_prefix_caching:
             if preempted:
                 self._preempted_seq_ids.add(seq_id)
-                start, stop = seq.num_shareable_blocks, min(num_full, seq.num_hashes)
+                start, stop = seq.num_shareable_blocks, min(num_hashed, seq.num_hashes)
                 if start < stop:
                     self._register(seq, start, stop)
                     num_keyed = stop
@@ -294,10 +307,10 @@ class PagedAllocator(PoolQueries):
                 # private blocks keyed by a hit after an earlier preemption: nobody else can
                 # use them, so once released they count as free (same LRU place)
                 ref, key = pool.ref_cnt, pool.block_key
-                for i in range(seq.num_shareable_blocks, min(seq.num_hit_blocks, num_full)):
+                for i in range(seq.num_shareable_blocks, min(seq.num_hit_blocks, num_hashed)):
                     if key[table[i]] is not None and ref[table[i]] == 1:
                         pool.unregister(table[i])
-            num_reuse_first = len(table) - num_full
+            num_reuse_first = len(table) - num_hashed
         else:
             num_reuse_first = len(table)
         tail_fill = seq.num_tokens - num_full * size

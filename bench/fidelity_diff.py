@@ -82,7 +82,8 @@ def kvsim_argv(trace: str | Path, oracle_args: dict, out_dir: str | Path) -> lis
         The argument list for `kvsim.cli.main`.
     """
     # kv_groups: bench/hybrid_oracle.py's groups (the same spelling as `kvsim --kv-groups`)
-    unknown = set(oracle_args) - set(ORACLE_DEFAULTS) - {"num_gpu_blocks", "kv_groups"}
+    unknown = set(oracle_args) - set(ORACLE_DEFAULTS) - {"num_gpu_blocks", "kv_groups",
+                                                         "async_scheduling"}
     if unknown:
         raise ValueError(f"oracle arguments without a kvsim equivalent: {sorted(unknown)}")
     a = {**ORACLE_DEFAULTS, **oracle_args}
@@ -102,6 +103,8 @@ def kvsim_argv(trace: str | Path, oracle_args: dict, out_dir: str | Path) -> lis
         argv += ["--watermark", str(a["watermark"])]
     if a.get("kv_groups"):
         argv += ["--kv-groups", a["kv_groups"]]
+    if a.get("async_scheduling"):
+        argv.append("--async-scheduling")
     argv += ["--out", str(out / "result.json"), "--requests", str(out / "requests.csv"),
              "--timeseries", str(out / "steps.csv")]
     return argv

@@ -1,9 +1,10 @@
 """Decision-level fidelity of kvsim against vLLM 0.33's own scheduler, on the oracle's traces.
 
-For each case (trace x num_gpu_blocks x prefix caching x max_num_batched_tokens) it runs the
-vLLM oracle (../shared/tools/vllm_oracle/oracle.py: vLLM's unmodified v1 Scheduler and
-KVCacheManager, CPU only) and `kvsim replay --format vllm-oracle --step-clock` with the same
-settings, and prints per case: total steps, preemptions, prefix-hit tokens (first admissions),
+For each case (trace x num_gpu_blocks x prefix caching x max_num_batched_tokens, and the same
+cases under vLLM's AsyncScheduler: names ending in `_async`) it runs the vLLM oracle
+(../shared/tools/vllm_oracle/oracle.py: vLLM's unmodified v1 Scheduler or AsyncScheduler and
+KVCacheManager, CPU only) and `kvsim replay --format vllm-oracle --step-clock
+[--async-scheduling]` with the same settings, and prints per case: total steps, preemptions, prefix-hit tokens (first admissions),
 max running, for both sides, and the share of requests whose finish step is identical, plus the
 first diverging step. A CSV gets every figure. The golden fixtures of tests/fixtures/oracle/
 are included too (their oracle outputs are committed, so they need no oracle venv).
@@ -15,6 +16,7 @@ arguments and oracle.py itself, so a rerun costs only kvsim's time. Without the 
 
 Usage:
     python bench/fidelity_vllm.py [--cases SUBSTR ...] [--jobs 2] [--csv FILE] [--no-golden]
+                                  [--oracle-only]
 """
 from __future__ import annotations
 
@@ -85,6 +87,10 @@ def example_cases() -> list[tuple[str, str, dict]]:
                     cases.append((f"{trace}_nb{nb}_pc{pc}_T{budget}", trace,
                                   {"num_gpu_blocks": nb, "prefix_caching": pc,
                                    "max_num_batched_tokens": budget}))
+    # vLLM's GPU default: AsyncScheduler with 2 batches in flight (EngineCore
+    # .step_with_batch_queue), against `kvsim replay --step-clock --async-scheduling`
+    for name, trace, args in list(cases):
+        cases.append((f"{name}_async", trace, {**args, "async_scheduling": True}))
     cases.append(("c6000_nb2500_pcon_T2048", "c",
                   {"num_gpu_blocks": 2500, "prefix_caching": "on",
                    "max_num_batched_tokens": 2048}))
@@ -94,11 +100,6 @@ def example_cases() -> list[tuple[str, str, dict]]:
     for pc in PREFIX_CACHING:
         cases.append((f"mooncake_nb4000_pc{pc}_T8192", "mooncake",
                       {"num_gpu_blocks": 4000, "prefix_caching": pc, **MOONCAKE_ARGS}))
-    # reference only: vLLM's GPU default, AsyncScheduler (2 batches in flight), which kvsim
-    # does not model (kvsim replays the synchronous Scheduler); shows how far apart they are
-    cases.append(("a_nb1500_pcon_T2048_ASYNC", "a",
-                  {"num_gpu_blocks": 1500, "prefix_caching": "on",
-                   "max_num_batched_tokens": 2048, "async_scheduling": True}))
     return cases
 
 
@@ -219,8 +220,7 @@ def run_kvsim(name: str, trace: Path, args: dict) -> tuple[Path | None, str, flo
     from kvsim import cli
     out = RUNS / "kvsim" / name
     out.mkdir(parents=True, exist_ok=True)
-    sync_args = {k: v for k, v in args.items() if k != "async_scheduling"}
-    argv = kvsim_argv(trace, sync_args, out) + ["--quiet"]
+    argv = kvsim_argv(trace, args, out) + ["--quiet"]
     t0 = time.perf_counter()
     with contextlib.redirect_stdout(io.StringIO()):  # kvsim's one-line summary per case
         rc = cli.main(argv)
@@ -256,6 +256,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-golden", action="store_true", help="skip the golden fixture cases")
     ap.add_argument("--venv", help="the oracle's venv (default: autodetect)")
     ap.add_argument("-v", "--verbose", action="store_true", help="print each first divergence")
+    ap.add_argument("--oracle-only", action="store_true",
+                    help="only run (or refresh the cache of) the oracle cases; no kvsim")
     a = ap.parse_args(argv)
 
     oracle_python = find_oracle_python(a.venv)
@@ -277,6 +279,11 @@ def main(argv: list[str] | None = None) -> int:
     with ThreadPoolExecutor(max_workers=max(1, a.jobs)) as pool:
         results = dict(zip([c[0] for c in todo], pool.map(
             lambda c: run_oracle(c[0], c[1], c[2], oracle_python), todo)))
+
+    if a.oracle_only:
+        for name in results:
+            print(f"{name:34} oracle: {results[name][1]}")
+        return 0
 
     header = ["case", "requests", "steps_vllm", "steps_kvsim", "preemptions_vllm",
               "preemptions_kvsim", "prefix_hit_tokens_vllm", "prefix_hit_tokens_kvsim",
@@ -308,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
         d = compare_dirs(name, oracle_dir, kv_dir)
         summary_diffs = (compare_summary(kv_dir / "result.json", oracle_dir / "summary.json")
                          if (oracle_dir / "summary.json").exists() else [])
-        if summary_diffs and "async_scheduling" not in args:
+        if summary_diffs:
             print(f"  summary differs: {'; '.join(summary_diffs)}")
         k_steps, _ = load_steps(kv_dir / "steps.csv")
         k = step_totals(k_steps)

@@ -182,6 +182,34 @@ def trace_big_prompts() -> list[list]:
     return rows
 
 
+def trace_short_outputs() -> list[list]:
+    """Outputs of 1-3 tokens into a small pool, in bursts: under async scheduling a request
+    whose in-flight step samples its last token is not scheduled again but keeps its blocks and
+    its place in ``running`` until that step's output is processed (one step later), so
+    admissions wait, steps schedule nothing while a step is in flight, and such requests can
+    be preempted after their last token was sampled."""
+    rng = random.Random(21)
+    rows = []
+    t = 0
+    for i in range(120):
+        t += rng.randint(0, 2) if i % 8 else rng.randint(3, 12)
+        rows.append([t, _lognormal_int(rng, 220, 1, 700), rng.randint(1, 3), "", ""])
+    return rows
+
+
+def trace_mixed_outputs() -> list[list]:
+    """Very short and long outputs mixed in a 40-block pool: under async scheduling the request
+    admitted last is often one whose in-flight step samples its last token, so it is preempted
+    (and counted) although it needs nothing more, and finishes while waiting."""
+    rng = random.Random(22)
+    rows = []
+    t = 0
+    for _ in range(90):
+        t += rng.randint(0, 3)
+        rows.append([t, rng.randint(20, 200), rng.choice([1, 2, 2, 3, 40, 80, 150]), "", ""])
+    return rows
+
+
 TRACES = {
     "basic": trace_basic,
     "chunked": trace_chunked,
@@ -193,6 +221,8 @@ TRACES = {
     "burst": trace_burst,
     "custom_ids": trace_custom_ids,
     "big_prompts": trace_big_prompts,
+    "short_outputs": trace_short_outputs,
+    "mixed_outputs": trace_mixed_outputs,
 }
 
 # oracle defaults (oracle.py): block 16, max_num_seqs 128, max_num_batched_tokens 2048,
@@ -237,6 +267,10 @@ CASES = [
          "custom_ids", {"num_gpu_blocks": 60, "max_num_seqs": 8}),
     Case("max_num_seqs", "bursts into max_num_seqs 4 (budget 256)",
          "burst", {"num_gpu_blocks": 1000, "max_num_seqs": 4, "max_num_batched_tokens": 256}),
+    Case("short_outputs", "outputs of 1-3 tokens in bursts into a 64-block pool",
+         "short_outputs", {"num_gpu_blocks": 64, "max_num_seqs": 16}),
+    Case("mixed_outputs", "outputs of 1-3 and 40-150 tokens mixed, 40-block pool",
+         "mixed_outputs", {"num_gpu_blocks": 40, "max_num_seqs": 16}),
     # hybrid models (bench/hybrid_oracle.py: vLLM's HybridKVCacheCoordinator with these groups)
     Case("hybrid_sliding_prefix", "gpt-oss groups (window 128 + full): prefix hits, preemptions",
          "prefix_groups", {"num_gpu_blocks": 320, "max_num_seqs": 64,
@@ -258,6 +292,16 @@ CASES = [
          "prefix_groups", {"num_gpu_blocks": 300, "max_num_seqs": 64, "prefix_caching": "off",
                            "kv_groups": "mamba,sliding:100,full"}),
 ]
+# vLLM's GPU default: AsyncScheduler, 2 batches in flight (EngineCore.step_with_batch_queue).
+# Each async case is a sync case above with --async-scheduling, under the name async_<case>.
+ASYNC_OF = ["basic", "chunked_prefill", "prefix_groups", "preemption_storm",
+            "preemption_storm_pc_off", "watermark", "no_reserve_full_isl",
+            "long_prefill_threshold", "max_model_len_cap", "prefix_groups_storm",
+            "watermark_empty_engine", "custom_ids", "max_num_seqs", "short_outputs",
+            "mixed_outputs"]
+CASES += [Case(f"async_{c.name}", f"async scheduling: {c.description}", c.trace,
+               {**c.oracle_args, "async_scheduling": True})
+          for c in CASES if c.name in ASYNC_OF]
 
 
 def write_trace(path: Path, rows: list[list]) -> None:

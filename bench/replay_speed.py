@@ -15,7 +15,13 @@ off (only the latencies for the summary's percentiles are kept, as `kvsim replay
 --requests).
 
     python bench/replay_speed.py [--cases azure-conv,sharegpt-10k] [--profile CASE | --sample CASE]
+        [--modes sync,async --repeat 3]
     python bench/replay_speed.py --against OTHER/.venv/bin/python --rounds 3 [--cases ...]
+
+``--modes`` replays every case in each scheduling mode (``sync``: vLLM's synchronous
+Scheduler, the default; ``async``: AsyncScheduler with two batches in flight), alternating the
+modes run by run (``--repeat`` rounds) so that the machine's load hits both alike; the table then
+gives each mode's median wall time and the async / sync ratio.
 
 Prints one line per case and a Markdown table. ``--against`` runs every case alternately under
 this checkout's Python and another checkout's (its venv's editable kvsim: the code before a
@@ -61,7 +67,7 @@ CASE_SETUP = {
 }
 
 
-def run_case(name: str, profile: bool = False) -> dict:
+def run_case(name: str, profile: bool = False, mode: str = "sync") -> dict:
     from kvsim import workloads
     from kvsim.planner.engine_setup import build_engine
     from kvsim.simulator import simulate
@@ -70,7 +76,8 @@ def run_case(name: str, profile: bool = False) -> dict:
     setup = build_engine(**{"model": MODEL, "gpu": GPU, "max_model_len": max_model_len,
                             **CASE_SETUP.get(name, {})},
                          max_num_seqs=256, max_num_batched_tokens=8192,
-                         enable_prefix_caching=not name.endswith(NO_PREFIX_CACHING))
+                         enable_prefix_caching=not name.endswith(NO_PREFIX_CACHING),
+                         async_scheduling=mode == "async")
     config, cost, report = setup.config, setup.cost, setup.capacity
     requests = workloads.load(CASES[name])
     cpu0 = time.process_time()
@@ -87,7 +94,7 @@ def run_case(name: str, profile: bool = False) -> dict:
     wall = time.perf_counter() - t0
     cpu = time.process_time() - cpu0
     s = result.summary
-    return {"case": name, "requests": s["requests_arrived"], "finished": s["requests_finished"],
+    return {"case": name, "mode": mode, "requests": s["requests_arrived"], "finished": s["requests_finished"],
             "rejected": s["requests_rejected"], "steps": s["num_steps"],
             "simulated_s": s["simulated_duration_s"], "mean_running": s["mean_running"],
             "preemptions": s["num_preemptions"], "prefix_hit_rate": s["prefix_hit_rate"],
@@ -185,12 +192,21 @@ def _absent(name: str) -> bool:
     return ":" not in CASES[name] and not os.path.exists(CASES[name])
 
 
+MODES = ("sync", "async")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cases", default=",".join(DEFAULT_CASES),
                     help=f"comma-separated, from {', '.join(CASES)} (default: the "
                          f"full-attention ones)")
+    ap.add_argument("--modes", default="sync",
+                    help="comma-separated scheduling modes: sync, async (default sync; "
+                         "KV-cache groups: sync only)")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="rounds; each round runs every case in every mode, alternating")
     ap.add_argument("--one", choices=CASES, help=argparse.SUPPRESS)   # child process: one case
+    ap.add_argument("--mode", choices=MODES, default="sync", help=argparse.SUPPRESS)
     ap.add_argument("--profile", choices=CASES, metavar="CASE",
                     help="run one case under cProfile (stderr)")
     ap.add_argument("--sample", choices=CASES, metavar="CASE",
@@ -199,6 +215,9 @@ def main() -> int:
                     help="another checkout's venv Python: run each case alternately under both")
     ap.add_argument("--rounds", type=int, default=3, help="rounds of --against (default 3)")
     args = ap.parse_args()
+    modes = args.modes.split(",")
+    if any(m not in MODES for m in modes) or args.repeat < 1:
+        ap.error(f"--modes takes {', '.join(MODES)}; --repeat >= 1")
     single = args.sample or args.one or args.profile
     if single and _absent(single):
         ap.error(f"case {single}: {CASES[single]} is absent")
@@ -206,34 +225,51 @@ def main() -> int:
         sample_case(args.sample)
         return 0
     if single:
-        print(json.dumps(run_case(single, profile=bool(args.profile))))
+        print(json.dumps(run_case(single, profile=bool(args.profile), mode=args.mode)))
         return 0
-    names = []
-    for name in args.cases.split(","):
+    names = args.cases.split(",")
+    for name in names:
         if name not in CASES:
             ap.error(f"unknown case {name!r}; choose from {', '.join(CASES)}")
-        if _absent(name):
-            print(f"{name}: skipped ({CASES[name]} is absent)")
-            continue
-        names.append(name)
     if args.against:
-        return compare_against(args.against, names, args.rounds)
-    rows = []
-    for name in names:
-        row = _run_child(sys.executable, name)
-        if isinstance(row, str):
-            print(f"{name}: failed\n{row}")
-            continue
-        rows.append(row)
-        print(json.dumps(row), flush=True)
-    print("\n" + _machine_line())
-    print("| case | requests | steps | simulated s | mean running | preemptions | wall s | "
+        return compare_against(args.against, [n for n in names if not _absent(n)], args.rounds)
+    rows = {}
+    for _round in range(args.repeat):
+        for name in names:
+            if _absent(name):
+                if not _round:
+                    print(f"{name}: skipped ({CASES[name]} is absent)")
+                continue
+            for mode in modes:
+                if mode == "async" and name == "azure-conv-gpt-oss":
+                    continue    # KV-cache groups run on the synchronous scheduler only
+                out = subprocess.run([sys.executable, __file__, "--one", name, "--mode", mode],
+                                     capture_output=True, text=True)
+                if out.returncode:
+                    print(f"{name} ({mode}): failed\n{out.stderr[-2000:]}")
+                    continue
+                row = json.loads(out.stdout.strip().splitlines()[-1])
+                rows.setdefault((name, mode), []).append(row)
+                print(json.dumps(row), flush=True)
+    print(f"\nmachine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores "
+          f"(load {os.getloadavg()[0]:.1f}), Python {platform.python_version()}, "
+          f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; median of {args.repeat} "
+          "run(s) per mode")
+    print("| case | mode | requests | steps | simulated s | mean running | preemptions | wall s | "
           "CPU s | requests / wall s | peak RSS MiB |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
-    for r in rows:
-        print(f"| {r['case']} | {r['requests']:,} | {r['steps']:,} | {r['simulated_s']:.0f} | "
-              f"{r['mean_running']:.1f} | {r['preemptions']:,} | {r['wall_s']:.2f} | "
-              f"{r['cpu_s']:.2f} | {r['requests_per_wall_s']:,.0f} | {r['peak_rss_mib']:.0f} |")
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for (name, mode), runs in rows.items():
+        r = sorted(runs, key=lambda x: x["wall_s"])[len(runs) // 2]
+        print(f"| {r['case']} | {mode} | {r['requests']:,} | {r['steps']:,} | "
+              f"{r['simulated_s']:.0f} | {r['mean_running']:.1f} | {r['preemptions']:,} | "
+              f"{r['wall_s']:.2f} | {r['cpu_s']:.2f} | {r['requests_per_wall_s']:,.0f} | "
+              f"{r['peak_rss_mib']:.0f} |")
+    if len(modes) > 1:
+        for name in names:
+            walls = {m: sorted(x["wall_s"] for x in rows.get((name, m), [])) for m in modes}
+            if all(walls.values()):
+                med = {m: w[len(w) // 2] for m, w in walls.items()}
+                print(f"{name}: async / sync wall time {med['async'] / med['sync']:.3f}")
     return 0
 
 

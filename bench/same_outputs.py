@@ -29,9 +29,13 @@ ORACLE_TRACE = ROOT / "tests" / "fixtures" / "workloads" / "vllm_oracle.csv"
 
 SHAREGPT = "sharegpt:rate=4,n=600,seed=3"
 TIGHT = ["--num-blocks", "300", "--max-model-len", "4096"]
+# vLLM's synchronous scheduler: the cases below were recorded before async scheduling became the
+# default for replays whose step time comes from the GPU (roofline, cost table); they keep it
+SYNC = ["--no-async-scheduling"]
 # name -> (arguments after `kvsim`; "{out}" is the case folder), traces it needs
 REPLAY_OUTS = ["--out", "{out}/result.json", "--requests", "{out}/requests.csv",
-               "--timeseries", "{out}/ts.csv", "--quiet"]
+               "--timeseries", "{out}/ts.csv", "--quiet", *SYNC]
+ASYNC_OUTS = [a for a in REPLAY_OUTS if a not in SYNC]
 CASES: dict[str, tuple[list[str], tuple[Path, ...]]] = {
     "azure-excerpt": (["replay", str(AZURE), "--max-requests", "3000", *REPLAY_OUTS], (AZURE,)),
     "azure-tight-pool": (["replay", str(AZURE), "--max-requests", "1500", "--num-blocks", "500",
@@ -75,11 +79,12 @@ CASES: dict[str, tuple[list[str], tuple[Path, ...]]] = {
                    "--tp", "4", "--gpu-memory-utilization", "0.5", "--max-model-len", "8192",
                    *REPLAY_OUTS], ()),
     "compare": (["compare", SHAREGPT, "--allocators", "paged,max,pow2,oracle", "--kv-tokens",
-                 "6000", "--max-model-len", "2048", "--json", "{out}/compare.json", "--quiet"], ()),
+                 "6000", "--max-model-len", "2048", "--json", "{out}/compare.json", "--quiet",
+                 *SYNC], ()),
     "capacity": (["capacity", "--model", "Llama-3.1-8B", "--gpu", "h100", "--max-model-len",
                   "8192", "--json"], ()),
     "capacity-workload": (["capacity", "--model", "Llama-3.1-8B", "--gpu", "h100",
-                           "sharegpt:rate=2,n=200,seed=0", "--json"], ()),
+                           "sharegpt:rate=2,n=200,seed=0", "--json", *SYNC], ()),
     "workload-stats": (["workload", "sharegpt:rate=1,system=512,turns=uniform(1,6),n=400,seed=0",
                         "--json"], ()),
     "workload-azure": (["workload", str(AZURE), "--json"], (AZURE,)),
@@ -89,7 +94,7 @@ CASES: dict[str, tuple[list[str], tuple[Path, ...]]] = {
                   "--device", "cpu", "--json", "{out}/validate.json"], ()),
     "plan": (["plan", "sharegpt:rate=3,n=300,seed=0", "--sweep", "block_size=16,32",
               "--sweep", "gpu_memory_utilization=0.3,0.5", "--slo", "ttft_p99<5",
-              "--out", "{out}/plan", "--quiet"], ()),
+              "--out", "{out}/plan", "--quiet", *SYNC], ()),
     "reproduce-quick": (["reproduce", "vllm-paper", "--quick", "--out", "{out}/repro", "--quiet"],
                         ()),
     # issue 19: one meaning of the rate (a trace keeps its pattern), what prefix caching saves
@@ -97,7 +102,22 @@ CASES: dict[str, tuple[list[str], tuple[Path, ...]]] = {
                     *REPLAY_OUTS], (AZURE,)),
     "compare-prefix-caching": (["compare", "sharegpt:rate=1,system=512,turns=uniform(1,6),think_s=30,"
                                 "n=300,seed=1", "--allocators", "paged,max", "--prefix-caching", "on,off",
-                                "--num-blocks", "1200", "--json", "{out}/compare.json", "--quiet"], ()),
+                                "--num-blocks", "1200", "--json", "{out}/compare.json", "--quiet",
+                                 *SYNC], ()),
+    # added with async scheduling and the v0 scheduler (issue 16)
+    "async-default": (["replay", SHAREGPT, *TIGHT, *ASYNC_OUTS], ()),
+    "async-step-clock": (["replay", str(ORACLE_TRACE), "--format", "vllm-oracle", "--step-clock",
+                          "--async-scheduling", "--num-blocks", "64", "--max-num-seqs", "8",
+                          "--max-num-batched-tokens", "256", "--max-model-len", "2048",
+                          *ASYNC_OUTS], ()),
+    "async-mooncake": (["replay", str(MOONCAKE), "--max-requests", "600", "--num-blocks", "4000",
+                        "--max-model-len", "32768", *ASYNC_OUTS], (MOONCAKE,)),
+    "v0": (["replay", SHAREGPT, "--scheduler", "v0", *TIGHT, *REPLAY_OUTS], ()),
+    "v0-model-gpu": (["replay", SHAREGPT, "--scheduler", "v0", "--model", "Llama-3.1-8B",
+                      "--gpu", "A100-40GB", "--max-model-len", "4096", *REPLAY_OUTS], ()),
+    "plan-async": (["plan", "sharegpt:rate=3,n=300,seed=0", "--sweep", "async_scheduling=true,false",
+                    "--sweep", "scheduler=v1,v0", "--max-model-len", "4096", "--out", "{out}/plan",
+                    "--quiet"], ()),
     # issue 17: hybrid models (KV-cache groups: windows free blocks, Mamba state, per-group rows)
     "hybrid-sliding": (["replay", SHAREGPT, *TIGHT, "--kv-groups", "sliding:128,full",
                         *REPLAY_OUTS], ()),
@@ -106,7 +126,8 @@ CASES: dict[str, tuple[list[str], tuple[Path, ...]]] = {
     "hybrid-gpt-oss-azure": (["replay", str(AZURE), "--max-requests", "1500", "--model",
                               "gpt-oss-120b", "--gpu", "h100", "--rate-scale", "8",
                               *REPLAY_OUTS], (AZURE,)),
-    "capacity-hybrid": (["capacity", "--model", "Gemma-3-27B", "--gpu", "h200", "--json"], ()),
+    "capacity-hybrid": (["capacity", "--model", "Gemma-3-27B", "--gpu", "h200", "--json",
+                         *SYNC], ()),
 }
 # what differs between two runs of the same command by design
 _MASKS = [

@@ -30,7 +30,17 @@ Hybrid models (per-layer shapes: sliding windows, Mamba state; the hybrid preset
 (``capacity.kv_groups``; block_size None takes vLLM's: 16, MLA's 64, a Mamba hybrid's aligned
 block) and the simulator runs them (GroupedPagedAllocator + HybridScheduler). A pool given in
 blocks or tokens takes ``kv_cache_groups`` (``simulator.config.parse_kv_groups``), or, for a
-hybrid model, the model's groups and block size.
+hybrid model, the model's groups and block size. KV-cache groups run on the synchronous v1
+scheduler (vLLM's async mode with groups is not modelled: ``async_scheduling`` None is off for
+them, True is an InputError).
+
+Scheduling: ``scheduler`` "v1" (vLLM 0.33) or "v0" (vLLM 0.2-0.5, prompt-only steps;
+simulator/scheduler_v0.py). ``async_scheduling`` left None follows vLLM, which turns
+AsyncScheduler on by default for generation on a GPU: on when the step time comes from a GPU (the
+roofline or a measured ``cost_table``) for the paged v1 scheduler, off with a fixed ``step_s``
+(the step clock included: there the caller chooses), a contiguous allocator or v0. vLLM v0's own
+defaults apply with ``scheduler="v0"``: max_num_seqs 256 and max_num_batched_tokens
+max(max_model_len, 2048) when left None (vLLM 0.4 ``SchedulerConfig``).
 
 Defaults a caller leaves as None: model and GPU (``DEFAULT_MODEL`` on ``DEFAULT_GPU``, resolved
 only when sizing or the roofline needs them; a name given is always resolved, so a typo is an
@@ -58,6 +68,16 @@ DEFAULT_MODEL = "Llama-3.1-8B"
 DEFAULT_GPU = "H100-80GB-SXM"
 # a pool given in blocks or tokens has no model to take a context length from
 DEFAULT_MAX_MODEL_LEN: int = EngineConfig.__dataclass_fields__["max_model_len"].default
+V0_MAX_NUM_SEQS = 256   # vLLM 0.2-0.5 EngineArgs.max_num_seqs
+
+
+def default_async_scheduling(step_s: float | None, allocator: str = "paged",
+                             scheduler: str = "v1") -> bool:
+    """vLLM's default scheduling mode for an engine: async for generation on a GPU
+    (``VllmConfig``, docs/FIDELITY.md 1.6), i.e. when the step time comes from a GPU (the
+    roofline or a measured cost table, ``step_s`` None) for vLLM 0.33's paged scheduler; a fixed
+    step time (the step clock included), a contiguous allocator or v0: synchronous."""
+    return step_s is None and allocator == "paged" and scheduler == "v1"
 
 
 @dataclass(frozen=True)
@@ -108,6 +128,8 @@ def build_engine(*,
                  long_prefill_token_threshold: int = 0,
                  scheduler_reserve_full_isl: bool = True,
                  watermark: float = 0.0,
+                 scheduler: str = "v1",
+                 async_scheduling: bool | None = None,
                  # step time
                  step_s: float | None = None,
                  cost_table: str | os.PathLike | None = None,
@@ -145,7 +167,11 @@ def build_engine(*,
         long_prefill_token_threshold: cap on one request's prefill chunk (0 = off).
         scheduler_reserve_full_isl: admit a request only when its whole prompt fits (vLLM's
             default); False admits when the first chunk fits.
-        watermark: fraction of blocks kept free when admitting (0 = off).
+        watermark: fraction of blocks kept free when admitting (0 = off; v0: 0 means vLLM
+            v0's 0.01).
+        scheduler: "v1" or "v0" (see the module docstring).
+        async_scheduling: vLLM's AsyncScheduler (two batches in flight); None: vLLM's default
+            (see the module docstring).
         step_s: fixed step time in seconds (1.0 = step clock).
         cost_table: a measured step-time CSV (simulator.cost_table.load_cost_table: a ``kvsim
             profile`` table, or the older TableCost columns).
@@ -178,6 +204,12 @@ def build_engine(*,
         model_spec = serve_weights_as(model_spec, weight_dtype)
     if sized or roofline or max_num_seqs is None or max_num_batched_tokens is None:
         gpu_spec = gpu_spec or get_gpu(DEFAULT_GPU)
+    v0_tokens = scheduler == "v0" and max_num_batched_tokens is None
+    if scheduler == "v0":
+        # vLLM 0.4 EngineArgs / SchedulerConfig: 256 sequences, max(max_model_len, 2048) tokens
+        max_num_seqs = V0_MAX_NUM_SEQS if max_num_seqs is None else max_num_seqs
+        max_num_batched_tokens = max(max_model_len or 0, 2048) if v0_tokens else \
+            max_num_batched_tokens
     if max_num_seqs is None or max_num_batched_tokens is None:
         default_seqs, default_tokens = vllm_batch_defaults(gpu_spec)
         max_num_seqs = default_seqs if max_num_seqs is None else max_num_seqs
@@ -185,15 +217,23 @@ def build_engine(*,
 
     report = None
     if sized:
-        report = compute_capacity(
-            model_spec, gpu_spec, tp=tensor_parallel_size, block_size=block_size,
-            kv_dtype=kv_cache_dtype,
-            gpu_memory_utilization=(DEFAULT_GPU_MEMORY_UTILIZATION if gpu_memory_utilization is None
-                                    else gpu_memory_utilization),
-            max_model_len=max_model_len, max_num_seqs=max_num_seqs,
-            max_num_batched_tokens=max_num_batched_tokens, non_kv_bytes=non_kv_bytes,
-            enable_prefix_caching=enable_prefix_caching,
-            disable_hybrid_kv_cache_manager=disable_hybrid_kv_cache_manager)
+        def size(max_model_len: int | None, max_num_batched_tokens: int):
+            return compute_capacity(
+                model_spec, gpu_spec, tp=tensor_parallel_size, block_size=block_size,
+                kv_dtype=kv_cache_dtype,
+                gpu_memory_utilization=(DEFAULT_GPU_MEMORY_UTILIZATION
+                                        if gpu_memory_utilization is None
+                                        else gpu_memory_utilization),
+                max_model_len=max_model_len, max_num_seqs=max_num_seqs,
+                max_num_batched_tokens=max_num_batched_tokens, non_kv_bytes=non_kv_bytes,
+                enable_prefix_caching=enable_prefix_caching,
+                disable_hybrid_kv_cache_manager=disable_hybrid_kv_cache_manager)
+
+        report = size(max_model_len, max_num_batched_tokens)
+        if v0_tokens and report.max_model_len > max_num_batched_tokens:
+            # the model's context length sets v0's default budget: size again with it
+            max_num_batched_tokens = report.max_model_len
+            report = size(report.max_model_len, max_num_batched_tokens)
         num_gpu_blocks, max_model_len = report.num_gpu_blocks, report.max_model_len
         block_size = report.block_size
         if report.kv_plan is not None and allocator == "paged":
@@ -216,7 +256,14 @@ def build_engine(*,
     if max_model_len is None:
         max_model_len = DEFAULT_MAX_MODEL_LEN
 
+    if v0_tokens and max_model_len > max_num_batched_tokens:
+        max_num_batched_tokens = max_model_len
     paged = allocator == "paged"
+    if async_scheduling is None:
+        # KV-cache groups: HybridScheduler is synchronous (vLLM's async mode with groups is not
+        # modelled), so a hybrid model follows the synchronous scheduler
+        async_scheduling = default_async_scheduling(step_s, allocator, scheduler) and \
+            not kv_cache_groups
     # the one null-block rule: a contiguous pool gets the paged pool's usable blocks
     usable_blocks = num_gpu_blocks - int(null_block)
     config = EngineConfig(
@@ -228,6 +275,7 @@ def build_engine(*,
         enable_prefix_caching=enable_prefix_caching,
         long_prefill_token_threshold=long_prefill_token_threshold,
         full_prompt_admission=scheduler_reserve_full_isl, watermark=watermark,
+        scheduler=scheduler, async_scheduling=async_scheduling,
         kv_cache_groups=tuple(kv_cache_groups))
 
     if step_s is not None:

@@ -34,14 +34,15 @@ from kvsim.errors import InputError
 from kvsim.planner.engine_setup import build_engine
 
 # names are shared with the figure builders (viz sits below planner)
-from kvsim.viz.repro_figures import FIG2_CLASSES, SYSTEMS
+from kvsim.viz.repro_figures import FIG2_CLASSES, REPORT_SYSTEMS, SYSTEMS, V1_SYSTEM
 
 # ---------------------------------------------------------------------------------------------
 # What the paper reports. Keys are those of results.json.
 # ---------------------------------------------------------------------------------------------
 
 # kvsim's EngineConfig.allocator name for each system
-SYSTEM_ALLOCATOR = {"orca_max": "max", "orca_pow2": "pow2", "orca_oracle": "oracle", "vllm": "paged"}
+SYSTEM_ALLOCATOR = {"orca_max": "max", "orca_pow2": "pow2", "orca_oracle": "oracle", "vllm": "paged",
+                    V1_SYSTEM: "paged"}
 
 WORKLOADS = ("sharegpt", "alpaca")
 FIG15_MODES = ("parallel", "beam")
@@ -317,25 +318,31 @@ def system_engine(system: str, config: ReproConfig, step_time_scale: float | Non
     """The EngineConfig and cost model of one system of the paper (planner.engine_setup).
 
     Orca: one contiguous reservation per request placed by a buddy allocator, admitted FCFS at
-    iteration granularity only when the reservation fits. vLLM: paged blocks of 16, prefix
-    caching off (vLLM 0.1 had none), whole-prompt admission, recompute preemption. The pool is
-    the paper's 983 blocks (15,728 slots), every one usable: vLLM 0.1 reserved no null block
-    (v1's block 0), so ``null_block=False`` and every system gets the same slots.
+    iteration granularity only when the reservation fits. vLLM: the paper's engine, vLLM v0's
+    scheduler (``scheduler="v0"``: prompt-only steps, then decode steps, recompute preemption of
+    the latest arrival, watermark 0.01), paged blocks of 16, prefix caching off (vLLM 0.1 had
+    none). ``vllm_v1``: the same pool with kvsim's v1 scheduler (vLLM 0.33's, chunked prefill
+    mixing prefills and decodes), the figures kvsim reported before it modelled v0. No system
+    schedules asynchronously (the paper's engine had no such mode). The pool is the paper's 983
+    blocks (15,728 slots), every one usable: vLLM 0.1 reserved no null block (v1's block 0), so
+    ``null_block=False`` and every system gets the same slots.
     Step times: the roofline of ``config.model`` on ``config.gpu`` (planner/roofline.py), times
     ``step_time_scale`` (default ``config.step_time_scale``).
 
     Returns:
         planner.engine_setup.EngineSetup (``.config``, ``.cost``).
     """
-    if system not in SYSTEMS:
-        raise ValueError(f"system must be one of {SYSTEMS}, got {system!r}")
+    if system not in REPORT_SYSTEMS:
+        raise ValueError(f"system must be one of {REPORT_SYSTEMS}, got {system!r}")
     common = dict(model=config.model, gpu=config.gpu, block_size=config.block_size,
                   num_gpu_blocks=config.num_blocks, null_block=False,
                   max_num_seqs=config.max_num_seqs, max_model_len=config.max_model_len,
                   enable_prefix_caching=False, scheduler_reserve_full_isl=True,
+                  async_scheduling=False,
                   step_time_scale=config.step_time_scale if step_time_scale is None else step_time_scale)
-    if system == "vllm":
+    if system in ("vllm", V1_SYSTEM):
         return build_engine(allocator="paged", watermark=config.watermark,
+                            scheduler="v0" if system == "vllm" else "v1",
                             max_num_batched_tokens=config.max_num_batched_tokens, **common)
     # Orca batches whole prompts (selective batching, no chunked prefill) and is limited by its
     # batch size, not by a token budget: a budget no step can exhaust keeps every prompt whole
@@ -505,14 +512,16 @@ def plan_runs(config: ReproConfig, have_real_trace: bool) -> list[Run]:
     """Every simulation the reproduction needs, in a stable order."""
     runs: list[Run] = []
     for wl, rate in (("sharegpt", config.sharegpt_rate), ("alpaca", config.alpaca_rate)):
-        runs += [Run(f"{wl}@{rate:g}/{s}", wl, rate, s) for s in SYSTEMS]
+        runs += [Run(f"{wl}@{rate:g}/{s}", wl, rate, s) for s in REPORT_SYSTEMS]
+    # Fig. 15 forks sequences (parallel samples, beams): vLLM v0 swapped such groups out to CPU
+    # memory when it preempted them, which kvsim does not model, so the v1 scheduler runs them
     for mode in FIG15_MODES:
         for n in FIG15_NS:
-            runs.append(Run(f"{config.fig15_workload}@{config.fig15_rate:g}/vllm/{mode}{n}",
-                            config.fig15_workload, config.fig15_rate, "vllm", mode, n))
+            runs.append(Run(f"{config.fig15_workload}@{config.fig15_rate:g}/{V1_SYSTEM}/{mode}{n}",
+                            config.fig15_workload, config.fig15_rate, V1_SYSTEM, mode, n))
     if have_real_trace:
         runs += [Run(f"sharegpt_real@{config.sharegpt_rate:g}/{s}", "sharegpt_real",
-                     config.sharegpt_rate, s) for s in SYSTEMS]
+                     config.sharegpt_rate, s) for s in REPORT_SYSTEMS]
     if config.sensitivity:
         for rate in config.sensitivity_rates:
             runs += [Run(f"sharegpt@{rate:g}/{s}", "sharegpt", rate, s) for s in SYSTEMS]
@@ -520,13 +529,14 @@ def plan_runs(config: ReproConfig, have_real_trace: bool) -> list[Run]:
             runs += [Run(f"{wl}@{rate:g}/{s}/step_x{scale:g}", wl, rate, s, step_time_scale=scale)
                      for wl, rate in (("sharegpt", config.sharegpt_rate),
                                       ("alpaca", config.alpaca_rate))
-                     for s in ("orca_pow2", "orca_oracle", "vllm")]
+                     for s in ("orca_pow2", "orca_oracle", "vllm", V1_SYSTEM)]
         for sigma in config.sensitivity_output_sigmas:
             runs += [Run(f"{SHAPE_PREFIX}{sigma:g}@{config.sharegpt_rate:g}/{s}",
                          f"{SHAPE_PREFIX}{sigma:g}", config.sharegpt_rate, s) for s in SYSTEMS]
         for mode in FIG15_MODES:
-            runs += [Run(f"sharegpt@{config.fig15_sharegpt_rate:g}/vllm/{mode}{n}", "sharegpt",
-                         config.fig15_sharegpt_rate, "vllm", mode, n) for n in FIG15_NS]
+            runs += [Run(f"sharegpt@{config.fig15_sharegpt_rate:g}/{V1_SYSTEM}/{mode}{n}",
+                         "sharegpt", config.fig15_sharegpt_rate, V1_SYSTEM, mode, n)
+                     for n in FIG15_NS]
         other = "first-fit" if config.placement == "buddy" else "buddy"
         runs += [Run(f"sharegpt@{config.sharegpt_rate:g}/{s}/{other}", "sharegpt",
                      config.sharegpt_rate, s, placement=other)
@@ -602,20 +612,23 @@ def assemble_results(config: ReproConfig, runs: Sequence[Run], metrics: dict[str
     sg, al = config.sharegpt_rate, config.alpaca_rate
     res: dict[str, Any] = {"schema": "kvsim.reproduce.vllm-paper/1"}
     res["fig2"] = {s: {c: _r(metrics[f"sharegpt@{sg:g}/{s}"].shares_pct[c]) for c in FIG2_CLASSES}
-                   for s in SYSTEMS}
-    res["fig13"] = {wl: {s: _r(metrics[f"{wl}@{rate:g}/{s}"].mean_running) for s in SYSTEMS}
+                   for s in REPORT_SYSTEMS}
+    res["fig13"] = {wl: {s: _r(metrics[f"{wl}@{rate:g}/{s}"].mean_running) for s in REPORT_SYSTEMS}
                     for wl, rate in (("sharegpt", sg), ("alpaca", al))}
-    f15 = config.fig15_workload
-    res["fig15"] = {m: {str(n): _r(metrics[f"{f15}@{config.fig15_rate:g}/vllm/{m}{n}"].sharing_saving_pct)
+    f15 = f"{config.fig15_workload}@{config.fig15_rate:g}/{V1_SYSTEM}"
+    res["fig15"] = {m: {str(n): _r(metrics[f"{f15}/{m}{n}"].sharing_saving_pct)
                         for n in FIG15_NS} for m in FIG15_MODES}
     real_keys = [k for k in metrics if k.startswith("sharegpt_real@")]
     if real_keys:
         res["fig2_sharegpt_real"] = {
             s: {c: _r(metrics[f"sharegpt_real@{sg:g}/{s}"].shares_pct[c]) for c in FIG2_CLASSES}
-            for s in SYSTEMS}
+            for s in REPORT_SYSTEMS}
         res["fig13"]["sharegpt_real"] = {s: _r(metrics[f"sharegpt_real@{sg:g}/{s}"].mean_running)
-                                         for s in SYSTEMS}
-    res["paper"] = {"fig2": PAPER_FIG2, "fig13": PAPER_FIG13, "fig15": PAPER_FIG15}
+                                         for s in REPORT_SYSTEMS}
+    # the v1 row is measured against the paper's vLLM too
+    res["paper"] = {"fig2": {**PAPER_FIG2, V1_SYSTEM: PAPER_FIG2["vllm"]},
+                    "fig13": {wl: {**v, V1_SYSTEM: v["vllm"]} for wl, v in PAPER_FIG13.items()},
+                    "fig15": PAPER_FIG15}
 
     sens: dict[str, Any] = {}
     # how Fig. 2's shares are averaged: whole pool (default), held slots only, saturated samples
@@ -651,7 +664,7 @@ def assemble_results(config: ReproConfig, runs: Sequence[Run], metrics: dict[str
         for wl, rate in (("sharegpt", sg), ("alpaca", al)):
             table["1"][wl] = {s: {"mean_running": _r(metrics[f"{wl}@{rate:g}/{s}"].mean_running),
                                   "token_states": _r(metrics[f"{wl}@{rate:g}/{s}"].shares_pct["token_states"])}
-                              for s in ("orca_pow2", "orca_oracle", "vllm")}
+                              for s in ("orca_pow2", "orca_oracle", "vllm", V1_SYSTEM)}
         for r in scale_runs:
             m = metrics[r.key]
             table.setdefault(f"{r.step_time_scale:g}", {}).setdefault(r.workload, {})[r.system] = {
@@ -669,11 +682,11 @@ def assemble_results(config: ReproConfig, runs: Sequence[Run], metrics: dict[str
     if config.sensitivity:
         sg15 = config.fig15_sharegpt_rate
         sens["fig15_sharegpt"] = {
-            m: {**{str(n): _r(metrics[f"sharegpt@{sg15:g}/vllm/{m}{n}"].sharing_saving_pct)
+            m: {**{str(n): _r(metrics[f"sharegpt@{sg15:g}/{V1_SYSTEM}/{m}{n}"].sharing_saving_pct)
                    for n in FIG15_NS}, "paper_range": list(PAPER_FIG15_SHAREGPT_RANGE[m])}
             for m in FIG15_MODES}
     sens["fig15_mean_of_ratios"] = {
-        m: {str(n): _r(metrics[f"{f15}@{config.fig15_rate:g}/vllm/{m}{n}"].sharing_saving_mean_ratio_pct)
+        m: {str(n): _r(metrics[f"{f15}/{m}{n}"].sharing_saving_mean_ratio_pct)
             for n in FIG15_NS} for m in FIG15_MODES}
     res["sensitivity"] = sens
     res["runs"] = {k: {"system": m.system, "mean_running": _r(m.mean_running),

@@ -14,7 +14,8 @@ from typing import Any
 
 from kvsim.planner.reproduce import FIG15_MODES, FIG15_NS, WORKLOADS
 from kvsim.simulator.result import prepare_output_dir
-from kvsim.viz.repro_figures import FIG2_CLASSES, FIG2_LABELS, SYSTEM_LABELS, SYSTEMS
+from kvsim.viz.repro_figures import (FIG2_CLASSES, FIG2_LABELS, REPORT_SYSTEMS, SYSTEM_LABELS,
+                                     SYSTEMS, report_systems)
 
 WORKLOAD_TITLES = {"sharegpt": "ShareGPT-like (synthetic)", "alpaca": "Alpaca-like (synthetic)",
                    "sharegpt_real": "real ShareGPT lengths (filtered)"}
@@ -39,7 +40,7 @@ def fig2_rows(results: dict[str, Any], key: str = "fig2") -> list[list[str]]:
     """One row per (system, source): the four shares."""
     paper = results["paper"]["fig2"]
     rows = []
-    for s in SYSTEMS:
+    for s in report_systems(results[key]):
         rows.append([SYSTEM_LABELS[s], "paper"] + [_f(paper[s][c]) for c in FIG2_CLASSES])
         rows.append(["", "kvsim"] + [_f(results[key][s][c]) for c in FIG2_CLASSES])
         rows.append(["", "kvsim - paper"]
@@ -51,7 +52,7 @@ def fig13_rows(results: dict[str, Any]) -> list[list[str]]:
     rows = []
     for wl, by_system in results["fig13"].items():
         paper = results["paper"]["fig13"].get(wl, {})
-        for s in SYSTEMS:
+        for s in report_systems(by_system):
             ref = paper.get(s)
             ours = by_system[s]
             ratio = f"{ours / ref:.2f}" if ours is not None and ref else ""
@@ -90,7 +91,10 @@ def _setup_lines(results: dict[str, Any]) -> list[str]:
         f"Alpaca at {st['alpaca_rate']:g} req/s; Fig. 15 on {st['fig15_workload']} at {st['fig15_rate']:g} req/s; "
         f"seed {st['seed']}.",
         f"- Orca: one contiguous reservation per request, placement `{st['placement']}`; vLLM: paged, "
-        f"watermark {st['watermark']:g}, no prefix caching. max_num_seqs {st['max_num_seqs']}, "
+        f"watermark {st['watermark']:g}, no prefix caching, vLLM v0's scheduler (prompt-only steps, "
+        f"then decode steps: the paper's engine); the row \"{SYSTEM_LABELS['vllm_v1']}\" runs kvsim's "
+        f"v1 scheduler (vLLM 0.33's, prefills and decodes in one step) on the same pool, and so does "
+        f"Fig. 15 (forked sequences). max_num_seqs {st['max_num_seqs']}, "
         f"max_num_batched_tokens {st['max_num_batched_tokens']}.",
         f"- Step times: roofline cost model of planner/roofline.py (x{st['step_time_scale']:g}).",
         f"- Averages: time-weighted over samples every {st['sample_interval_s']:g} s in [0, {st['duration_s']:g}) s; "
@@ -251,12 +255,12 @@ def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 def expected_figure_keys(include_real: bool = False) -> list[str]:
     """The dotted keys results.json must hold for the three figures."""
-    keys = [f"fig2.{s}.{c}" for s in SYSTEMS for c in FIG2_CLASSES]
+    keys = [f"fig2.{s}.{c}" for s in REPORT_SYSTEMS for c in FIG2_CLASSES]
     wls = WORKLOADS + (("sharegpt_real",) if include_real else ())
-    keys += [f"fig13.{w}.{s}" for w in wls for s in SYSTEMS]
+    keys += [f"fig13.{w}.{s}" for w in wls for s in REPORT_SYSTEMS]
     keys += [f"fig15.{m}.{n}" for m in FIG15_MODES for n in FIG15_NS]
     if include_real:
-        keys += [f"fig2_sharegpt_real.{s}.{c}" for s in SYSTEMS for c in FIG2_CLASSES]
+        keys += [f"fig2_sharegpt_real.{s}.{c}" for s in REPORT_SYSTEMS for c in FIG2_CLASSES]
     return keys
 
 

@@ -52,6 +52,7 @@ SWEEP_KEYS: dict[str, Callable[[str], object]] = {
     "allocator": str, "placement": str, "max_num_seqs": int, "max_num_batched_tokens": int,
     "enable_prefix_caching": _parse_bool, "long_prefill_token_threshold": int,
     "watermark": float, "full_prompt_admission": _parse_bool,
+    "scheduler": str, "async_scheduling": _parse_bool,
     "replicas": int, "router": str, "seed": int, "step_overhead_s": float,
     "bandwidth_efficiency": float, "flops_efficiency": float,
 }
@@ -61,7 +62,8 @@ ENGINE_KEYS = {"placement": "placement", "max_num_seqs": "max_num_seqs",
                "max_num_batched_tokens": "max_num_batched_tokens",
                "enable_prefix_caching": "enable_prefix_caching",
                "long_prefill_token_threshold": "long_prefill_token_threshold",
-               "watermark": "watermark", "full_prompt_admission": "scheduler_reserve_full_isl"}
+               "watermark": "watermark", "full_prompt_admission": "scheduler_reserve_full_isl",
+               "scheduler": "scheduler", "async_scheduling": "async_scheduling"}
 
 
 def parse_sweep(specs: Iterable[str]) -> dict[str, list]:

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from kvsim.errors import InputError
 
 ALLOCATORS = ("paged", "max", "pow2", "oracle")
+SCHEDULERS = ("v1", "v0")
+V0_WATERMARK = 0.01   # vLLM v0 BlockSpaceManager(watermark=0.01), not configurable there
 PLACEMENTS = ("buddy", "first-fit")
 ROUTERS = ("round-robin", "least-loaded", "prefix-affinity")
 
@@ -41,6 +43,15 @@ class EngineConfig:
             (vLLM's scheduler_reserve_full_isl, on by default).
         watermark: fraction of num_blocks kept free when admitting waiting requests (vLLM's
             scheduler watermark, 0 = off).
+        async_scheduling: vLLM's AsyncScheduler with two batches in flight
+            (``EngineCore.step_with_batch_queue``, vLLM's default on a GPU): step k+1 is
+            scheduled before step k's output is processed (docs/FIDELITY.md 1.6). False: the
+            synchronous ``Scheduler``.
+        scheduler: "v1" (vLLM 0.33's scheduler) or "v0" (vLLM 0.2-0.5 with chunked prefill off:
+            prompt-only steps, then decode steps; scheduler_v0.py). v0 is paged only, has no
+            prefix caching and no null block, keeps int(0.01 * num_blocks) blocks free at
+            admission unless ``watermark`` says otherwise, and needs max_num_batched_tokens >=
+            max_model_len (as vLLM v0 did).
         kv_cache_groups: the KV-cache groups of a hybrid model (allocator.KVCacheGroupSpec, in
             vLLM's order; ``parse_kv_groups``), paged only: one block table per group over
             the one pool (GroupedPagedAllocator, null block included). Empty: every layer is
@@ -60,6 +71,8 @@ class EngineConfig:
     long_prefill_token_threshold: int = 0
     full_prompt_admission: bool = True
     watermark: float = 0.0
+    async_scheduling: bool = False
+    scheduler: str = "v1"
     kv_cache_groups: tuple = ()
 
     def __post_init__(self):
@@ -90,11 +103,21 @@ class EngineConfig:
             raise InputError(f"watermark must be in [0, 1), got {self.watermark}")
         if self.allocator != "paged" and self.null_block:
             raise InputError("null_block applies to the paged allocator only")
+        if self.scheduler not in SCHEDULERS:
+            raise InputError(f"scheduler must be one of {', '.join(SCHEDULERS)}, got "
+                             f"{self.scheduler!r}")
+        if self.scheduler == "v0":
+            self._check_v0()
         if self.kv_cache_groups:
             from kvsim.allocator.group_managers import KVCacheGroupSpec  # light module: lazy
 
             if not all(isinstance(g, KVCacheGroupSpec) for g in self.kv_cache_groups):
                 raise InputError("kv_cache_groups must be KVCacheGroupSpec (parse_kv_groups)")
+            if self.scheduler != "v1" or self.async_scheduling:
+                # HybridScheduler is the synchronous v1 scheduler's (docs/FIDELITY.md 3.1)
+                raise InputError("KV-cache groups (a hybrid model) are modelled with vLLM v1's "
+                                 "synchronous scheduler only: --no-async-scheduling and "
+                                 "--scheduler v1, or --disable-hybrid-kv-cache-manager")
             if self.allocator != "paged" or not self.null_block:
                 raise InputError("kv_cache_groups need the paged allocator with vLLM's null "
                                  "block")
@@ -104,10 +127,38 @@ class EngineConfig:
         """KV-cache groups (a hybrid model): GroupedPagedAllocator and HybridScheduler."""
         return bool(self.kv_cache_groups)
 
-    def summary_fields(self) -> dict:
-        """The settings a result's summary records (the groups only when there are some, so
-        that a full-attention summary keeps its keys)."""
+    def _check_v0(self) -> None:
+        """vLLM v0's constraints; its defaults where v1's differ (no prefix caching, no null
+        block, watermark 0.01: vLLM v0's BlockSpaceManager)."""
+        if self.allocator != "paged":
+            raise InputError("scheduler v0 is vLLM's paged scheduler: use allocator 'paged'")
+        if self.async_scheduling:
+            raise InputError("scheduler v0 has no async scheduling (vLLM v1 only)")
+        if self.long_prefill_token_threshold:
+            raise InputError("scheduler v0 does not chunk prefills: "
+                             "long_prefill_token_threshold must be 0")
+        if self.max_num_batched_tokens < self.max_model_len:
+            raise InputError(f"scheduler v0: max_num_batched_tokens ({self.max_num_batched_tokens}) "
+                             f"is smaller than max_model_len ({self.max_model_len}); vLLM v0 "
+                             "without chunked prefill refuses that (a longer prompt could never "
+                             "run)")
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            raise InputError(f"scheduler v0: max_num_batched_tokens ({self.max_num_batched_tokens}) "
+                             f"is smaller than max_num_seqs ({self.max_num_seqs})")
+        object.__setattr__(self, "enable_prefix_caching", False)
+        object.__setattr__(self, "null_block", False)
+        if self.watermark == 0.0:
+            object.__setattr__(self, "watermark", V0_WATERMARK)
+
+    def as_dict(self) -> dict:
+        """The settings for result.json. The scheduling mode is listed only where it is not
+        the synchronous v1 default and the KV-cache groups (``parse_kv_groups``' spelling) only
+        where there are some, so that the files of other runs keep their keys."""
         out = {k: getattr(self, k) for k in self.__dataclass_fields__}
+        if not self.async_scheduling:
+            del out["async_scheduling"]
+        if self.scheduler == "v1":
+            del out["scheduler"]
         if not self.kv_cache_groups:
             del out["kv_cache_groups"]
         else:

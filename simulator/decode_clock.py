@@ -218,7 +218,8 @@ class DecodeClock:
                 c = seq.num_computed_tokens
                 need += cdiv(c + n, B) - cdiv(c, B)
             plan.append((seq.order, 1, seq, n))
-        if demand > cfg.max_num_batched_tokens or (paged and need > self.allocator.num_free_blocks):
+        if demand > cfg.max_num_batched_tokens or (
+                paged and need + self.decode_block_reserve > self.allocator.num_free_blocks):
             return None
         out = StepOutput(entries=[], num_clocked=self.num_clocked, view=list(self.running),
                          view_loose=frozenset(map(id, self.loose)), num_view_entries=len(plan))

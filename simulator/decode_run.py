@@ -38,7 +38,9 @@ class DecodeRuns:
         first step's decodes took their blocks). Returns 0 when the next step must be scheduled
         in detail."""
         running = self.running
-        n = len(running)
+        # async scheduling: requests done in flight (async_scheduling.py) hold their place in
+        # running until the run's first step is scheduled, but decode no more
+        n = len(running) - len(self.done_in_flight)
         if n == 0 or max_steps <= 0:
             return 0
         cfg = self.config
@@ -86,7 +88,7 @@ class DecodeRuns:
         self._run_min_remaining = min_remaining
         first_step_blocks = 0
         if paged:
-            free = self.allocator.num_free_blocks
+            free = self.allocator.num_free_blocks - self.decode_block_reserve
             cycles, rem = divmod(free, n)
             # every request takes at most one block per B steps, so the free blocks last at
             # least cycles * B steps; only a run longer than that (or a waiting head, which
@@ -144,7 +146,7 @@ class DecodeRuns:
         step in running order. A clocked request crossing a block boundary only takes its block;
         a request off the clock that crosses one (or has shareable output blocks) is told its
         tokens; everyone else stays pending until it needs a block."""
-        num_running = len(self.running)
+        num_running = len(self.running) - len(self.done_in_flight)
         clock = self.clock_c
         self.clock_c += k
         self.clock_o += k

@@ -38,9 +38,11 @@ from kvsim.simulator.footprint import check_simulation
 from kvsim.simulator.in_the_loop import IN_THE_LOOP_COLUMNS, scheduled_step
 from kvsim.simulator.recorder import DECODE_RUN, NUM_CLASSES, Recorder
 from kvsim.simulator.result import Result
+from kvsim.simulator.async_scheduling import AsyncScheduler
 from kvsim.simulator.router import ROUTERS, Router
 from kvsim.simulator.hybrid_scheduler import HybridScheduler
 from kvsim.simulator.scheduler import Scheduler
+from kvsim.simulator.scheduler_v0 import V0Scheduler
 from kvsim.simulator.summary import summarize
 
 __all__ = ["ROUTERS", "Simulation", "make_allocator", "simulate"]
@@ -81,7 +83,9 @@ class _Replica:
                  step_clock: bool):
         self.index = index
         self.allocator = make_allocator(config)
-        policy = HybridScheduler if config.is_grouped else Scheduler
+        policy = (V0Scheduler if config.scheduler == "v0" else
+                  HybridScheduler if config.is_grouped else
+                  AsyncScheduler if config.async_scheduling else Scheduler)
         self.sched = policy(config, self.allocator, seed=seed + index)
         self.rec = recorder.replica(index, self.sched, self.allocator, step_clock)
         self.wake: simpy.Event | None = None
@@ -239,7 +243,7 @@ class Simulation:
         summary = summarize(
             recorder, self.replicas, num_arrived=self.num_arrived,
             num_rejected=self.num_rejected, wall_s=self.wall_s,
-            config={"engine": cfg.summary_fields(),
+            config={"engine": cfg.as_dict(),
                     "replicas": len(self.replicas), "router": self.router.policy,
                     "seed": self.seed, "cost_model": type(self.cost).__name__,
                     "step_clock": self.step_clock})
@@ -307,6 +311,10 @@ class Simulation:
             usable = cfg.pool_blocks - int(cfg.null_block)
             if -(-(final - 1) // cfg.block_size) > usable:
                 return "needs more blocks than the pool has"
+            if cfg.scheduler == "v0" and \
+                    -(-req.prompt_tokens // cfg.block_size) > usable - cfg.watermark_blocks:
+                # vLLM v0 can_allocate NEVER: the prompt would leave less than the watermark
+                return "prompt needs more blocks than vLLM v0 admits (watermark)"
         else:
             extent = self.replicas[0].allocator.extent_tokens(
                 final, num_prompt_tokens=req.prompt_tokens)
@@ -337,25 +345,38 @@ class Simulation:
             bd_start = rec.boundary(now)
             step_index = now // NS_PER_S if self.step_clock else rep.num_steps
             run = None     # a decode run stepped one by one: (first step's batch, start state)
-            k = 0 if self.in_the_loop else sched.plan_decode_run(_NEVER)
+            # async scheduling, requests that finished in the batch in flight: a run may start
+            # with the step that frees them, but step rows list them as running in it
+            k = 0 if self.in_the_loop or (record_steps and sched.done_in_flight) else \
+                sched.plan_decode_run(_NEVER)
             if k > 0:
                 # k identical pure-decode steps, ending at the first step end at or after the
                 # next moment anything can observe the replica
                 if bd_start is None:
                     bd_start = rec.breakdown()
                 usage_start = rep.allocator.usage
-                n = len(sched.running)
+                num_running = len(sched.running)
+                n = num_running - len(sched.done_in_flight)    # the requests that decode
                 kv = sched.decode_run_batch()[0]
                 b0 = StepBatch(n, 0, n, n, kv, kv, sched.run_max_context() if track else 0)
                 bound = min(self.next_arrival_ns, rec.next_record_ns, self.stop_ns)
                 if bound < _NEVER and now + timer.run_ns(b0, k) >= bound:
                     k = min(k, timer.steps_to_reach(b0, now, bound, k))
                 if self.batching:
-                    rec.scheduled(n, len(sched.waiting), n)
+                    rec.scheduled(num_running, len(sched.waiting), n)
                     hist = sched.crossing_histogram() if record_steps else None
                     used0 = sched.allocator.num_used_blocks if record_steps and sched.paged \
                         else 0
-                    sched.advance_decode_run(k)
+                    if sched.done_in_flight:
+                        # async: once the run's first step is scheduled, the batch in flight
+                        # is processed and what finished in it is freed
+                        sched.advance_decode_run(1)
+                        bd_start, usage_start = self._retire_in_flight(rep, bd_start,
+                                                                       usage_start)
+                        if k > 1:
+                            sched.advance_decode_run(k - 1)
+                    else:
+                        sched.advance_decode_run(k)
                     end = now + timer.run_ns(b0, k)
                     rec.integrate(bd_start, rec.breakdown(), usage_start, rep.allocator.usage,
                                   now, end)
@@ -367,8 +388,9 @@ class Simulation:
                         rec.decode_rows(step_index, k, n, hist, used0, finished)
                     rep.num_steps += k
                     sched.num_steps += k
-                    for seq in finished:
-                        rec.on_finished(seq)
+                    if not sched.defers_retire:
+                        for seq in finished:
+                            rec.on_finished(seq)
                     now = end
                     continue
                 run = (b0, bd_start, usage_start)
@@ -378,6 +400,14 @@ class Simulation:
             for j in range(k if run is not None else 1):
                 idx = step_index + j
                 out = sched.schedule(t, idx)
+                if sched.done_in_flight and not out.num_scheduled_tokens:
+                    # async scheduling: nothing to schedule while a batch is in flight. vLLM
+                    # waits for it, processes it and schedules again, at the same step
+                    for seq in sched.retire_done():
+                        rec.on_finished(seq)
+                    out = sched.schedule(t, idx)
+                    if not out.num_scheduled_tokens and not sched.running and not sched.waiting:
+                        break   # everything finished: idle
                 if run is not None:
                     assert out.num_decode_seqs == n and out.num_scheduled_tokens == n \
                         and not out.num_preempted and not out.num_new, \
@@ -390,6 +420,13 @@ class Simulation:
                     self.num_rejected += 1
                     self.recorder.record_rejected(rep.index, seq.req, seq.arrival_ns)
                 row_state = rec.row_state() if record_steps else None
+                if sched.done_in_flight:
+                    # async scheduling: the batch in flight is processed now that this step is
+                    # scheduled; what finished in it is freed
+                    if run is not None and j == 0:
+                        run = (run[0], *self._retire_in_flight(rep, run[1], run[2]))
+                    else:
+                        self._retire_in_flight(rep, None, 0.0)
                 if run is None:
                     batch = StepBatch(out.num_seqs, out.num_prefill_tokens, out.num_decode_seqs,
                                       out.num_scheduled_tokens, out.kv_read_tokens,
@@ -429,10 +466,28 @@ class Simulation:
                         extra = (out.kv_read_tokens, out.attn_token_pairs, *self.cost.last, t / NS_PER_S,
                                  longest)
                     rec.step_row(idx, out, finished, row_state, extra)
-                for seq in finished:
-                    rec.on_finished(seq)
+                if not sched.defers_retire:
+                    for seq in finished:
+                        rec.on_finished(seq)
                 t = end
             now = t
+
+    def _retire_in_flight(self, rep: _Replica, bd_start, usage_start: float):
+        """Async scheduling: the batch in flight is processed after this step's schedule; the
+        requests that finished in it are freed and recorded. The step (or the run it starts)
+        then holds the pool without them from its start: ``bd_start`` / ``usage_start`` (a
+        run's starting point, or None) are returned moved by what the frees changed."""
+        rec = rep.rec
+        if bd_start is not None:
+            bd_before, usage_before = rec.breakdown(), rep.allocator.usage
+        for seq in rep.sched.retire_done():
+            rec.on_finished(seq)
+        rec.running_now(len(rep.sched.running))
+        if bd_start is None:
+            return None, usage_start
+        bd_after = rec.breakdown()
+        return ([s + a - b for s, a, b in zip(bd_start, bd_after, bd_before)],
+                usage_start + rep.allocator.usage - usage_before)
 
     def _unobserved(self, rec, end: int) -> bool:
         """Whether nothing can happen or be looked at from now until the replica's step end

@@ -80,7 +80,9 @@ class HybridScheduler(Scheduler):
         seq.num_alloc_tokens = c + num_new_tokens
         return True
 
-    def _free(self, seq: SeqState, preempted: bool) -> None:
+    def _free(self, seq: SeqState, preempted: bool, num_hashed_tokens: int | None = None) -> None:
+        # num_hashed_tokens is the async scheduler's (always None here: groups run synchronously)
+        assert num_hashed_tokens is None, "KV-cache groups run on the synchronous scheduler"
         self.allocator.free(seq.seq_id, preempted=preempted)
         seq.num_alloc_tokens = 0
         self._junction.pop(seq.seq_id, None)

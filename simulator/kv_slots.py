@@ -89,12 +89,17 @@ class KVSlots:
         last = self.allocator.block_table(seq.seq_id)[-1]
         return int(self.allocator.ref_cnt(last) > 1)
 
-    def _free(self, seq: SeqState, preempted: bool) -> None:
-        """vLLM kv_cache_manager.free: the sequence's blocks go back to the free queue."""
+    def _free(self, seq: SeqState, preempted: bool, num_hashed_tokens: int | None = None) -> None:
+        """vLLM kv_cache_manager.free: the sequence's blocks go back to the free queue
+        (``num_hashed_tokens``: see ``PagedAllocator.free``)."""
         # the allocator must see every computed token: a block that is exactly full is cached
         # (back of the free queue), a partial one is reused first
         self._sync(seq)
-        self.allocator.free(seq.seq_id, preempted=preempted)
+        if num_hashed_tokens is None:
+            self.allocator.free(seq.seq_id, preempted=preempted)
+        else:
+            self.allocator.free(seq.seq_id, preempted=preempted,
+                                num_hashed_tokens=num_hashed_tokens)
         seq.num_alloc_tokens = 0
 
     def num_logical_blocks(self) -> int:

@@ -352,6 +352,12 @@ class ReplicaRecorder:
         if num_tokens:
             self.last_batch_tokens = num_tokens
 
+    def running_now(self, num_running: int) -> None:
+        """Async scheduling freed the requests that finished in the batch in flight, right
+        after this step's schedule: the step's time-weighted running count is without them
+        (``max_running`` keeps vLLM's count after the schedule)."""
+        self.cur_running = num_running
+
     def integrate(self, bd_left, bd_right, usage_left: float, usage_right: float, t0: int,
                   t1: int) -> None:
         """Add one segment to the time-weighted figures: the pool goes linearly from
@@ -439,7 +445,8 @@ class ReplicaRecorder:
             out.num_decode_seqs, out.num_new + out.num_resumed, 0, running, waiting, round(usage, 6),
             used, out.num_preempted, cum[0], out.pc_queries, out.pc_hits, cum[1], cum[2],
             out.pc_preempted_queries, out.pc_preempted_hits, len(finished), cum[3],
-            len(sched.running), len(sched.waiting), round(self.allocator.usage, 6), self.index,
+            len(sched.running) - len(sched.done_in_flight), len(sched.waiting),
+            round(self.allocator.usage, 6), self.index,
             idx * 1.0 if self.step_clock else math.nan) + extra)
 
     def decode_rows(self, step0: int, k: int, n: int, hist: list[int], used0: int,

@@ -81,6 +81,14 @@ class Scheduler(DecodeRuns, Forks, DecodeClock, KVSlots):
         seed: seeds beam reselection.
     """
 
+    # vLLM's AsyncScheduler (async_scheduling.py) frees what finished in a step only after the
+    # next step is scheduled; this synchronous scheduler frees at once and defers nothing
+    defers_retire = False
+    done_in_flight: tuple | list = ()
+    # free blocks a decode step must leave (decode clock and runs): vLLM v1 preempts only when a
+    # request's new block is missing; vLLM v0 (scheduler_v0.py) keeps one free for each turn
+    decode_block_reserve = 0
+
     def __init__(self, config: EngineConfig, allocator, seed: int = 0):
         self.config = config
         self.allocator = allocator
@@ -226,12 +234,17 @@ class Scheduler(DecodeRuns, Forks, DecodeClock, KVSlots):
 
     def _preempt(self, seq: SeqState, now_ns: int) -> None:
         """2b. vLLM _preempt_request: free (recompute), reset, front of the waiting queue."""
-        self._free(seq, preempted=True)
+        self._free(seq, preempted=True, num_hashed_tokens=self._hashed_on_preemption(seq))
         seq.status = PREEMPTED
         seq.num_computed_tokens = 0
         seq.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.appendleft(seq)
+
+    def _hashed_on_preemption(self, seq: SeqState) -> int | None:
+        """Tokens of a preempted request whose blocks have a hash (None: all; the synchronous
+        engine hashes every block a request has computed)."""
+        return None
 
     def _admit_waiting(self, out: StepOutput, slow: list, token_budget: int, lpt: int,
                        now_ns: int, step_index: int) -> None:

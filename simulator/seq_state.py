@@ -53,6 +53,11 @@ class SeqState:
     base_o: int = 0
     fin: int = 0                      # output clock at which it has all its tokens
     bucket: int = 0                   # crossing bucket: needs a block when clock_c % B == bucket
+    # async scheduling (async_scheduling.py): step sequence numbers of the last step that listed
+    # it, that gave it a token, and that it entered with its input token still in flight
+    sched_seq: int = -1
+    sampled_seq: int = -1
+    inflight_seq: int = -1
 
 
 @dataclass(slots=True)

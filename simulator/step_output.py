@@ -31,6 +31,7 @@ class StepOutput:
     view: list | None = None          # clocked step: ``running`` when it was scheduled
     view_loose: frozenset = frozenset()  # ids of the unclocked sequences among ``view``
     num_view_entries: int = 0         # entries that belong to ``view`` (the rest were admitted)
+    view_done: list | tuple = ()      # async scheduling: requests of ``view`` done in flight
 
     @property
     def num_seqs(self) -> int:
@@ -43,11 +44,16 @@ class StepOutput:
         if self.view is None:
             return self.entries
         listed = {id(s): n for s, n in self.entries[:self.num_view_entries]}
+        # not on the clock, or done in flight (async): no token of this step (one set to test,
+        # the synchronous one as it is)
+        skip = self.view_loose
+        if self.view_done:
+            skip = skip | {id(s) for s in self.view_done}
         full = []
         for seq in self.view:
             key = id(seq)
             if key in listed:
                 full.append((seq, listed[key]))
-            elif key not in self.view_loose:
+            elif key not in skip:
                 full.append((seq, 1))
         return full + self.entries[self.num_view_entries:]

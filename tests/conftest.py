@@ -16,3 +16,38 @@ def shared_traces() -> Path:
     if not SHARED_TRACES.is_dir():
         pytest.skip("../shared/traces is absent")
     return SHARED_TRACES
+
+
+@pytest.fixture
+def step_clock_trace():
+    """Build requests from (arrival step, prompt tokens, output tokens) rows, on the step clock
+    (ids 0, 1, ... in row order)."""
+    from kvsim.workloads import Request
+
+    def build(*rows):
+        out = []
+        for i, (step, prompt, output) in enumerate(rows):
+            r = Request(i, float(step), prompt, output)
+            r.arrival_step = step
+            out.append(r)
+        return out
+    return build
+
+
+@pytest.fixture
+def batched_equals_stepped():
+    """Replay requests with decode runs applied at once and with every step scheduled in detail;
+    assert the two give the same summary, time series and requests; return the batched Result."""
+    import pandas as pd
+
+    from kvsim.simulator import FixedStepCost, simulate
+
+    def check(reqs, cfg):
+        fast, slow = (simulate(iter(reqs), cfg, FixedStepCost(0.025), sample_interval_s=0.5,
+                               batch_decode_steps=b) for b in (True, False))
+        assert fast.summary_json(include_wall_clock=False) == \
+            slow.summary_json(include_wall_clock=False)
+        pd.testing.assert_frame_equal(fast.timeseries, slow.timeseries)
+        pd.testing.assert_frame_equal(fast.requests, slow.requests)
+        return fast
+    return check

@@ -223,6 +223,41 @@ def test_private_blocks_are_registered_only_on_preemption():
     a.check_invariants()
 
 
+def test_preempted_free_with_an_unhashed_last_block():
+    """vLLM's AsyncScheduler preempts a request whose last full block was completed by a decode
+    still in flight: that block has no hash yet, so it is freed like a partial block (front of
+    the free queue, not cached) and the re-admission cannot hit it."""
+    a = make(num_blocks=12)
+    own = SegmentKeys([(7, 16)], B, num_shareable_tokens=0)     # 4 private blocks
+    a.allocate(0, 16, own)
+    table = a.block_table(0)
+    a.free(0, preempted=True, num_hashed_tokens=15)
+    queue = a.pool.free_queue()
+    assert queue[0] == table[3]                          # unhashed: reused first
+    assert queue[-3:] == [table[2], table[1], table[0]]  # hashed: LRU tail, tail first
+    assert a.breakdown()["cached"] == 3 * B
+    assert a.lookup(own, 17) == 12                       # hits 3 blocks, not 4
+    a.check_invariants()
+    # without the argument every full block is hashed (the synchronous engine)
+    b = make(num_blocks=12)
+    b.allocate(0, 16, own)
+    b.free(0, preempted=True)
+    assert b.lookup(own, 17) == 16 and b.breakdown()["cached"] == 4 * B
+    # a prefix hit keeps its key whatever num_hashed_tokens says
+    c = make(num_blocks=12)
+    shared = SegmentKeys([(1, 8), (2, 16)], B, num_shareable_tokens=8)
+    c.allocate(0, 8, shared)
+    c.allocate(1, 13, shared)
+    assert c.num_cached_tokens(1) == 8
+    tail = c.block_table(1)[2:]
+    c.free(1, preempted=True, num_hashed_tokens=4)
+    assert c.lookup(shared, 13) == 8                     # the 2 hit blocks, not the third
+    assert c.pool.free_queue()[:2] == tail[::-1]         # partial tail, then the unhashed one
+    c.check_invariants()
+    with pytest.raises(ValueError, match="num_hashed_tokens"):
+        c.free(0, num_hashed_tokens=-1)
+
+
 def test_null_block_is_never_handed_out_and_usage_excludes_it():
     a = make(num_blocks=5, null_block=True)
     assert a.num_free_blocks == 4 and a.usage == 0.0

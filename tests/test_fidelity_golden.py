@@ -79,8 +79,11 @@ def test_kvsim_argv_maps_every_oracle_knob():
     for absent in ["--no-prefix-caching", "--watermark", "--long-prefill", "--no-full-prompt",
                    "--kv-groups"]:
         assert absent not in defaults
-    with pytest.raises(ValueError, match="async_scheduling"):
-        kvsim_argv("t.csv", {"num_gpu_blocks": 10, "async_scheduling": True}, "o")
+    assert "--async-scheduling" not in defaults
+    assert "--async-scheduling" in kvsim_argv("t.csv", {"num_gpu_blocks": 10,
+                                                        "async_scheduling": True}, "o")
+    with pytest.raises(ValueError, match="hash_algo"):
+        kvsim_argv("t.csv", {"num_gpu_blocks": 10, "hash_algo": "sha256"}, "o")
 
 
 def test_diff_reports_first_divergence(tmp_path):

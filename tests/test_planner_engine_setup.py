@@ -62,6 +62,45 @@ def test_batch_defaults_follow_the_gpu():
     assert (explicit.max_num_seqs, explicit.max_num_batched_tokens) == (8, 512)
 
 
+def test_async_scheduling_follows_vllm_unless_chosen(tmp_path):
+    """vLLM 0.33 turns AsyncScheduler on for generation on a GPU: kvsim does when the step time
+    comes from the GPU (roofline, measured table) for the paged v1 scheduler; with a fixed step
+    time (the step clock), a contiguous allocator or v0 the default is synchronous."""
+    table = tmp_path / "t.csv"
+    table.write_text("num_scheduled_tokens,step_s\n1,0.01\n1000,0.05\n")
+    assert build_engine(num_gpu_blocks=100).config.async_scheduling              # roofline
+    assert build_engine(num_gpu_blocks=100, cost_table=str(table)).config.async_scheduling
+    for kw in (dict(step_s=1.0), dict(step_s=0.02), dict(allocator="max"), dict(scheduler="v0")):
+        assert not build_engine(num_gpu_blocks=100, **kw).config.async_scheduling, kw
+    # the caller's choice wins either way
+    assert build_engine(num_gpu_blocks=100, step_s=1.0, async_scheduling=True).config.async_scheduling
+    assert not build_engine(num_gpu_blocks=100, async_scheduling=False).config.async_scheduling
+    assert build_engine(allocator="max", num_gpu_blocks=100,
+                        async_scheduling=True).config.async_scheduling
+    with pytest.raises(InputError, match="no async scheduling"):
+        build_engine(scheduler="v0", num_gpu_blocks=100, async_scheduling=True)
+
+
+def test_v0_takes_vllm_v0s_batch_defaults():
+    """vLLM 0.4's SchedulerConfig without chunked prefill: 256 sequences and a token budget of
+    max(max_model_len, 2048); v0's pool has no null block and a 1 % watermark."""
+    def v0(**kw):
+        return build_engine(scheduler="v0", num_gpu_blocks=100, step_s=0.01, **kw).config
+    assert (v0(max_model_len=1024).max_num_seqs, v0(max_model_len=1024).max_num_batched_tokens) \
+        == (256, 2048)
+    assert v0(max_model_len=4096).max_num_batched_tokens == 4096
+    assert v0(max_model_len=1024, max_num_batched_tokens=3000).max_num_batched_tokens == 3000
+    with pytest.raises(InputError, match="smaller than max_model_len"):
+        v0(max_model_len=4096, max_num_batched_tokens=3000)
+    # sized by the model: its context length sets the budget, and the pool is sized with it
+    setup = build_engine(scheduler="v0", model="Llama-3.1-8B", gpu="h100")
+    context = get_model("Llama-3.1-8B").max_position_embeddings
+    assert setup.config.max_num_batched_tokens == setup.config.max_model_len == context
+    assert setup.capacity.max_num_batched_tokens == context
+    assert (setup.config.null_block, setup.config.watermark) == (False, 0.01)
+    assert setup.config.num_blocks == setup.capacity.num_gpu_blocks
+
+
 def test_step_time_models_in_order(tmp_path):
     assert build_engine(num_gpu_blocks=100, step_s=1.0).cost == FixedStepCost(1.0)
     table = tmp_path / "t.csv"

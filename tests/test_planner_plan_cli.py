@@ -96,3 +96,20 @@ def test_contiguous_allocators_get_the_paged_pools_usable_memory():
     # vLLM's null block is not usable, so the contiguous pool gets (N - 1) blocks' worth of tokens
     assert contiguous["config.engine.capacity_tokens"] == (contiguous["num_gpu_blocks"] - 1) * 16
     assert resolve_metric(contiguous, "mean_running") < resolve_metric(paged, "mean_running")
+
+
+def test_scheduling_modes_sweep_through_the_real_simulator():
+    """Each point's mode reaches the engine and its result; v0 with async is an impossible
+    point (an error row), not a failure of the sweep."""
+    rows = run_sweep(expand_grid({"scheduler": ["v1", "v0"], "async_scheduling": [True, False]}),
+                     PlanBase(workload=WORKLOAD, gpu_memory_utilization=0.25, max_model_len=4096))
+    v1_async, v1_sync, v0_async, v0_sync = rows
+    assert v1_async["config.engine.async_scheduling"] is True
+    assert "config.engine.async_scheduling" not in v1_sync or \
+        not v1_sync["config.engine.async_scheduling"]
+    assert "no async scheduling" in v0_async["error"]
+    assert v0_sync["config.engine.scheduler"] == "v0"
+    # v0 sizes its pool for its own default budget (max_model_len tokens, not 8192)
+    assert v0_sync["config.engine.max_num_batched_tokens"] == 4096
+    for row in (v1_async, v1_sync, v0_sync):
+        assert row["requests_finished"] == 300

@@ -20,6 +20,13 @@ def test_parse_sweep_types_values_per_key():
                     "enable_prefix_caching": [True, False]}
 
 
+def test_scheduling_modes_are_sweepable():
+    axes = parse_sweep(["scheduler=v1,v0", "async_scheduling=on,false"])
+    assert axes == {"scheduler": ["v1", "v0"], "async_scheduling": [True, False]}
+    assert sweep.ENGINE_KEYS["scheduler"] == "scheduler"
+    assert sweep.ENGINE_KEYS["async_scheduling"] == "async_scheduling"
+
+
 @pytest.mark.parametrize("spec,match", [
     ("block_size", r"expected KEY=V1,V2"),
     ("blocksize=8", r"unknown key 'blocksize'; sweepable: model, gpu"),

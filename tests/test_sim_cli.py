@@ -56,6 +56,57 @@ def test_compare_table_and_json(tmp_path, capsys):
         data["paged"]["memory_breakdown"]["internal_fragmentation"]
 
 
+@pytest.mark.parametrize("flags,mode", [
+    ([], "v1 async"),                                       # roofline: vLLM on a GPU
+    (["--no-async-scheduling"], "v1 sync"),
+    (["--step-clock"], "v1 sync"),                          # the step clock: the flag chooses
+    (["--step-clock", "--async-scheduling"], "v1 async"),
+    (["--scheduler", "v0"], "v0"),
+])
+def test_replay_records_the_scheduling_mode(tmp_path, flags, mode):
+    out = tmp_path / "r.json"
+    assert _main(["replay", "sharegpt:rate=4,n=30,seed=1", "--num-blocks", "200",
+                  "--max-model-len", "2048", *flags, "--out", str(out), "--quiet"]) == 0
+    engine = json.loads(out.read_text())["config"]["engine"]
+    assert engine.get("async_scheduling", False) is (mode == "v1 async")
+    assert engine.get("scheduler", "v1") == mode[:2]
+    # a synchronous v1 result keeps the keys it had before the modes existed
+    assert ("async_scheduling" in engine or "scheduler" in engine) is (mode != "v1 sync")
+
+
+def test_compare_runs_every_column_in_one_scheduling_mode(tmp_path, capsys):
+    """vLLM's default for its paged engine (async on a GPU) applies to the contiguous columns
+    too, so that the columns differ by their allocator only; the table names the mode."""
+    out = tmp_path / "c.json"
+    base = ["compare", "sharegpt:rate=5,n=30,seed=2", "--allocators", "paged,max",
+            "--num-blocks", "400", "--max-model-len", "4096", "--json", str(out), "--quiet"]
+    for flags, is_async in (([], True), (["--no-async-scheduling"], False),
+                            (["--step-s", "0.02"], False), (["--step-s", "0.02", "--async-scheduling"], True)):
+        assert _main(base + flags) == 0
+        table = capsys.readouterr().out
+        data = json.loads(out.read_text())
+        assert [data[c]["config"]["engine"].get("async_scheduling", False) for c in data] == \
+            [is_async, is_async], flags
+        first = table.splitlines()[1].split()
+        assert (first == ["scheduling", "v1", "async", "v1", "async"]) is is_async, table
+        assert table.count("scheduling") == int(is_async)
+
+
+def test_the_scheduler_flags_refuse_what_vllm_v0_cannot_do(tmp_path, capsys):
+    base = ["replay", "sharegpt:rate=4,n=10,seed=1", "--num-blocks", "200", "--max-model-len",
+            "2048", "--scheduler", "v0", "--out", str(tmp_path / "o.json"), "--quiet"]
+    for flags, match in ((["--async-scheduling"], "no async scheduling"),
+                         (["--allocator", "max"], "paged"),
+                         (["--max-num-batched-tokens", "1024"], "smaller than max_model_len"),
+                         (["--long-prefill-token-threshold", "64"], "does not chunk")):
+        assert _main(base + flags) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and match in err[0], err
+    assert not (tmp_path / "o.json").exists()
+    with pytest.raises(SystemExit):
+        _main(base[:-5] + ["--scheduler", "v2"])
+
+
 @pytest.mark.parametrize("argv", [
     ["replay", "sharegpt:n=5,rate=1", "--out", "x.json", "--num-blocks", "50", "--allocator", "x"],
     ["replay", "sharegpt:n=5,rate=1", "--out", "x.json", "--num-blocks", "0"],

@@ -149,6 +149,18 @@ def test_a_hybrid_preset_brings_its_groups_and_vllm_block_size():
         build_engine(model="gpt-oss-120b", gpu="h200", kv_cache_groups="sliding:128,full")
 
 
+def test_groups_run_on_the_synchronous_scheduler():
+    # vLLM's GPU default (async) applies to full attention; a hybrid model stays synchronous
+    hybrid = build_engine(model="gpt-oss-120b", gpu="h200", max_model_len=32768)
+    flat = build_engine(model="gpt-oss-120b", gpu="h200", max_model_len=32768,
+                        disable_hybrid_kv_cache_manager=True)
+    assert not hybrid.config.async_scheduling and flat.config.async_scheduling
+    assert "async_scheduling" not in hybrid.config.as_dict()
+    for bad in (dict(async_scheduling=True), dict(scheduler="v0")):
+        with pytest.raises(InputError, match="synchronous scheduler only"):
+            build_engine(model="gpt-oss-120b", gpu="h200", max_model_len=32768, **bad)
+
+
 def test_weight_dtype_reprices_the_weights():
     fp8 = build_engine(model="DeepSeek-V3", gpu="h200", tensor_parallel_size=8,
                        max_model_len=32768).capacity

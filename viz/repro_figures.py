@@ -10,9 +10,14 @@ from typing import Any
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+# the paper's systems; "vllm" runs vLLM v0's scheduler, the paper's engine
 SYSTEMS = ("orca_max", "orca_pow2", "orca_oracle", "vllm")
+# vLLM with kvsim's v1 scheduler (vLLM 0.33's), shown as an extra row next to the paper's vLLM
+V1_SYSTEM = "vllm_v1"
+REPORT_SYSTEMS = SYSTEMS + (V1_SYSTEM,)
 SYSTEM_LABELS = {"orca_max": "Orca (Max)", "orca_pow2": "Orca (Pow2)",
-                 "orca_oracle": "Orca (Oracle)", "vllm": "vLLM"}
+                 "orca_oracle": "Orca (Oracle)", "vllm": "vLLM",
+                 V1_SYSTEM: "vLLM, v1 scheduler"}
 FIG2_CLASSES = ("token_states", "reservation", "internal_fragmentation", "external_and_other")
 FIG2_LABELS = {"token_states": "Token states", "reservation": "Reservation",
                "internal_fragmentation": "Internal frag.",
@@ -22,7 +27,12 @@ FIG2_COLORS = {"token_states": "#2e7d32", "reservation": "#f9a825",
                "internal_fragmentation": "#c62828", "external_and_other": "#8e8e8e"}
 SOURCE_COLORS = {"paper": "#90a4ae", "kvsim": "#1565c0"}
 SYSTEM_COLORS = {"orca_max": "#c62828", "orca_pow2": "#f9a825", "orca_oracle": "#2e7d32",
-                 "vllm": "#1565c0"}
+                 "vllm": "#1565c0", V1_SYSTEM: "#6a1b9a"}
+
+
+def report_systems(by_system: dict[str, Any]) -> list[str]:
+    """The systems a results table has, in report order (the v1 row only where it was run)."""
+    return [s for s in REPORT_SYSTEMS if s in by_system]
 
 
 def fig2_breakdown(results: dict[str, Any], key: str = "fig2",
@@ -36,7 +46,7 @@ def fig2_breakdown(results: dict[str, Any], key: str = "fig2",
     """
     paper = results["paper"]["fig2"]
     rows = []
-    for s in SYSTEMS:
+    for s in report_systems(results[key]):
         rows.append((f"{SYSTEM_LABELS[s]} - paper", paper[s]))
         rows.append((f"{SYSTEM_LABELS[s]} - kvsim", results[key][s]))
     labels = [r[0] for r in rows][::-1]
@@ -69,11 +79,12 @@ def fig13_concurrency(results: dict[str, Any]) -> go.Figure:
     titles = {"sharegpt": "ShareGPT-like", "alpaca": "Alpaca-like",
               "sharegpt_real": "real ShareGPT lengths"}
     fig = make_subplots(rows=1, cols=len(workloads), subplot_titles=[titles[w] for w in workloads])
-    x = [SYSTEM_LABELS[s] for s in SYSTEMS]
     for i, w in enumerate(workloads, start=1):
+        systems = report_systems(results["fig13"][w])
         paper = results["paper"]["fig13"].get(w)
-        _paper_and_kvsim_bars(fig, i, x, [paper[s] for s in SYSTEMS] if paper else None,
-                              [results["fig13"][w][s] for s in SYSTEMS], "{:.2f}")
+        _paper_and_kvsim_bars(fig, i, [SYSTEM_LABELS[s] for s in systems],
+                              [paper[s] for s in systems] if paper else None,
+                              [results["fig13"][w][s] for s in systems], "{:.2f}")
     fig.update_layout(barmode="group", title="Fig. 13: average number of batched requests",
                       height=420, yaxis_title="requests", margin=dict(t=80))
     return fig
@@ -121,7 +132,8 @@ def step_time_sensitivity(results: dict[str, Any]) -> go.Figure | None:
     fig = make_subplots(rows=1, cols=len(workloads),
                         subplot_titles=[f"{w}: batched requests" for w in workloads])
     for i, w in enumerate(workloads, start=1):
-        for s in ("orca_pow2", "orca_oracle", "vllm"):
+        for s in [s for s in ("orca_pow2", "orca_oracle", "vllm", V1_SYSTEM)
+                  if any(s in table[k].get(w, {}) for k in scales)]:
             color = SYSTEM_COLORS[s]
             ys = [table[k].get(w, {}).get(s, {}).get("mean_running") for k in scales]
             fig.add_scatter(x=[float(k) for k in scales], y=ys, mode="lines+markers",

@@ -4,7 +4,9 @@
     kvsim compare TRACE --allocators paged --prefix-caching on,off     # what prefix caching saves
 
 Every allocator gets the same usable memory and the same scheduler settings (the flags are
-``kvsim replay``'s, kvsim.cli.options); the table shows the time-averaged memory breakdown, batch
+``kvsim replay``'s, kvsim.cli.options), the scheduling mode included: ``--async-scheduling`` or,
+left out, vLLM's default for its paged engine (async when the step time comes from the GPU) for
+every column, so that a column differs from another by its allocator only; the table shows the time-averaged memory breakdown, batch
 size, preemptions, throughput and latency percentiles, and which runs are overloaded
 (simulator.overload: their latencies measure the queue).
 """
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from kvsim.cli import options
 from kvsim.cli.replay import add_replay_args, run_one
 from kvsim.cli.table import format_table
 from kvsim.errors import InputError
@@ -106,6 +109,7 @@ def run(args) -> int:
 
     from kvsim.cli.outputs import write_files
     from kvsim.cli.replay import overload_message
+    from kvsim.planner.engine_setup import default_async_scheduling
     from kvsim.simulator.result import json_text, prepare_output
 
     names = parse_allocators(args.allocators)
@@ -113,6 +117,9 @@ def run(args) -> int:
     if prefix is not None and args.no_prefix_caching:
         raise InputError("give --prefix-caching or --no-prefix-caching, not both")
     cols = columns(names, prefix)
+    if args.async_scheduling is None:   # one mode for every column (the paged engine's default)
+        args.async_scheduling = default_async_scheduling(options.step_s_from_args(args),
+                                                         scheduler=args.scheduler)
     if args.json:
         prepare_output(args.json)
     summaries, overloaded = {}, {}

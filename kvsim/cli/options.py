@@ -30,7 +30,7 @@ from kvsim.planner.engine_setup import DEFAULT_GPU, DEFAULT_MODEL
 from kvsim.planner.presets import GPU_PRESETS, MODEL_PRESETS, custom_gpu, load_hf_config
 from kvsim.planner.specs import GIB
 from kvsim.planner.weights import WEIGHT_DTYPES
-from kvsim.simulator.config import ALLOCATORS, PLACEMENTS, ROUTERS, EngineConfig
+from kvsim.simulator.config import ALLOCATORS, PLACEMENTS, ROUTERS, SCHEDULERS, EngineConfig
 
 # replay's batch limits: EngineConfig's defaults, 256 and 8192 (capacity and plan use vLLM's
 # per-GPU ones)
@@ -177,10 +177,20 @@ def add_scheduler_args(p: argparse.ArgumentParser, *, batch_defaults: tuple[int,
                    help="contiguous allocators: arena placement (default buddy)")
     seqs, tokens = batch_defaults if batch_defaults else (None, None)
     gpu_default = "default: vLLM's for the GPU"
+    g.add_argument("--scheduler", choices=SCHEDULERS, default="v1",
+                   help="v1: vLLM 0.33's scheduler (default); v0: vLLM 0.2-0.5 with chunked "
+                        "prefill off (prompt-only steps, then decodes; no prefix caching, "
+                        "watermark 0.01, max_num_batched_tokens default max(max_model_len, 2048))")
+    g.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
+                   help="vLLM's AsyncScheduler, two batches in flight (default: on when the step "
+                        "time comes from the GPU, i.e. the roofline or --cost-table, for the paged "
+                        "v1 scheduler, as vLLM on a GPU; off with --step-clock or --step-s)")
     g.add_argument("--max-num-seqs", type=positive_int, default=seqs, metavar="N",
                    help=f"most requests running at once ({gpu_default if seqs is None else f'default {seqs}'})")
-    g.add_argument("--max-num-batched-tokens", type=positive_int, default=tokens, metavar="TOKENS",
+    # the command's default is applied in engine_kwargs: v0 has its own (vLLM v0's)
+    g.add_argument("--max-num-batched-tokens", type=positive_int, metavar="TOKENS",
                    help=f"token budget of one step ({gpu_default if tokens is None else f'default {tokens}'})")
+    p.set_defaults(default_max_num_batched_tokens=tokens)
     g.add_argument("--max-model-len", type=positive_int, metavar="TOKENS",
                    help="longest request, prompt + output (default: the model's context length "
                         "when the model sizes the pool, else 8192)")
@@ -226,6 +236,10 @@ def engine_kwargs(args, **overrides) -> dict:
             pool size, the allocator and the step-time flags are optional).
         overrides: build_engine arguments that win (``compare`` sets the allocator per column).
     """
+    scheduler = getattr(args, "scheduler", "v1")
+    max_num_batched_tokens = args.max_num_batched_tokens
+    if max_num_batched_tokens is None and scheduler == "v1":
+        max_num_batched_tokens = args.default_max_num_batched_tokens
     kwargs = dict(
         model=model_from_args(args), gpu=gpu_from_args(args), tensor_parallel_size=args.tp,
         kv_cache_dtype=args.kv_dtype, weight_dtype=args.weight_dtype,
@@ -236,10 +250,11 @@ def engine_kwargs(args, **overrides) -> dict:
         kv_cache_groups=getattr(args, "kv_groups", None) or (),
         disable_hybrid_kv_cache_manager=args.disable_hybrid_kv_cache_manager,
         max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens,
+        max_num_batched_tokens=max_num_batched_tokens,
         enable_prefix_caching=not args.no_prefix_caching,
         long_prefill_token_threshold=args.long_prefill_token_threshold,
         scheduler_reserve_full_isl=not args.no_full_prompt_admission, watermark=args.watermark,
+        scheduler=scheduler, async_scheduling=getattr(args, "async_scheduling", None),
         step_s=step_s_from_args(args), cost_table=getattr(args, "cost_table", None))
     kwargs.update(overrides)
     return kwargs

@@ -34,6 +34,11 @@ def plan_base(args):
     engine.update(enable_prefix_caching=not args.no_prefix_caching, placement=args.placement,
                   long_prefill_token_threshold=args.long_prefill_token_threshold,
                   full_prompt_admission=not args.no_full_prompt_admission, watermark=args.watermark)
+    # the scheduling mode only when chosen: the default follows vLLM (build_engine)
+    if args.scheduler != "v1":
+        engine["scheduler"] = args.scheduler
+    if args.async_scheduling is not None:
+        engine["async_scheduling"] = args.async_scheduling
     hf_config, model = (options.hf_config_source(args.hf_config) if args.hf_config
                         else (None, args.model))
     return PlanBase(workload=args.workload, model=model, hf_config=hf_config,

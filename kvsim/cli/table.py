@@ -31,6 +31,17 @@ ROWS = (
     ("E2E p99 (s)", lambda s: s["e2e_s"]["p99"], None),
     ("wall clock (s)", lambda s: s["wall_clock_s"], None),
 )
+
+
+def scheduling(summary: dict) -> str:
+    """The scheduling mode a run used: "v1 sync" (vLLM 0.33's Scheduler), "v1 async"
+    (AsyncScheduler, two batches in flight) or "v0" (vLLM 0.2-0.5's prompt-only steps)."""
+    engine = summary["config"]["engine"]
+    if engine.get("scheduler") == "v0":
+        return "v0"
+    return "v1 async" if engine.get("async_scheduling") else "v1 sync"
+
+
 def _fmt(value) -> str:
     if value is None:
         return "-"
@@ -40,12 +51,16 @@ def _fmt(value) -> str:
 
 
 def format_table(summaries: dict[str, dict], overloaded: dict[str, bool] | None = None) -> str:
-    """Plain-text table: one column per run (shares of the pool in %); with ``overloaded``, a
-    last row saying which runs are (simulator.overload)."""
+    """Plain-text table: one column per run (shares of the pool in %); a first row with the
+    scheduling mode when a run is not synchronous v1; with ``overloaded``, a last row saying
+    which runs are (simulator.overload)."""
     names = list(summaries)
     rows = [(label, [fmt(get(summaries[n])) if fmt else _fmt(get(summaries[n])) for n in names])
             for label, get, fmt in ROWS]
     rows = [(label, [v if v is not None else "-" for v in values]) for label, values in rows]
+    modes = [scheduling(summaries[n]) for n in names]
+    if any(m != "v1 sync" for m in modes):   # the synchronous tables keep their rows
+        rows.insert(0, ("scheduling", modes))
     if overloaded is not None:
         rows.append(("overloaded", ["yes" if overloaded[n] else "no" for n in names]))
     width = max(len(label) for label, _ in rows)
