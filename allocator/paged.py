@@ -140,7 +140,8 @@ class PagedAllocator(PoolQueries):
     # ---- operations ------------------------------------------------------------------------
     def allocate(self, seq_id: Hashable, num_tokens: int,
                  block_hashes: Sequence[int] | None = None,
-                 num_reserve_tokens: int | None = None) -> bool:
+                 num_reserve_tokens: int | None = None,
+                 delay_cache_blocks: bool = False) -> bool:
         """Admit a new sequence with slots for ``num_tokens`` tokens.
 
         Args:
@@ -153,6 +154,8 @@ class PagedAllocator(PoolQueries):
                 full-prompt admission); only ``num_tokens`` are allocated. The prefix-cache
                 query counters count max(num_tokens, num_reserve_tokens), the request's length
                 as vLLM counts it.
+            delay_cache_blocks: register no block yet (vLLM's ``delay_cache_blocks``: the KV of
+                the blocks past the hits arrives by a transfer); ``cache_blocks`` does it later.
         Returns:
             False, with nothing changed, if the free blocks do not suffice.
         """
@@ -185,8 +188,14 @@ class PagedAllocator(PoolQueries):
         seq = _Seq(table, num_tokens, num_hit_tokens, block_hashes,
                    *self._count_keys(block_hashes), len(hits), len(hits))
         self._seqs[seq_id] = seq
-        self._register_full_blocks(seq)
+        if not delay_cache_blocks:
+            self._register_full_blocks(seq)
         return True
+
+    def cache_blocks(self, seq_id: Hashable) -> None:
+        """Register the full blocks of a sequence allocated with ``delay_cache_blocks`` (vLLM's
+        ``cache_blocks`` once a KV transfer has filled them)."""
+        self._register_full_blocks(self._seq(seq_id))
 
     def append(self, seq_id: Hashable, num_tokens: int = 1) -> bool:
         """Grow a sequence by ``num_tokens`` (may cross several blocks).

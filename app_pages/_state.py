@@ -82,6 +82,8 @@ resolve_model = st.cache_data(max_entries=16, show_spinner=False)(planning.resol
 capacity_sweep = st.cache_data(max_entries=32, show_spinner=False)(planning.capacity_sweep)
 simulated_sweep = st.cache_data(max_entries=16, show_spinner="Simulating the sweep…")(
     planning.simulated_sweep)
+cache_curve = st.cache_data(max_entries=8, show_spinner="Computing the hit-rate curves…")(
+    planning.cache_curve)
 
 
 @st.cache_data(max_entries=16, show_spinner="Running the Triton kernels…")

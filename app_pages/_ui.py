@@ -18,7 +18,7 @@ def scenario_sidebar() -> Scenario | None:
     """Draw the workload and allocator pickers; returns the scenario, or None after st.error."""
     S.defaults(k_max_requests=120, k_all_requests=False, k_rate=2.0, k_max_model_len=4096,
                k_alloc_a="paged", k_alloc_b="max", k_capacity=8192, k_block_size=16,
-               k_prefix=True, k_prefix_b=True, k_spec=DEFAULT_WORKLOAD)
+               k_prefix=True, k_prefix_b=True, k_spec=DEFAULT_WORKLOAD, k_cpu_offload=0.0)
     sb = st.sidebar
     sb.header("Scenario")
     sources = ["built-in synthetic"]
@@ -86,10 +86,15 @@ def scenario_sidebar() -> Scenario | None:
                        help="Paged allocator only. The same allocator on both sides with prefix "
                             "caching on and off shows what prefix caching saves.")
     prefix_b = sb.toggle("Prefix caching, right (paged)", key="k_prefix_b")
+    cpu_gib = sb.select_slider("CPU offload tier (GiB, paged side)", [0.0, 0.25, 0.5, 1.0, 2.0, 4.0],
+                               key="k_cpu_offload",
+                               help="vLLM's native CPU offloading below a paged pool with prefix "
+                                    "caching: prompts are written through to CPU DRAM and "
+                                    "loaded back on a hit (Llama-3.1-8B blocks, PCIe 5.0).")
     return Scenario(workload=workload, allocators=(a, b), placement=placement,
                     block_size=block_size, capacity_tokens=capacity,
                     max_model_len=max_model_len, enable_prefix_caching=(prefix, prefix_b),
-                    frame_s=st.session_state.get("k_frame_s") or None)
+                    frame_s=st.session_state.get("k_frame_s") or None, cpu_offload_gib=cpu_gib)
 
 
 def load_runs(scenario: Scenario | None):

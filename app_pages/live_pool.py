@@ -4,8 +4,9 @@ import streamlit as st
 from kvsim.app_pages import _state as S
 from kvsim.app_pages import _ui
 from kvsim.app_pages._player import live_player
-from kvsim.dashboard.comparison import ALLOCATOR_NOTES
-from kvsim.dashboard.playback import FRAME_STEPS_S, with_start_frame
+from kvsim.dashboard.comparison import ALLOCATOR_NOTES, tier_rows
+from kvsim.dashboard.playback import FRAME_STEPS_S, sample_at, with_start_frame
+from kvsim.viz.tiers import tier_occupancy_figure
 
 st.title("Live KV-cache pool")
 st.caption(
@@ -34,3 +35,11 @@ times = runs[0].playback.times_s
 S.follow_player(runs[0].frame_times_s, times)
 start = S.player_start_frame(scenario, len(times))
 live_player(with_start_frame(S.live_payload(scenario), start), key="live_player")
+if any("offload" in r.summary for r in runs):   # the tiers below the pools, where play stopped
+    t_s = float(times[start])
+    st.caption("Offload tiers below each paged pool, at the moment the player last stopped "
+               "(pause to update): GPU pool held and cached, chunks stored in each tier.")
+    for col, (side, run) in zip(st.columns(2), enumerate(runs)):
+        if "offload" in run.summary:
+            col.plotly_chart(tier_occupancy_figure(tier_rows(run, sample_at(run.timeseries, t_s))),
+                             key=f"live_tiers_{side}", config={"displayModeBar": False})

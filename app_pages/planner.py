@@ -10,6 +10,7 @@ from kvsim.dashboard.planning import (SIM_SWEEP_METRICS, SIM_SWEEPS, SWEEP_COLUM
 from kvsim.dashboard.sources import MAX_UPLOAD_MB, user_message
 from kvsim.planner.capacity import DEFAULT_GPU_MEMORY_UTILIZATION
 from kvsim.planner.presets import GPU_PRESETS, MODEL_PRESETS
+from kvsim.viz.cache_curve import cache_curve_figure
 from kvsim.viz.capacity import gpu_memory_figure
 from kvsim.viz.plan_figures import sweep_metric_figure
 from kvsim.viz.style import color_allocator_traces
@@ -107,3 +108,26 @@ if simulate and scenario is not None:
                                f"{r['allocator']}, {sim_param} = {r[sim_param]}" for _, r in over.iterrows()))
         for _, row in table[table["error"].notna()].iterrows():
             st.error(f"{row['allocator']}, {sim_param} = {row[sim_param]}: {row['error']}")
+
+st.subheader("Hit rate by cache size")
+st.caption("The prefix-cache hit rate of the sidebar's workload for every cache size (LRU, one "
+           "pass over its block keys) and the best any eviction policy could reach (MIN), with "
+           "this model's GPU pool on this GPU marked. A CPU tier shows the curve of what vLLM "
+           "offloads (prompts), and the target asks for the smallest GPU + CPU cache.")
+S.defaults(k_plan_curve_on=False, k_plan_curve_cpu=0.0, k_plan_curve_target=0.3)
+if st.toggle("Compute the curves", key="k_plan_curve_on"):
+    c = st.columns(2)
+    cpu_gib = c[0].number_input("CPU offload tier (GiB)", 0.0, 4096.0, step=16.0,
+                                key="k_plan_curve_cpu")
+    target = c[1].slider("Target hit rate", 0.01, 1.0, step=0.01, key="k_plan_curve_target")
+    if scenario is not None:
+        try:
+            curve = S.cache_curve(scenario.workload, model, gpu, tuple(sorted(kwargs.items())),
+                                  cpu_gib, target)
+        except ValueError as err:   # a bad trace or configuration
+            st.error(user_message(err, scenario.workload))
+            curve = None
+        if curve is not None:
+            st.plotly_chart(cache_curve_figure(curve.table, x="cache_gib", marks=curve.marks),
+                            key="plan_curve")
+            st.markdown("\n".join(f"- {line}" for line in curve.lines))

@@ -128,6 +128,15 @@ CASES: dict[str, tuple[list[str], tuple[Path, ...]]] = {
                               *REPLAY_OUTS], (AZURE,)),
     "capacity-hybrid": (["capacity", "--model", "Gemma-3-27B", "--gpu", "h200", "--json",
                          *SYNC], ()),
+    # issue 18: CPU + disk offload tiers below a tight pool, and the one-pass hit-rate curves
+    "offload-cpu-disk": (["replay", "sharegpt:rate=2,system=512,turns=uniform(1,6),think_s=20,n=300,"
+                          "seed=4", "--num-blocks", "600", "--cpu-offload-gib", "1",
+                          "--disk-offload-gib", "4", "--disk-bandwidth-gbps", "5",
+                          "--disk-latency-ms", "1", *REPLAY_OUTS], ()),
+    "cache-curve": (["cache-curve", "sharegpt:rate=2,system=512,turns=uniform(1,6),n=400,seed=4",
+                     "--model", "Llama-3.1-8B", "--gpu", "h100", "--min-sizes", "12",
+                     "--cpu-offload-gib", "2", "--target-hit-rate", "0.4",
+                     "--csv", "{out}/curve.csv", "--html", "{out}/curve.html"], ()),
 }
 # what differs between two runs of the same command by design
 _MASKS = [

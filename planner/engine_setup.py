@@ -42,6 +42,15 @@ roofline or a measured ``cost_table``) for the paged v1 scheduler, off with a fi
 defaults apply with ``scheduler="v0"``: max_num_seqs 256 and max_num_batched_tokens
 max(max_model_len, 2048) when left None (vLLM 0.4 ``SchedulerConfig``).
 
+Offload tiers (docs/OFFLOAD.md): ``cpu_offload_gib`` (vLLM's ``--kv-offloading-size``, the total
+over tensor-parallel ranks; 0 is no tier) with the host link's ``offload_bandwidth_gbps`` (default: the GPU
+preset's PCIe link, planner.tiers), and behind it optionally ``disk_offload_gib`` with
+``disk_bandwidth_gbps`` and ``disk_latency_ms``. ``EngineSetup.offload`` then holds the tiers the
+simulator takes (``simulate(..., offload=setup.offload)``); chunks are one GPU block on every
+rank (an MLA latent once, as vLLM's replicated layout). The tiers run on the synchronous v1
+scheduler with one KV-cache group (OffloadScheduler): ``async_scheduling`` None is off with
+tiers; async, v0 or KV-cache groups with tiers are an InputError.
+
 Defaults a caller leaves as None: model and GPU (``DEFAULT_MODEL`` on ``DEFAULT_GPU``, resolved
 only when sizing or the roofline needs them; a name given is always resolved, so a typo is an
 error even when unused), max_num_seqs / max_num_batched_tokens (vLLM's ``vllm serve`` defaults
@@ -60,9 +69,11 @@ from kvsim.planner.capacity import (DEFAULT_BLOCK_SIZE, DEFAULT_GPU_MEMORY_UTILI
 from kvsim.planner.presets import get_gpu, get_model
 from kvsim.planner.roofline import DEFAULT_STEP_OVERHEAD_S, RooflineCost
 from kvsim.planner.specs import GpuSpec, ModelSpec
+from kvsim.planner.tiers import block_bytes, build_tiers
 from kvsim.planner.weights import serve_weights_as
 from kvsim.simulator.config import EngineConfig, parse_kv_groups
 from kvsim.simulator.cost import CostModel, FixedStepCost, ScaledCost
+from kvsim.simulator.offload import TierConfig
 
 DEFAULT_MODEL = "Llama-3.1-8B"
 DEFAULT_GPU = "H100-80GB-SXM"
@@ -88,6 +99,7 @@ class EngineSetup:
     cost: the step-cost model (simulator.cost.CostModel).
     capacity: vLLM's sizing report when model and GPU sized the pool, else None.
     model, gpu: the specs used (resolved when named, needed for sizing or the roofline), or None.
+    offload: the offload tiers (simulator.offload.TierConfig), () without.
     """
 
     config: EngineConfig
@@ -95,6 +107,7 @@ class EngineSetup:
     capacity: CapacityReport | None = None
     model: ModelSpec | None = None
     gpu: GpuSpec | None = None
+    offload: tuple[TierConfig, ...] = ()
 
 
 def _resolve(value, resolve):
@@ -136,7 +149,13 @@ def build_engine(*,
                  step_overhead_s: float = DEFAULT_STEP_OVERHEAD_S,
                  bandwidth_efficiency: float = 1.0,
                  flops_efficiency: float = 1.0,
-                 step_time_scale: float = 1.0) -> EngineSetup:
+                 step_time_scale: float = 1.0,
+                 # offload tiers below the GPU pool
+                 cpu_offload_gib: float | None = None,
+                 offload_bandwidth_gbps: float | None = None,
+                 disk_offload_gib: float | None = None,
+                 disk_bandwidth_gbps: float | None = None,
+                 disk_latency_ms: float | None = None) -> EngineSetup:
     """Turn a model, a GPU and serving settings into an EngineConfig and a cost model.
 
     Args:
@@ -177,8 +196,10 @@ def build_engine(*,
             profile`` table, or the older TableCost columns).
         step_overhead_s, bandwidth_efficiency, flops_efficiency: roofline parameters.
         step_time_scale: multiplies every step time (sensitivity checks).
+        cpu_offload_gib, offload_bandwidth_gbps, disk_offload_gib, disk_bandwidth_gbps,
+            disk_latency_ms: offload tiers (module doc); None: no tier.
     Returns:
-        EngineSetup(config, cost, capacity, model, gpu).
+        EngineSetup(config, cost, capacity, model, gpu, offload).
     Raises:
         InputError: an unknown preset, an impossible configuration (capacity, EngineConfig,
             cost model), a cost table that cannot be read; the message carries the numbers.
@@ -198,11 +219,16 @@ def build_engine(*,
         raise InputError("kv_cache_groups go with a pool given in blocks or tokens (a model that "
                          "sizes the pool brings its own groups)", field="kv_groups")
     roofline = step_s is None and cost_table is None
-    if sized or roofline:
+    if cpu_offload_gib == 0:
+        # 0 GiB is "no CPU tier" (a sweep's baseline point): the other tier flags do not apply
+        cpu_offload_gib = offload_bandwidth_gbps = disk_offload_gib = None
+        disk_bandwidth_gbps = disk_latency_ms = None
+    offloaded = cpu_offload_gib is not None
+    if sized or roofline or offloaded:      # the tiers' chunk size is the model's block
         model_spec = model_spec or get_model(DEFAULT_MODEL)
     if model_spec is not None:
         model_spec = serve_weights_as(model_spec, weight_dtype)
-    if sized or roofline or max_num_seqs is None or max_num_batched_tokens is None:
+    if sized or roofline or offloaded or max_num_seqs is None or max_num_batched_tokens is None:
         gpu_spec = gpu_spec or get_gpu(DEFAULT_GPU)
     v0_tokens = scheduler == "v0" and max_num_batched_tokens is None
     if scheduler == "v0":
@@ -260,10 +286,10 @@ def build_engine(*,
         max_num_batched_tokens = max_model_len
     paged = allocator == "paged"
     if async_scheduling is None:
-        # KV-cache groups: HybridScheduler is synchronous (vLLM's async mode with groups is not
-        # modelled), so a hybrid model follows the synchronous scheduler
+        # KV-cache groups and offload tiers: HybridScheduler and OffloadScheduler are synchronous
+        # (vLLM's async mode with them is not modelled), so they follow the synchronous scheduler
         async_scheduling = default_async_scheduling(step_s, allocator, scheduler) and \
-            not kv_cache_groups
+            not kv_cache_groups and not offloaded
     # the one null-block rule: a contiguous pool gets the paged pool's usable blocks
     usable_blocks = num_gpu_blocks - int(null_block)
     config = EngineConfig(
@@ -291,5 +317,30 @@ def build_engine(*,
                             flops_efficiency=flops_efficiency)
     if step_time_scale != 1.0:
         cost = ScaledCost(cost, step_time_scale)
-    return EngineSetup(config=config, cost=cost, capacity=report, model=model_spec, gpu=gpu_spec)
+    offload = _offload_tiers(
+        model_spec, gpu_spec, tensor_parallel_size, kv_cache_dtype, block_size,
+        cpu_offload_gib=cpu_offload_gib, offload_bandwidth_gbps=offload_bandwidth_gbps,
+        disk_offload_gib=disk_offload_gib, disk_bandwidth_gbps=disk_bandwidth_gbps,
+        disk_latency_ms=disk_latency_ms)
+    if offload and not (paged and enable_prefix_caching):
+        raise InputError("needs the paged allocator with prefix caching",
+                         field="--cpu-offload-gib")
+    if offload and (async_scheduling or scheduler != "v1" or kv_cache_groups):
+        raise InputError("offload tiers are modelled with vLLM v1's synchronous scheduler and "
+                         "one KV-cache group only: --no-async-scheduling, --scheduler v1, no "
+                         "KV-cache groups (--disable-hybrid-kv-cache-manager)",
+                         field="--cpu-offload-gib")
+    return EngineSetup(config=config, cost=cost, capacity=report, model=model_spec, gpu=gpu_spec,
+                       offload=offload)
+
+
+def _offload_tiers(model: ModelSpec | None, gpu: GpuSpec | None, tp: int, kv_dtype: str,
+                   block_size: int, **flags) -> tuple[TierConfig, ...]:
+    """The simulator's tiers for the flags (planner.tiers checks them, one-line errors)."""
+    per_rank, copies = block_bytes(model, kv_dtype, tp, block_size) if model else (1, tp)
+    tiers = build_tiers(gpu_name=gpu.name if gpu else None, bytes_per_block=per_rank, tp=copies,
+                        **flags)
+    return tuple(TierConfig(t.name, t.num_chunks(per_rank, copies),
+                            t.chunk_bytes(per_rank, copies), t.bytes_per_s, t.latency_s)
+                 for t in tiers)
 

@@ -26,6 +26,9 @@ METRIC_ALIASES: dict[str, tuple[str, ...]] = {
     "mean_running": ("mean_running_requests", "mean_num_running", "mean_running"),
     "max_running": ("max_running_requests", "max_num_running", "max_running"),
     "prefix_hit_rate": ("prefix_hit_rate", "prefix_cache_hit_rate"),
+    # with offload tiers: GPU + CPU hits over prompt tokens, and the connector's own hit rate
+    "combined_hit_rate": ("offload.combined_hit_rate",),
+    "cpu_hit_rate": ("offload.hit_rate",),
 }
 for _m in ("ttft", "tpot", "e2e"):
     for _p in ("p50", "p90", "p99", "mean"):

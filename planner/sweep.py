@@ -55,6 +55,7 @@ SWEEP_KEYS: dict[str, Callable[[str], object]] = {
     "scheduler": str, "async_scheduling": _parse_bool,
     "replicas": int, "router": str, "seed": int, "step_overhead_s": float,
     "bandwidth_efficiency": float, "flops_efficiency": float,
+    "cpu_offload_gib": float, "offload_bandwidth_gbps": float, "disk_offload_gib": float,
 }
 # engine keys (EngineConfig's names, which sweep columns and PlanBase.engine use) -> the names of
 # planner.engine_setup.build_engine (vLLM's)
@@ -136,6 +137,12 @@ class PlanBase:
     bandwidth_efficiency: float = 1.0   # roofline: achievable fractions of the datasheet peaks
     flops_efficiency: float = 1.0
     engine: Mapping = field(default_factory=dict)  # further EngineConfig fields (max_num_seqs, ...)
+    # offload tiers (planner.engine_setup; 0 / None: none)
+    cpu_offload_gib: float | None = None
+    offload_bandwidth_gbps: float | None = None
+    disk_offload_gib: float | None = None
+    disk_bandwidth_gbps: float | None = None
+    disk_latency_ms: float | None = None
 
 
 def load_requests(workload: str, *, rate: float | None = None, rate_scale: float | None = None,
@@ -204,7 +211,10 @@ def evaluate_point(task: PointTask) -> dict:
             non_kv_bytes=None if base.non_kv_gib is None else int(base.non_kv_gib * GIB),
             allocator=base.allocator, step_s=base.step_s, cost_table=base.cost_table,
             step_overhead_s=base.step_overhead_s, bandwidth_efficiency=base.bandwidth_efficiency,
-            flops_efficiency=base.flops_efficiency,
+            flops_efficiency=base.flops_efficiency, cpu_offload_gib=base.cpu_offload_gib,
+            offload_bandwidth_gbps=base.offload_bandwidth_gbps,
+            disk_offload_gib=base.disk_offload_gib, disk_bandwidth_gbps=base.disk_bandwidth_gbps,
+            disk_latency_ms=base.disk_latency_ms,
             **{ENGINE_KEYS[k]: v for k, v in engine.items()})
         report, gpu = setup.capacity, setup.gpu
         num_gpus = base.tp * base.replicas
@@ -215,8 +225,9 @@ def evaluate_point(task: PointTask) -> dict:
         requests = load_requests(base.workload, rate=base.rate, rate_scale=base.rate_scale,
                                  max_requests=base.max_requests, seed=base.seed)
         simulate = task.simulate or _default_simulate
+        tiers = {"offload": setup.offload} if setup.offload else {}
         result = simulate(requests, setup.config, setup.cost, replicas=base.replicas,
-                          router=base.router, seed=base.seed)
+                          router=base.router, seed=base.seed, **tiers)
         row.update(flatten(result.summary))
         # the queue grows without bound: latencies measure the queue (simulator.overload)
         row["overloaded"] = bool(overload_reasons(result.summary, getattr(result, "timeseries", None)))

@@ -24,18 +24,21 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 import simpy
 from simpy.core import URGENT
 
 from kvsim.allocator import MEMORY_CLASSES, ContiguousAllocator, GroupedPagedAllocator, PagedAllocator
+from kvsim.errors import InputError
 from kvsim.simulator.config import EngineConfig
 from kvsim.simulator.cost import (NS_PER_S, CostModel, FixedStepCost, StepBatch, StepTimer, to_ns,
                                   uses_max_context_tokens)
 from kvsim.simulator.footprint import check_simulation
 from kvsim.simulator.in_the_loop import IN_THE_LOOP_COLUMNS, scheduled_step
+from kvsim.simulator.offload import OffloadConnector, TierConfig
+from kvsim.simulator.offload_scheduler import OffloadScheduler
 from kvsim.simulator.recorder import DECODE_RUN, NUM_CLASSES, Recorder
 from kvsim.simulator.result import Result
 from kvsim.simulator.async_scheduling import AsyncScheduler
@@ -80,13 +83,24 @@ class _Replica:
     """One serving replica: its allocator, its scheduler and its recorder."""
 
     def __init__(self, index: int, config: EngineConfig, seed: int, recorder: Recorder,
-                 step_clock: bool):
+                 step_clock: bool, offload: Sequence[TierConfig] = ()):
         self.index = index
         self.allocator = make_allocator(config)
-        policy = (V0Scheduler if config.scheduler == "v0" else
-                  HybridScheduler if config.is_grouped else
-                  AsyncScheduler if config.async_scheduling else Scheduler)
-        self.sched = policy(config, self.allocator, seed=seed + index)
+        self.offload = OffloadConnector(offload, config.block_size) if offload else None
+        if self.offload is None:
+            policy = (V0Scheduler if config.scheduler == "v0" else
+                      HybridScheduler if config.is_grouped else
+                      AsyncScheduler if config.async_scheduling else Scheduler)
+            self.sched = policy(config, self.allocator, seed=seed + index)
+        else:
+            if config.scheduler != "v1" or config.async_scheduling or config.is_grouped:
+                # OffloadScheduler is the synchronous v1 scheduler's (docs/OFFLOAD.md)
+                raise InputError("offload tiers are modelled with vLLM v1's synchronous "
+                                 "scheduler and one KV-cache group only: --no-async-scheduling "
+                                 "and --scheduler v1, without KV-cache groups",
+                                 field="--cpu-offload-gib")
+            self.sched = OffloadScheduler(config, self.allocator, seed=seed + index,
+                                          connector=self.offload)
         self.rec = recorder.replica(index, self.sched, self.allocator, step_clock)
         self.wake: simpy.Event | None = None
         self.num_steps = 0
@@ -111,13 +125,17 @@ class Simulation:
             identical results, much slower).
         record_requests: keep the per-request table (False: only the latencies the summary's
             percentiles need, 24 bytes per request; ``Result.requests`` is then empty).
+        offload: KV offload tiers below every replica's GPU pool (simulator.offload.TierConfig:
+            CPU, then optionally disk); () for none. Needs the paged allocator with prefix
+            caching.
     """
 
     def __init__(self, requests: Iterable, config: EngineConfig, cost_model: CostModel, *,
                  replicas: int = 1, router: str = "round-robin",
                  sample_interval_s: float | None = None, snapshot_times_s: Iterable[float] = (),
                  seed: int = 0, progress: bool = False, record_steps: bool = False,
-                 batch_decode_steps: bool = True, record_requests: bool = True):
+                 batch_decode_steps: bool = True, record_requests: bool = True,
+                 offload: Sequence[TierConfig] = ()):
         if not isinstance(config, EngineConfig):
             raise TypeError("config must be an EngineConfig")
         if not hasattr(cost_model, "step_time_s") or not hasattr(cost_model, "run_time_s"):
@@ -146,14 +164,18 @@ class Simulation:
         self.seed = seed
         self.record_steps = record_steps
         self.batching = batch_decode_steps
+        offload = tuple(offload)
         # the sizes the user gave, against the memory there is, before anything is allocated
         check_simulation(config, replicas=replicas, num_snapshots=len(snapshot_ns),
-                         sample_interval_s=sample_interval_s, record_requests=record_requests)
+                         sample_interval_s=sample_interval_s, record_requests=record_requests,
+                         offload=offload)
         self.env = simpy.Environment()
         self.recorder = Recorder(sample_ns=max(1, to_ns(sample_interval_s)),
                                  snapshot_ns=snapshot_ns, record_steps=record_steps,
-                                 record_requests=record_requests)
-        self.replicas = [_Replica(i, config, seed, self.recorder, self.step_clock)
+                                 record_requests=record_requests,
+                                 offload_tiers=tuple(t.name for t in offload))
+        self.offload = offload
+        self.replicas = [_Replica(i, config, seed, self.recorder, self.step_clock, self.offload)
                          for i in range(replicas)]
         # the longest context of each step, for a cost model that prices it (kept by the decode
         # clock as a heap: nothing to pay when the model does not ask)
@@ -190,7 +212,7 @@ class Simulation:
     def done(self) -> bool:
         """All requests arrived and finished (or were rejected)."""
         return self.arrivals_done and all(
-            not r.sched.running and not r.sched.waiting for r in self.replicas)
+            not r.sched.has_unfinished() for r in self.replicas)
 
     def run_until(self, t_s: float) -> None:
         """Advance simulated time to ``t_s`` (runs of decode steps end at the first step
@@ -326,20 +348,32 @@ class Simulation:
     def _engine(self, rep: _Replica):
         env, timer, record_steps = self.env, self.timer, self.record_steps
         track = self.track_max_context
-        sched, rec = rep.sched, rep.rec
+        sched, rec, conn = rep.sched, rep.rec, rep.offload
         # ``now`` is the replica's time. It runs ahead of SimPy's across step ends that nothing
         # can observe (``_unobserved``): such a step is finished at once and the next one
         # scheduled, without a round trip through the event queue.
         now = env.now
         while True:
-            if not sched.running and not sched.waiting:
+            if not sched.has_unfinished():
                 if now > env.now:
                     yield _urgent_timeout(env, now - env.now)
                 rec.boundary(now)
-                rep.wake = env.event()
-                yield rep.wake
-                rep.wake = None
-                now = env.now
+                while conn is not None and conn.busy and not sched.has_unfinished():
+                    # vLLM keeps taking empty steps while transfers are pending: they complete
+                    # (and are polled) on time, or an arrival comes first; no step boundary
+                    sched.empty_step()
+                    done_ns = conn.idle_until(now)
+                    rep.wake = env.event()
+                    yield rep.wake if done_ns is None else \
+                        rep.wake | env.timeout(max(0, done_ns - env.now))
+                    rep.wake = None
+                    now = env.now
+                    conn.poll(now)
+                if not sched.has_unfinished():
+                    rep.wake = env.event()
+                    yield rep.wake
+                    rep.wake = None
+                    now = env.now
             if self.next_arrival_ns == now:
                 yield env.timeout(0)   # arrivals due now land before this step is scheduled
             bd_start = rec.boundary(now)
@@ -349,6 +383,7 @@ class Simulation:
             # with the step that frees them, but step rows list them as running in it
             k = 0 if self.in_the_loop or (record_steps and sched.done_in_flight) else \
                 sched.plan_decode_run(_NEVER)
+            polled = False          # the connector's step for the run's first step is done
             if k > 0:
                 # k identical pure-decode steps, ending at the first step end at or after the
                 # next moment anything can observe the replica
@@ -360,6 +395,15 @@ class Simulation:
                 kv = sched.decode_run_batch()[0]
                 b0 = StepBatch(n, 0, n, n, kv, kv, sched.run_max_context() if track else 0)
                 bound = min(self.next_arrival_ns, rec.next_record_ns, self.stop_ns)
+                if conn is not None:
+                    # the run's first step polls and submits what waits; the run then ends at
+                    # the next transfer's end (a completion found now lands after step 1)
+                    conn.step(now, timer.run_ns(b0, 1))
+                    polled = True
+                    if conn.has_found:
+                        k = 1
+                    if conn.next_event_ns is not None:
+                        bound = min(bound, conn.next_event_ns)
                 if bound < _NEVER and now + timer.run_ns(b0, k) >= bound:
                     k = min(k, timer.steps_to_reach(b0, now, bound, k))
                 if self.batching:
@@ -383,6 +427,8 @@ class Simulation:
                     if not self._unobserved(rec, end):
                         yield _urgent_timeout(env, end - env.now)
                     finished = sched.finish_decode_run(end, step_index + k - 1)
+                    if conn is not None:
+                        conn.apply(end)
                     rec.last_step = DECODE_RUN
                     if record_steps:
                         rec.decode_rows(step_index, k, n, hist, used0, finished)
@@ -414,6 +460,25 @@ class Simulation:
                         "a planned decode step was not a pure decode step"
                 rec.scheduled(len(sched.running), len(sched.waiting), out.num_scheduled_tokens)
                 ran = out.num_scheduled_tokens > 0
+                if not ran and conn is not None and conn.busy and not sched.running:
+                    # nothing to run until a transfer completes (loads, deferred lookups): vLLM's
+                    # empty steps poll until then; an arrival may come first
+                    conn.step(t, 0)
+                    conn.apply(t)
+                    if t > env.now:
+                        yield _urgent_timeout(env, t - env.now)
+                    bd_wait, usage_wait = rec.breakdown(), rep.allocator.usage
+                    rep.wake = env.event()
+                    done_ns = conn.idle_until(t)
+                    yield rep.wake if done_ns is None else \
+                        rep.wake | env.timeout(max(0, done_ns - env.now))
+                    rep.wake = None
+                    # not an idle gap: requests wait (for their loads) while nothing runs
+                    rec.last_batch_tokens = 0
+                    rec.integrate(bd_wait, bd_wait, usage_wait, usage_wait, t, env.now)
+                    t = env.now
+                    conn.poll(t)
+                    break
                 if not ran and not out.num_preempted and not sched.running and sched.waiting:
                     # the head can never be admitted (nothing runs that could make room)
                     seq = sched.waiting.popleft()
@@ -436,12 +501,16 @@ class Simulation:
                         end = t + max(1, to_ns(self.cost.timed_step_s(batch, step)))
                     else:
                         end = t + max(1, timer.step_ns(batch))
+                    if conn is not None:   # flushed stores delay the forward
+                        end += conn.step(t, end - t)
                     bd_step = rec.breakdown()
                     usage = rep.allocator.usage
                     rec.integrate(bd_step, bd_step, usage, usage, t, end)
                 else:
                     # priced and integrated as the run (trapezoid), exactly as when batched
                     end = now + timer.run_ns(run[0], j + 1)
+                    if conn is not None and not (j == 0 and polled):
+                        conn.step(t, end - t)
                     if j == k - 1:
                         rec.integrate(run[1], rec.breakdown(), run[2], rep.allocator.usage,
                                       now, end)
@@ -454,6 +523,8 @@ class Simulation:
                 if not self._unobserved(rec, end):
                     yield _urgent_timeout(env, end - env.now)
                 finished = sched.finish_step(out, end, idx)
+                if conn is not None:
+                    conn.apply(end)   # the completions this step's poll found
                 rec.last_step = out
                 assert not finished or run is None or j == k - 1, \
                     "a request finished inside a decode run"
@@ -500,7 +571,8 @@ def simulate(requests: Iterable, config: EngineConfig, cost_model: CostModel, *,
              replicas: int = 1, router: str = "round-robin",
              sample_interval_s: float | None = None, snapshot_times_s: Iterable[float] = (),
              seed: int = 0, progress: bool = False, record_steps: bool = False,
-             batch_decode_steps: bool = True, record_requests: bool = True) -> Result:
+             batch_decode_steps: bool = True, record_requests: bool = True,
+             offload: Sequence[TierConfig] = ()) -> Result:
     """Replay ``requests`` through ``replicas`` replicas of ``config``; see ``Simulation``.
 
     Returns:
@@ -509,5 +581,6 @@ def simulate(requests: Iterable, config: EngineConfig, cost_model: CostModel, *,
     sim = Simulation(requests, config, cost_model, replicas=replicas, router=router,
                      sample_interval_s=sample_interval_s, snapshot_times_s=snapshot_times_s,
                      seed=seed, progress=progress, record_steps=record_steps,
-                     batch_decode_steps=batch_decode_steps, record_requests=record_requests)
+                     batch_decode_steps=batch_decode_steps, record_requests=record_requests,
+                     offload=offload)
     return sim.run()

@@ -20,6 +20,7 @@ request rows                ``BYTES_PER_REQUEST_ROW`` per finished request (the 
 requests held in a list     ``BYTES_PER_REQUEST`` per request when a caller materialises the
                             workload (plan's points, the dashboard), instead of streaming it
 time-series samples         ``BYTES_PER_SAMPLE`` per sample and replica
+offload tiers               ``BYTES_PER_TIER_CHUNK`` per chunk of every tier and replica
 ==========================  ===================================================================
 
 ``check_memory`` raises an ``InputError`` with the total and its largest term when the total is
@@ -41,6 +42,7 @@ BYTES_PER_REQUEST_ROW = 192
 BYTES_PER_REQUEST_LATENCY = 32
 BYTES_PER_REQUEST = 640
 BYTES_PER_SAMPLE = 192
+BYTES_PER_TIER_CHUNK = 640   # an offload tier's chunk: ref count, rank, evictable entry, up to two heap entries (peak 571 B measured)
 GIB = 1 << 30
 
 
@@ -60,7 +62,8 @@ class WorkloadSize:
 
 def memory_terms(config, *, replicas: int = 1, num_snapshots: int = 0,
                  sample_interval_s: float | None = None, record_requests: bool = True,
-                 workload: WorkloadSize | None = None, materialised: bool = False) -> dict[str, int]:
+                 workload: WorkloadSize | None = None, materialised: bool = False,
+                 offload=()) -> dict[str, int]:
     """Bytes each term of the table above will take (a term that is unknown is left out).
 
     Args:
@@ -71,6 +74,7 @@ def memory_terms(config, *, replicas: int = 1, num_snapshots: int = 0,
         record_requests: the per-request table is kept.
         workload: what is known of the workload's size.
         materialised: the caller holds the workload's requests in a list.
+        offload: the offload tiers (simulator.offload.TierConfig) below every replica.
     """
     workload = workload or WorkloadSize()
     cells = config.pool_blocks if config.is_paged else config.pool_tokens
@@ -84,6 +88,8 @@ def memory_terms(config, *, replicas: int = 1, num_snapshots: int = 0,
         terms["request rows"] = n * (BYTES_PER_REQUEST_ROW if record_requests else BYTES_PER_REQUEST_LATENCY)
         if materialised:
             terms["requests in memory"] = n * BYTES_PER_REQUEST
+    if offload:
+        terms["offload tiers"] = replicas * sum(t.num_chunks for t in offload) * BYTES_PER_TIER_CHUNK
     if workload.duration_s is not None:
         interval = 1.0 if sample_interval_s is None else sample_interval_s
         terms["time-series samples"] = int(workload.duration_s / interval + 1) * replicas * BYTES_PER_SAMPLE
@@ -142,10 +148,13 @@ def check_memory(terms: dict[str, int], what: str = "this run",
 
 def check_simulation(config, *, replicas: int = 1, num_snapshots: int = 0,
                      sample_interval_s: float | None = None, record_requests: bool = True,
-                     workload: WorkloadSize | None = None, materialised: bool = False) -> int:
+                     workload: WorkloadSize | None = None, materialised: bool = False,
+                     offload=()) -> int:
     """``check_memory(memory_terms(...))`` with a message naming the pool; returns the bytes."""
     pool = (f"{config.pool_blocks:,} blocks" if config.is_paged else f"{config.pool_tokens:,} tokens")
     what = f"a pool of {pool}" + (f" x {replicas} replicas" if replicas > 1 else "")
+    for tier in offload:
+        what += f", a {tier.name} tier of {tier.num_chunks:,} chunks"
     if num_snapshots:
         what += f", {num_snapshots:,} snapshots"
     if workload is not None and workload.num_requests is not None:
@@ -153,7 +162,7 @@ def check_simulation(config, *, replicas: int = 1, num_snapshots: int = 0,
     return check_memory(memory_terms(config, replicas=replicas, num_snapshots=num_snapshots,
                                      sample_interval_s=sample_interval_s,
                                      record_requests=record_requests, workload=workload,
-                                     materialised=materialised), what)
+                                     materialised=materialised, offload=offload), what)
 
 
 def check_requests_in_memory(workload: WorkloadSize) -> int:

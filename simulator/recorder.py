@@ -54,6 +54,17 @@ SAMPLE_COLUMNS = (
 ) + tuple((name, "q") for name in MEMORY_CLASSES)
 
 
+def offload_columns(tiers: tuple[str, ...]) -> tuple:
+    """Sample columns of offload tiers (only with tiers): per tier the chunks used, tokens loaded
+    from it, bytes loaded from it and bytes stored into it (running totals), then the requests
+    waiting for a load."""
+    if not tiers:
+        return ()
+    cols = tuple((f"{t}_{what}", "q") for t in tiers
+                 for what in ("used_chunks", "hit_tokens", "loaded_bytes", "stored_bytes"))
+    return cols + (("loading_requests", "q"),)
+
+
 class RequestLog:
     """One row per request, appended when it finishes (or is rejected).
 
@@ -158,12 +169,13 @@ class Recorder:
     """
 
     def __init__(self, *, sample_ns: int, snapshot_ns: list[int], record_steps: bool,
-                 record_requests: bool):
+                 record_requests: bool, offload_tiers: tuple[str, ...] = ()):
         self.sample_ns = sample_ns
         self.snapshot_ns = snapshot_ns
         self.record_steps = record_steps
         self.requests = RequestLog(keep_rows=record_requests)
-        self.samples = TableLog(SAMPLE_COLUMNS)
+        self.offload_tiers = offload_tiers
+        self.samples = TableLog(SAMPLE_COLUMNS + offload_columns(offload_tiers))
         self.steps = StepLog()
         self.snapshots: list = []          # (time_s, replica, PoolSnapshot)
         self.replicas: list[ReplicaRecorder] = []
@@ -341,7 +353,8 @@ class ReplicaRecorder:
         sched = self.sched
         self.tables.samples.add((end_ns / NS_PER_S, self.index, len(sched.running),
                                  len(sched.waiting), 0, *self._counters(), self.allocator.usage,
-                                 self._saved_blocks(), *self.breakdown()))
+                                 self._saved_blocks(), *self.breakdown(),
+                                 *(self._offload_row() if self.tables.offload_tiers else ())))
 
     def scheduled(self, num_running: int, num_waiting: int, num_tokens: int) -> None:
         """After a schedule (or at the start of a decode run): the counts its segment holds."""
@@ -378,6 +391,10 @@ class ReplicaRecorder:
             return 0
         return max(0, self.sched.num_logical_blocks() - self.allocator.num_used_blocks)
 
+    def _offload_row(self) -> tuple:
+        """The offload tiers' sample columns (recorder.offload_columns)."""
+        return self.sched.offload.sample_row() + (len(self.sched.holding),)
+
     def _counters(self) -> tuple:
         sched = self.sched
         return (sched.num_preemptions, sched.num_prefix_queries, sched.num_prefix_hits,
@@ -394,6 +411,10 @@ class ReplicaRecorder:
         row_tail = (len(sched.running), len(sched.waiting), self.last_batch_tokens, *counters,
                     usage, saved, *bd)
         idle_tail = (0, 0, 0, *counters, usage, saved, *bd)
+        if self.tables.offload_tiers:
+            tiers = self._offload_row()
+            row_tail += tiers
+            idle_tail += tiers
         samples = self.tables.samples
         sample_ns = self.tables.sample_ns
         num_rows = 0

@@ -133,6 +133,10 @@ class Scheduler(DecodeRuns, Forks, DecodeClock, KVSlots):
         self.waiting.append(seq)
         return seq
 
+    def has_unfinished(self) -> bool:
+        """Requests queued or running (the engine idles when there are none)."""
+        return bool(self.running or self.waiting)
+
     def _new_seq_id(self) -> int:
         sid = self.next_seq_id
         self.next_seq_id += 1
@@ -360,28 +364,38 @@ class Scheduler(DecodeRuns, Forks, DecodeClock, KVSlots):
             ok = alloc.allocate(seq.seq_id, n, final, num_prompt_tokens=seq.num_prompt_tokens)
             assert ok, "contiguous allocate failed after can_allocate"
             first = n
-        self._start(seq, hit, n, first, out, now_ns, step_index)
-        return n
+        return self._start(seq, hit, n, first, out, now_ns, step_index)
 
     def _start(self, seq: SeqState, hit: int, n: int, num_alloc_tokens: int, out: StepOutput,
-               now_ns: int, step_index: int) -> None:
+               now_ns: int, step_index: int) -> int:
         """An admission's bookkeeping once its slots are allocated: the prefix-cache query
-        (vLLM's prefix_cache_stats), the counters, RUNNING, the step's entry."""
+        (vLLM's prefix_cache_stats), the counters, RUNNING, the step's entry. Returns ``n``."""
         if self.prefix_caching:
-            num_tokens = seq.num_tokens
-            # vLLM's prefix_cache_stats: re-admissions after preemption are counted apart
-            if seq.num_preemptions > 0:
-                out.pc_preempted_queries += num_tokens
-                out.pc_preempted_hits += hit
-                self.num_preempted_queries += num_tokens
-                self.num_preempted_hits += hit
-            else:
-                out.pc_queries += num_tokens
-                out.pc_hits += hit
-                self.num_prefix_queries += num_tokens
-                self.num_prefix_hits += hit
+            self._count_prefix_query(seq, hit, out)
         seq.num_alloc_tokens = num_alloc_tokens
         seq.num_computed_tokens = hit
+        return self._start_running(seq, hit, n, out, now_ns, step_index)
+
+    def _count_prefix_query(self, seq: SeqState, hit: int, out: StepOutput) -> None:
+        """vLLM's prefix_cache_stats for one admission: its tokens queried, ``hit`` found;
+        re-admissions after preemption are counted apart."""
+        num_tokens = seq.num_tokens
+        if seq.num_preemptions > 0:
+            out.pc_preempted_queries += num_tokens
+            out.pc_preempted_hits += hit
+            self.num_preempted_queries += num_tokens
+            self.num_preempted_hits += hit
+        else:
+            out.pc_queries += num_tokens
+            out.pc_hits += hit
+            self.num_prefix_queries += num_tokens
+            self.num_prefix_hits += hit
+
+    @staticmethod
+    def _start_running(seq: SeqState, hit: int, n: int, out: StepOutput, now_ns: int,
+                       step_index: int) -> int:
+        """Mark an admitted request RUNNING with ``hit`` cached tokens and a first chunk of
+        ``n``: new or resumed, its first schedule, the step's entry. Returns ``n``."""
         seq.num_cached_tokens_total += hit
         if seq.status == PREEMPTED:
             out.num_resumed += 1
@@ -392,6 +406,7 @@ class Scheduler(DecodeRuns, Forks, DecodeClock, KVSlots):
             seq.cached_tokens_first = hit
         seq.status = RUNNING
         out.entries.append((seq, n))
+        return n
 
     def _update_after_schedule(self, out: StepOutput, slow: list, num_fast: int,
                                fast_ctx: int) -> None:

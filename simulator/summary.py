@@ -9,6 +9,7 @@ import numpy as np
 
 from kvsim.allocator import MEMORY_CLASSES
 from kvsim.simulator.cost import NS_PER_S
+from kvsim.simulator.offload import summarize_offload
 from kvsim.simulator.recorder import NUM_CLASSES, Recorder
 from kvsim.simulator.result import GROUP_SUMMARY_KEY, SUMMARY_KEYS
 
@@ -92,6 +93,10 @@ def summarize(recorder: Recorder, replicas: list, *, num_arrived: int, num_rejec
     assert tuple(summary) == SUMMARY_KEYS
     if recs and recs[0].grouped:
         summary = _with_groups(summary, recs)
+    connectors = [r.offload for r in replicas if getattr(r, "offload", None) is not None]
+    if connectors:   # only with offload tiers: the summary is otherwise unchanged
+        summary["offload"] = summarize_offload(connectors, prefix_query_tokens=queries,
+                                               prefix_hit_tokens=hits)
     return summary
 
 

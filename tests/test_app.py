@@ -201,6 +201,25 @@ def test_planner_simulated_sweep_on_demand(small):
     small.toggle(key="k_plan_sim_on").set_value(False).run()
 
 
+def test_planner_hit_rate_curves_on_demand(small):
+    small.switch_page("app_pages/planner.py").run()
+    charts = len(small.get("plotly_chart"))
+    small.toggle(key="k_plan_curve_on").set_value(True).run()
+    _clean(small)
+    assert len(small.get("plotly_chart")) == charts + 1
+    assert any("GPU pool" in m.value for m in small.markdown)
+    small.toggle(key="k_plan_curve_on").set_value(False).run()
+
+
+def test_live_pool_shows_the_cpu_tier_beside_the_pool(small):
+    small.switch_page("app_pages/live_pool.py").run()
+    charts = len(small.get("plotly_chart"))
+    small.select_slider(key="k_cpu_offload").set_value(0.5).run()
+    _clean(small)
+    assert len(small.get("plotly_chart")) == charts + 1     # the paged side's tiers
+    small.select_slider(key="k_cpu_offload").set_value(0.0).run()
+
+
 def test_kernel_validation_runs_the_triton_kernels_on_the_snapshot(small):
     # the paged pool at the opening frame, while requests hold memory (other tests move it)
     small.session_state["k_frame"] = default_frame(100)

@@ -30,13 +30,29 @@ def user_mistakes(tmp: Path) -> dict[str, list[list[str]]]:
                    ["replay", SPEC, "--num-blocks", "200", "--cost-table", missing, "--out",
                     str(tmp / "r.json")],
                    ["replay", SPEC, *POOL, "--snapshot-times-s", "-1", "--out", str(tmp / "r.json")],
-                   ["replay", SPEC, "--model", "gpt-5", "--out", str(tmp / "r.json")]],
+                   ["replay", SPEC, "--model", "gpt-5", "--out", str(tmp / "r.json")],
+                   # offload tiers: bad sizes and bandwidths, a disk without its CPU tier
+                   ["replay", SPEC, *POOL, "--cpu-offload-gib", "-4", "--out", str(tmp / "r.json")],
+                   ["replay", SPEC, *POOL, "--cpu-offload-gib", "4", "--offload-bandwidth-gbps",
+                    "0", "--out", str(tmp / "r.json")],
+                   ["replay", SPEC, *POOL, "--disk-offload-gib", "100", "--out",
+                    str(tmp / "r.json")],
+                   ["replay", SPEC, *POOL, "--cpu-offload-gib", "1e9", "--out",
+                    str(tmp / "r.json")],
+                   ["replay", SPEC, *POOL, "--allocator", "max", "--cpu-offload-gib", "4",
+                    "--out", str(tmp / "r.json")]],
         "compare": [["compare", SPEC, *POOL, "--allocators", "paged,slab"]],
         "workload": [["workload", "sharegpt:rate=1,colour=red"], ["workload", missing]],
         "capacity": [["capacity", "--model", "gpt-5"], ["capacity", "--hf-config", missing],
                      ["capacity", "--gpu-memory-gib", "40"]],
         "plan": [["plan", SPEC, "--sweep", "colour=red"], ["plan", SPEC, "--slo", "ttft<"],
                  ["plan", SPEC, "--out", str(a_file), "--quiet"]],
+        "cache-curve": [["cache-curve", SPEC, "--target-hit-rate", "1.5"],
+                        ["cache-curve", SPEC, "--cpu-offload-gib", "0.0001"],
+                        ["cache-curve", SPEC, "--csv", str(tmp / "c.txt")],
+                        ["cache-curve", missing],
+                        # its requests are held in a list: a spec too large is refused first
+                        ["cache-curve", "sharegpt:rate=2,n=100000000000,seed=0"]],
         "reproduce": [["reproduce", "vllm-paper", "--out", str(a_file), "--quiet"]],
         "profile": [["profile", "--model", "OPT-13B", "--out", str(tmp / "t.csv"), "--device", "cpu"],
                     ["profile", "--hf-config", missing, "--out", str(tmp / "t.csv"), "--device", "cpu"],
@@ -51,7 +67,7 @@ def test_every_command_but_the_dashboard_has_a_case(tmp_path):
 
 
 @pytest.mark.parametrize("command", ["replay", "compare", "workload", "capacity", "plan",
-                                     "reproduce", "validate"])
+                                     "reproduce", "validate", "cache-curve"])
 def test_a_user_mistake_is_one_line_and_exit_2(command, tmp_path, capsys):
     for argv in user_mistakes(tmp_path)[command]:
         assert main(argv) == 2, argv
@@ -85,6 +101,7 @@ INTERNAL = {
                   "kvsim.planner.reproduce.run_reproduction"),
     "validate": (["validate", SPEC, "--at", "1", "--num-blocks", "200", "--device", "cpu"],
                  "kvsim.planner.engine_setup.build_engine"),
+    "cache-curve": (["cache-curve", SPEC], "kvsim.planner.cache_plan.curve_report"),
 }
 
 

@@ -1,6 +1,6 @@
 """Every command that writes: outputs checked before the work, result printed first, no result lost.
 
-For each writing command (replay, compare, plan, reproduce, validate):
+For each writing command (replay, compare, plan, reproduce, validate, cache-curve):
   * an output path that cannot be written is refused (one line, exit 2) before any simulation;
   * a write that fails after the work (a full disk: /dev/full) does not lose the result: the
     table is printed, the other files are written, and one line names the path (exit 2);
@@ -37,6 +37,12 @@ COMMANDS = {
                   "kvsim.planner.reproduce.run_reproduction"),
     "validate": (["validate", SPEC, "--at", "2", "--num-blocks", "300", "--device", "cpu",
                   "--json", "{out}"], "kvsim.simulator.simulate"),
+    "cache-curve": (["cache-curve", SPEC, "--num-blocks", "300", "--csv", "{out}.csv"],
+                    "kvsim.planner.cache_plan.curve_report"),
+    "cache-curve-html": (["cache-curve", SPEC, "--num-blocks", "300", "--html", "{out}.html"],
+                         "kvsim.planner.cache_plan.curve_report"),
+    "replay-offload": (["replay", SPEC, *POOL, "--cpu-offload-gib", "2", "--out", "{out}"],
+                       "kvsim.simulator.simulate"),
 }
 
 
@@ -114,6 +120,19 @@ def test_reproduce_prints_its_report_when_a_write_fails(tmp_path, monkeypatch, c
     assert rc == 2 and "| Orca (Max) | paper |" in out   # the report, on the terminal
     assert f"could not write {out_dir}/report.md" in err
     assert (out_dir / "results.json").stat().st_size > 0 and (out_dir / "report.html").stat().st_size > 0
+
+
+@needs_dev_full
+def test_cache_curve_prints_its_curve_and_writes_the_csv_when_the_figure_cannot_be_written(tmp_path,
+                                                                                           capsys):
+    csv, html = tmp_path / "curve.csv", tmp_path / "curve.html"
+    os.symlink(FULL, html)
+    rc = main(["cache-curve", SPEC, "--num-blocks", "300", "--min-sizes", "3", "--csv", str(csv),
+               "--html", str(html)])
+    out, err = capsys.readouterr()
+    assert rc == 2 and "LRU hit rate" in out
+    assert err.count("\n") == 1 and f"could not write {html} (No space left on device)" in err
+    assert f"written: {csv}" in err and csv.read_text().startswith("cache_blocks,")
 
 
 @needs_dev_full

@@ -321,6 +321,57 @@ def test_simulated_sweep_replays_each_allocator_on_the_gpu_pool():
     assert set(planning.SIM_SWEEP_METRICS) <= set(table.columns)
 
 
+def test_a_cpu_tier_below_the_paged_side_and_its_occupancy():
+    sc = Scenario(SMALL, capacity_tokens=2048, cpu_offload_gib=0.5)
+    assert engine_setup(sc, "paged").offload[0].num_chunks == 256     # 2 MiB Llama blocks
+    assert engine_setup(sc, "max").offload == ()
+    paged, contiguous = simulate_scenario(sc, sources.load_requests(SMALL))
+    assert "offload" in paged.summary and "offload" not in contiguous.summary
+    now = playback.sample_at(paged.timeseries, paged.end_s)
+    rows = comparison.tier_rows(paged, now)
+    assert [r["tier"] for r in rows] == ["GPU pool", "CPU tier"]
+    assert 0 < rows[1]["cached"] <= 1 and "/ 256 chunks" in rows[1]["label"]
+    assert rows[0]["held"] == pytest.approx(float(now["kv_usage"]))
+    assert [r["tier"] for r in comparison.tier_rows(contiguous, playback.sample_at(
+        contiguous.timeseries, 0.0))] == ["GPU pool"]
+    from kvsim.viz.tiers import tier_occupancy_figure
+    fig = tier_occupancy_figure(rows)
+    assert list(fig.data[1].y) == ["CPU tier", "GPU pool"] and fig.layout.barmode == "stack"
+
+
+def test_the_cache_curve_marks_the_gpu_pool():
+    base = tuple(sorted(dict(tp=1, kv_dtype="auto", gpu_memory_utilization=0.9, block_size=16,
+                             max_model_len=8192).items()))
+    report = planning.cache_curve(SMALL, "Llama-3.1-8B", "L4", base, cpu_offload_gib=8.0,
+                                  target_hit_rate=0.2)
+    (label, gib), (cpu_label, cpu_gib) = report.marks.items()
+    assert label.startswith("GPU pool (Llama-3.1-8B on 1 x L4)") and 0 < gib < 24
+    assert cpu_label == "CPU tier 8 GiB" and cpu_gib == pytest.approx(8.0)
+    assert report.table["lru_hit_rate"].is_monotonic_increasing
+    assert report.plan is not None and report.lines[-1] == report.plan.describe()
+    with pytest.raises(InputError, match="target"):
+        planning.cache_curve(SMALL, "Llama-3.1-8B", "L4", base, target_hit_rate=2.0)
+
+
+def test_the_cache_curve_takes_an_uploaded_config(tmp_path):
+    """An uploaded config.json is the model of the curve's GPU pool and of its CPU tier's chunks
+    (planning.resolve_model), as on the capacity page."""
+    import json
+
+    config = {"model_type": "llama", "hidden_size": 512, "intermediate_size": 1024,
+              "num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 2,
+              "vocab_size": 1000, "_name_or_path": "tiny-llama"}
+    path = planning.store_hf_config("config.json", json.dumps(config).encode(), store=tmp_path)
+    base = tuple(sorted(dict(tp=1, kv_dtype="auto", gpu_memory_utilization=0.9, block_size=16,
+                             max_model_len=2048).items()))
+    report = planning.cache_curve(SMALL, path, "L4", base, cpu_offload_gib=1.0)
+    label, gib = next(iter(report.marks.items()))
+    assert label.startswith("GPU pool (tiny-llama on 1 x L4)")
+    # 4 layers x 2 KV heads x 64 dims x 2 (K, V) x 2 bytes = 2 KiB a token, 32 KiB a block:
+    # 1 GiB is 32,768 chunks
+    assert "1 GiB, 32,768 chunks" in report.lines[-1]
+
+
 # ---------------------------------------------------------------- kernel check
 def test_kernel_check_on_a_scenario_snapshot(runs):
     sc, (left, _) = runs

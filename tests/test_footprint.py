@@ -56,6 +56,29 @@ def test_a_paged_pool_full_of_cached_blocks_stays_under_its_term():
     assert snap_peak <= footprint.BYTES_PER_SNAPSHOT_CELL * n
 
 
+def test_an_offload_tier_full_of_chunks_stays_under_its_term():
+    """A CPU tier filled three times over (offers, completions, evictions, request finishes):
+    what it keeps per chunk stays under BYTES_PER_TIER_CHUNK."""
+    from kvsim.allocator.offload import OffloadTier
+
+    n, per_request = 50_000, 64
+    rng = random.Random(0)
+    offers = [[rng.getrandbits(63) for _ in range(per_request)] for _ in range(3 * n // per_request)]
+
+    def fill():
+        tier = OffloadTier(n)
+        for rid, keys in enumerate(offers):
+            placed = tier.prepare_store(rid, keys, list(range(per_request)))
+            assert placed is not None
+            tier.complete_store(placed[0])
+            tier.request_finished(rid)
+        return tier
+
+    peak, tier = _traced(fill)
+    assert tier.num_used == n and tier.num_evicted > n
+    assert peak <= footprint.BYTES_PER_TIER_CHUNK * n
+
+
 def test_request_rows_and_held_requests_stay_under_their_terms():
     n = 20_000
     row = dict(request_id=1, replica=0, arrival_s=1.0, first_sched_s=1.0, first_token_s=1.0,
@@ -106,6 +129,11 @@ HUGE = {
     "snapshots": ["replay", "sharegpt:rate=2,n=10", "--num-blocks", "100000000",
                   "--snapshot-times-s", ",".join(str(t) for t in range(200))],
     "plan n=": ["plan", "sharegpt:rate=2,n=100000000000"],
+    # issue 18: a CPU tier's chunks, and the requests the hit-rate curve holds
+    "cpu tier": ["replay", "sharegpt:rate=2,n=10", "--num-blocks", "1000", "--cpu-offload-gib", "1e9"],
+    "disk tier": ["replay", "sharegpt:rate=2,n=10", "--num-blocks", "1000", "--cpu-offload-gib", "8",
+                  "--disk-offload-gib", "1e9", "--disk-bandwidth-gbps", "2"],
+    "cache-curve n=": ["cache-curve", "sharegpt:rate=2,n=100000000000"],
     "capacity n=": ["capacity", "sharegpt:rate=2,n=100000000000"],
 }
 

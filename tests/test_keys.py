@@ -57,3 +57,21 @@ def test_deferred_keys_equal_eager_ones_and_are_made_on_first_read():
     wrong = SegmentKeys.deferred(lambda: segments, 70, 16, num_shareable_tokens=0)
     with pytest.raises(ValueError, match="cover 68 tokens, expected 70"):
         wrong[0]
+
+
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(1, 40)), min_size=1, max_size=5),
+       st.lists(st.tuples(st.integers(0, 3), st.integers(1, 40)), min_size=1, max_size=5),
+       st.sampled_from([1, 4, 16]))
+def test_block_runs_name_equal_keys_by_segment_key_and_block_number(seg_a, seg_b, bs):
+    a, b = SegmentKeys(seg_a, bs), SegmentKeys(seg_b, bs)
+    runs_a, runs_b = a.block_runs(len(a)), b.block_runs(len(b))
+    # the runs partition the blocks in order
+    assert [first for _, first, _ in runs_a] == [sum(n for _, _, n in runs_a[:i])
+                                                 for i in range(len(runs_a))]
+    assert sum(n for _, _, n in runs_a) == len(a)
+    name_a = {first + j: (seg, j) for seg, first, n in runs_a for j in range(n)}
+    name_b = {first + j: (seg, j) for seg, first, n in runs_b for j in range(n)}
+    for i in range(min(len(a), len(b))):
+        assert (a[i] == b[i]) == (name_a[i] == name_b[i])
+    assert a.block_runs(len(a) // 2) == [run for run in (
+        (seg, first, min(n, len(a) // 2 - first)) for seg, first, n in runs_a) if run[2] > 0]

@@ -215,6 +215,20 @@ class SegmentKeys(Sequence):
         self._run_ends = [run[4] for run in runs]
         return runs
 
+    def block_runs(self, stop: int) -> list[tuple[int, int, int]]:
+        """Blocks ``0..stop-1`` grouped by the segment that holds their last token, as
+        ``(segment key, first block, number of blocks)``.
+
+        The segment key names the segment and everything before it (so also where it starts):
+        blocks of two sequences have equal keys exactly when they have the same block number in
+        runs with equal segment keys. A cache analysis compares runs, not blocks (a Mooncake
+        512-token id is one run at any block size).
+        """
+        if not 0 <= stop <= len(self):
+            raise IndexError(f"{stop} blocks out of range for {len(self)} full blocks")
+        return [(chain, i, i_end - i)
+                for chain, _first_offset, _j, i, i_end in self.segment_runs(0, stop)]
+
     def _key_range(self, start: int, stop: int) -> list[int]:
         """Keys of blocks ``start..stop-1`` in one walk over the segments (a slice: registering
         a prefill's blocks asks for many consecutive keys; no bisect per key)."""

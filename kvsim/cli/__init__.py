@@ -30,6 +30,7 @@ COMMANDS: dict[str, str] = {
     "validate": "kvsim.cli.validate",
     "dashboard": "kvsim.cli.dashboard",
     "profile": "kvsim.cli.profile",
+    "cache-curve": "kvsim.cli.cache_curve",
 }
 
 

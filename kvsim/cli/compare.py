@@ -109,7 +109,7 @@ def run(args) -> int:
 
     from kvsim.cli.outputs import write_files
     from kvsim.cli.replay import overload_message
-    from kvsim.planner.engine_setup import default_async_scheduling
+    from kvsim.planner.engine_setup import build_engine
     from kvsim.simulator.result import json_text, prepare_output
 
     names = parse_allocators(args.allocators)
@@ -117,20 +117,31 @@ def run(args) -> int:
     if prefix is not None and args.no_prefix_caching:
         raise InputError("give --prefix-caching or --no-prefix-caching, not both")
     cols = columns(names, prefix)
-    if args.async_scheduling is None:   # one mode for every column (the paged engine's default)
-        args.async_scheduling = default_async_scheduling(options.step_s_from_args(args),
-                                                         scheduler=args.scheduler)
+    if args.async_scheduling is None:
+        # one mode for every column: the paged engine's default (synchronous with KV-cache
+        # groups or offload tiers, which are modelled on the synchronous scheduler only)
+        tiers = any(name == "paged" and on is not False for _, name, on in cols)
+        probe = {} if tiers else dict.fromkeys(options.OFFLOAD_FLAGS)
+        if tiers and prefix is not None:
+            probe["enable_prefix_caching"] = True
+        args.async_scheduling = build_engine(**options.engine_kwargs(
+            args, allocator="paged", **probe)).config.async_scheduling
     if args.json:
         prepare_output(args.json)
     summaries, overloaded = {}, {}
     for label, name, on in cols:
-        result = run_one(args, name, record_requests=False, enable_prefix_caching=on)
+        # offload tiers sit below a paged pool with prefix caching
+        result = run_one(args, name, record_requests=False, enable_prefix_caching=on,
+                         offload=name == "paged" and on is not False)
         summaries[label] = result.summary
         message = overload_message(result.summary, result.timeseries, label)
         overloaded[label] = message is not None
         if message:
             print(f"kvsim: warning: {message}", file=sys.stderr)
     print(format_table(summaries, overloaded))
+    if args.cpu_offload_gib and len(cols) > 1:
+        print("offload tiers sit below the paged pool with prefix caching: the other columns run "
+              "without them")
     if prefix == [True, False] or prefix == [False, True]:
         print(prefix_savings(summaries["paged (prefix on)"], summaries["paged (prefix off)"]))
     if args.json:

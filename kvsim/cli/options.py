@@ -219,6 +219,36 @@ def step_s_from_args(args) -> float | None:
     return 1.0 if getattr(args, "step_clock", False) else getattr(args, "step_s", None)
 
 
+# --------------------------------------------------------------------------------- offload tiers
+def add_offload_args(p: argparse.ArgumentParser) -> None:
+    """KV offload tiers below the GPU pool (vLLM's native CPU offloading; docs/OFFLOAD.md).
+
+    Values are read as plain numbers and checked by planner.tiers, so that a bad size or
+    bandwidth is one line naming the flag (exit 2)."""
+    g = p.add_argument_group("KV offload tiers (paged allocator with prefix caching)")
+    g.add_argument("--cpu-offload-gib", type=float, metavar="GIB",
+                   help="CPU DRAM for offloaded KV, total over tensor-parallel ranks (vLLM's "
+                        "--kv-offloading-size); 0 or absent: no offloading")
+    g.add_argument("--offload-bandwidth-gbps", type=float, metavar="GB/S",
+                   help="GPU <-> CPU link, GB/s per direction (default: the GPU preset's PCIe "
+                        "link; NVLink-C2C is about 450)")
+    g.add_argument("--disk-offload-gib", type=float, metavar="GIB",
+                   help="disk or remote tier behind the CPU tier (written through from it)")
+    g.add_argument("--disk-bandwidth-gbps", type=float, metavar="GB/S",
+                   help="CPU <-> disk bandwidth, GB/s per direction (with --disk-offload-gib)")
+    g.add_argument("--disk-latency-ms", type=float, metavar="MS",
+                   help="time to the first byte of a disk transfer (default 0)")
+
+
+OFFLOAD_FLAGS = ("cpu_offload_gib", "offload_bandwidth_gbps", "disk_offload_gib",
+                 "disk_bandwidth_gbps", "disk_latency_ms")
+
+
+def offload_kwargs(args) -> dict:
+    """``build_engine``'s offload keywords from the flags of add_offload_args (None: absent)."""
+    return {name: getattr(args, name, None) for name in OFFLOAD_FLAGS}
+
+
 # --------------------------------------------------------------------------------- serving
 def add_serving_args(p: argparse.ArgumentParser) -> None:
     """Replicas behind a router."""
@@ -255,6 +285,7 @@ def engine_kwargs(args, **overrides) -> dict:
         long_prefill_token_threshold=args.long_prefill_token_threshold,
         scheduler_reserve_full_isl=not args.no_full_prompt_admission, watermark=args.watermark,
         scheduler=scheduler, async_scheduling=getattr(args, "async_scheduling", None),
-        step_s=step_s_from_args(args), cost_table=getattr(args, "cost_table", None))
+        step_s=step_s_from_args(args), cost_table=getattr(args, "cost_table", None),
+        **offload_kwargs(args))
     kwargs.update(overrides)
     return kwargs

@@ -1,7 +1,7 @@
 """Outputs of the writing commands: checked before the work, written after the result is shown.
 
 The contract of every ``kvsim`` command that writes files (replay, compare, plan, reproduce,
-validate):
+validate, profile, cache-curve):
 
 1. every path it will write is checked before any work starts (``simulator.result``'s
    ``prepare_output`` / ``prepare_output_dir``: a directory where a file should be, a parent that

@@ -20,7 +20,7 @@ from kvsim.errors import InputError
 FORMATS = ("csv", "parquet", "json")
 # columns shown on the terminal when present (after the swept keys)
 _SHOWN = ("num_gpu_blocks", "max_concurrency", "mean_running", "max_running", "preemptions",
-          "ttft_p99", "throughput")
+          "ttft_p99", "throughput", "combined_hit_rate")
 
 
 def plan_base(args):
@@ -52,7 +52,7 @@ def plan_base(args):
                     max_requests=args.max_requests,
                     allocator=args.allocator, replicas=args.replicas, router=args.router,
                     seed=args.seed, step_s=options.step_s_from_args(args), cost_table=args.cost_table,
-                    engine=engine)
+                    engine=engine, **options.offload_kwargs(args))
 
 
 def _terminal_table(df, swept: list[str], has_slo: bool):
@@ -235,4 +235,5 @@ def register(subparsers) -> None:
     options.add_scheduler_args(p, batch_defaults=None)
     options.add_step_time_args(p)
     options.add_serving_args(p)
+    options.add_offload_args(p)
     p.set_defaults(func=run)

@@ -32,6 +32,7 @@ def add_replay_args(p: argparse.ArgumentParser, *, allocator: bool = True, execu
     options.add_scheduler_args(p, batch_defaults=options.ENGINE_BATCH_DEFAULTS, allocator=allocator)
     options.add_step_time_args(p)
     options.add_serving_args(p)
+    options.add_offload_args(p)
     g = p.add_argument_group("recording")
     g.add_argument("--sample-interval-s", type=options.positive_float, metavar="S",
                    help="time-series period (default 1 s)")
@@ -64,11 +65,13 @@ def snapshot_times(text: str) -> list[float]:
 
 
 def run_one(args, allocator: str, record_requests: bool = True,
-            enable_prefix_caching: bool | None = None):
+            enable_prefix_caching: bool | None = None, offload: bool = True):
     """Load the workload and simulate it with one allocator; returns the Result.
 
     Args:
         enable_prefix_caching: overrides ``--no-prefix-caching`` when given (``compare``).
+        offload: honour the offload-tier flags (``compare`` runs its contiguous columns, and
+            the paged one without prefix caching, without them).
     """
     from kvsim import workloads
     from kvsim.planner.engine_setup import build_engine
@@ -76,13 +79,16 @@ def run_one(args, allocator: str, record_requests: bool = True,
     from kvsim.simulator.footprint import WorkloadSize, check_simulation
 
     overrides = {} if enable_prefix_caching is None else {"enable_prefix_caching": enable_prefix_caching}
+    if not offload:
+        overrides.update(dict.fromkeys(options.OFFLOAD_FLAGS))
     setup = build_engine(**options.engine_kwargs(args, allocator=allocator, **overrides))
     times = snapshot_times(args.snapshot_times_s)
     # every size (pool, snapshots, the spec's n= and samples=) before anything is allocated
     check_simulation(setup.config, replicas=args.replicas, num_snapshots=len(times),
                      sample_interval_s=args.sample_interval_s, record_requests=record_requests,
                      workload=WorkloadSize(**workloads.workload_size(
-                         args.workload, format=args.format, max_requests=args.max_requests)))
+                         args.workload, format=args.format, max_requests=args.max_requests)),
+                     offload=setup.offload)
     requests = workloads.load_at_rate(args.workload, format=args.format, rate=args.rate,
                                       rate_scale=args.rate_scale, max_requests=args.max_requests,
                                       seed=args.seed)
@@ -97,7 +103,7 @@ def run_one(args, allocator: str, record_requests: bool = True,
                     sample_interval_s=args.sample_interval_s, snapshot_times_s=times,
                     seed=args.seed, record_steps=args.step_clock,
                     batch_decode_steps=not args.no_decode_batching,
-                    record_requests=record_requests)
+                    record_requests=record_requests, offload=setup.offload)
 
 
 def _progress(requests, total: int | None):
@@ -153,6 +159,13 @@ def run(args) -> int:
           f"{s['simulated_duration_s']:.3f} simulated s, {s['num_steps']} steps, "
           f"{s['num_preemptions']} preemptions, prefix hit rate {s['prefix_hit_rate']:.3f}, "
           f"wall {s['wall_clock_s']:.2f} s" + (f" -> {args.out}" if args.out else ""))
+    if "offload" in s:
+        o = s["offload"]
+        print(f"offload: {', '.join(f'{k} hit {v:,} tokens' for k, v in o['hit_tokens'].items())}"
+              f", connector hit rate {o['hit_rate']:.3f}, GPU + CPU hit rate "
+              f"{o['combined_hit_rate']:.3f}, loaded "
+              f"{sum(o['loaded_bytes'].values()) / 2**30:.1f} GiB, stored "
+              f"{sum(o['stored_bytes'].values()) / 2**30:.1f} GiB")
     if not args.out:
         print(format_summary(s))
     if s["requests_rejected"]:

@@ -31,6 +31,13 @@ ROWS = (
     ("E2E p99 (s)", lambda s: s["e2e_s"]["p99"], None),
     ("wall clock (s)", lambda s: s["wall_clock_s"], None),
 )
+# rows added when a run had offload tiers ("-" for the runs without)
+OFFLOAD_ROWS = (
+    ("CPU hit tokens", lambda s: s["offload"]["hit_tokens"]["cpu"] if "offload" in s else None,
+     None),
+    ("GPU + CPU hit rate",
+     lambda s: s["offload"]["combined_hit_rate"] if "offload" in s else None, _pct),
+)
 
 
 def scheduling(summary: dict) -> str:
@@ -55,8 +62,9 @@ def format_table(summaries: dict[str, dict], overloaded: dict[str, bool] | None 
     scheduling mode when a run is not synchronous v1; with ``overloaded``, a last row saying
     which runs are (simulator.overload)."""
     names = list(summaries)
+    table_rows = ROWS + (OFFLOAD_ROWS if any("offload" in s for s in summaries.values()) else ())
     rows = [(label, [fmt(get(summaries[n])) if fmt else _fmt(get(summaries[n])) for n in names])
-            for label, get, fmt in ROWS]
+            for label, get, fmt in table_rows]
     rows = [(label, [v if v is not None else "-" for v in values]) for label, values in rows]
     modes = [scheduling(summaries[n]) for n in names]
     if any(m != "v1 sync" for m in modes):   # the synchronous tables keep their rows

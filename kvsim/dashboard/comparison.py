@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 
+from kvsim.allocator import MEMORY_CLASSES
 from kvsim.dashboard.playback import fmt_duration, player_payload
 from kvsim.dashboard.scenario import Run
 from kvsim.planner.sweep import flatten
@@ -135,3 +136,21 @@ def rejected_warning(i: int, run: Run, max_model_len: int) -> str | None:
                      "whole pool")
     return (f"{run_label(i, run)}: {rejected} of {run.summary['requests_arrived']} requests "
             f"rejected: {'; '.join(parts)}.")
+
+
+def tier_rows(run: Run, now: pd.Series) -> list[dict]:
+    """What ``viz.tiers.tier_occupancy_figure`` draws at a sample ``now`` of ``run``: the GPU
+    pool (held by running requests, cached blocks) and each offload tier (stored chunks, hits so
+    far); just the GPU pool without tiers."""
+    total = sum(float(now[c]) for c in MEMORY_CLASSES)
+    cached = float(now["cached"]) / total if total else 0.0
+    rows = [{"tier": "GPU pool", "held": float(now["kv_usage"]), "cached": cached,
+             "label": f"{float(now['kv_usage']):.0%} held, {cached:.0%} cached"}]
+    for tier in run.summary.get("offload", {}).get("tiers", []):
+        name = tier["name"]
+        used = int(now[f"{name}_used_chunks"])
+        rows.append({"tier": f"{name.upper()} tier", "held": 0.0,
+                     "cached": used / tier["num_chunks"],
+                     "label": f"{used:,} / {tier['num_chunks']:,} chunks, "
+                              f"{int(now[f'{name}_hit_tokens']):,} hit tokens"})
+    return rows

@@ -1,5 +1,6 @@
 """The capacity planner page: vLLM's KV capacity for a model on a GPU, a one-parameter capacity
-sweep, and a simulated what-if (planner.sweep) over the sidebar's workload."""
+sweep, a simulated what-if (planner.sweep) over the sidebar's workload, and the workload's
+hit rate for every cache size with the GPU pool marked (planner.cache_plan)."""
 from __future__ import annotations
 
 import hashlib
@@ -10,9 +11,12 @@ import numpy as np
 import pandas as pd
 
 from kvsim.cli.options import hf_config_source
-from kvsim.dashboard.sources import MAX_UPLOAD_MB, UPLOADS, Workload, needs_rate, workload_source
+from kvsim.dashboard.sources import (MAX_UPLOAD_MB, UPLOADS, Workload, load_requests, needs_rate,
+                                     workload_source)
 from kvsim.errors import InputError
+from kvsim.planner.cache_plan import CurveReport, curve_report
 from kvsim.planner.capacity import compute_capacity
+from kvsim.planner.engine_setup import build_engine
 from kvsim.planner.presets import get_gpu, get_model, load_hf_config
 from kvsim.planner.specs import ModelSpec
 from kvsim.planner.sweep import PlanBase, expand_grid, run_sweep
@@ -118,3 +122,21 @@ def simulated_sweep(workload: Workload, allocators: tuple[str, ...], param: str,
     # max_num_seqs is an engine setting: planner.sweep routes it to EngineConfig per point
     axes = {"allocator": list(dict.fromkeys(allocators)), param: list(SIM_SWEEPS[param][1])}
     return pd.DataFrame(run_sweep(expand_grid(axes), plan))
+
+
+def cache_curve(workload: Workload, model_name: str, gpu_name: str, base: tuple,
+                cpu_offload_gib: float | None = None,
+                target_hit_rate: float | None = None) -> CurveReport:
+    """The workload's hit-rate curves with the GPU pool of the model on the GPU marked
+    (``base``: sorted capacity keyword items: tp, kv_dtype, gpu_memory_utilization, block_size,
+    max_model_len). Raises InputError for a bad trace or configuration."""
+    kw = dict(base)
+    setup = build_engine(model=resolve_model(model_name), gpu=gpu_name,
+                         tensor_parallel_size=kw["tp"],
+                         kv_cache_dtype=kw["kv_dtype"],
+                         gpu_memory_utilization=kw["gpu_memory_utilization"],
+                         block_size=kw["block_size"], max_model_len=kw["max_model_len"],
+                         step_s=1.0)
+    return curve_report(load_requests(workload), setup, kv_dtype=kw["kv_dtype"], tp=kw["tp"],
+                        cpu_offload_gib=cpu_offload_gib or None,
+                        target_hit_rate=target_hit_rate, num_min_sizes=24)

@@ -43,6 +43,7 @@ class Scenario:
     step_s: float = 0.025
     num_frames: int = 100
     frame_s: float | None = None
+    cpu_offload_gib: float = 0.0    # a CPU offload tier below the paged side(s); 0: none
 
     def prefix_caching(self, side: int) -> bool:
         """Prefix caching of one side (0 left, 1 right)."""
@@ -71,14 +72,17 @@ def engine_setup(scenario: Scenario, allocator: str, side: int = 0) -> EngineSet
 
     A teaching pool: ``capacity_tokens`` usable slots on both sides, no null block, replay's batch
     limits (EngineConfig's 256 sequences and 8192 tokens, not a GPU's) and a fixed step time.
-    Raises InputError for a pool smaller than one block.
+    ``cpu_offload_gib`` puts a CPU tier (of the default model's blocks, over the default GPU's
+    PCIe link) below a paged side. Raises InputError for a pool smaller than one block.
     """
     max_num_seqs, max_num_batched_tokens = ENGINE_BATCH_DEFAULTS
     return build_engine(
         allocator=allocator, placement=scenario.placement, block_size=scenario.block_size,
         kv_tokens=scenario.capacity_tokens, null_block=False, max_model_len=scenario.max_model_len,
         max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-        enable_prefix_caching=scenario.prefix_caching(side), step_s=scenario.step_s)
+        enable_prefix_caching=scenario.prefix_caching(side), step_s=scenario.step_s,
+        cpu_offload_gib=(scenario.cpu_offload_gib
+                         if allocator == "paged" and scenario.prefix_caching(side) else None))
 
 
 def frame_times(end_s: float, num_frames: int) -> np.ndarray:
@@ -115,8 +119,8 @@ def simulate_scenario(scenario: Scenario, requests: list) -> tuple[Run, Run]:
     """
     setups = [engine_setup(scenario, a, side) for side, a in enumerate(scenario.allocators)]
     # a first pass finds when each run ends; the second takes the snapshots and frames
-    ends_s = [float(simulate(requests, s.config, s.cost, record_requests=False)
-                    .summary["simulated_duration_s"])
+    ends_s = [float(simulate(requests, s.config, s.cost, record_requests=False,
+                             offload=s.offload).summary["simulated_duration_s"])
               for s in setups]
     end_s = max(ends_s)
     times = frame_times(end_s, num_frames_for(scenario))
@@ -132,7 +136,7 @@ def simulate_scenario(scenario: Scenario, requests: list) -> tuple[Run, Run]:
     play_set = set(play_times.tolist())
     runs = []
     for side, (allocator, setup, side_end_s) in enumerate(zip(scenario.allocators, setups, ends_s)):
-        sim = Simulation(requests, setup.config, setup.cost)
+        sim = Simulation(requests, setup.config, setup.cost, offload=setup.offload)
         recorder = FrameRecorder(1 if setup.config.is_paged else scenario.block_size)
         # one more snapshot at the run's end: the faster side shows its final pool from then on
         snap_set = {*times.tolist(), side_end_s}

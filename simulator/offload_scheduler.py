@@ -1,0 +1,267 @@
+"""vLLM's scheduler with the OffloadingConnector: the connector's hooks in ``schedule()``.
+
+``OffloadScheduler`` is ``scheduler.Scheduler`` plus what vLLM 0.33's ``Scheduler`` does when a
+KV connector is configured (``vllm/v1/core/sched/scheduler.py``; docs/OFFLOAD.md lists each
+rule's source). The connector itself (lookups, stores, transfers) is ``offload.OffloadConnector``.
+
+* The waiting loop. After the GPU prefix hit, the connector is asked for more
+  (``get_num_new_matched_tokens``). It may answer "not yet" (a chunk is still being written,
+  promoted from disk, or loaded by another request): the request is skipped for this step and
+  the loop goes on with the next one (``skip_request``), where a request that does not fit
+  stops it as before. A CPU hit is loaded asynchronously: the request gets GPU blocks for its
+  GPU + CPU hit (not cached yet: ``delay_cache_blocks``), computes nothing this step, and waits
+  in the queue of requests that hold blocks (``kv_holding_waiting``). That queue is drained
+  first; a request whose load is done is then scheduled with ``num_computed_tokens`` = its hit
+  (``num_tokens - 1`` when the whole prompt was loaded), its loaded blocks now cached.
+* An async load must leave free the blocks that requests still prefilling (or loading) need
+  to finish (``reserved_blocks``).
+* After scheduling, each request's newly computed prompt chunks are offered to the CPU tier
+  (``build_connector_meta``); a preemption flushes the victim's pending stores; a finished
+  request's recency is committed in the next step.
+
+Decode runs (decode_run.py) stay exact: the engine ends a run at the next transfer completion,
+and ``_head_admissible`` asks the connector the question the waiting loop would ask.
+"""
+from __future__ import annotations
+
+from collections import deque
+
+from kvsim.simulator.kv_slots import cdiv
+from kvsim.simulator.offload import WOULD_PROMOTE, OffloadConnector
+from kvsim.simulator.scheduler import Scheduler
+from kvsim.simulator.seq_state import SeqState
+from kvsim.simulator.step_output import StepOutput
+
+SKIP = "skip"            # the connector cannot answer yet: try the next waiting request
+_HEAD_WALK = 16          # run planning looks past at most this many skipped requests
+
+
+class OffloadScheduler(Scheduler):
+    """vLLM v1 scheduler with the offloading connector (module doc).
+
+    Args:
+        config, allocator, seed: as ``Scheduler``.
+        connector: the replica's OffloadConnector.
+    """
+
+    def __init__(self, config, allocator, seed: int = 0, *, connector: OffloadConnector):
+        super().__init__(config, allocator, seed=seed)
+        if not self.prefix_caching:
+            raise ValueError("offload tiers need the paged allocator with prefix caching")
+        self.offload = connector
+        self.holding: deque[SeqState] = deque()   # vLLM kv_holding_waiting: loading or loaded
+        self._just_finished: list[int] = []       # finished last step: recency committed now
+        self._load_hit: dict[int, int] = {}       # loading request -> its GPU + CPU hit tokens
+        # vLLM _inflight_prefills: requests loading, or admitted and still prefilling after
+        # their chunk (until the step that completes their prompt)
+        self._inflight: dict[int, SeqState] = {}
+
+    def has_unfinished(self) -> bool:
+        return bool(self.running or self.waiting or self.holding)
+
+    # ------------------------------------------------------------------ the step
+    def schedule(self, now_ns: int, step_index: int) -> StepOutput:
+        out = super().schedule(now_ns, step_index)
+        conn = self.offload
+        if self._inflight:   # _update_after_schedule: no longer prefilling, no longer in flight
+            self._inflight = {i: s for i, s in self._inflight.items()
+                              if s.num_computed_tokens < s.num_tokens or i in self._load_hit}
+        # build_connector_meta: offers of what this step computes, then the finished requests
+        for seq, n in out.entries:
+            if seq.num_computed_tokens - n < seq.num_prompt_tokens:   # a prompt chunk ran
+                conn.offer(seq.seq_id, seq.keys, seq.num_prompt_tokens, seq.num_computed_tokens,
+                           self.allocator.block_table(seq.seq_id))
+        self._commit_finished()
+        conn.check_reused_blocks(self.allocator.pool.ref_cnt)
+        return out
+
+    def empty_step(self) -> None:
+        """What vLLM's schedule() does when it schedules nothing (the engine keeps stepping
+        while transfers are pending): the connector still learns who finished."""
+        self._commit_finished()
+
+    def _commit_finished(self) -> None:
+        for seq_id in self._just_finished:
+            self.offload.request_finished(seq_id)
+        self._just_finished = []
+
+    def _preempt(self, seq: SeqState, now_ns: int) -> None:
+        super()._preempt(seq, now_ns)
+        self._inflight.pop(seq.seq_id, None)
+        self.offload.preempted(seq.seq_id)
+
+    def _retire(self, finished: list, end_ns: int, step_index: int) -> None:
+        super()._retire(finished, end_ns, step_index)
+        for seq in finished:
+            self._inflight.pop(seq.seq_id, None)
+        self._just_finished += [seq.seq_id for seq in finished]
+
+    # ------------------------------------------------------------------ the waiting loop
+    def _admit_waiting(self, out: StepOutput, slow: list, token_budget: int, lpt: int,
+                       now_ns: int, step_index: int) -> None:
+        """vLLM schedule()'s waiting loop with a connector: requests that hold blocks first,
+        skipped requests set aside (and put back at the front, in order)."""
+        running, conn = self.running, self.offload
+        skipped_holding: list[SeqState] = []
+        skipped_waiting: list[SeqState] = []
+        while True:
+            queue = self.holding if self.holding else self.waiting
+            if not queue:
+                break
+            seq = queue[0]
+            if queue is self.holding and conn.is_loading(seq.seq_id):
+                if not conn.load_done(seq.seq_id):
+                    skipped_holding.append(queue.popleft())   # still loading
+                    continue
+                self._loaded(seq)
+            fit = self._admission(seq, token_budget, lpt)
+            if fit is None:
+                break
+            if fit is SKIP:
+                skipped_waiting.append(queue.popleft())
+                continue
+            queue.popleft()
+            hit, n, ext = fit
+            if ext:
+                self._start_load(seq, hit, ext, out)
+                self._inflight[seq.seq_id] = seq
+                skipped_holding.append(seq)
+                continue
+            if seq.num_computed_tokens:
+                hit = seq.num_computed_tokens
+                n = self._admit_loaded(seq, n, out, now_ns, step_index)
+            else:
+                n = self._admit(seq, hit, n, out, now_ns, step_index)
+                conn.count_query(seq.num_tokens, hit, preempted=seq.num_preemptions > 0)
+            if hit + n < seq.num_tokens:
+                self._inflight[seq.seq_id] = seq
+            else:
+                self._inflight.pop(seq.seq_id, None)
+            slow.append((seq, n))
+            seq.order = self.next_order
+            self.next_order += 1
+            running.append(seq)
+            self.loose.append(seq)
+            token_budget -= n
+        self.holding.extendleft(reversed(skipped_holding))
+        self.waiting.extendleft(reversed(skipped_waiting))
+
+    def _admission(self, seq: SeqState, token_budget: int, lpt: int, num_blocks_taken: int = 0,
+                   peek: bool = False):
+        """The admission rule with a connector: None (wait: stops the loop), SKIP (the connector
+        cannot answer yet), or (hit, num_new_tokens, num_external_tokens); a request that
+        loaded its hit (``num_computed_tokens`` > 0) asks only for blocks for the rest."""
+        cfg = self.config
+        if token_budget <= 0 or len(self.running) >= cfg.max_num_seqs:
+            return None
+        if seq.num_computed_tokens:                 # loaded: its hit blocks are held
+            return self._loaded_admission(seq, token_budget, lpt, num_blocks_taken)
+        alloc = self.allocator
+        keys = self._keys(seq)
+        num_tokens = seq.num_tokens
+        hit = alloc.lookup(keys, num_tokens)
+        ext = self.offload.lookup(seq.seq_id, keys, num_tokens, hit, peek=peek)
+        if ext is None:
+            return SKIP
+        if ext is WOULD_PROMOTE:
+            return ext
+        if not ext:
+            fit = super()._admission(seq, token_budget, lpt, num_blocks_taken)
+            return None if fit is None else (*fit, 0)
+        # an async load: GPU blocks for the GPU + CPU hit now (the whole prompt with full-prompt
+        # admission), beyond what requests still prefilling or loading need to finish
+        free = alloc.num_free_blocks - num_blocks_taken - self._reserved_blocks()
+        wm = self.watermark_blocks if self.running else 0
+        need = min(num_tokens, cfg.max_model_len) if cfg.full_prompt_admission else hit + ext
+        if alloc.blocks_needed(need, keys) + wm > free:
+            return None
+        return hit, 0, ext
+
+    def _loaded_admission(self, seq: SeqState, token_budget: int, lpt: int,
+                          num_blocks_taken: int):
+        cfg = self.config
+        n = seq.num_tokens - seq.num_computed_tokens
+        if 0 < lpt < n:
+            n = lpt
+        n = min(n, token_budget)
+        held = cdiv(seq.num_alloc_tokens, self.block_size)
+        full = min(seq.num_tokens, cfg.max_model_len) if cfg.full_prompt_admission \
+            else seq.num_computed_tokens + n
+        wm = self.watermark_blocks if self.running else 0
+        if cdiv(full, self.block_size) - held + wm > \
+                self.allocator.num_free_blocks - num_blocks_taken:
+            return None
+        return seq.num_computed_tokens, n, 0
+
+    def _reserved_blocks(self) -> int:
+        """vLLM ``_inflight_prefill_reserved_blocks``: blocks that requests still prefilling or
+        loading need to hold their whole sequence."""
+        B, mml = self.block_size, self.config.max_model_len
+        return sum(max(0, cdiv(min(seq.num_tokens, mml), B) - cdiv(seq.num_alloc_tokens, B))
+                   for seq in self._inflight.values())
+
+    def _start_load(self, seq: SeqState, hit: int, ext: int, out: StepOutput) -> None:
+        """allocate_slots(..., num_external_computed_tokens=ext, delay_cache_blocks=True) and
+        update_state_after_alloc: blocks for the hit, the load queued."""
+        keys = seq.keys
+        ok = self.allocator.allocate(seq.seq_id, hit + ext, block_hashes=keys,
+                                     delay_cache_blocks=True)
+        assert ok, "allocate failed after blocks_needed said it fits"
+        assert self.allocator.num_cached_tokens(seq.seq_id) == hit
+        seq.num_alloc_tokens = hit + ext
+        self.offload.start_load(seq.seq_id, keys, hit, ext, seq.num_tokens,
+                                preempted=seq.num_preemptions > 0)
+        # vLLM records the prefix-cache query (GPU hits) at this admission
+        self._count_prefix_query(seq, hit, out)
+        self._load_hit[seq.seq_id] = hit + ext
+
+    def _loaded(self, seq: SeqState) -> None:
+        """_update_waiting_for_remote_kv: the loaded blocks are cached; the request has its hit
+        computed (all but the last token when the whole prompt was loaded)."""
+        self.allocator.cache_blocks(seq.seq_id)
+        seq.num_computed_tokens = min(self._load_hit.pop(seq.seq_id), seq.num_tokens - 1)
+
+    def _admit_loaded(self, seq: SeqState, n: int, out: StepOutput, now_ns: int,
+                      step_index: int) -> int:
+        """Start a request whose hit was loaded: blocks for its first chunk, RUNNING."""
+        c = seq.num_computed_tokens
+        grow = c + n - seq.num_alloc_tokens
+        if grow > 0:
+            ok = self.allocator.append(seq.seq_id, grow)
+            assert ok, "append failed after the admission check"
+            seq.num_alloc_tokens = c + n
+        return self._start_running(seq, c, n, out, now_ns, step_index)
+
+    # ------------------------------------------------------------------ decode runs
+    def plan_decode_run(self, max_steps: int) -> int:
+        """No run while a loaded request waits to be scheduled (the base asks only about the
+        waiting queue); otherwise the base's plan."""
+        conn = self.offload
+        if conn.has_unflushed_finished_stores or any(self._ready(s) for s in self.holding):
+            return 0   # a decode step could flush a store, or a loaded request runs next
+        k = super().plan_decode_run(max_steps)
+        if k:
+            self._commit_finished()     # what the run's first step's schedule() would do
+        return k
+
+    def _ready(self, seq: SeqState) -> bool:
+        """A request holding blocks that the waiting loop would try to schedule (its load is
+        done), not skip (still loading)."""
+        conn = self.offload
+        return not conn.is_loading(seq.seq_id) or conn.load_reported(seq.seq_id)
+
+    def _head_admissible(self, num_blocks_taken: int) -> bool:
+        """Would the next step's waiting loop do anything? A loaded request, or the first
+        request it would not skip, meeting the admission rule (the connector asked without side
+        effects; a disk hit it would promote counts as something to do)."""
+        budget = self.config.max_num_batched_tokens - len(self.running)
+        lpt = self._lpt()
+        if any(self._ready(seq) for seq in self.holding):
+            return True
+        for i, seq in enumerate(self.waiting):
+            if i == _HEAD_WALK:
+                return True
+            fit = self._admission(seq, budget, lpt, num_blocks_taken, peek=True)
+            if fit is not SKIP:
+                return fit is not None     # admitted, a load started, or a disk promotion
+        return False

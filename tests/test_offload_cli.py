@@ -1,0 +1,142 @@
+"""The offload flags on replay / compare / plan and ``kvsim cache-curve``, through the router."""
+import json
+
+import pandas as pd
+import pytest
+
+from kvsim.cli import main
+
+SPEC = "sharegpt:rate=4,n=80,seed=1,system=512,system_frac=0.8,turns=uniform(1,4),think_s=5"
+POOL = ["--num-blocks", "400", "--max-num-seqs", "32", "--max-num-batched-tokens", "2048",
+        "--quiet"]
+
+
+def test_replay_with_a_cpu_tier_reports_it(tmp_path, capsys):
+    out, ts = tmp_path / "r.json", tmp_path / "ts.csv"
+    assert main(["replay", SPEC, *POOL, "--cpu-offload-gib", "2", "--out", str(out),
+                 "--timeseries", str(ts)]) == 0
+    s = json.loads(out.read_text())
+    tier = s["offload"]["tiers"][0]
+    # 2 GiB of Llama-3.1-8B blocks (2 MiB each), over the H100's PCIe 5.0 link
+    assert (tier["name"], tier["num_chunks"], tier["bandwidth_gbps"]) == ("cpu", 1024, 63.0)
+    assert s["offload"]["hit_tokens"]["cpu"] > 0
+    assert s["offload"]["combined_hit_rate"] > s["prefix_hit_rate"]
+    frame = pd.read_csv(ts)
+    assert {"cpu_used_chunks", "cpu_hit_tokens", "cpu_loaded_bytes", "cpu_stored_bytes",
+            "loading_requests"} <= set(frame.columns)
+    assert frame["cpu_used_chunks"].max() <= 1024 and frame["cpu_stored_bytes"].is_monotonic_increasing
+    assert "offload: cpu hit" in capsys.readouterr().out
+    base = tmp_path / "base.json"
+    assert main(["replay", SPEC, *POOL, "--out", str(base)]) == 0
+    assert "offload" not in json.loads(base.read_text())
+
+
+def test_compare_runs_the_paged_column_with_the_tier(tmp_path, capsys):
+    assert main(["compare", SPEC, *POOL, "--allocators", "paged,max", "--cpu-offload-gib", "2",
+                 "--json", str(tmp_path / "c.json")]) == 0
+    printed = capsys.readouterr().out
+    assert "CPU hit tokens" in printed and "the other columns run without them" in printed
+    both = json.loads((tmp_path / "c.json").read_text())
+    assert "offload" in both["paged"] and "offload" not in both["max"]
+
+
+def test_plan_sweeps_the_cpu_tier(tmp_path):
+    assert main(["plan", SPEC, "--gpu", "h100", "--gpu-memory-utilization", "0.235",
+                 "--max-model-len", "8192", "--sweep", "cpu_offload_gib=0,2", "--jobs", "1",
+                 "--out", str(tmp_path / "p"), "--quiet"]) == 0
+    rows = pd.read_csv(tmp_path / "p" / "results.csv")
+    assert rows["cpu_offload_gib"].tolist() == [0, 2]
+    assert pd.isna(rows.loc[0, "offload.hit_tokens.cpu"]) and rows.loc[1, "offload.hit_tokens.cpu"] > 0
+    assert rows.loc[1, "computed_prompt_tokens"] < rows.loc[0, "computed_prompt_tokens"]
+
+
+def test_cache_curve_writes_the_table_and_the_figure(tmp_path, capsys):
+    csv, html = tmp_path / "c.csv", tmp_path / "c.html"
+    argv = ["cache-curve", SPEC, "--block-size", "16", "--model", "Llama-3.1-8B", "--gpu", "h100",
+            "--min-sizes", "10", "--csv", str(csv), "--html", str(html), "--cpu-offload-gib", "4",
+            "--target-hit-rate", "0.5"]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "GPU pool (Llama-3.1-8B on 1 x H100-80GB-SXM): 28,872 blocks" in printed
+    assert "CPU tier (4 GiB, 2,048 chunks)" in printed
+    assert "50.0%" in printed                      # the planner's answer for the target
+    table = pd.read_csv(csv)
+    assert {"cache_blocks", "cache_gib", "lru_hit_rate", "min_hit_rate",
+            "cpu_tier_hit_rate"} <= set(table.columns)
+    assert 28872 in set(table["cache_blocks"]) and 2048 in set(table["cache_blocks"])
+    assert table["lru_hit_rate"].is_monotonic_increasing
+    page = html.read_text()
+    assert "GPU pool (Llama-3.1-8B" in page and "MIN (offline optimum)" in page
+    # the same workload gives the same bytes: the figure carries a fixed div id, no UUID
+    assert 'id="kvsim-cache-curve"' in page
+    again = [tmp_path / "again.csv", tmp_path / "again.html"]
+    assert main([a.replace(str(csv), str(again[0])).replace(str(html), str(again[1])) for a in argv]) == 0
+    assert again[0].read_bytes() == csv.read_bytes() and again[1].read_bytes() == html.read_bytes()
+
+
+@pytest.mark.shared
+def test_cache_curve_of_the_mooncake_trace_marks_an_h100(shared_traces, capsys):
+    trace = shared_traces / "mooncake" / "conversation_trace.jsonl"
+    assert main(["cache-curve", str(trace), "--block-size", "16", "--min-sizes", "0"]) == 0
+    printed = capsys.readouterr().out
+    assert "12,031 requests" in printed and "LRU hit rate 0.0448" in printed
+
+
+def test_a_cpu_tier_counts_in_the_memory_check_before_the_run(tmp_path, monkeypatch, capsys):
+    """The tier's bookkeeping joins the pool's and the requests' (simulator.footprint): with
+    memory for 2 GiB of chunks alone, the pool and the tier together are refused, in one line."""
+    import kvsim.simulator as simulator
+    from kvsim.simulator import footprint
+
+    limit = 1024 * footprint.BYTES_PER_TIER_CHUNK     # 2 GiB of Llama-3.1-8B: 1,024 chunks
+    monkeypatch.setattr(footprint, "available_memory_bytes", lambda: limit)
+    out = tmp_path / "r.json"
+    assert main(["replay", SPEC, *POOL, "--out", str(out)]) == 0      # without the tier it fits
+    capsys.readouterr()
+    monkeypatch.setattr(simulator, "simulate", lambda *a, **k: pytest.fail("the run started"))
+    assert main(["replay", SPEC, *POOL, "--cpu-offload-gib", "2", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "a cpu tier of 1,024 chunks" in err and "offload tiers" in err
+
+
+def test_a_model_folder_sizes_the_pool_and_the_chunks(tmp_path, capsys):
+    """--hf-config FOLDER (its config.json) is the model of cache-curve's pool and CPU tier, and
+    of replay's tier chunks: 2 KiB of KV a token, 32 KiB a block."""
+    folder = tmp_path / "tiny-llama"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(
+        {"model_type": "llama", "hidden_size": 512, "intermediate_size": 1024,
+         "num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 2,
+         "vocab_size": 1000}))
+    assert main(["cache-curve", SPEC, "--hf-config", str(folder), "--gpu", "l4", "--min-sizes",
+                 "0", "--max-model-len", "2048", "--cpu-offload-gib", "1"]) == 0
+    printed = capsys.readouterr().out
+    assert "GPU pool (tiny-llama on 1 x L4)" in printed and "1 GiB, 32,768 chunks" in printed
+    out = tmp_path / "r.json"
+    assert main(["replay", SPEC, *POOL, "--hf-config", str(folder), "--cpu-offload-gib", "1",
+                 "--offload-bandwidth-gbps", "25", "--out", str(out)]) == 0
+    tier = json.loads(out.read_text())["offload"]["tiers"][0]
+    assert (tier["num_chunks"], tier["bandwidth_gbps"]) == (32768, 25.0)
+
+
+def test_offload_tiers_run_on_the_synchronous_scheduler(tmp_path, capsys):
+    # the roofline's default is async (vLLM on a GPU); OffloadScheduler is the synchronous one
+    out = tmp_path / "r.json"
+    assert main(["replay", SPEC, *POOL, "--cpu-offload-gib", "2", "--out", str(out)]) == 0
+    assert not json.loads(out.read_text())["config"]["engine"].get("async_scheduling")
+    base = tmp_path / "base.json"
+    assert main(["replay", SPEC, *POOL, "--out", str(base)]) == 0
+    assert json.loads(base.read_text())["config"]["engine"]["async_scheduling"] is True
+    capsys.readouterr()
+    for extra in (["--async-scheduling"], ["--scheduler", "v0", "--max-model-len", "2048"],
+                  ["--kv-groups", "sliding:128,full"]):
+        assert main(["replay", SPEC, *POOL, "--cpu-offload-gib", "2", *extra]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "--cpu-offload-gib" in err[0] and "synchronous" in err[0], err
+
+
+def test_compare_with_a_tier_runs_every_column_synchronously(tmp_path):
+    assert main(["compare", SPEC, *POOL, "--allocators", "paged,max", "--cpu-offload-gib", "2",
+                 "--json", str(tmp_path / "c.json")]) == 0
+    both = json.loads((tmp_path / "c.json").read_text())
+    assert not any(s["config"]["engine"].get("async_scheduling") for s in both.values())
