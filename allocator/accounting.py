@@ -104,7 +104,7 @@ def pool_cells(pool, block_size: int) -> tuple[np.ndarray, np.ndarray, np.ndarra
     block_key = np.zeros(n, dtype=np.uint64)
     for block_id, key in enumerate(pool.block_key):
         if key is not None:
-            block_key[block_id] = key & 0xFFFFFFFFFFFFFFFF
+            block_key[block_id] = pool.key_of(block_id) & 0xFFFFFFFFFFFFFFFF
             if pool.ref_cnt[block_id] == 0:
                 cell_class[block_id] = CACHED
                 fill[block_id] = block_size

@@ -52,7 +52,8 @@ class _GroupCountingPool(BlockPool):
     """The shared pool, also counting its cached free blocks by the group whose key each holds
     (``block_group[b]``: the group that last took block b), so that a per-group breakdown is
     O(1). Hooks only where a block becomes or stops being a cached free block: ``free`` (into
-    the queue with a key), ``touch`` (a hit takes it back), ``unregister`` (eviction)."""
+    the queue with a key), ``touch`` (a hit takes it back), ``_evicting`` (a pop evicts) and
+    ``unregister`` (a key retired)."""
 
     def __init__(self, num_blocks: int, block_group: list[int], num_groups: int):
         super().__init__(num_blocks, reserve_null_block=True)
@@ -61,7 +62,7 @@ class _GroupCountingPool(BlockPool):
 
     def free(self, blocks_tail_first: list[int], num_reuse_first: int) -> None:
         super().free(blocks_tail_first, num_reuse_first)
-        if self._key_to_block:
+        if self.num_keyed_blocks:
             ref, key, group = self.ref_cnt, self.block_key, self.block_group
             counts = self.num_cached_by_group
             for block_id in blocks_tail_first[num_reuse_first:]:
@@ -75,6 +76,11 @@ class _GroupCountingPool(BlockPool):
             if ref[block_id] == 0:
                 counts[group[block_id]] -= 1
         super().touch(blocks)
+
+    def _evicting(self, block_ids: list[int]) -> None:
+        counts, group = self.num_cached_by_group, self.block_group
+        for block_id in block_ids:
+            counts[group[block_id]] -= 1
 
     def unregister(self, block_id: int) -> None:
         if self.block_key[block_id] is not None and self.ref_cnt[block_id] == 0:

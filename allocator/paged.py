@@ -40,11 +40,13 @@ from kvsim.allocator.accounting import (MEMORY_CLASSES, TOKEN_STATES, PoolSnapsh
 from kvsim.allocator.block_pool import BlockPool, PoolQueries
 from kvsim.allocator.checks import (owner_codes, require_int, require_live, require_new_seq_id,
                                     snapshot_order)
+from kvsim.workloads.keys import SegmentKeys
 
 
 class _Seq:
     __slots__ = ("block_table", "num_tokens", "num_cached_tokens", "block_hashes",
-                 "num_hashes", "num_shareable_blocks", "num_keyed_blocks", "num_hit_blocks")
+                 "num_hashes", "num_shareable_blocks", "num_keyed_blocks", "num_hit_blocks",
+                 "forked")
 
     def __init__(self, block_table, num_tokens, num_cached_tokens, block_hashes, num_hashes,
                  num_shareable_blocks, num_keyed_blocks, num_hit_blocks):
@@ -56,6 +58,9 @@ class _Seq:
         self.num_shareable_blocks = num_shareable_blocks  # registered eagerly below this index
         self.num_keyed_blocks = num_keyed_blocks        # leading full blocks already considered
         self.num_hit_blocks = num_hit_blocks            # leading blocks taken from the cache
+        # shares blocks with a fork parent or child: any of its blocks may have been keyed by
+        # the other (otherwise blocks past num_hit_blocks are its own, keyed only by itself)
+        self.forked = False
 
 
 class PagedAllocator(PoolQueries):
@@ -269,6 +274,7 @@ class PagedAllocator(PoolQueries):
         child = _Seq(list(parent.block_table), parent.num_tokens, parent.num_cached_tokens,
                      block_hashes, *self._count_keys(block_hashes), 0, parent.num_hit_blocks)
         self._seqs[child_id] = child
+        parent.forked = child.forked = True
         # blocks the parent already registered are skipped (register is a no-op on them)
         self._register_full_blocks(child)
 
@@ -289,6 +295,9 @@ class PagedAllocator(PoolQueries):
         del self._seqs[seq_id]
         pool, size, table = self.pool, self.block_size, seq.block_table
         num_full = seq.num_tokens // size
+        # the table's keyed head (blocks registered eagerly or hit; see pool.free): exact
+        # unless the table is shared with a fork
+        num_keyed = min(seq.num_keyed_blocks, seq.num_shareable_blocks)
         num_hashed = num_full       # full blocks with a hash (vLLM: the rest go to the front)
         if num_hashed_tokens is not None and num_hashed_tokens < seq.num_tokens:
             # blocks that have a key already (prefix hits, shareable blocks registered as they
@@ -301,7 +310,8 @@ class PagedAllocator(PoolQueries):
                 self._preempted_seq_ids.add(seq_id)
                 start, stop = seq.num_shareable_blocks, min(num_hashed, seq.num_hashes)
                 if start < stop:
-                    pool.register_many(table[start:stop], seq.block_hashes[start:stop])
+                    self._register(seq, start, stop)
+                    num_keyed = stop
             else:
                 # private blocks keyed by a hit after an earlier preemption: nobody else can
                 # use them, so once released they count as free (same LRU place)
@@ -315,7 +325,10 @@ class PagedAllocator(PoolQueries):
         tail_fill = seq.num_tokens - num_full * size
         tail_released = bool(tail_fill) and pool.ref_cnt[table[-1]] == 1
         num_free_before = pool.num_free_blocks
-        pool.free(table[::-1], num_reuse_first)
+        if seq.forked:
+            pool.free(table[::-1], num_reuse_first)
+        else:       # blocks past the keyed and hit head were never keyed: nobody else holds them
+            pool.free(table[::-1], num_reuse_first, num_keyed, max(num_keyed, seq.num_hit_blocks))
         num_released = pool.num_free_blocks - num_free_before
         self._num_filled_slots -= num_released * size - (size - tail_fill) * tail_released
 
@@ -379,7 +392,7 @@ class PagedAllocator(PoolQueries):
                 assert fill_of.setdefault(block_id, block_fill) == block_fill, \
                     f"block {block_id} shared with different fills"
             for i in range(min(seq.num_keyed_blocks, seq.num_shareable_blocks)):
-                assert pool.block_key[table[i]] == seq.block_hashes[i], \
+                assert pool.key_of(table[i]) == seq.block_hashes[i], \
                     f"seq {seq_id} block {i} not registered under its key"
         for block_id in range(self.num_blocks):
             assert pool.ref_cnt[block_id] == references[block_id], \
@@ -426,13 +439,16 @@ class PagedAllocator(PoolQueries):
                 return hits[:limit]
             if len(hits) < scanned:
                 return list(hits)
-        get = self.pool.get_cached_block
-        hits = []
-        for i in range(limit):
-            block_id = get(block_hashes[i])
-            if block_id is None:
-                break    # keys chain: once one block misses, every later block misses
-            hits.append(block_id)
+        if type(block_hashes) is SegmentKeys and not self.pool.int_keys:
+            hits = self.pool.segment_hits(block_hashes.segment_runs(0, limit))
+        else:
+            get = self.pool.get_cached_block
+            hits = []
+            for i in range(limit):
+                block_id = get(block_hashes[i])
+                if block_id is None:
+                    break    # keys chain: once one block misses, every later block misses
+                hits.append(block_id)
         self._last_scan = (block_hashes, self.pool.map_version, limit, hits)
         return list(hits)
 
@@ -443,6 +459,16 @@ class PagedAllocator(PoolQueries):
         if num_full <= start:
             return
         stop = min(num_full, seq.num_shareable_blocks)
-        if start < stop:   # one slice of keys (SegmentKeys computes a run in one walk)
-            self.pool.register_many(seq.block_table[start:stop], seq.block_hashes[start:stop])
+        if start < stop:
+            self._register(seq, start, stop)
         seq.num_keyed_blocks = num_full
+
+    def _register(self, seq: _Seq, start: int, stop: int) -> None:
+        """Register ``block_table[start:stop]`` under their keys: by segment run when the keys
+        are SegmentKeys (no key is computed), else one key each."""
+        pool, table, block_hashes = self.pool, seq.block_table, seq.block_hashes
+        if type(block_hashes) is SegmentKeys and not pool.int_keys:
+            pool.register_runs(table, block_hashes.segment_runs(start, stop), self.block_size,
+                               unkeyed=start >= seq.num_hit_blocks and not seq.forked)
+        else:
+            pool.register_many(table[start:stop], block_hashes[start:stop])

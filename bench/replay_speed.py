@@ -3,6 +3,8 @@
 Cases (each in its own subprocess, so peak RSS is the case's own):
   azure-conv      ../shared/traces/azure_llm_2023/AzureLLMInferenceTrace_conv.csv (19,366 requests)
   mooncake-conv   ../shared/traces/mooncake/conversation_trace.jsonl (12,031 requests)
+  mooncake-conv-nopc  the same replay with prefix caching off (issue 20: prefix caching on
+                  should cost at most 2x this)
   sharegpt-10k / -100k / -1m   synthetic ShareGPT-like requests (workloads spec)
   azure-conv-gpt-oss(-full)    the Azure trace on gpt-oss-120b / one H100: KV-cache groups
                                (sliding window + full), and every layer full (not by default)
@@ -14,13 +16,18 @@ off (only the latencies for the summary's percentiles are kept, as `kvsim replay
 
     python bench/replay_speed.py [--cases azure-conv,sharegpt-10k] [--profile CASE | --sample CASE]
         [--modes sync,async --repeat 3]
+    python bench/replay_speed.py --against OTHER/.venv/bin/python --rounds 3 [--cases ...]
 
 ``--modes`` replays every case in each scheduling mode (``sync``: vLLM's synchronous
 Scheduler, the default; ``async``: AsyncScheduler with two batches in flight), alternating the
 modes run by run (``--repeat`` rounds) so that the machine's load hits both alike; the table then
 gives each mode's median wall time and the async / sync ratio.
 
-Prints one line per case and a Markdown table. Targets (issue 8, one core): azure-conv < 1 s,
+Prints one line per case and a Markdown table. ``--against`` runs every case alternately under
+this checkout's Python and another checkout's (its venv's editable kvsim: the code before a
+change), round after round, and prints both CPU times side by side with a check that the two
+summaries are equal. Issue 20's targets: mooncake-conv at most 2x mooncake-conv-nopc,
+sharegpt-1m under 90 s with flat memory. Targets (issue 8, one core): azure-conv < 1 s,
 sharegpt-1m < 2 min, peak memory not growing with trace length beyond recorded samples.
 """
 from __future__ import annotations
@@ -41,6 +48,7 @@ TRACES = ROOT.parent / "shared" / "traces"
 CASES = {
     "azure-conv": str(TRACES / "azure_llm_2023" / "AzureLLMInferenceTrace_conv.csv"),
     "mooncake-conv": str(TRACES / "mooncake" / "conversation_trace.jsonl"),
+    "mooncake-conv-nopc": str(TRACES / "mooncake" / "conversation_trace.jsonl"),
     "sharegpt-10k": "sharegpt:rate=20,n=10000,seed=0",
     "sharegpt-100k": "sharegpt:rate=20,n=100000,seed=0",
     "sharegpt-1m": "sharegpt:rate=20,n=1000000,seed=0",
@@ -50,6 +58,7 @@ CASES = {
 }
 DEFAULT_CASES = [c for c in CASES if "gpt-oss" not in c]
 MODEL, GPU = "Llama-3.1-8B", "A100-80GB"
+NO_PREFIX_CACHING = "-nopc"   # case-name suffix: the same replay with prefix caching off
 # cases on another model: gpt-oss-120b (18 sliding-window + 18 full layers) on one H100
 CASE_SETUP = {
     "azure-conv-gpt-oss": dict(model="gpt-oss-120b", gpu="H100-80GB-SXM", max_model_len=131072),
@@ -67,6 +76,7 @@ def run_case(name: str, profile: bool = False, mode: str = "sync") -> dict:
     setup = build_engine(**{"model": MODEL, "gpu": GPU, "max_model_len": max_model_len,
                             **CASE_SETUP.get(name, {})},
                          max_num_seqs=256, max_num_batched_tokens=8192,
+                         enable_prefix_caching=not name.endswith(NO_PREFIX_CACHING),
                          async_scheduling=mode == "async")
     config, cost, report = setup.config, setup.cost, setup.capacity
     requests = workloads.load(CASES[name])
@@ -91,7 +101,8 @@ def run_case(name: str, profile: bool = False, mode: str = "sync") -> dict:
             "wall_s": round(wall, 3), "cpu_s": round(cpu, 3),
             "requests_per_wall_s": round(s["requests_arrived"] / wall, 1),
             "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
-            "num_gpu_blocks": report.num_gpu_blocks}
+            "num_gpu_blocks": report.num_gpu_blocks,
+            "kvsim_root": str(Path(sys.modules["kvsim.simulator"].__file__).parent.parent)}
 
 
 def sample_case(name: str, interval_s: float = 0.0002, top: int = 40) -> None:
@@ -131,6 +142,51 @@ def sample_case(name: str, interval_s: float = 0.0002, top: int = 40) -> None:
         print(f"{100 * n / total:6.1f} | {100 * on_top[key] / total:5.1f} | {where}:{key[1]}")
 
 
+def _run_child(python: str, name: str) -> dict | str:
+    """One case in its own process under ``python``: its row, or the error text."""
+    out = subprocess.run([python, __file__, "--one", name], capture_output=True, text=True)
+    if out.returncode:
+        return out.stderr[-2000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _machine_line() -> str:
+    return (f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores "
+            f"(load {os.getloadavg()[0]:.1f}), Python {platform.python_version()}, "
+            f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+
+
+_TIMINGS = ("wall_s", "cpu_s", "requests_per_wall_s", "peak_rss_mib", "kvsim_root")
+
+
+def compare_against(other_python: str, names: list[str], rounds: int) -> int:
+    """Run every case alternately under the other Python and this one, ``rounds`` times."""
+    runs: dict[str, dict[str, list]] = {n: {"old": [], "new": []} for n in names}
+    for r in range(rounds):
+        for name in names:
+            for side, python in (("old", other_python), ("new", sys.executable)):
+                row = _run_child(python, name)
+                if isinstance(row, str):
+                    print(f"{name} ({side}): failed\n{row}")
+                    return 1
+                runs[name][side].append(row)
+                print(json.dumps({"round": r, "side": side, **row}), flush=True)
+    print("\n" + _machine_line())
+    print("| case | old CPU s | new CPU s | old / new (min) | old peak RSS MiB | new peak RSS MiB "
+          "| summaries equal |")
+    print("| --- | --- | --- | ---: | ---: | ---: | --- |")
+    for name in names:
+        old, new = runs[name]["old"], runs[name]["new"]
+        same = all({k: v for k, v in o.items() if k not in _TIMINGS} ==
+                   {k: v for k, v in n.items() if k not in _TIMINGS} for o, n in zip(old, new))
+        old_cpu, new_cpu = [o["cpu_s"] for o in old], [n["cpu_s"] for n in new]
+        print(f"| {name} | {', '.join(f'{c:.2f}' for c in old_cpu)} | "
+              f"{', '.join(f'{c:.2f}' for c in new_cpu)} | {min(old_cpu) / min(new_cpu):.2f}x | "
+              f"{max(o['peak_rss_mib'] for o in old):.0f} | "
+              f"{max(n['peak_rss_mib'] for n in new):.0f} | {'yes' if same else 'NO'} |")
+    return 0
+
+
 def _absent(name: str) -> bool:
     """A trace case whose file is not there (../shared/traces missing)."""
     return ":" not in CASES[name] and not os.path.exists(CASES[name])
@@ -155,6 +211,9 @@ def main() -> int:
                     help="run one case under cProfile (stderr)")
     ap.add_argument("--sample", choices=CASES, metavar="CASE",
                     help="run one case under a sampling profiler (shares per function)")
+    ap.add_argument("--against", metavar="PYTHON",
+                    help="another checkout's venv Python: run each case alternately under both")
+    ap.add_argument("--rounds", type=int, default=3, help="rounds of --against (default 3)")
     args = ap.parse_args()
     modes = args.modes.split(",")
     if any(m not in MODES for m in modes) or args.repeat < 1:
@@ -172,6 +231,8 @@ def main() -> int:
     for name in names:
         if name not in CASES:
             ap.error(f"unknown case {name!r}; choose from {', '.join(CASES)}")
+    if args.against:
+        return compare_against(args.against, [n for n in names if not _absent(n)], args.rounds)
     rows = {}
     for _round in range(args.repeat):
         for name in names:

@@ -61,6 +61,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from kvsim.errors import InputError
 from kvsim.planner.capacity import (DEFAULT_BLOCK_SIZE, DEFAULT_GPU_MEMORY_UTILIZATION, CapacityReport,
@@ -73,8 +74,9 @@ from kvsim.planner.tiers import block_bytes, build_tiers
 from kvsim.planner.weights import serve_weights_as
 from kvsim.simulator.config import EngineConfig, parse_kv_groups
 from kvsim.simulator.cost import CostModel, FixedStepCost, ScaledCost
-from kvsim.simulator.cost_table import load_cost_table
-from kvsim.simulator.offload import TierConfig
+
+if TYPE_CHECKING:
+    from kvsim.simulator.offload import TierConfig
 
 DEFAULT_MODEL = "Llama-3.1-8B"
 DEFAULT_GPU = "H100-80GB-SXM"
@@ -308,6 +310,8 @@ def build_engine(*,
     if step_s is not None:
         cost: CostModel = FixedStepCost(step_s)
     elif cost_table is not None:
+        # here, not at the top: it imports numpy, which `kvsim replay --help` does not need
+        from kvsim.simulator.cost_table import load_cost_table
         cost = load_cost_table(cost_table)
     else:
         cost = RooflineCost(model_spec, gpu_spec, tp=tensor_parallel_size, kv_dtype=kv_cache_dtype,
@@ -339,6 +343,9 @@ def _offload_tiers(model: ModelSpec | None, gpu: GpuSpec | None, tp: int, kv_dty
     per_rank, copies = block_bytes(model, kv_dtype, tp, block_size) if model else (1, tp)
     tiers = build_tiers(gpu_name=gpu.name if gpu else None, bytes_per_block=per_rank, tp=copies,
                         **flags)
+    # here, not at the top: the offload module loads the allocator package (numpy), which
+    # `kvsim replay --help` does not need
+    from kvsim.simulator.offload import TierConfig
     return tuple(TierConfig(t.name, t.num_chunks(per_rank, copies),
                             t.chunk_bytes(per_rank, copies), t.bytes_per_s, t.latency_s)
                  for t in tiers)

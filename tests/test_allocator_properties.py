@@ -297,27 +297,28 @@ def test_contiguous_allocator_invariants(data, capacity, policy, placement):
 @given(ops=st.lists(st.tuples(st.sampled_from(["prepend", "append", "popleft", "remove"]),
                               st.integers(0, 11)), max_size=120))
 def test_free_block_queue_matches_a_plain_list(ops):
-    queue, model = FreeBlockQueue(range(6)), list(range(6))
+    queue, model = FreeBlockQueue(range(6), 12), list(range(6))
     queue.trim_after = 2                       # exercise trimming and front growth on small runs
-    position = {}                              # appended block -> its position
+    takeable = set()                           # blocks appended takeable, still queued there
     for op, arg in ops:
         if op in ("prepend", "append"):
             new = [b for b in range(arg, 12) if b not in model][:3]
             if op == "prepend":
                 queue.prepend(new)
                 model[:0] = new
-                for b in new:
-                    position.pop(b, None)
             else:
-                position.update((b, queue.end() + i) for i, b in enumerate(new))
-                queue.append(new)
+                queue.append(new, 0 if arg % 2 == 0 else -1)   # cached (takeable) or not
                 model += new
+                if arg % 2 == 0:
+                    takeable.update(new)
         elif op == "popleft":
             n = min(arg, len(model))
-            assert queue.popleft(n) == model[:n]
+            assert queue.popleft(n)[0] == model[:n]
+            takeable.difference_update(model[:n])
             del model[:n]
-        elif arg in model and arg in position:
-            queue.remove_at(position.pop(arg))
+        elif arg in takeable:
+            queue.take(arg)
             model.remove(arg)
+            takeable.discard(arg)
         assert list(queue) == model and len(queue) == len(model)
         queue.check_invariants()

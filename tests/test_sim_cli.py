@@ -172,3 +172,22 @@ def test_outputs_are_checked_before_the_run_and_directories_created(tmp_path, ca
     assert main(["replay", spec, "--allocator", "paged", "--num-blocks", "500", "--quiet",
                  "--out", str(out), "--timeseries", str(tmp_path / "ts.txt")]) == 2
     assert "unknown file type" in capsys.readouterr().err
+
+
+def test_replay_help_imports_no_heavy_package():
+    """`kvsim replay --help` starts without numpy, pandas, simpy, torch, plotly or streamlit
+    (issue 20: under 0.3 s); a fresh interpreter, since other tests import them."""
+    import subprocess
+    import sys
+    code = ("import io, contextlib, sys\n"
+            "from kvsim.cli import main\n"
+            "with contextlib.redirect_stdout(io.StringIO()):\n"
+            "    try:\n"
+            "        main(['replay', '--help'])\n"
+            "    except SystemExit:\n"
+            "        pass\n"
+            "print(','.join(m for m in ('numpy', 'pandas', 'simpy', 'torch', 'plotly',\n"
+            "                          'streamlit') if m in sys.modules))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, cwd="/")
+    assert out.stdout.strip() == ""

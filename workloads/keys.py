@@ -16,7 +16,7 @@ keys given at one granularity (Mooncake: one id per 512 tokens) to any block siz
 """
 from __future__ import annotations
 
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
 
 _MASK64 = (1 << 64) - 1
@@ -30,6 +30,11 @@ def mix64(x: int) -> int:
     x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
     x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
     return x ^ (x >> 31)
+
+
+def segment_key(chain: int, offset: int) -> int:
+    """Key of the block whose last token is at ``offset`` in the segment named by ``chain``."""
+    return mix64(chain ^ (offset << 1 | 1))
 
 
 def hash_token_blocks(token_ids: Sequence[int], block_size: int) -> list[int]:
@@ -69,7 +74,7 @@ class SegmentKeys(Sequence):
     """
 
     __slots__ = ("block_size", "num_tokens", "num_shareable_tokens", "_starts", "_chains",
-                 "_make_segments")
+                 "_make_segments", "_runs", "_run_ends")
 
     def __init__(self, segments: Sequence[tuple[int, int]], block_size: int,
                  num_shareable_tokens: int | None = None):
@@ -77,6 +82,7 @@ class SegmentKeys(Sequence):
             raise ValueError(f"block_size must be positive, got {block_size}")
         self.block_size = block_size
         self._make_segments = None
+        self._runs = None
         self._build(segments)
         self.num_shareable_tokens = self.num_tokens if num_shareable_tokens is None else min(
             self.num_tokens, num_shareable_tokens)
@@ -93,7 +99,7 @@ class SegmentKeys(Sequence):
         keys.block_size = block_size
         keys.num_tokens = num_tokens
         keys.num_shareable_tokens = min(num_tokens, num_shareable_tokens)
-        keys._starts = keys._chains = None
+        keys._starts = keys._chains = keys._runs = None
         keys._make_segments = make_segments
         return keys
 
@@ -102,14 +108,22 @@ class SegmentKeys(Sequence):
         chains: list[int] = []
         pos = 0
         chain = _SEGMENT_SALT
+        mask = _MASK64
         for seg_id, length in segments:
             if length <= 0:
                 raise ValueError(f"segment {seg_id} has length {length}; lengths must be > 0")
             starts.append(pos)
-            # the chain names this segment and everything before it (ids and lengths)
-            chain = mix64(chain ^ (int(seg_id) & _MASK64))
+            # the chain names this segment and everything before it (ids and lengths):
+            # mix64(chain ^ seg_id), then mix64(chain ^ length), inlined (two per segment)
+            x = ((chain ^ (int(seg_id) & mask)) + 0x9E3779B97F4A7C15) & mask
+            x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & mask
+            x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & mask
+            chain = x ^ (x >> 31)
             chains.append(chain)
-            chain = mix64(chain ^ length)
+            x = ((chain ^ length) + 0x9E3779B97F4A7C15) & mask
+            x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & mask
+            x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & mask
+            chain = x ^ (x >> 31)
             pos += length
         self.num_tokens = pos
         self._starts = starts
@@ -144,7 +158,62 @@ class SegmentKeys(Sequence):
             self._build_deferred()
         t = (i + 1) * self.block_size - 1
         s = bisect_right(self._starts, t) - 1
-        return mix64(self._chains[s] ^ ((t - self._starts[s]) << 1 | 1))
+        return segment_key(self._chains[s], t - self._starts[s])
+
+    def segment_runs(self, start: int, stop: int) -> list[tuple[int, int, int, int, int]]:
+        """Blocks ``start..stop-1`` grouped by the segment that holds each block's last token:
+        ``(chain, first_offset, j, i, i_end)`` per segment, in order.
+
+        Blocks ``i..i_end-1`` are the segment's blocks ``j..`` (block ``j`` of a segment ends at
+        offset ``j * block_size + first_offset`` in it, the same in every sequence with this
+        chain, since the chain names the segment's start); block ``i``'s key is
+        ``segment_key(chain, j * block_size + first_offset)``. A prefix cache can match and
+        register a whole run at once instead of one key per block. The runs of all blocks
+        are made once (a few per segment); a range is cut from them."""
+        runs = self._runs
+        if runs is None:
+            runs = self._runs = self._all_runs()
+        if start >= stop:
+            return []
+        if start == 0:                 # a prefix (look-ups): whole runs, the last one cut
+            r = bisect_left(self._run_ends, stop)
+            if r >= len(runs):
+                return runs
+            out = runs[:r]
+            chain, first_offset, j, i, _i_end = runs[r]
+            if i < stop:
+                out.append((chain, first_offset, j, i, stop))
+            return out
+        # runs[r] covers blocks [runs[r][3], runs[r][4]); cut [start, stop) out of them
+        r = bisect_right(self._run_ends, start)
+        out = []
+        while r < len(runs) and runs[r][3] < stop:
+            chain, first_offset, j, i, i_end = runs[r]
+            if i < start or i_end > stop:
+                j += max(0, start - i)
+                i, i_end = max(i, start), min(i_end, stop)
+                out.append((chain, first_offset, j, i, i_end))
+            else:
+                out.append(runs[r])
+            r += 1
+        return out
+
+    def _all_runs(self) -> list[tuple[int, int, int, int, int]]:
+        if self._chains is None:
+            self._build_deferred()
+        size = self.block_size
+        runs = []
+        append = runs.append
+        ends = self._starts[1:] + [self.num_tokens]
+        for chain, seg_start, seg_end in zip(self._chains, self._starts, ends):
+            # blocks seg_start // B .. seg_end // B - 1 end in this segment (none if it is
+            # shorter than a block and holds no block end); the first ends at offset
+            # (i + 1) * B - 1 - seg_start < B
+            i, i_end = seg_start // size, seg_end // size
+            if i_end > i:
+                append((chain, (i + 1) * size - 1 - seg_start, 0, i, i_end))
+        self._run_ends = [run[4] for run in runs]
+        return runs
 
     def block_runs(self, stop: int) -> list[tuple[int, int, int]]:
         """Blocks ``0..stop-1`` grouped by the segment that holds their last token, as
@@ -157,15 +226,8 @@ class SegmentKeys(Sequence):
         """
         if not 0 <= stop <= len(self):
             raise IndexError(f"{stop} blocks out of range for {len(self)} full blocks")
-        if self._chains is None:
-            self._build_deferred()
-        size, out = self.block_size, []
-        for start, chain, end in zip(self._starts, self._chains, self._starts[1:] + [None]):
-            first = start // size
-            last = stop if end is None else min(end // size, stop)
-            if last > first:
-                out.append((chain, first, last - first))
-        return out
+        return [(chain, i, i_end - i)
+                for chain, _first_offset, _j, i, i_end in self.segment_runs(0, stop)]
 
     def _key_range(self, start: int, stop: int) -> list[int]:
         """Keys of blocks ``start..stop-1`` in one walk over the segments (a slice: registering
@@ -184,7 +246,7 @@ class SegmentKeys(Sequence):
             while next_start is not None and t >= next_start:
                 s += 1
                 next_start = starts[s + 1] if s + 1 < num_segments else None
-            out.append(mix64(chains[s] ^ ((t - starts[s]) << 1 | 1)))
+            out.append(mix64(chains[s] ^ ((t - starts[s]) << 1 | 1)))   # segment_key, inlined
         return out
 
 

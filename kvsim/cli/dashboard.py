@@ -6,7 +6,7 @@ import argparse
 import os
 import sys
 
-from kvsim.cli.options import positive_int
+from kvsim.cli.argtypes import positive_int
 
 MAX_PORT = 65535
 

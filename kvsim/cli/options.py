@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 
+from kvsim.cli.argtypes import add_rate_args, nonneg_int, positive_float, positive_int
 from kvsim.errors import InputError
 from kvsim.planner.capacity import DEFAULT_GPU_MEMORY_UTILIZATION, KV_DTYPES
 from kvsim.planner.engine_setup import DEFAULT_GPU, DEFAULT_MODEL
@@ -38,25 +38,6 @@ ENGINE_BATCH_DEFAULTS: tuple[int, int] = tuple(
     EngineConfig.__dataclass_fields__[name].default for name in ("max_num_seqs", "max_num_batched_tokens"))
 
 
-def _number(kind, lo, *, strict: bool):
-    """An argparse type: a ``kind`` >= lo (> lo when strict); argparse reports a bad value as a
-    usage error (exit 2) before any work starts."""
-    def parse(text: str):
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(
-                f"not {'an integer' if kind is int else 'a number'}: {text!r}") from None
-        if not math.isfinite(value) or value < lo or (strict and value == lo):
-            raise argparse.ArgumentTypeError(f"must be {'>' if strict else '>='} {lo}, got {text}")
-        return value
-    parse.__name__ = kind.__name__  # argparse names the type in its messages
-    return parse
-
-
-positive_int = _number(int, 1, strict=False)
-nonneg_int = _number(int, 0, strict=False)
-positive_float = _number(float, 0, strict=True)
 
 
 # ------------------------------------------------------------------------------------- workload
@@ -77,18 +58,6 @@ def add_workload_args(p: argparse.ArgumentParser, *, required: bool = True, trac
                    help="replay only the first N requests")
     add_rate_args(p)
     p.add_argument("--seed", type=int, default=0, help="seed of generated arrivals and lengths")
-
-
-def add_rate_args(p: argparse.ArgumentParser) -> None:
-    """``--rate`` and ``--rate-scale``: one meaning in every command (workloads.retime)."""
-    g = p.add_argument_group("arrival rate (the same in every command)")
-    g.add_argument("--rate", type=positive_float, metavar="PER_S",
-                   help="give the workload this many requests/s: a spec's rate= is replaced, a "
-                        "trace without timestamps gets Poisson arrivals, a timestamped trace is "
-                        "re-timed to this mean rate")
-    g.add_argument("--rate-scale", type=positive_float, metavar="X",
-                   help="X times the workload's own rate (or --rate's): a trace keeps its own "
-                        "arrival pattern, its times divided by X ('what if traffic doubles?': 2)")
 
 
 # -------------------------------------------------------------------------------- model and GPU

@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from kvsim.cli.options import add_rate_args, positive_float, positive_int
+from kvsim.cli.argtypes import add_rate_args, positive_float, positive_int
 from kvsim.workloads.loaders import FORMATS
 
 
