@@ -137,11 +137,7 @@ class OffloadScheduler(Scheduler):
                 self._inflight[seq.seq_id] = seq
             else:
                 self._inflight.pop(seq.seq_id, None)
-            slow.append((seq, n))
-            seq.order = self.next_order
-            self.next_order += 1
-            running.append(seq)
-            self.loose.append(seq)
+            self._enter_running(seq, n, slow, running)
             token_budget -= n
         self.holding.extendleft(reversed(skipped_holding))
         self.waiting.extendleft(reversed(skipped_waiting))

@@ -265,12 +265,17 @@ class Scheduler(DecodeRuns, Forks, DecodeClock, KVSlots):
             if n is None:      # the allocator's own check refused it (KV-cache groups)
                 break
             waiting.popleft()
-            slow.append((seq, n))
-            seq.order = self.next_order
-            self.next_order += 1
-            running.append(seq)
-            self.loose.append(seq)
+            self._enter_running(seq, n, slow, running)
             token_budget -= n
+
+    def _enter_running(self, seq: SeqState, n: int, slow: list, running: list) -> None:
+        """An admitted request joins the step (``n`` tokens) and the running queue, in
+        admission order, off the decode clock until the step ends."""
+        slow.append((seq, n))
+        seq.order = self.next_order
+        self.next_order += 1
+        running.append(seq)
+        self.loose.append(seq)
 
     def _admission(self, seq: SeqState, token_budget: int, lpt: int, num_blocks_taken: int = 0,
                    verdict_only: bool = False) -> tuple[int, int] | None:
