@@ -144,8 +144,11 @@ def test_live_pool_plays_and_every_page_renders(app_url, page, tmp_path):
     page.select_option(".kv-speed select", "60")
     page.locator("[data-testid=kv-play]").click()
     deadline = time.perf_counter() + 120
-    while _frame(page) < frames - 1 and time.perf_counter() < deadline:
+    while (_frame(page) < frames - 1 or _player(page).get_attribute("data-playing") != "0") \
+            and time.perf_counter() < deadline:
         page.wait_for_timeout(200)
+    # the player reports the frame it stopped on: the server's rerun must end before scrubbing
+    _settle(page)
     for side in (0, 1):
         assert _metric(page, side, "running") == "0" and _metric(page, side, "waiting") == "0"
         assert _metric(page, side, "kv_usage") == "0%"
