@@ -325,14 +325,9 @@ def build_engine(*,
         cpu_offload_gib=cpu_offload_gib, offload_bandwidth_gbps=offload_bandwidth_gbps,
         disk_offload_gib=disk_offload_gib, disk_bandwidth_gbps=disk_bandwidth_gbps,
         disk_latency_ms=disk_latency_ms)
-    if offload and not (paged and enable_prefix_caching):
-        raise InputError("needs the paged allocator with prefix caching",
-                         field="--cpu-offload-gib")
-    if offload and (async_scheduling or scheduler != "v1" or kv_cache_groups):
-        raise InputError("offload tiers are modelled with vLLM v1's synchronous scheduler and "
-                         "one KV-cache group only: --no-async-scheduling, --scheduler v1, no "
-                         "KV-cache groups (--disable-hybrid-kv-cache-manager)",
-                         field="--cpu-offload-gib")
+    if offload:   # before any work: the rule the simulator's OffloadScheduler applies
+        from kvsim.simulator.offload_scheduler import check_offload_config
+        check_offload_config(config)
     return EngineSetup(config=config, cost=cost, capacity=report, model=model_spec, gpu=gpu_spec,
                        offload=offload)
 

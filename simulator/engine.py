@@ -31,7 +31,6 @@ import simpy
 from simpy.core import URGENT
 
 from kvsim.allocator import MEMORY_CLASSES, ContiguousAllocator, GroupedPagedAllocator, PagedAllocator
-from kvsim.errors import InputError
 from kvsim.simulator.config import EngineConfig
 from kvsim.simulator.cost import (NS_PER_S, CostModel, FixedStepCost, StepBatch, StepTimer, to_ns,
                                   uses_max_context_tokens)
@@ -92,13 +91,7 @@ class _Replica:
                       HybridScheduler if config.is_grouped else
                       AsyncScheduler if config.async_scheduling else Scheduler)
             self.sched = policy(config, self.allocator, seed=seed + index)
-        else:
-            if config.scheduler != "v1" or config.async_scheduling or config.is_grouped:
-                # OffloadScheduler is the synchronous v1 scheduler's (docs/OFFLOAD.md)
-                raise InputError("offload tiers are modelled with vLLM v1's synchronous "
-                                 "scheduler and one KV-cache group only: --no-async-scheduling "
-                                 "and --scheduler v1, without KV-cache groups",
-                                 field="--cpu-offload-gib")
+        else:   # OffloadScheduler checks what the tiers need of the config
             self.sched = OffloadScheduler(config, self.allocator, seed=seed + index,
                                           connector=self.offload)
         self.rec = recorder.replica(index, self.sched, self.allocator, step_clock)

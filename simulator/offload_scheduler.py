@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from collections import deque
 
+from kvsim.errors import InputError
 from kvsim.simulator.kv_slots import cdiv
 from kvsim.simulator.offload import WOULD_PROMOTE, OffloadConnector
 from kvsim.simulator.scheduler import Scheduler
@@ -34,6 +35,21 @@ from kvsim.simulator.step_output import StepOutput
 
 SKIP = "skip"            # the connector cannot answer yet: try the next waiting request
 _HEAD_WALK = 16          # run planning looks past at most this many skipped requests
+
+
+def check_offload_config(config) -> None:
+    """What the tiers need of the engine (an InputError naming --cpu-offload-gib otherwise):
+    vLLM v1's synchronous scheduler with one KV-cache group (the connector is modelled there
+    only; v0 also turns prefix caching off), and the paged allocator with prefix caching (a tier
+    stores cached blocks)."""
+    if config.scheduler != "v1" or config.async_scheduling or config.is_grouped:
+        raise InputError("offload tiers are modelled with vLLM v1's synchronous scheduler and "
+                         "one KV-cache group only: --no-async-scheduling, --scheduler v1, no "
+                         "KV-cache groups (--disable-hybrid-kv-cache-manager)",
+                         field="--cpu-offload-gib")
+    if config.allocator != "paged" or not config.enable_prefix_caching:
+        raise InputError("offload tiers need the paged allocator with prefix caching",
+                         field="--cpu-offload-gib")
 
 
 class OffloadScheduler(Scheduler):
@@ -45,9 +61,8 @@ class OffloadScheduler(Scheduler):
     """
 
     def __init__(self, config, allocator, seed: int = 0, *, connector: OffloadConnector):
+        check_offload_config(config)
         super().__init__(config, allocator, seed=seed)
-        if not self.prefix_caching:
-            raise ValueError("offload tiers need the paged allocator with prefix caching")
         self.offload = connector
         self.holding: deque[SeqState] = deque()   # vLLM kv_holding_waiting: loading or loaded
         self._just_finished: list[int] = []       # finished last step: recency committed now
