@@ -65,6 +65,16 @@ def decode_step_batch(batch: StepBatch, i: int) -> StepBatch:
                      batch.attn_token_pairs + grow, batch.max_context_tokens + i if batch.max_context_tokens else 0)
 
 
+# A fitted term whose contribution is below this fraction of every step time it was fitted to is
+# not a term: the least-squares solution puts 1e-20-sized coefficients where the data have none,
+# and their last digits depend on the BLAS kernels and numpy's version. Such a term is set to
+# exactly 0 and the fit redone without it (``cost_table._nonneg_lstsq``; ``TableCost``'s KV slope
+# alike), so that what a model uses (the longest context, say) is decided by the data, not by the
+# sign of rounding noise. A measured step's own noise is 1e-3 relative or more, so 1e-6 keeps every
+# term the data can show.
+TERM_REL_TOL = 1e-6
+
+
 def uses_max_context_tokens(model) -> bool:
     """Whether ``model`` prices a step by its longest context (the engine then tracks it)."""
     return bool(getattr(model, "uses_max_context_tokens", False))
@@ -172,6 +182,8 @@ class TableCost:
             sxy += sum((k - mk) * (s - ms) for k, s in pts)
             sxx += sum((k - mk) ** 2 for k, _ in pts)
         self.kv_coeff_s = max(0.0, sxy / sxx) if sxx > 0 else 0.0
+        if all(self.kv_coeff_s * kv < TERM_REL_TOL * step for _, step, kv in rows):
+            self.kv_coeff_s = 0.0       # rounding noise, not a term (TERM_REL_TOL)
         self._xs = sorted(by_tokens)
         self._ys = [sum(s - self.kv_coeff_s * k for k, s in by_tokens[x]) / len(by_tokens[x])
                     for x in self._xs]

@@ -33,7 +33,9 @@ fits it the way the executor spends time:
   (the tail term where the table has longest contexts: one long decode beside a chunk is a
   program per KV head over its whole context that the chunk's work does not hide; ``_tail_tokens``),
   ``f`` piecewise linear between the measured token counts (linear beyond them), all fitted at once by least squares in relative error (each row weighted by 1/t, since
-  errors are judged relative) with the coefficients kept >= 0.
+  errors are judged relative) with the coefficients kept >= 0, and kept only where their share of
+  some measured step is at least ``TERM_REL_TOL`` (a smaller one is rounding noise: set to 0 and
+  named in ``negligible_terms``; the same rule holds for the decode lines' slopes).
 
 ``load_cost_table(path)`` returns this model for a profile table and the plain ``TableCost`` for
 the older ``num_scheduled_tokens,step_s[,kv_read_tokens]`` tables. Bad content raises InputError
@@ -49,11 +51,12 @@ from pathlib import Path
 import numpy as np
 
 from kvsim.errors import InputError
-from kvsim.simulator.cost import StepBatch, TableCost
+from kvsim.simulator.cost import TERM_REL_TOL, StepBatch, TableCost
 
 SHAPE_COLUMNS = ("kind", "num_seqs", "num_prefill_tokens", "num_decode_tokens", "num_scheduled_tokens",
                  "kv_read_tokens", "attn_token_pairs", "padded_num_seqs", "graph", "step_s")
 KINDS = ("decode", "mixed")
+EAGER_TERMS = ("c_pairs", "c_kv", "c_seq", "c_tail")   # the eager model's terms beside f, in fit order
 
 
 def read_table(path: str | Path) -> tuple[dict[str, str], list[str], list[tuple[int, dict[str, str]]]]:
@@ -154,19 +157,33 @@ def _tail_tokens(longest: float, pairs: float, tokens: float) -> float:
     return max(0.0, longest - pairs / tokens)
 
 
-def _nonneg_lstsq(a: np.ndarray, y: np.ndarray, free: int) -> np.ndarray:
-    """Least squares with the last columns (all but the first ``free``) kept >= 0: columns whose
-    coefficient comes out negative are dropped and the fit is redone (an active set, enough for the
-    few physically non-negative terms here)."""
+
+
+def _nonneg_lstsq(a: np.ndarray, y: np.ndarray, free: int,
+                  negligible: list[int] | None = None) -> np.ndarray:
+    """Least squares of rows weighted by 1/t (``y`` all ones, so ``a[i, j] * coef[j]`` is column
+    j's share of row i's step time) with the last columns (all but the first ``free``) kept >= 0
+    and kept only where they matter: columns whose coefficient comes out negative, then columns
+    whose share of every row is below TERM_REL_TOL, are dropped (set to exactly 0) and the fit is
+    redone (an active set, enough for the few physically non-negative terms here). The dropped
+    negligible columns are appended to ``negligible``."""
     keep = list(range(a.shape[1]))
     while True:
         coef = np.zeros(a.shape[1])
         sol, *_ = np.linalg.lstsq(a[:, keep], y, rcond=None)
         coef[keep] = sol
         neg = [j for j in keep if j >= free and coef[j] < 0]
-        if not neg:
+        if neg:
+            keep.remove(min(neg, key=lambda j: coef[j]))
+            continue
+        small = [j for j in keep if j >= free
+                 and float(np.max(np.abs(a[:, j] * coef[j]), initial=0.0)) < TERM_REL_TOL * float(np.max(np.abs(y)))]
+        if not small:
             return coef
-        keep.remove(min(neg, key=lambda j: coef[j]))
+        for j in small:
+            keep.remove(j)
+            if negligible is not None:
+                negligible.append(j)
 
 
 class StepShapeCost:
@@ -179,7 +196,9 @@ class StepShapeCost:
     Attributes:
         provenance: the table's ``#`` header (GPU, date, versions, model, command).
         graph_sizes: measured CUDA-graph batch sizes; ``decode_lines[i]`` = (a_s, b_s) of size i.
-        knots_tokens, knots_s: f of the eager model; coef: c_pairs, c_kv, c_seq.
+        knots_tokens, knots_s: f of the eager model; coef: c_pairs, c_kv, c_seq; c_tail.
+        negligible_terms: the eager terms the fit found but set to 0, their share of every
+            measured step below TERM_REL_TOL (rounding noise, not a term of the data).
         min_bucket_tokens: the smallest context bucket; floors[bucket][size] = (start, [(L, floor_s)]).
         uses_max_context_tokens: whether any floor was measured (the engine then tracks the
             longest context).
@@ -249,7 +268,9 @@ class StepShapeCost:
             extra = extra[:, :3]
         scale = np.maximum(extra.max(axis=0), 1.0)      # conditioning: columns of order 1
         w = (1.0 / t)[:, None]
-        coef = _nonneg_lstsq(np.hstack([basis, extra / scale]) * w, np.ones_like(t), free=k)
+        dropped: list[int] = []
+        coef = _nonneg_lstsq(np.hstack([basis, extra / scale]) * w, np.ones_like(t), free=k, negligible=dropped)
+        self.negligible_terms = [EAGER_TERMS[j - k] for j in sorted(dropped)]
         self.knots_s = coef[:k]
         coef = coef[k:] / scale
         self.coef = coef[:3]                             # c_pairs, c_kv, c_seq
@@ -419,4 +440,5 @@ class StepShapeCost:
         return total
 
     def __repr__(self) -> str:
-        return f"StepShapeCost({self.path!r}, gpu={self.provenance.get('gpu', '?')})"
+        dropped = f", negligible={'+'.join(self.negligible_terms)}" if self.negligible_terms else ""
+        return f"StepShapeCost({self.path!r}, gpu={self.provenance.get('gpu', '?')}{dropped})"

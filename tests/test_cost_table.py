@@ -1,5 +1,6 @@
 """Measured cost tables (simulator.cost_table): the fitted step-shape model recovers the function a
 table was made from, prices runs in closed form, and bad tables fail with file, line and column."""
+import json
 import math
 
 import pytest
@@ -236,6 +237,7 @@ def test_a_long_context_beside_a_chunk_is_a_tail_of_eager_steps(tmp_path):
     path.write_text("\n".join(lines[:3] + [FLOOR_HEADER] + body + tails) + "\n")
     model = StepShapeCost(path)
     assert model.uses_max_context_tokens and math.isclose(model.c_tail, 5e-7, rel_tol=0.05)
+    assert model.negligible_terms == []
     new, ctx = 1535, 20000
     pairs, kv = new * new + ctx, new + ctx
     got = model.step_time_s(StepBatch(2, new, 1, 1536, kv, pairs, ctx))
@@ -248,3 +250,63 @@ def test_a_long_context_beside_a_chunk_is_a_tail_of_eager_steps(tmp_path):
         model.step_time_s(StepBatch(1, 1024, 0, 1024, 21024, pairs, 0))
     # the tables without longest contexts keep the three terms
     assert StepShapeCost(make_table(tmp_path)).c_tail == 0.0
+
+
+def _perturbed(path, rel, out):
+    """The table at ``path`` with every step_s times (1 +- rel), the sign alternating by row."""
+    lines = path.read_text().splitlines()
+    head = next(i for i, x in enumerate(lines) if not x.startswith("#"))
+    col = lines[head].split(",").index("step_s")
+    body = []
+    for i, x in enumerate(lines[head + 1:]):
+        parts = x.split(",")
+        parts[col] = repr(float(parts[col]) * (1 + (rel if i % 2 else -rel)))
+        body.append(",".join(parts))
+    out.write_text("\n".join(lines[:head + 1] + body) + "\n")
+    return out
+
+
+def test_a_term_of_rounding_noise_is_zero_and_named(tmp_path):
+    # the table's eager rows carry longest contexts whose tails the data do not price: least
+    # squares leaves c_tail at rounding noise (1e-20 on some BLAS), which is not a term
+    model = StepShapeCost(floor_table(tmp_path, None))
+    assert model.c_tail == 0.0 and model.negligible_terms == ["c_tail"]
+    assert not model.uses_max_context_tokens and "negligible=c_tail" in repr(model)
+    # the terms the data have stay (their share of some step is far above the tolerance; the tail
+    # table's c_tail: test_a_long_context_beside_a_chunk_is_a_tail_of_eager_steps)
+    assert all(c > 0 for c in model.coef)
+    # TableCost's KV slope alike: a table whose steps do not depend on the KV read has none
+    flat = tmp_path / "flat.csv"
+    flat.write_text("num_scheduled_tokens,step_s,kv_read_tokens\n"
+                    + "".join(f"{n},{0.01 + n * 1e-6!r},{kv}\n" for n in (16, 64) for kv in (0, 1000, 5000)))
+    assert TableCost(flat).kv_coeff_s == 0.0
+
+
+@pytest.mark.parametrize("make", [lambda p: floor_table(p, None), lambda p: make_table(p)])
+def test_a_table_perturbed_by_1e_12_gives_the_same_model_and_replay(tmp_path, make):
+    """What a model uses and what it replays do not hang on the last bits of its fit (BLAS
+    kernels, numpy's version): the same table with its times moved by 1e-12 relative gives the
+    same terms and the same replay output, byte for byte."""
+    from kvsim.cli import main
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    table = make(tmp_path)
+    same = _perturbed(table, 0.0, tmp_path / "a" / "cost.csv")
+    moved = _perturbed(table, 1e-12, tmp_path / "b" / "cost.csv")
+    assert same.read_text() != moved.read_text()
+    models = [StepShapeCost(p) for p in (same, moved)]
+    assert models[0].uses_max_context_tokens == models[1].uses_max_context_tokens
+    assert models[0].negligible_terms == models[1].negligible_terms
+    assert models[0].c_tail == models[1].c_tail == 0.0
+    outputs = []
+    for side in ("a", "b"):
+        d = tmp_path / side
+        assert main(["replay", "sharegpt:n=60,rate=8,seed=3", "--num-blocks", "300", "--block-size", "16",
+                     "--cost-table", str(d / "cost.csv"), "--out", str(d / "summary.json"),
+                     "--requests", str(d / "requests.csv"), "--timeseries", str(d / "steps.csv"), "--quiet"]) == 0
+        summary = json.loads((d / "summary.json").read_text())
+        summary.pop("wall_clock_s")
+        summary["config"].pop("cost_table", None)
+        outputs.append((json.dumps(summary, sort_keys=True), (d / "requests.csv").read_bytes(),
+                        (d / "steps.csv").read_bytes()))
+    assert outputs[0] == outputs[1]
