@@ -10,6 +10,17 @@ ROOT = Path(__file__).resolve().parent.parent
 SHARED_TRACES = ROOT.parent / "shared" / "traces"
 
 
+def pytest_sessionstart(session):
+    """The versions that results depend on and numpy's BLAS, once, first (also under -q, and only
+    in the controller under xdist), so that a failure on another machine can be read."""
+    if hasattr(session.config, "workerinput"):
+        return
+    from kvsim.environment import describe
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_line(f"kvsim test environment: {describe()}")
+
+
 @pytest.fixture
 def shared_traces() -> Path:
     """Path of ../shared/traces; skips the test cleanly when it is absent."""
