@@ -1,0 +1,103 @@
+"""A vLLM general plugin that logs every engine step inside vLLM's engine-core process.
+
+vLLM loads ``vllm.general_plugins`` entry points in every process it starts, the engine core
+included (``EngineCore.__init__`` calls ``load_general_plugins``). This one wraps the v1
+scheduler's ``schedule`` and ``update_from_output`` so that each step leaves one JSON line in
+``$KVSIM_STEP_LOG`` (nothing happens when the variable is unset):
+
+    {"sched_t0": .., "sched_t1": .., "done_t": .., "upd_t1": .., "reqs": [[new, ctx_after, kind], ..]}
+
+* ``sched_t0`` / ``sched_t1``: ``time.monotonic()`` around ``schedule()`` (the CPU's scheduling);
+* ``done_t``: when ``update_from_output`` is entered, i.e. when the step's sampled tokens are
+  back on the CPU; ``upd_t1`` when it returns (output processing);
+* per scheduled request: the new tokens, the context after the step (num_computed_tokens once
+  the scheduler advanced it) and ``d`` (one token of a request that is past its prompt) or ``p``.
+
+``time.monotonic`` is CLOCK_MONOTONIC, shared by every process of the machine, so the harness's
+per-request stamps (taken in the front-end process) line up with these.
+
+The first line is ``{"meta": ...}``: the engine core's resolved scheduler settings and its KV
+cache size, as the engine core has them (num_gpu_blocks, block_size, max_num_seqs,
+max_num_batched_tokens, the scheduler class, async scheduling, cudagraph capture sizes).
+"""
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import time
+
+_state = {"file": None, "pending": {}, "meta_done": False}
+
+
+def _out():
+    if _state["file"] is None:
+        path = os.environ["KVSIM_STEP_LOG"]
+        _state["file"] = open(path, "a", buffering=1 << 20)
+        atexit.register(_state["file"].flush)
+    return _state["file"]
+
+
+def _meta(sched) -> dict:
+    vc = getattr(sched, "vllm_config", None)
+    cc = getattr(vc, "compilation_config", None)
+    sc = getattr(sched, "scheduler_config", None)
+    kv = getattr(sched, "kv_cache_config", None)
+    return {
+        "scheduler_class": type(sched).__name__,
+        "num_gpu_blocks": getattr(kv, "num_blocks", None),
+        "block_size": getattr(getattr(sched, "cache_config", None), "block_size", None),
+        "max_num_seqs": getattr(sc, "max_num_seqs", None),
+        "max_num_batched_tokens": getattr(sc, "max_num_batched_tokens", None),
+        "async_scheduling": getattr(sc, "async_scheduling", None),
+        "enable_chunked_prefill": getattr(sc, "enable_chunked_prefill", None),
+        "cudagraph_capture_sizes": list(getattr(cc, "cudagraph_capture_sizes", None) or []),
+        "cudagraph_mode": str(getattr(cc, "cudagraph_mode", None)),
+        "pid": os.getpid(),
+    }
+
+
+def register() -> None:
+    """The entry point: patch the scheduler once per process, when logging is asked for."""
+    if not os.environ.get("KVSIM_STEP_LOG"):
+        return
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    if getattr(Scheduler, "_kvsim_probe", False):
+        return
+    schedule, update = Scheduler.schedule, Scheduler.update_from_output
+
+    def probed_schedule(self):
+        t0 = time.monotonic()
+        out = schedule(self)
+        t1 = time.monotonic()
+        if not _state["meta_done"]:
+            _state["meta_done"] = True
+            _out().write(json.dumps({"meta": _meta(self)}) + "\n")
+        reqs = []
+        for req_id, new in out.num_scheduled_tokens.items():
+            req = self.requests.get(req_id)
+            if req is None:
+                continue
+            ctx = req.num_computed_tokens
+            before = ctx - new
+            kind = "d" if new == 1 and before >= req.num_prompt_tokens else "p"
+            reqs.append((new, ctx, kind))
+        if reqs:
+            _state["pending"][id(out)] = (t0, t1, reqs)
+        return out
+
+    def probed_update(self, scheduler_output, model_runner_output):
+        done = time.monotonic()
+        result = update(self, scheduler_output, model_runner_output)
+        rec = _state["pending"].pop(id(scheduler_output), None)
+        if rec is not None:
+            t0, t1, reqs = rec
+            _out().write(json.dumps({"sched_t0": t0, "sched_t1": t1, "done_t": done,
+                                     "upd_t1": time.monotonic(), "reqs": reqs},
+                                    separators=(",", ":")) + "\n")
+        return result
+
+    Scheduler.schedule = probed_schedule
+    Scheduler.update_from_output = probed_update
+    Scheduler._kvsim_probe = True

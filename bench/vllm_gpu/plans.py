@@ -1,0 +1,118 @@
+"""The measurement plans of the real-vLLM runs: which workloads each engine serves, as plan.json.
+
+    python bench/vllm_gpu/plans.py --size small --traces ../shared/traces --out plan.json
+
+Three kinds of workload per engine (harness.py's docstring defines them):
+
+* ``grid``: the fit set. Controlled decode batches (batch x context) and single prefills; the
+  step model is fitted to these steps only.
+* ``cl-ISL-OSL-cC``: closed-loop points, ``vllm bench serve --max-concurrency C`` style. Held
+  out: never fitted to.
+* ``azure-conv`` / ``mooncake-conv``: trace excerpts at their own arrival times. Held out.
+
+``--size`` scales the plan to the model (a 70B model's prefill costs 9x an 8B's): ``small``
+(<= 30B total or <= 5B active parameters), ``large`` (the rest). The excerpts are the first
+``--trace-s`` seconds of each trace, requests longer than ``--max-model-len`` left out (the plan
+records every request it keeps, so kvsim replays exactly these).
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+from datetime import datetime
+from pathlib import Path
+
+GRID = {
+    "small": {"decode": [(b, 512, 24) for b in (1, 4, 16, 32, 64, 128, 256)]
+                        + [(b, 4096, 24) for b in (1, 8, 32, 64)],
+              "prefill": [512, 2048, 8192]},
+    "large": {"decode": [(b, 512, 24) for b in (1, 8, 32, 128)] + [(b, 4096, 24) for b in (1, 16)],
+              "prefill": [2048, 8192]},
+}
+# (isl, osl, concurrencies): the first pair is the full sweep
+SWEEPS = {
+    "small": [(1024, 128, (1, 4, 16, 64, 128)), (4096, 128, (1, 16, 64)), (256, 512, (1, 16, 128))],
+    "large": [(1024, 128, (1, 4, 16, 64, 128)), (4096, 128, (1, 16)), (256, 512, (1, 32))],
+}
+
+
+def closed_points(size: str) -> list[dict]:
+    out = []
+    for isl, osl, concs in SWEEPS[size]:
+        for c in concs:
+            out.append({"name": f"cl-{isl}-{osl}-c{c}", "kind": "closed", "isl": isl, "osl": osl,
+                        "n": max(2, 2 * c), "concurrency": c, "isl_range": 0.0, "osl_range": 0.0,
+                        "seed": c})
+    return out
+
+
+def azure_excerpt(path: Path, seconds: float, max_model_len: int) -> list[list]:
+    rows, first = [], None
+    with open(path, newline="") as f:
+        for rec in csv.DictReader(f):
+            t = datetime.fromisoformat(rec["TIMESTAMP"][:26]).timestamp()
+            first = t if first is None else first
+            if t - first > seconds:
+                break
+            p, o = int(rec["ContextTokens"]), int(rec["GeneratedTokens"])
+            if p + o <= max_model_len and o >= 1:
+                rows.append([round(t - first, 6), p, o])
+    return rows
+
+
+def mooncake_excerpt(path: Path, seconds: float, max_model_len: int) -> list[list]:
+    rows = []
+    with open(path) as f:
+        for line in f:
+            rec = json.loads(line)
+            t = rec["timestamp"] / 1000.0
+            if t > seconds:
+                break
+            p, o = rec["input_length"], rec["output_length"]
+            if p + o <= max_model_len and o >= 1:
+                rows.append([t, p, o, rec["hash_ids"]])
+    return rows
+
+
+def build_plan(size: str, traces: Path | None, trace_s: float, max_model_len: int,
+               mooncake: bool) -> list[dict]:
+    grid = GRID[size]
+    plan = [{"name": "grid", "kind": "grid", "decode": [list(d) for d in grid["decode"]],
+             "prefill": grid["prefill"], "seed": 1}]
+    plan += closed_points(size)
+    if traces is not None:
+        azure = traces / "azure_llm_2023" / "AzureLLMInferenceTrace_conv.csv"
+        if azure.exists():
+            plan.append({"name": "azure-conv", "kind": "trace", "seed": 2,
+                         "source": "azure_llm_2023/AzureLLMInferenceTrace_conv.csv",
+                         "requests": azure_excerpt(azure, trace_s, max_model_len)})
+        moon = traces / "mooncake" / "conversation_trace.jsonl"
+        if mooncake and moon.exists():
+            plan.append({"name": "mooncake-conv", "kind": "trace", "seed": 3, "block_tokens": 512,
+                         "source": "mooncake/conversation_trace.jsonl",
+                         "requests": mooncake_excerpt(moon, trace_s / 2, max_model_len)})
+    return plan
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--size", choices=sorted(GRID), required=True)
+    p.add_argument("--traces", type=Path)
+    p.add_argument("--trace-s", type=float, default=40.0)
+    p.add_argument("--max-model-len", type=int, default=10240)
+    p.add_argument("--mooncake", action="store_true")
+    p.add_argument("--only", help="comma-separated workload names to keep")
+    p.add_argument("--out", type=Path, required=True)
+    a = p.parse_args()
+    plan = build_plan(a.size, a.traces, a.trace_s, a.max_model_len, a.mooncake)
+    if a.only:
+        keep = set(a.only.split(","))
+        plan = [e for e in plan if e["name"] in keep]
+    a.out.write_text(json.dumps(plan))
+    print(f"{a.out}: {len(plan)} workloads, "
+          f"{sum(len(e.get('requests', [])) or e.get('n', 0) for e in plan)} requests")
+
+
+if __name__ == "__main__":
+    main()
