@@ -38,7 +38,7 @@ from kvsim.simulator.footprint import check_simulation
 from kvsim.simulator.in_the_loop import IN_THE_LOOP_COLUMNS, scheduled_step
 from kvsim.simulator.offload import OffloadConnector, TierConfig
 from kvsim.simulator.offload_scheduler import OffloadScheduler
-from kvsim.simulator.recorder import DECODE_RUN, NUM_CLASSES, Recorder
+from kvsim.simulator.recorder import DECODE_RUN, NUM_CLASSES, Recorder, scheduled_arrival_ns
 from kvsim.simulator.result import Result
 from kvsim.simulator.async_scheduling import AsyncScheduler
 from kvsim.simulator.router import ROUTERS, Router
@@ -121,6 +121,11 @@ class Simulation:
         offload: KV offload tiers below every replica's GPU pool (simulator.offload.TierConfig:
             CPU, then optionally disk); () for none. Needs the paged allocator with prefix
             caching.
+        max_concurrency: a client's limit on requests in flight (vllm bench serve's
+            ``--max-concurrency``): a request is sent when it has arrived and fewer than this
+            many are in the engine, else when the next one leaves it (finished or rejected), at
+            that step end. Its TTFT and E2E count from when it was sent; the wait is its
+            ``client_queue_s``. None: open loop, every request sent when it arrives.
     """
 
     def __init__(self, requests: Iterable, config: EngineConfig, cost_model: CostModel, *,
@@ -128,13 +133,19 @@ class Simulation:
                  sample_interval_s: float | None = None, snapshot_times_s: Iterable[float] = (),
                  seed: int = 0, progress: bool = False, record_steps: bool = False,
                  batch_decode_steps: bool = True, record_requests: bool = True,
-                 offload: Sequence[TierConfig] = ()):
+                 offload: Sequence[TierConfig] = (), max_concurrency: int | None = None):
         if not isinstance(config, EngineConfig):
             raise TypeError("config must be an EngineConfig")
         if not hasattr(cost_model, "step_time_s") or not hasattr(cost_model, "run_time_s"):
             raise TypeError("cost_model must implement step_time_s and run_time_s (CostModel)")
         if not isinstance(replicas, int) or replicas < 1:
             raise ValueError(f"replicas must be an integer >= 1, got {replicas!r}")
+        if max_concurrency is not None and (isinstance(max_concurrency, bool) or
+                                            not isinstance(max_concurrency, int) or max_concurrency < 1):
+            raise ValueError(f"max_concurrency must be an integer >= 1 or None, got {max_concurrency!r}")
+        self.max_concurrency = max_concurrency
+        self.in_flight = 0            # requests sent and not yet finished or rejected
+        self.slot_free = None         # the event a request waiting for a slot waits on
         self.router = Router(router)
         self.config = config
         self.cost = cost_model
@@ -170,6 +181,8 @@ class Simulation:
         self.offload = offload
         self.replicas = [_Replica(i, config, seed, self.recorder, self.step_clock, self.offload)
                          for i in range(replicas)]
+        if max_concurrency is not None:
+            self.recorder.on_request_done = self._request_done
         # the longest context of each step, for a cost model that prices it (kept by the decode
         # clock as a heap: nothing to pay when the model does not ask)
         self.track_max_context = uses_max_context_tokens(cost_model)
@@ -273,12 +286,10 @@ class Simulation:
         last_ns = -1
         pending = next(it, None)
         count = 0
+        limit = self.max_concurrency
         while pending is not None:
             req = pending
-            if step_clock and req.arrival_step is not None:
-                t_ns = req.arrival_step * NS_PER_S
-            else:
-                t_ns = to_ns(req.arrival_s)
+            t_ns = scheduled_arrival_ns(req, step_clock)
             if t_ns < last_ns:
                 raise ValueError(f"request {req.request_id}: arrival {t_ns / NS_PER_S} s is before "
                                  f"the previous request's {last_ns / NS_PER_S} s (sort the trace)")
@@ -286,6 +297,15 @@ class Simulation:
             self.next_arrival_ns = t_ns
             if t_ns > env.now:
                 yield env.timeout(t_ns - env.now)
+            if limit is not None:
+                while self.in_flight >= limit:
+                    # closed loop: sent when a request leaves the engine (_request_done), at
+                    # that step end; until then no arrival is due
+                    self.next_arrival_ns = _NEVER
+                    self.slot_free = env.event()
+                    yield self.slot_free
+                    self.slot_free = None
+                t_ns = env.now
             self._arrive(req, t_ns)
             count += 1
             if self._progress is not None and count % 1000 == 0:
@@ -297,9 +317,19 @@ class Simulation:
             self._progress.update(count % 1000)
             self._progress.close()
 
+    def _request_done(self) -> None:
+        """A request left the engine (finished or rejected) under a concurrency limit: its slot
+        frees, and a request waiting for one is sent now, before the next step is scheduled
+        (the engine loop yields to arrivals due at its time)."""
+        self.in_flight -= 1
+        if self.slot_free is not None and not self.slot_free.triggered:
+            self.slot_free.succeed()
+            self.next_arrival_ns = self.env.now
+
     def _arrive(self, req, t_ns: int) -> None:
         """A request arrives: the router picks its replica, which queues it (or it is rejected)."""
         self.num_arrived += 1
+        self.in_flight += 1
         rep = self.router.pick(req, self.replicas)
         if self._unfit(req):
             self.num_rejected += 1
@@ -556,8 +586,10 @@ class Simulation:
     def _unobserved(self, rec, end: int) -> bool:
         """Whether nothing can happen or be looked at from now until the replica's step end
         ``end``: no arrival (the router reads replica states, the scheduler its queue), sample,
-        snapshot or stop (``run_until``) up to and including ``end``."""
-        return end < self.next_arrival_ns and end < rec.next_record_ns and end < self.stop_ns
+        snapshot or stop (``run_until``) up to and including ``end``. A request waiting for a
+        concurrency slot observes every step end: a request that finishes there sends it."""
+        return end < self.next_arrival_ns and end < rec.next_record_ns and end < self.stop_ns \
+            and self.slot_free is None
 
 
 def simulate(requests: Iterable, config: EngineConfig, cost_model: CostModel, *,
@@ -565,7 +597,7 @@ def simulate(requests: Iterable, config: EngineConfig, cost_model: CostModel, *,
              sample_interval_s: float | None = None, snapshot_times_s: Iterable[float] = (),
              seed: int = 0, progress: bool = False, record_steps: bool = False,
              batch_decode_steps: bool = True, record_requests: bool = True,
-             offload: Sequence[TierConfig] = ()) -> Result:
+             offload: Sequence[TierConfig] = (), max_concurrency: int | None = None) -> Result:
     """Replay ``requests`` through ``replicas`` replicas of ``config``; see ``Simulation``.
 
     Returns:
@@ -575,5 +607,5 @@ def simulate(requests: Iterable, config: EngineConfig, cost_model: CostModel, *,
                      sample_interval_s=sample_interval_s, snapshot_times_s=snapshot_times_s,
                      seed=seed, progress=progress, record_steps=record_steps,
                      batch_decode_steps=batch_decode_steps, record_requests=record_requests,
-                     offload=offload)
+                     offload=offload, max_concurrency=max_concurrency)
     return sim.run()

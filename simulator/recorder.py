@@ -20,21 +20,33 @@ import numpy as np
 import pandas as pd
 
 from kvsim.allocator import MEMORY_CLASSES
-from kvsim.simulator.cost import NS_PER_S
+from kvsim.simulator.cost import NS_PER_S, to_ns
 from kvsim.simulator.seq_state import FINISHED
 
 _NEVER = 1 << 62
 DECODE_RUN = object()   # ReplicaRecorder.last_step after a batched run of pure decode steps
 NUM_CLASSES = len(MEMORY_CLASSES)
 
-# per-request columns: (name, array typecode)
+
+
+def scheduled_arrival_ns(req, step_clock: bool) -> int:
+    """When the workload sends ``req`` (its arrival time; on the step clock, its arrival step).
+    Under a client's concurrency limit it reaches the engine later, when a slot frees
+    (``client_queue_s``, vllm bench serve's client-side queueing)."""
+    if step_clock and req.arrival_step is not None:
+        return req.arrival_step * NS_PER_S
+    return to_ns(req.arrival_s)
+
+
+# per-request columns: (name, array typecode); arrival_s is when the request reached the engine
+# (vllm bench serve's start_time: after any client-side queueing, client_queue_s)
 REQUEST_COLUMNS = (
     ("request_id", "q"), ("replica", "i"), ("arrival_s", "d"), ("first_sched_s", "d"),
     ("first_token_s", "d"), ("finish_s", "d"), ("ttft_s", "d"), ("tpot_s", "d"), ("e2e_s", "d"),
     ("prompt_tokens", "q"), ("output_tokens", "q"), ("num_output", "q"), ("num_samples", "i"),
     ("num_preemptions", "i"), ("cached_tokens_first", "q"), ("cached_tokens_total", "q"),
     ("arrival_step", "q"), ("first_sched_step", "q"), ("first_token_step", "q"),
-    ("finish_step", "q"), ("rejected", "b"),
+    ("finish_step", "q"), ("rejected", "b"), ("client_queue_s", "d"),
 )
 
 # oracle steps.csv columns (../shared/tools/vllm_oracle/README.md), then ours
@@ -179,6 +191,9 @@ class Recorder:
         self.steps = StepLog()
         self.snapshots: list = []          # (time_s, replica, PoolSnapshot)
         self.replicas: list[ReplicaRecorder] = []
+        # called once per request that leaves the engine, finished or rejected (a client's
+        # concurrency slot frees: Simulation's max_concurrency)
+        self.on_request_done = None
 
     def replica(self, index: int, sched, allocator, step_clock: bool) -> "ReplicaRecorder":
         """A recorder for replica ``index`` (its scheduler and allocator)."""
@@ -205,7 +220,11 @@ class Recorder:
             num_output=0, num_samples=max(req.n, req.beam_width), num_preemptions=0,
             cached_tokens_first=-1, cached_tokens_total=0,
             arrival_step=req.arrival_step if req.arrival_step is not None else -1,
-            first_sched_step=-1, first_token_step=-1, finish_step=-1, rejected=1)
+            first_sched_step=-1, first_token_step=-1, finish_step=-1, rejected=1,
+            client_queue_s=(t_ns - scheduled_arrival_ns(req, self.replicas[replica].step_clock)) / NS_PER_S
+            if self.replicas else 0.0)
+        if self.on_request_done is not None:
+            self.on_request_done()
 
 
 class ReplicaRecorder:
@@ -528,6 +547,8 @@ class ReplicaRecorder:
             first_token_step = min(m.first_token_step for m in members)
             finish_step = max(m.finish_step for m in members)
         num_output = head.num_output_tokens
+        if self.tables.on_request_done is not None:
+            self.tables.on_request_done()
         ttft = (first_token - arrival) / NS_PER_S
         tpot = (finish - first_token) / NS_PER_S / (num_output - 1) if num_output > 1 else math.nan
         e2e = (finish - arrival) / NS_PER_S
@@ -545,4 +566,5 @@ class ReplicaRecorder:
             cached_tokens_total=cached_total,
             arrival_step=req.arrival_step if req.arrival_step is not None else -1,
             first_sched_step=head.first_sched_step, first_token_step=first_token_step,
-            finish_step=finish_step, rejected=0)
+            finish_step=finish_step, rejected=0,
+            client_queue_s=(arrival - scheduled_arrival_ns(req, self.step_clock)) / NS_PER_S)

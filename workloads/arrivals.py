@@ -61,6 +61,41 @@ class Gamma:
         return Buffered(lambda k: rng.gamma(shape, 1 / (self.rate * shape), k))
 
 
+@dataclass(frozen=True)
+class ServeArrivals:
+    """Arrivals as ``vllm bench serve`` sends its ``num_requests`` requests.
+
+    ``rate`` inf (its default): every request at 0. Otherwise gamma gaps of shape
+    ``burstiness`` and mean ``1/rate`` (burstiness 1: Poisson; < 1 burstier; inf: constant
+    gaps), summed from the first request's own gap and then scaled so that the last request is
+    sent at ``num_requests / rate`` (vllm bench serve does so to steady the throughput it
+    reports across seeds).
+    """
+
+    rate: float
+    burstiness: float
+    num_requests: int
+
+    def __post_init__(self):
+        if not self.rate > 0 or not self.burstiness > 0 or self.num_requests < 1:
+            raise ValueError(f"rate and burstiness must be > 0 and num_requests >= 1, got rate={self.rate}, "
+                             f"burstiness={self.burstiness}, num_requests={self.num_requests}")
+
+    def times(self, rng: np.random.Generator) -> Iterator[float]:
+        n = self.num_requests
+        if self.rate == float("inf"):
+            yield from (0.0 for _ in range(n))
+            return
+        if self.burstiness == float("inf"):
+            gaps = np.full(n, 1.0 / self.rate)
+        else:
+            gaps = rng.gamma(self.burstiness, 1.0 / (self.rate * self.burstiness), n)
+        times = np.cumsum(gaps)
+        if times[-1] > 0:
+            times *= (n / self.rate) / times[-1]
+        yield from times.tolist()
+
+
 def seed_streams(seed: int) -> list[np.random.Generator]:
     """The independent random streams of a workload: arrivals, lengths, turns, system
     prompt choice, think time (in that order)."""

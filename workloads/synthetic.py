@@ -70,7 +70,7 @@ from functools import cache
 import numpy as np
 
 from kvsim.errors import InputError
-from kvsim.workloads.arrivals import CHUNK, Buffered, Gamma, Poisson, arrival_times, seed_streams
+from kvsim.workloads.arrivals import CHUNK, Buffered, Gamma, Poisson, ServeArrivals, arrival_times, seed_streams
 from kvsim.workloads.loaders import load_file
 from kvsim.workloads.request import NS_PROMPT, NS_SYSTEM, NS_TURN_OUTPUT, NS_USER, Request, derived_id
 from kvsim.workloads.spec import Call, Spec, call_args, parse_spec, plain, to_float, to_int
@@ -259,11 +259,13 @@ class SyntheticWorkload:
 
     Args (fields): lengths, arrival (Poisson | Gamma | Replay), num_requests, duration_s,
     seed, system_prompt_tokens, system_frac, turns (a Dist of turns per conversation, None for
-    single requests), think_s, samples (Request.n), beam_width.
+    single requests), think_s, samples (Request.n), beam_width, max_concurrency (the client's
+    limit on requests in flight, for the engine: ``Simulation``'s max_concurrency; None: open
+    loop).
     """
 
     lengths: LengthModel
-    arrival: Poisson | Gamma | Replay
+    arrival: Poisson | Gamma | Replay | ServeArrivals
     num_requests: int | None = 1000
     duration_s: float | None = None
     seed: int = 0
@@ -273,6 +275,7 @@ class SyntheticWorkload:
     think_s: float = 30.0
     samples: int = 1
     beam_width: int = 1
+    max_concurrency: int | None = None
 
     def __post_init__(self):
         if (self.num_requests is None and self.duration_s is None
@@ -295,6 +298,8 @@ class SyntheticWorkload:
         rng_arrival, rng_length, rng_turns, rng_system, rng_think = seed_streams(self.seed)
         if isinstance(self.arrival, Replay):
             starts = self.arrival.times()
+        elif isinstance(self.arrival, ServeArrivals):
+            starts = self.arrival.times(rng_arrival)
         else:
             starts = arrival_times(self.arrival, rng_arrival)
         lengths = Buffered(lambda k: np.stack(self.lengths.sample(rng_length, k), axis=1))
@@ -384,7 +389,7 @@ class _Conversation:
 
 
 # ----------------------------------------------------------------------------- spec strings
-SOURCES = ("sharegpt", "alpaca", "synthetic")
+SOURCES = ("sharegpt", "alpaca", "synthetic", "random")
 _KEYS = frozenset({"n", "duration_s", "rate", "seed", "arrival", "prompt", "output", "max_len",
                    "system", "system_frac", "turns", "think_s", "samples", "beam"})
 
@@ -453,6 +458,8 @@ def workload_from_spec(text: str, *, rate: float | None = None, seed: int = 0,
     if spec.name not in SOURCES:
         raise InputError(f"unknown workload '{spec.name}' in '{text}': expected a trace file "
                          f"or one of {', '.join(SOURCES)}")
+    if spec.name == "random":
+        return _random(spec, rate, seed, num_requests)
     spec.check_keys(_KEYS)
     p = spec.params
     for key, needs in (("system_frac", "system"), ("think_s", "turns")):
@@ -512,3 +519,66 @@ def _build(spec: Spec, lengths: LengthModel, rate: float | None, n: int | None,
         samples=to_int(spec, "samples", plain(spec, "samples"), 1) if "samples" in p else 1,
         beam_width=to_int(spec, "beam", plain(spec, "beam"), 1) if "beam" in p else 1,
     )
+
+
+# ----------------------------------------------------------------------------- vllm bench serve
+_RANDOM_KEYS = frozenset({"n", "isl", "osl", "isl_range", "osl_range", "prefix_len", "rate",
+                          "burstiness", "concurrency", "seed"})
+
+
+def _random(spec: Spec, rate: float | None, seed: int, num_requests: int | None) -> SyntheticWorkload:
+    """``vllm bench serve``'s random dataset and its way of sending requests::
+
+        random:isl=1024,osl=128,n=640,concurrency=64[,isl_range=0.1,osl_range=0.1,prefix_len=0,
+               rate=inf,burstiness=1,seed=0]
+
+    * ``isl``, ``osl`` (defaults 1024, 128, as vllm bench serve's): each request's input and
+      output lengths are integers uniform in ``[floor(L * (1 - r)), ceil(L * (1 + r))]`` with
+      ``r`` = ``isl_range`` / ``osl_range`` in [0, 1) (its ``--random-range-ratio``; outputs at
+      least 1). Lengths are tokens: no tokenizer's special tokens are taken off.
+    * ``prefix_len``: one shared prefix of this many tokens in front of every prompt (the
+      prompt is prefix + input, as its ``--random-prefix-len``).
+    * ``n`` requests (default 1000), sent at ``rate`` per second (default ``inf``: all at 0)
+      with ``burstiness`` (gamma shape; 1 Poisson), as ``ServeArrivals``.
+    * ``concurrency``: at most this many in flight, the next sent as one finishes (its
+      ``--max-concurrency``; a closed loop when the rate is inf).
+    """
+    spec.check_keys(_RANDOM_KEYS)
+    p = spec.params
+
+    def number(key, default, minimum, *, allow_inf=False, strict=False):
+        if key not in p:
+            return default
+        raw = plain(spec, key)
+        if allow_inf and raw.strip().lower() in ("inf", "infinity"):
+            return float("inf")
+        return to_float(spec, key, raw, minimum, strict=strict)
+
+    isl = to_int(spec, "isl", plain(spec, "isl"), 1) if "isl" in p else 1024
+    osl = to_int(spec, "osl", plain(spec, "osl"), 1) if "osl" in p else 128
+    bounds = []
+    for key, length, least in (("isl_range", isl, 1), ("osl_range", osl, 1)):
+        r = number(key, 0.0, 0.0)
+        if r >= 1:
+            raise spec.error(key, f"must be in [0, 1), got {r:g}")
+        low, high = max(math.floor(length * (1 - r)), least if key == "osl_range" else 0), math.ceil(length * (1 + r))
+        if low < least:
+            raise spec.error(key, f"leaves inputs of {low} tokens (the shortest is "
+                                  f"floor({length} x (1 - {r:g}))); at least 1 is needed")
+        bounds.append((low, high))
+    (il, ih), (ol, oh) = bounds
+    lengths = LengthModel(Uniform(il, ih) if ih > il else Fixed(il), Uniform(ol, oh) if oh > ol else Fixed(ol))
+    prefix = to_int(spec, "prefix_len", plain(spec, "prefix_len"), 0) if "prefix_len" in p else 0
+    n = to_int(spec, "n", plain(spec, "n"), 1) if "n" in p else (num_requests or 1000)
+    if "rate" in p:
+        rate = number("rate", None, 0.0, allow_inf=True, strict=True)
+    elif rate is None:
+        rate = float("inf")
+    elif not rate > 0:
+        raise spec.error("rate", f"must be > 0, got {rate}")
+    burstiness = number("burstiness", 1.0, 0.0, allow_inf=True, strict=True)
+    concurrency = to_int(spec, "concurrency", plain(spec, "concurrency"), 1) if "concurrency" in p else None
+    return SyntheticWorkload(
+        lengths=lengths, arrival=ServeArrivals(rate, burstiness, n), num_requests=n,
+        seed=to_int(spec, "seed", plain(spec, "seed"), 0) if "seed" in p else seed,
+        system_prompt_tokens=prefix, max_concurrency=concurrency)

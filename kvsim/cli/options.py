@@ -57,7 +57,26 @@ def add_workload_args(p: argparse.ArgumentParser, *, required: bool = True, trac
     p.add_argument("--max-requests", type=positive_int, metavar="N",
                    help="replay only the first N requests")
     add_rate_args(p)
+    p.add_argument("--max-concurrency", type=positive_int, metavar="C",
+                   help="at most C requests in flight: a request is sent when it has arrived and fewer "
+                        "than C are in the engine, else as the next one finishes (vllm bench serve's "
+                        "--max-concurrency; a random: spec's concurrency=)")
     p.add_argument("--seed", type=int, default=0, help="seed of generated arrivals and lengths")
+
+
+def max_concurrency(args) -> int | None:
+    """The client's limit on requests in flight: ``--max-concurrency`` or the spec's
+    ``concurrency=`` (both given: an error), None for an open loop."""
+    from kvsim.workloads import workload_from_spec
+    from kvsim.workloads.source import is_spec
+
+    flag = getattr(args, "max_concurrency", None)
+    spec = None
+    if is_spec(args.workload, getattr(args, "format", None)):
+        spec = workload_from_spec(args.workload).max_concurrency
+    if flag is not None and spec is not None and flag != spec:
+        raise InputError(f"--max-concurrency {flag} and the spec's concurrency={spec} disagree: give one")
+    return flag if flag is not None else spec
 
 
 # -------------------------------------------------------------------------------- model and GPU

@@ -103,7 +103,8 @@ def run_one(args, allocator: str, record_requests: bool = True,
                     sample_interval_s=args.sample_interval_s, snapshot_times_s=times,
                     seed=args.seed, record_steps=args.step_clock,
                     batch_decode_steps=not args.no_decode_batching,
-                    record_requests=record_requests, offload=setup.offload)
+                    record_requests=record_requests, offload=setup.offload,
+                    max_concurrency=options.max_concurrency(args))
 
 
 def _progress(requests, total: int | None):
