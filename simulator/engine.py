@@ -46,6 +46,7 @@ from kvsim.simulator.hybrid_scheduler import HybridScheduler
 from kvsim.simulator.scheduler import Scheduler
 from kvsim.simulator.scheduler_v0 import V0Scheduler
 from kvsim.simulator.summary import summarize
+from kvsim.simulator.token_log import TokenLog
 
 __all__ = ["ROUTERS", "Simulation", "make_allocator", "simulate"]
 
@@ -126,6 +127,8 @@ class Simulation:
             many are in the engine, else when the next one leaves it (finished or rejected), at
             that step end. Its TTFT and E2E count from when it was sent; the wait is its
             ``client_queue_s``. None: open loop, every request sent when it arrives.
+        record_token_times: keep when every step's tokens came out (simulator.token_log;
+            ``Result.token_times``), for a benchmark client's inter-token latencies.
     """
 
     def __init__(self, requests: Iterable, config: EngineConfig, cost_model: CostModel, *,
@@ -133,7 +136,8 @@ class Simulation:
                  sample_interval_s: float | None = None, snapshot_times_s: Iterable[float] = (),
                  seed: int = 0, progress: bool = False, record_steps: bool = False,
                  batch_decode_steps: bool = True, record_requests: bool = True,
-                 offload: Sequence[TierConfig] = (), max_concurrency: int | None = None):
+                 offload: Sequence[TierConfig] = (), max_concurrency: int | None = None,
+                 record_token_times: bool = False):
         if not isinstance(config, EngineConfig):
             raise TypeError("config must be an EngineConfig")
         if not hasattr(cost_model, "step_time_s") or not hasattr(cost_model, "run_time_s"):
@@ -144,6 +148,7 @@ class Simulation:
                                             not isinstance(max_concurrency, int) or max_concurrency < 1):
             raise ValueError(f"max_concurrency must be an integer >= 1 or None, got {max_concurrency!r}")
         self.max_concurrency = max_concurrency
+        self.token_log = TokenLog() if record_token_times else None
         self.in_flight = 0            # requests sent and not yet finished or rejected
         self.slot_free = None         # the event a request waiting for a slot waits on
         self.router = Router(router)
@@ -276,7 +281,8 @@ class Simulation:
                     "seed": self.seed, "cost_model": type(self.cost).__name__,
                     "step_clock": self.step_clock})
         return Result(summary, recorder.timeseries(), recorder.requests.frame(),
-                      list(recorder.snapshots))
+                      list(recorder.snapshots),
+                      self.token_log.arrays() if self.token_log is not None else None)
 
     # ------------------------------------------------------------------ arrivals
     def _arrivals(self):
@@ -430,6 +436,7 @@ class Simulation:
                 if bound < _NEVER and now + timer.run_ns(b0, k) >= bound:
                     k = min(k, timer.steps_to_reach(b0, now, bound, k))
                 if self.batching:
+                    tokens0 = sched.num_generated_tokens
                     rec.scheduled(num_running, len(sched.waiting), n)
                     hist = sched.crossing_histogram() if record_steps else None
                     used0 = sched.allocator.num_used_blocks if record_steps and sched.paged \
@@ -450,6 +457,9 @@ class Simulation:
                     if not self._unobserved(rec, end):
                         yield _urgent_timeout(env, end - env.now)
                     finished = sched.finish_decode_run(end, step_index + k - 1)
+                    if self.token_log is not None:
+                        self.token_log.run(now, [now + timer.run_ns(b0, j) for j in range(1, k + 1)],
+                                           (sched.num_generated_tokens - tokens0) // k)
                     if conn is not None:
                         conn.apply(end)
                     rec.last_step = DECODE_RUN
@@ -545,7 +555,11 @@ class Simulation:
                     break
                 if not self._unobserved(rec, end):
                     yield _urgent_timeout(env, end - env.now)
+                tokens0, first0 = sched.num_generated_tokens, sched.num_first_tokens
                 finished = sched.finish_step(out, end, idx)
+                if self.token_log is not None:
+                    tokens = sched.num_generated_tokens - tokens0
+                    self.token_log.step(end, end - t, tokens, tokens - (sched.num_first_tokens - first0))
                 if conn is not None:
                     conn.apply(end)   # the completions this step's poll found
                 rec.last_step = out
@@ -597,7 +611,8 @@ def simulate(requests: Iterable, config: EngineConfig, cost_model: CostModel, *,
              sample_interval_s: float | None = None, snapshot_times_s: Iterable[float] = (),
              seed: int = 0, progress: bool = False, record_steps: bool = False,
              batch_decode_steps: bool = True, record_requests: bool = True,
-             offload: Sequence[TierConfig] = (), max_concurrency: int | None = None) -> Result:
+             offload: Sequence[TierConfig] = (), max_concurrency: int | None = None,
+             record_token_times: bool = False) -> Result:
     """Replay ``requests`` through ``replicas`` replicas of ``config``; see ``Simulation``.
 
     Returns:
@@ -607,5 +622,6 @@ def simulate(requests: Iterable, config: EngineConfig, cost_model: CostModel, *,
                      sample_interval_s=sample_interval_s, snapshot_times_s=snapshot_times_s,
                      seed=seed, progress=progress, record_steps=record_steps,
                      batch_decode_steps=batch_decode_steps, record_requests=record_requests,
-                     offload=offload, max_concurrency=max_concurrency)
+                     offload=offload, max_concurrency=max_concurrency,
+                     record_token_times=record_token_times)
     return sim.run()

@@ -76,6 +76,7 @@ class Forks:
             self.running.insert(idx + s, child)
             self.loose.insert(self.loose.index(parent) + s, child)
             self.num_generated_tokens += 1   # each sample draws its own first token
+            self.num_first_tokens += 1
 
     def _reselect_beams(self, group: ForkGroup) -> None:
         """Beam search model (the vLLM paper's Fig. 15 setting): each time the beams complete a

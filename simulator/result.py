@@ -62,12 +62,15 @@ class Result:
     requests: one row per request (arrival, first token, finish, TTFT, TPOT, E2E, preemptions,
         cached prompt tokens, and the oracle's names for the same quantities).
     snapshots: [(time_s, replica, PoolSnapshot)] at the requested times.
+    token_times: the token rows of every step (simulator.token_log.TokenLog.arrays) when the
+        simulation recorded them (``record_token_times``), else None.
     """
 
     summary: dict
     timeseries: pd.DataFrame
     requests: pd.DataFrame
     snapshots: list = field(default_factory=list)
+    token_times: dict | None = None
 
     def summary_json(self, *, include_wall_clock: bool = True) -> str:
         """The summary as JSON text (keys in SUMMARY_KEYS order)."""

@@ -108,6 +108,7 @@ class Scheduler(DecodeRuns, Forks, DecodeClock, KVSlots):
         self.num_preempted_queries = 0  # the same for re-admissions after preemption
         self.num_preempted_hits = 0
         self.num_generated_tokens = 0
+        self.num_first_tokens = 0       # of num_generated_tokens: a sequence's first (not a gap)
         self.num_prompt_tokens_computed = 0  # prefill work actually done (after hits)
         self.num_steps = 0
         # a decode into a block it holds skips the allocator (a policy whose allocator must
@@ -455,6 +456,7 @@ class Scheduler(DecodeRuns, Forks, DecodeClock, KVSlots):
             if seq.first_token_ns < 0:
                 seq.first_token_ns = end_ns
                 seq.first_token_step = step_index
+                self.num_first_tokens += 1
             # check_stop: max_tokens (output_tokens), or max_model_len via max_output_tokens
             if seq.num_output_tokens >= seq.max_output_tokens:
                 finished.append(seq)
