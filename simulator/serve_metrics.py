@@ -8,6 +8,7 @@ their place:
 vllm bench serve         kvsim
 =======================  ==========================================================================
 start_time               the request's send time (``arrival_s``: after any client-side queueing)
+start_time + latency     ``finish_s`` (exact: a request sent as another finishes starts then)
 ttft, latency            ``ttft_s``, ``e2e_s`` (from the send to the first / last token)
 output_len, prompt_len   ``num_output``, ``prompt_tokens``
 itl (per token gap)      the token rows of each step (``simulator.token_log``)
@@ -104,7 +105,10 @@ def serve_metrics(requests, token_times: dict | None, *, percentiles: Iterable[f
     percentiles = [float(p) for p in percentiles]
     ok = requests[~requests["rejected"].astype(bool)]
     completed = len(ok)
-    ends = list(ok["arrival_s"] + ok["e2e_s"]) + list(requests.loc[requests["rejected"].astype(bool), "arrival_s"])
+    # the recorded finish, not start + latency: a request sent as another finishes starts at
+    # exactly that instant, which float sums can move by an ulp
+    finishes = ok["finish_s"].to_numpy(dtype=float)
+    ends = list(finishes) + list(requests.loc[requests["rejected"].astype(bool), "arrival_s"])
     duration = max(ends, default=0.0)
     out_lens = ok["num_output"].to_numpy()
     total_input = int(ok["prompt_tokens"].sum())
@@ -133,8 +137,8 @@ def serve_metrics(requests, token_times: dict | None, *, percentiles: Iterable[f
         "total_token_throughput": per_s(total_input + total_output),
     }
     starts = ok["arrival_s"].to_numpy(dtype=float)
-    result["max_concurrent_requests"] = _peak_concurrency(starts, starts + e2els)
-    result["max_output_tokens_per_s"] = _peak_tokens_per_s(token_times, starts, e2els)
+    result["max_concurrent_requests"] = _peak_concurrency(starts, finishes)
+    result["max_output_tokens_per_s"] = _peak_tokens_per_s(token_times, starts, finishes)
     result.update(_stats("ttft", ttfts, percentiles))
     result.update(_stats("tpot", tpots, percentiles))
     if token_times is not None:
@@ -167,13 +171,13 @@ def _peak_concurrency(starts: np.ndarray, ends: np.ndarray) -> int:
     return peak
 
 
-def _peak_tokens_per_s(token_times: dict | None, starts: np.ndarray, e2els: np.ndarray) -> float:
+def _peak_tokens_per_s(token_times: dict | None, starts: np.ndarray, finishes: np.ndarray) -> float:
     """The most output tokens in one whole second counted from the first send (vllm bench
     serve's buckets: ``int(token_time - min_start)`` over ``ceil(max_end - min_start) + 1``)."""
     if token_times is None or not len(starts):
         return 0.0
     first = float(starts.min())
-    num = int(math.ceil(float((starts + e2els).max()) - first)) + 1
+    num = int(math.ceil(float(finishes.max()) - first)) + 1
     bucket = np.floor(token_times["end_ns"] / 1e9 - first).astype(np.int64)
     inside = (bucket >= 0) & (bucket < num)
     counts = np.bincount(bucket[inside], weights=token_times["num_tokens"][inside], minlength=num)

@@ -46,7 +46,10 @@ def test_every_install_in_the_makefile_honours_the_lock():
     installs = [x for x in text.splitlines() if "pip install" in x and " -r " in x]
     assert installs and all("-c $(LOCK)" in x for x in installs), installs
     assert re.search(r"^LOCK := requirements-lock.txt$", text, re.M)
-    dry = subprocess.run(["make", "-n", "-B", "lock"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    # a make test run with another LOCK= hands it down through MAKEFLAGS: read the Makefile's own
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
+    dry = subprocess.run(["make", "-n", "-B", "lock"], cwd=ROOT, capture_output=True, text=True, check=True,
+                         env=env).stdout
     assert "piptools compile" in dry and "--output-file requirements-lock.txt" in dry
     assert re.search(r"^make test$", (ROOT / ".ci" / "run").read_text(), re.M)
 

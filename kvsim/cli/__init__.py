@@ -23,6 +23,7 @@ from kvsim.errors import InputError
 COMMANDS: dict[str, str] = {
     "replay": "kvsim.cli.replay",
     "compare": "kvsim.cli.compare",
+    "bench": "kvsim.cli.bench",
     "workload": "kvsim.cli.workload",
     "capacity": "kvsim.cli.capacity",
     "plan": "kvsim.cli.plan",

@@ -65,7 +65,8 @@ def snapshot_times(text: str) -> list[float]:
 
 
 def run_one(args, allocator: str, record_requests: bool = True,
-            enable_prefix_caching: bool | None = None, offload: bool = True):
+            enable_prefix_caching: bool | None = None, offload: bool = True,
+            record_token_times: bool = False):
     """Load the workload and simulate it with one allocator; returns the Result.
 
     Args:
@@ -104,7 +105,7 @@ def run_one(args, allocator: str, record_requests: bool = True,
                     seed=args.seed, record_steps=args.step_clock,
                     batch_decode_steps=not args.no_decode_batching,
                     record_requests=record_requests, offload=setup.offload,
-                    max_concurrency=options.max_concurrency(args))
+                    max_concurrency=options.max_concurrency(args), record_token_times=record_token_times)
 
 
 def _progress(requests, total: int | None):
