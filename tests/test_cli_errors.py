@@ -42,6 +42,8 @@ def user_mistakes(tmp: Path) -> dict[str, list[list[str]]]:
                    ["replay", SPEC, *POOL, "--allocator", "max", "--cpu-offload-gib", "4",
                     "--out", str(tmp / "r.json")]],
         "compare": [["compare", SPEC, *POOL, "--allocators", "paged,slab"]],
+        "bench": [["bench", SPEC, *POOL, "--goodput", "itl:5"], ["bench", SPEC, *POOL, "--compare", missing],
+                  ["bench", "random:n=10,concurrency=2", *POOL, "--max-concurrency", "3"]],
         "workload": [["workload", "sharegpt:rate=1,colour=red"], ["workload", missing]],
         "capacity": [["capacity", "--model", "gpt-5"], ["capacity", "--hf-config", missing],
                      ["capacity", "--gpu-memory-gib", "40"]],
