@@ -83,7 +83,7 @@ def kvsim_argv(trace: str | Path, oracle_args: dict, out_dir: str | Path) -> lis
     """
     # kv_groups: bench/hybrid_oracle.py's groups (the same spelling as `kvsim --kv-groups`)
     unknown = set(oracle_args) - set(ORACLE_DEFAULTS) - {"num_gpu_blocks", "kv_groups",
-                                                         "async_scheduling"}
+                                                         "async_scheduling", "max_concurrency"}
     if unknown:
         raise ValueError(f"oracle arguments without a kvsim equivalent: {sorted(unknown)}")
     a = {**ORACLE_DEFAULTS, **oracle_args}
@@ -105,6 +105,8 @@ def kvsim_argv(trace: str | Path, oracle_args: dict, out_dir: str | Path) -> lis
         argv += ["--kv-groups", a["kv_groups"]]
     if a.get("async_scheduling"):
         argv.append("--async-scheduling")
+    if a.get("max_concurrency"):     # bench/closed_loop_oracle.py's client
+        argv += ["--max-concurrency", str(a["max_concurrency"])]
     argv += ["--out", str(out / "result.json"), "--requests", str(out / "requests.csv"),
              "--timeseries", str(out / "steps.csv")]
     return argv

@@ -210,6 +210,24 @@ def trace_mixed_outputs() -> list[list]:
     return rows
 
 
+def trace_closed_loop() -> list[list]:
+    """vllm bench serve's random dataset, all due at step 0 (its rate inf): inputs 200 +- 50 %
+    behind one 64-token prefix (its --random-prefix-len), outputs 30 +- 50 %; a closed loop's
+    --max-concurrency then sends them."""
+    rng = random.Random(31)
+    return [[0, 64 + rng.randint(100, 300), rng.randint(15, 45), "prefix", 64] for _ in range(70)]
+
+
+def trace_closed_loop_rate() -> list[list]:
+    """Due at Poisson steps (about one in three), inputs 100-900, outputs 5-60, no sharing."""
+    rng = random.Random(32)
+    rows, t = [], 0
+    for _ in range(60):
+        t += int(rng.expovariate(1 / 3))
+        rows.append([t, rng.randint(100, 900), rng.randint(5, 60), "", ""])
+    return rows
+
+
 TRACES = {
     "basic": trace_basic,
     "chunked": trace_chunked,
@@ -223,6 +241,8 @@ TRACES = {
     "big_prompts": trace_big_prompts,
     "short_outputs": trace_short_outputs,
     "mixed_outputs": trace_mixed_outputs,
+    "closed_loop": trace_closed_loop,
+    "closed_loop_rate": trace_closed_loop_rate,
 }
 
 # oracle defaults (oracle.py): block 16, max_num_seqs 128, max_num_batched_tokens 2048,
@@ -271,6 +291,19 @@ CASES = [
          "short_outputs", {"num_gpu_blocks": 64, "max_num_seqs": 16}),
     Case("mixed_outputs", "outputs of 1-3 and 40-150 tokens mixed, 40-block pool",
          "mixed_outputs", {"num_gpu_blocks": 40, "max_num_seqs": 16}),
+    # closed loops (bench/closed_loop_oracle.py: a client with at most C requests in flight)
+    Case("closed_loop", "concurrency 8 below max_num_seqs, one shared prefix: prefix hits",
+         "closed_loop", {"num_gpu_blocks": 2000, "max_concurrency": 8}),
+    Case("closed_loop_pc_off", "the closed loop with prefix caching off",
+         "closed_loop", {"num_gpu_blocks": 2000, "max_concurrency": 8, "prefix_caching": "off"}),
+    Case("closed_loop_over_max_num_seqs", "concurrency 24 above max_num_seqs 8: the engine queues",
+         "closed_loop", {"num_gpu_blocks": 2000, "max_concurrency": 24, "max_num_seqs": 8,
+                         "max_num_batched_tokens": 512}),
+    Case("closed_loop_small_pool", "concurrency 32 into a 160-block pool: preemptions",
+         "closed_loop", {"num_gpu_blocks": 160, "max_concurrency": 32, "max_num_seqs": 64}),
+    Case("closed_loop_rate", "due at Poisson steps, at most 4 in flight, prefix caching off",
+         "closed_loop_rate", {"num_gpu_blocks": 1000, "max_concurrency": 4, "prefix_caching": "off",
+                              "max_num_batched_tokens": 512}),
     # hybrid models (bench/hybrid_oracle.py: vLLM's HybridKVCacheCoordinator with these groups)
     Case("hybrid_sliding_prefix", "gpt-oss groups (window 128 + full): prefix hits, preemptions",
          "prefix_groups", {"num_gpu_blocks": 320, "max_num_seqs": 64,
@@ -298,7 +331,7 @@ ASYNC_OF = ["basic", "chunked_prefill", "prefix_groups", "preemption_storm",
             "preemption_storm_pc_off", "watermark", "no_reserve_full_isl",
             "long_prefill_threshold", "max_model_len_cap", "prefix_groups_storm",
             "watermark_empty_engine", "custom_ids", "max_num_seqs", "short_outputs",
-            "mixed_outputs"]
+            "mixed_outputs", "closed_loop", "closed_loop_over_max_num_seqs", "closed_loop_small_pool"]
 CASES += [Case(f"async_{c.name}", f"async scheduling: {c.description}", c.trace,
                {**c.oracle_args, "async_scheduling": True})
           for c in CASES if c.name in ASYNC_OF]
@@ -332,6 +365,9 @@ def make_case(case: Case, oracle_python: str) -> dict:
     script, groups = ORACLE_DIR / "oracle.py", []
     if "kv_groups" in args:     # the oracle with a hybrid model's KV-cache groups
         script, groups = ROOT / "bench" / "hybrid_oracle.py", ["--kv-groups", args.pop("kv_groups")]
+    elif "max_concurrency" in args:    # the oracle driven by a closed-loop client
+        script = ROOT / "bench" / "closed_loop_oracle.py"
+        groups = ["--max-concurrency", str(args.pop("max_concurrency"))]
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [oracle_python, str(script), "--trace", str(trace_path),
                "--out-dir", tmp, *groups, *oracle_cli_args(args)]

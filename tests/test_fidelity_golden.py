@@ -82,6 +82,9 @@ def test_kvsim_argv_maps_every_oracle_knob():
     assert "--async-scheduling" not in defaults
     assert "--async-scheduling" in kvsim_argv("t.csv", {"num_gpu_blocks": 10,
                                                         "async_scheduling": True}, "o")
+    # bench/closed_loop_oracle.py's client: at most C requests in flight
+    assert " --max-concurrency 8 " in " ".join(kvsim_argv("t.csv", {"num_gpu_blocks": 10, "max_concurrency": 8}, "o"))
+    assert "--max-concurrency" not in defaults
     with pytest.raises(ValueError, match="hash_algo"):
         kvsim_argv("t.csv", {"num_gpu_blocks": 10, "hash_algo": "sha256"}, "o")
 
