@@ -56,6 +56,9 @@ SWEEP_KEYS: dict[str, Callable[[str], object]] = {
     "replicas": int, "router": str, "seed": int, "step_overhead_s": float,
     "bandwidth_efficiency": float, "flops_efficiency": float,
     "cpu_offload_gib": float, "offload_bandwidth_gbps": float, "disk_offload_gib": float,
+    # a client's limit on requests in flight (vllm bench serve's --max-concurrency; a random:
+    # spec's concurrency=): the closed-loop sweeps of throughput against interactivity
+    "concurrency": int,
 }
 # engine keys (EngineConfig's names, which sweep columns and PlanBase.engine use) -> the names of
 # planner.engine_setup.build_engine (vLLM's)
@@ -143,6 +146,7 @@ class PlanBase:
     disk_offload_gib: float | None = None
     disk_bandwidth_gbps: float | None = None
     disk_latency_ms: float | None = None
+    max_concurrency: int | None = None   # the client's limit (None: the spec's concurrency=, or open loop)
 
 
 def load_requests(workload: str, *, rate: float | None = None, rate_scale: float | None = None,
@@ -226,9 +230,12 @@ def evaluate_point(task: PointTask) -> dict:
                                  max_requests=base.max_requests, seed=base.seed)
         simulate = task.simulate or _default_simulate
         tiers = {"offload": setup.offload} if setup.offload else {}
+        limit = _max_concurrency(base, task.params)
         result = simulate(requests, setup.config, setup.cost, replicas=base.replicas,
-                          router=base.router, seed=base.seed, **tiers)
+                          router=base.router, seed=base.seed, max_concurrency=limit,
+                          record_token_times=True, **tiers)
         row.update(flatten(result.summary))
+        row.update(bench_columns(result, limit, num_gpus))
         # the queue grows without bound: latencies measure the queue (simulator.overload)
         row["overloaded"] = bool(overload_reasons(result.summary, getattr(result, "timeseries", None)))
         row["error"] = None
@@ -237,7 +244,61 @@ def evaluate_point(task: PointTask) -> dict:
     return row
 
 
-def _run_local(tasks: list[PointTask], jobs: int, progress: bool) -> list[dict]:
+# vllm bench serve's figures kept in a sweep's rows (simulator.serve_metrics; the SLO terms and
+# the Pareto front read them): its names, in ms and per second
+BENCH_PERCENTILES = (50.0, 90.0, 99.0)
+
+
+def _max_concurrency(base: PlanBase, params: Mapping) -> int | None:
+    """A point's client limit: its ``concurrency``, the base's, or the workload spec's."""
+    if params.get("concurrency") is not None:
+        return int(params["concurrency"])
+    if base.max_concurrency is not None:
+        return base.max_concurrency
+    from kvsim.workloads import workload_from_spec
+    from kvsim.workloads.source import is_spec
+    from kvsim.workloads.spec import parse_spec
+
+    if is_spec(base.workload) and "concurrency" in parse_spec(base.workload).params:
+        return workload_from_spec(base.workload).max_concurrency
+    return None
+
+
+def bench_columns(result, max_concurrency: int | None, num_gpus: int) -> dict:
+    """A replay's vllm bench serve metrics as row columns, plus what InferenceMAX plots:
+    ``output_throughput_per_gpu`` (output tokens/s per GPU) and ``interactivity`` (tokens/s per
+    user: 1000 / mean TPOT in ms). Empty for a result without token times."""
+    token_times = getattr(result, "token_times", None)
+    if token_times is None:
+        return {}
+    from kvsim.simulator.serve_metrics import serve_metrics
+
+    m = serve_metrics(result.requests, token_times, percentiles=BENCH_PERCENTILES,
+                      max_concurrency=max_concurrency)
+    out = {k: v for k, v in m.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    out["output_throughput_per_gpu"] = m["output_throughput"] / num_gpus
+    out["interactivity"] = 1000.0 / m["mean_tpot_ms"] if m["mean_tpot_ms"] > 0 else math.nan
+    return out
+
+
+def mark_pareto(rows: list[dict], x: str = "interactivity", y: str = "output_throughput_per_gpu") -> list[dict]:
+    """Add ``pareto``: whether no other point has both at least its ``x`` and its ``y``, one of
+    them more (InferenceMAX's front of throughput per GPU against interactivity). Rows with an
+    error or without the two figures are off the front."""
+    def figures(row):
+        a, b = row.get(x), row.get(y)
+        if row.get("error") is not None or a is None or b is None or math.isnan(a) or math.isnan(b):
+            return None
+        return a, b
+    pts = [figures(r) for r in rows]
+    out = []
+    for row, p in zip(rows, pts):
+        on = p is not None and not any(q is not None and q[0] >= p[0] and q[1] >= p[1] and q != p for q in pts)
+        out.append({**row, "pareto": on})
+    return out
+
+
+def _run_local(tasks: list, jobs: int, progress: bool, fn: Callable = evaluate_point) -> list[dict]:
     from tqdm import tqdm
 
     bar = tqdm(total=len(tasks), desc="sweep", unit="point", disable=not progress)
@@ -245,12 +306,12 @@ def _run_local(tasks: list[PointTask], jobs: int, progress: bool) -> list[dict]:
         if jobs <= 1:
             rows = []
             for task in tasks:
-                rows.append(evaluate_point(task))
+                rows.append(fn(task))
                 bar.update()
             return rows
         rows_by_index: dict[int, dict] = {}
         with ProcessPoolExecutor(max_workers=jobs) as pool:
-            futures = {pool.submit(evaluate_point, t): t.index for t in tasks}
+            futures = {pool.submit(fn, t): t.index for t in tasks}
             from concurrent.futures import as_completed
 
             for fut in as_completed(futures):
@@ -261,7 +322,7 @@ def _run_local(tasks: list[PointTask], jobs: int, progress: bool) -> list[dict]:
         bar.close()
 
 
-def _run_ray(tasks: list[PointTask], address: str | None, progress: bool) -> list[dict]:
+def _run_ray(tasks: list, address: str | None, progress: bool, fn: Callable = evaluate_point) -> list[dict]:
     try:
         import ray
     except ImportError:
@@ -271,7 +332,7 @@ def _run_ray(tasks: list[PointTask], address: str | None, progress: bool) -> lis
 
     if not ray.is_initialized():
         ray.init(address=address, ignore_reinit_error=True, log_to_driver=False)
-    remote = ray.remote(num_cpus=1)(evaluate_point)
+    remote = ray.remote(num_cpus=1)(fn)
     refs = [remote.remote(t) for t in tasks]
     index_of = {ref: t.index for ref, t in zip(refs, tasks)}
     rows_by_index: dict[int, dict] = {}
@@ -300,13 +361,20 @@ def run_sweep(points: Sequence[Mapping], base: PlanBase, *, jobs: int = 1, backe
     Returns:
         One dict per point.
     """
+    tasks = [PointTask(i, dict(p), base, simulate) for i, p in enumerate(points)]
+    return run_tasks(tasks, evaluate_point, jobs=jobs, backend=backend, address=address, progress=progress)
+
+
+def run_tasks(tasks: Sequence, fn: Callable, *, jobs: int = 1, backend: str = "local",
+              address: str | None = None, progress: bool = False) -> list[dict]:
+    """``fn`` (picklable) of every task (each with an ``index``), in local processes or on Ray;
+    the rows in the tasks' order."""
     if jobs < 1:
         raise InputError(f"jobs must be >= 1, got {jobs}")
-    tasks = [PointTask(i, dict(p), base, simulate) for i, p in enumerate(points)]
     if backend == "local":
-        return _run_local(tasks, jobs, progress)
+        return _run_local(list(tasks), jobs, progress, fn)
     if backend == "ray":
-        return _run_ray(tasks, address, progress)
+        return _run_ray(list(tasks), address, progress, fn)
     raise InputError(f"backend must be 'local' or 'ray', got {backend!r}")
 
 

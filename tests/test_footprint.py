@@ -85,7 +85,8 @@ def test_request_rows_and_held_requests_stay_under_their_terms():
                finish_s=2.0, ttft_s=0.1, tpot_s=0.01, e2e_s=1.0, prompt_tokens=100,
                output_tokens=10, num_output=10, num_samples=1, num_preemptions=0,
                cached_tokens_first=0, cached_tokens_total=0, arrival_step=-1,
-               first_sched_step=1, first_token_step=2, finish_step=3, rejected=0)
+               first_sched_step=1, first_token_step=2, finish_step=3, rejected=0,
+               client_queue_s=0.0)
 
     def rows():
         log = RequestLog()

@@ -83,7 +83,8 @@ class FakeResult:
     summary: dict
 
 
-def fake_simulate(requests, config, cost_model, *, replicas=1, router="round-robin", seed=0):
+def fake_simulate(requests, config, cost_model, *, replicas=1, router="round-robin", seed=0,
+                  max_concurrency=None, record_token_times=False):
     """Stands in for simulator.simulate: a pure function of the pool and the cost model."""
     blocks = config.num_blocks
     prefill = type("B", (), dict(num_seqs=1, num_scheduled_tokens=1000, kv_read_tokens=1000,

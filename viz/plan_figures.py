@@ -64,6 +64,28 @@ def slo_scatter_figure(df: pd.DataFrame, x: str, y: str, cheapest_point: int | N
     return fig
 
 
+def pareto_figure(df: pd.DataFrame, x: str = "interactivity", y: str = "output_throughput_per_gpu",
+                  along: str = "concurrency", group_by: Sequence[str] = ()) -> go.Figure:
+    """InferenceMAX's picture: ``y`` (throughput per GPU) against ``x`` (interactivity), one curve
+    per configuration (``group_by``) through its ``along`` points (the concurrencies), the points
+    on the Pareto front (the table's ``pareto`` column) ringed and joined."""
+    ok = df[df["error"].isna()] if "error" in df else df
+    ok = ok.dropna(subset=[x, y]).sort_values([*group_by, along] if along in ok else list(group_by))
+    fig = px.line(ok.assign(group=_label(ok, group_by)), x=x, y=y, color="group", markers=True,
+                  symbol="group", hover_data=[c for c in ("point", along) if c in ok],
+                  title=f"{metric_label(y)} vs {metric_label(x)}",
+                  labels={x: metric_label(x), y: metric_label(y)}, color_discrete_sequence=SERIES_COLORS)
+    if "pareto" in ok and ok["pareto"].any():
+        front = ok[ok["pareto"].astype(bool)].sort_values(x)
+        fig.add_trace(go.Scatter(x=front[x], y=front[y], mode="lines+markers", name="Pareto front",
+                                 line=dict(color="black", dash="dot", width=1),
+                                 marker=dict(size=14, symbol="circle-open", line=dict(width=2, color="black"))))
+    fig.update_layout(legend_title_text=", ".join(group_by) or None, template="plotly_white")
+    fig.update_xaxes(rangemode="tozero", tickformat=NUMBER_TICKS)
+    fig.update_yaxes(rangemode="tozero", tickformat=NUMBER_TICKS)
+    return fig
+
+
 def report_html(title: str, figures: Sequence[go.Figure], table: pd.DataFrame, notes: Sequence[str] = ()) -> str:
     """One self-contained HTML page: notes, figures (plotly.js inlined once), the results table.
 

@@ -49,6 +49,11 @@ NUMBER_TICKS = ",.4~r"
 
 # axis titles for summary and sweep columns (the raw names are for files, not for readers)
 METRIC_LABELS: dict[str, str] = {
+    "interactivity": "interactivity (output tokens/s per user)",
+    "output_throughput_per_gpu": "output throughput per GPU (tokens/s)",
+    "concurrency": "client concurrency (requests in flight)",
+    "p99_ttft_ms": "p99 TTFT (ms)", "p99_tpot_ms": "p99 TPOT (ms)",
+    "request_throughput": "request throughput (requests/s)",
     "mean_running": "mean running requests", "max_running": "max running requests",
     "num_preemptions": "preemptions", "preemptions": "preemptions",
     "max_concurrency": "max_model_len requests at once (vLLM)",

@@ -21,6 +21,9 @@ FORMATS = ("csv", "parquet", "json")
 # columns shown on the terminal when present (after the swept keys)
 _SHOWN = ("num_gpu_blocks", "max_concurrency", "mean_running", "max_running", "preemptions",
           "ttft_p99", "throughput", "combined_hit_rate")
+# with a concurrency axis: vllm bench serve's figures and InferenceMAX's two axes
+_SHOWN_BENCH = ("request_throughput", "output_throughput_per_gpu", "interactivity", "p99_ttft_ms",
+                "p99_tpot_ms", "pareto")
 
 
 def plan_base(args):
@@ -52,10 +55,11 @@ def plan_base(args):
                     max_requests=args.max_requests,
                     allocator=args.allocator, replicas=args.replicas, router=args.router,
                     seed=args.seed, step_s=options.step_s_from_args(args), cost_table=args.cost_table,
-                    engine=engine, **options.offload_kwargs(args))
+                    engine=engine, max_concurrency=getattr(args, "max_concurrency", None),
+                    **options.offload_kwargs(args))
 
 
-def _terminal_table(df, swept: list[str], has_slo: bool):
+def _terminal_table(df, swept: list[str], has_slo: bool, search=None):
     import pandas as pd
 
     from kvsim.planner.slo import resolve_metric
@@ -63,7 +67,16 @@ def _terminal_table(df, swept: list[str], has_slo: bool):
     cols = {"point": df["point"]}
     for key in swept:
         cols[key] = df[key]
-    for name in _SHOWN:
+    shown = _SHOWN if "concurrency" not in swept else \
+        ("num_gpu_blocks", "preemptions") + _SHOWN_BENCH
+    if search is not None:   # the answer, then the figures its SLO names
+        shown = ("max_rate", "next_rate", "search_status", *dict.fromkeys(c.metric for c in search),
+                 "request_throughput", "output_throughput_per_gpu")
+    for name in shown:
+        if name in ("pareto", "search_status"):
+            if name in df:
+                cols[name] = df[name]
+            continue
         values = []
         for row in df.to_dict("records"):
             try:
@@ -94,6 +107,10 @@ def _figures(df, swept: list[str], best: dict | None, has_slo: bool) -> list:
         col = next((c for c in ([name] + [a for a in _aliases(name)]) if c in ok.columns), None)
         if col is not None and ok[col].notna().any():
             figs.append(sweep_metric_figure(ok, x, col, group))
+    if "concurrency" in swept and "interactivity" in ok.columns:
+        from kvsim.viz.plan_figures import pareto_figure
+
+        figs.insert(0, pareto_figure(ok, group_by=[k for k in swept if k != "concurrency"]))
     ttft = next((c for c in _aliases("ttft_p99") if c in ok.columns), None)
     if has_slo and ttft is not None:
         figs.append(slo_scatter_figure(df, "cost", ttft, None if best is None else best["point"]))
@@ -109,8 +126,10 @@ def _aliases(name: str) -> tuple[str, ...]:
 def run(args) -> int:
     import pandas as pd
 
+    from kvsim.planner.rate_search import STEP, run_rate_search
     from kvsim.planner.slo import parse_slo
-    from kvsim.planner.sweep import cheapest, expand_grid, load_requests, mark_slo, parse_sweep, run_sweep
+    from kvsim.planner.sweep import (cheapest, expand_grid, load_requests, mark_pareto, mark_slo, parse_sweep,
+                                     run_sweep)
     from kvsim.cli.outputs import write_files
     from kvsim.simulator.footprint import WorkloadSize, check_requests_in_memory
     from kvsim.simulator.result import prepare_output_dir
@@ -118,6 +137,9 @@ def run(args) -> int:
 
     axes = parse_sweep(args.sweep or [])
     constraints = parse_slo(args.slo) if args.slo else ()
+    search = parse_slo(args.max_rate_under) if args.max_rate_under else None
+    if search is not None and ("rate" in axes or "rate_scale" in axes):
+        raise InputError("--max-rate-under searches the rate: do not sweep rate or rate_scale too")
     formats = [f.strip() for f in args.format.split(",") if f.strip()]
     bad = [f for f in formats if f not in FORMATS]
     if bad:
@@ -132,10 +154,13 @@ def run(args) -> int:
                   rate_scale=axes.get("rate_scale", [base.rate_scale])[0], max_requests=1, seed=base.seed)
 
     points = expand_grid(axes)
-    rows = run_sweep(points, base, jobs=args.jobs, backend=args.backend, address=args.address,
-                     progress=not args.quiet and sys.stderr.isatty())
+    how = dict(jobs=args.jobs, backend=args.backend, address=args.address,
+               progress=not args.quiet and sys.stderr.isatty())
+    rows = run_sweep(points, base, **how) if search is None else run_rate_search(points, base, search, **how)
     if rows and all(r.get("error") for r in rows):
         raise InputError(f"every point is impossible; point 0: {rows[0]['error']}")
+    if "concurrency" in axes:
+        rows = mark_pareto(rows)
     slo_error = None
     try:
         rows = mark_slo(rows, constraints)
@@ -151,7 +176,10 @@ def run(args) -> int:
     swept = list(axes)
     # the table first: whatever happens to the files below, the sweep's result is on the terminal
     with pd.option_context("display.max_rows", 500, "display.width", 200, "display.max_columns", 50):
-        print(_terminal_table(df, swept, bool(constraints)).to_string(index=False))
+        print(_terminal_table(df, swept, bool(constraints), search).to_string(index=False))
+    if search is not None:
+        print(f"max_rate: the highest rate (requests/s) meeting {args.max_rate_under}, its replay's figures "
+              f"beside; at next_rate ({(STEP - 1) * 100:.0f} % above) the SLO is missed")
     num_failed = int(df["error"].notna().sum())
     if num_failed:
         print(f"{num_failed} of {len(df)} points are impossible configurations (see the error column)")
@@ -169,14 +197,14 @@ def run(args) -> int:
                   + ", ".join(f"{k}={best[k]}" for k in swept) + f" (cost {best['cost']})")
     if args.out:
         write_files(_output_writes(Path(args.out), formats, df, results, wall, axes, constraints,
-                                   best, swept, args.workload))
+                                   best, swept, args.workload, search))
         print(f"wrote {args.out}/: " + ", ".join([f"results.{f}" for f in formats] + ["plan.json", "report.html"]))
     if slo_error is not None:
         raise slo_error
     return 0
 
 
-def _output_writes(out: Path, formats, df, results, wall, axes, constraints, best, swept, workload):
+def _output_writes(out: Path, formats, df, results, wall, axes, constraints, best, swept, workload, search=None):
     """(path, write) for every file of --out (kvsim.cli.outputs.write_files runs them)."""
     from kvsim.viz.plan_figures import report_html
 
@@ -195,6 +223,7 @@ def _output_writes(out: Path, formats, df, results, wall, axes, constraints, bes
     # wall-clock figures live in timings.csv only: plan.json is byte-identical for a seed
     cheapest_row = None if best is None else {k: v for k, v in best.items() if k not in wall}
     meta = {"workload": workload, "sweep": axes, "slo": [str(c) for c in constraints],
+            "max_rate_under": None if search is None else [str(c) for c in search],
             "cost": "num_gpus * price_rank (planner/presets.py)", "cheapest": cheapest_row}
     writes.append((out / "plan.json", lambda: (out / "plan.json").write_text(
         json.dumps(meta, indent=1, sort_keys=True, default=str) + "\n")))
@@ -223,6 +252,10 @@ def register(subparsers) -> None:
                         "kv_dtype, rate, rate_scale, max_num_seqs, max_num_batched_tokens, allocator, "
                         "replicas, ...")
     g.add_argument("--slo", help='e.g. "ttft_p99<2,preemptions=0" (seconds; "500ms" works too)')
+    g.add_argument("--max-rate-under", metavar="SLO",
+                   help='search each point\'s highest arrival rate meeting this SLO, e.g. '
+                        '"p99_ttft_ms<=500,p99_tpot_ms<=50" (vllm bench serve\'s metric names; bisection on '
+                        'replays; the replay at the answer is the row, and 5 %% above it misses)')
     g.add_argument("--out", metavar="DIR", help="write results, plan.json and report.html here")
     g.add_argument("--format", default="csv,parquet,json", help="results formats (default %(default)s)")
     g.add_argument("--backend", choices=("local", "ray"), default="local")
