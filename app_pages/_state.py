@@ -84,6 +84,9 @@ simulated_sweep = st.cache_data(max_entries=16, show_spinner="Simulating the swe
     planning.simulated_sweep)
 cache_curve = st.cache_data(max_entries=8, show_spinner="Computing the hit-rate curves…")(
     planning.cache_curve)
+bench_sweep = st.cache_data(max_entries=8, show_spinner="Simulating the concurrency sweep…")(
+    planning.bench_sweep)
+max_rate = st.cache_data(max_entries=8, show_spinner="Searching the highest rate…")(planning.max_rate)
 
 
 @st.cache_data(max_entries=16, show_spinner="Running the Triton kernels…")

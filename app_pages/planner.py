@@ -5,14 +5,14 @@ import streamlit as st
 
 from kvsim.app_pages import _state as S
 from kvsim.app_pages import _ui
-from kvsim.dashboard.planning import (SIM_SWEEP_METRICS, SIM_SWEEPS, SWEEP_COLUMNS, SWEEPS,
-                                      capacity)
+from kvsim.dashboard.planning import (BENCH_CONCURRENCIES, SIM_SWEEP_METRICS, SIM_SWEEPS, SWEEP_COLUMNS,
+                                      SWEEPS, capacity)
 from kvsim.dashboard.sources import MAX_UPLOAD_MB, user_message
 from kvsim.planner.capacity import DEFAULT_GPU_MEMORY_UTILIZATION
 from kvsim.planner.presets import GPU_PRESETS, MODEL_PRESETS
 from kvsim.viz.cache_curve import cache_curve_figure
 from kvsim.viz.capacity import gpu_memory_figure
-from kvsim.viz.plan_figures import sweep_metric_figure
+from kvsim.viz.plan_figures import pareto_figure, sweep_metric_figure
 from kvsim.viz.style import color_allocator_traces
 
 st.title("Capacity planner")
@@ -108,6 +108,60 @@ if simulate and scenario is not None:
                                f"{r['allocator']}, {sim_param} = {r[sim_param]}" for _, r in over.iterrows()))
         for _, row in table[table["error"].notna()].iterrows():
             st.error(f"{row['allocator']}, {sim_param} = {row[sim_param]}: {row['error']}")
+
+st.subheader("Throughput against interactivity")
+st.caption("vllm bench serve's random dataset replayed as a closed loop at each client concurrency "
+           "(at most C requests in flight, the next sent as one finishes) on each GPU: output "
+           "throughput per GPU against tokens per second for each user (1000 / mean TPOT), the "
+           "Pareto front ringed, as InferenceMAX draws it. The step times are the roofline's.")
+S.defaults(k_plan_bench_on=False, k_plan_bench_isl=1024, k_plan_bench_osl=1024,
+           k_plan_bench_gpus=[gpu], k_plan_bench_conc=list(BENCH_CONCURRENCIES))
+if st.toggle("Simulate the concurrency sweep", key="k_plan_bench_on"):
+    c = st.columns(3)
+    isl = c[0].number_input("Input tokens (ISL)", 1, 131072, step=256, key="k_plan_bench_isl")
+    osl = c[1].number_input("Output tokens (OSL)", 1, 131072, step=256, key="k_plan_bench_osl")
+    bench_gpus = c[2].multiselect("GPUs", gpus, key="k_plan_bench_gpus")
+    concs = st.multiselect("Concurrencies", BENCH_CONCURRENCIES, key="k_plan_bench_conc")
+    if not bench_gpus or not concs:
+        st.error("Pick at least one GPU and one concurrency.")
+    else:
+        cap = tuple(sorted((k, v) for k, v in kwargs.items()))
+        table = S.bench_sweep(model, tuple(bench_gpus), int(isl), int(osl), 4 * max(concs),
+                              tuple(sorted(concs)), cap)
+        for _, row in table[table["error"].notna()].iterrows():
+            st.error(f"{row['gpu']}, concurrency {row['concurrency']}: {row['error']}")
+        if table["error"].isna().any():
+            st.plotly_chart(pareto_figure(table, group_by=["gpu"]), key="plan_bench_pareto")
+
+st.subheader("Highest rate under an SLO")
+st.caption("The highest arrival rate of the sidebar's workload on this model and GPU that meets "
+           "the SLO, found by bisection on replays (vllm bench serve's metric names, in ms); the "
+           "replay at the answer is shown, and 5 % more traffic misses the SLO.")
+S.defaults(k_plan_rate_on=False, k_plan_rate_slo="p99_ttft_ms<=500,p99_tpot_ms<=50")
+if st.toggle("Search the rate", key="k_plan_rate_on"):
+    slo = st.text_input("SLO", key="k_plan_rate_slo",
+                        help="Terms METRIC OP NUMBER, comma-separated: p99_ttft_ms, p90_tpot_ms, "
+                             "median_e2el_ms, mean_itl_ms, ...")
+    if scenario is not None:
+        try:
+            found = S.max_rate(scenario.workload, model, gpu, tuple(sorted(kwargs.items())), slo)
+        except ValueError as err:   # a bad SLO, trace or configuration
+            st.error(user_message(err, scenario.workload))
+            found = None
+        if found is not None and found["status"] == "never":
+            st.warning(f"No rate meets {slo}: even the slowest probed "
+                       f"({min(r for r, _ in found['probes']):.4g} requests/s) misses it.")
+        elif found is not None:
+            row = found["row"]
+            m = st.columns(4)
+            m[0].metric("Highest rate meeting the SLO", f"{found['max_rate']:.3g} req/s",
+                        help="" if found["status"] == "found" else "meets it at every rate probed")
+            m[1].metric("p99 TTFT there", f"{row['p99_ttft_ms']:.0f} ms")
+            m[2].metric("p99 TPOT there", f"{row['p99_tpot_ms']:.1f} ms")
+            m[3].metric("Output throughput", f"{row['output_throughput']:,.0f} tok/s")
+            st.caption(f"{len(found['probes'])} replays; at {found['next_rate'] or 0:.3g} requests/s "
+                       "(5 % more) the SLO is missed." if found["status"] == "found" else
+                       f"{len(found['probes'])} replays.")
 
 st.subheader("Hit rate by cache size")
 st.caption("The prefix-cache hit rate of the sidebar's workload for every cache size (LRU, one "

@@ -302,3 +302,20 @@ def test_kv_groups_page_shows_each_group_and_a_window_freeing_blocks():
     at.text_input(key=f"k_hyb_groups_{shape}").set_value("full,window:3").run()
     assert not at.exception
     assert "entry 2" in at.error[0].value
+
+
+def test_planner_concurrency_sweep_and_rate_search(small):
+    small.switch_page("app_pages/planner.py").run()
+    charts = len(small.get("plotly_chart"))
+    small.toggle(key="k_plan_bench_on").set_value(True).run()
+    small.multiselect(key="k_plan_bench_conc").set_value([1, 8, 32]).run()
+    _clean(small)
+    assert len(small.get("plotly_chart")) == charts + 1
+    small.toggle(key="k_plan_bench_on").set_value(False).run()
+    small.toggle(key="k_plan_rate_on").set_value(True).run()
+    _clean(small)
+    labels = [m.label for m in small.metric]
+    assert "Highest rate meeting the SLO" in labels and "p99 TTFT there" in labels
+    small.text_input(key="k_plan_rate_slo").set_value("p99_ttft_lag<=5").run()
+    assert not small.exception and any("unknown metric" in e.value for e in small.error)
+    small.toggle(key="k_plan_rate_on").set_value(False).run()

@@ -140,3 +140,39 @@ def cache_curve(workload: Workload, model_name: str, gpu_name: str, base: tuple,
     return curve_report(load_requests(workload), setup, kv_dtype=kw["kv_dtype"], tp=kw["tp"],
                         cpu_offload_gib=cpu_offload_gib or None,
                         target_hit_rate=target_hit_rate, num_min_sizes=24)
+
+
+# the benchmark sweep: vllm bench serve's random dataset at these client concurrencies
+BENCH_CONCURRENCIES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+
+def bench_sweep(model_name: str, gpus: tuple[str, ...], isl: int, osl: int, num_requests: int,
+                concurrencies: tuple[int, ...], base: tuple) -> pd.DataFrame:
+    """A closed-loop concurrency sweep of ``random:isl=..,osl=..,n=..`` on each GPU: one row per
+    (gpu, concurrency) with vllm bench serve's figures, throughput per GPU, interactivity and the
+    Pareto front (planner.sweep.mark_pareto). ``base``: sorted capacity keyword items."""
+    from kvsim.planner.sweep import mark_pareto
+
+    kwargs = dict(base)
+    model = model_name
+    hf_config = None
+    if os.path.isfile(model_name):   # an uploaded config.json
+        hf_config, model = hf_config_source(model_name)
+    plan = PlanBase(workload=f"random:isl={isl},osl={osl},n={num_requests},seed=0", model=model,
+                    hf_config=hf_config, **kwargs)
+    rows = run_sweep(expand_grid({"gpu": list(gpus), "concurrency": list(concurrencies)}), plan)
+    return pd.DataFrame(mark_pareto(rows))
+
+
+def max_rate(workload: Workload, model_name: str, gpu_name: str, base: tuple, slo: str) -> dict:
+    """The highest arrival rate of the sidebar's workload on this model and GPU that meets
+    ``slo`` (planner.rate_search.max_rate_under); InputError for a bad SLO or configuration."""
+    from kvsim.planner.rate_search import max_rate_under
+    from kvsim.planner.slo import parse_slo
+
+    kwargs = dict(base)
+    if os.path.isfile(model_name):
+        kwargs["hf_config"], model_name = hf_config_source(model_name)
+    plan = PlanBase(workload=workload_source(workload), max_requests=workload.max_requests,
+                    model=model_name, gpu=gpu_name, **kwargs)
+    return max_rate_under(plan, parse_slo(slo))
