@@ -1,0 +1,143 @@
+"""kvsim's clock against real vLLM on the H200: the closed-loop runs of bench/results/vllm_h200/.
+
+    python bench/vllm_compare.py [--engines llama8b-bf16 ...] [--clocks roofline,table] [--csv out.csv]
+
+For every closed-loop point a real-vLLM run measured (``cl-ISL-OSL-cC``: ``vllm bench serve
+--max-concurrency C`` style, bench/vllm_gpu/harness.py), kvsim replays the same workload
+(``random:isl=ISL,osl=OSL,n=N,concurrency=C``) on the engine vLLM resolved (its num_gpu_blocks,
+max_num_seqs, max_num_batched_tokens, block size, async scheduling; the model's config.json from
+bench/vllm_gpu/configs/) and computes vllm bench serve's figures for both sides
+(simulator.serve_metrics's formulas): mean TTFT, median TPOT, mean E2E. Clocks: ``roofline``
+(kvsim's default, planner.roofline at the datasheet peaks) and ``table`` (the shipped H200 cost
+table, Llama-3.1-8B bf16 only). Nothing here is fitted to these runs.
+"""
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results" / "vllm_h200"
+CONFIGS = ROOT / "bench" / "vllm_gpu" / "configs"
+TABLE = ROOT / "tables" / "Llama-3.1-8B_H200.csv"
+# engine -> (config folder, weight dtype, kv dtype) as bench/vllm_gpu/device_run.sh served it
+ENGINES = {
+    "llama8b-bf16": ("Llama-3.1-8B", "auto", "auto"),
+    "llama8b-fp8": ("Llama-3.1-8B", "fp8", "fp8"),
+    "qwen3-30b-a3b": ("Qwen3-30B-A3B", "auto", "auto"),
+    "gpt-oss-20b": ("gpt-oss-20b", "auto", "auto"),
+    "qwen3-32b": ("Qwen3-32B", "auto", "auto"),
+}
+
+
+def measured(folder: Path) -> dict:
+    """vllm bench serve's figures of one measured run (TTFT and E2E from the send)."""
+    ttft, tpot, e2e = [], [], []
+    with gzip.open(folder / "requests.jsonl.gz", "rt") as f:
+        for line in f:
+            r = json.loads(line)
+            t, lat = r["first_token_s"] - r["sent_s"], r["finish_s"] - r["sent_s"]
+            ttft.append(t)
+            e2e.append(lat)
+            if r["output_tokens"] > 1:
+                tpot.append((lat - t) / (r["output_tokens"] - 1))
+    return {"mean_ttft_ms": 1000 * np.mean(ttft), "median_tpot_ms": 1000 * np.median(tpot or [0]),
+            "mean_e2el_ms": 1000 * np.mean(e2e), "completed": len(e2e)}
+
+
+def simulated(engine: str, spec: dict, meta: dict, clock: str) -> dict:
+    from kvsim import workloads
+    from kvsim.planner.engine_setup import build_engine
+    from kvsim.planner.presets import load_hf_config
+    from kvsim.simulator import simulate
+    from kvsim.simulator.serve_metrics import serve_metrics
+
+    from kvsim.errors import InputError
+
+    config, weight_dtype, kv_dtype = ENGINES[engine]
+    core = meta["engine_core"]
+    kwargs = dict(model=load_hf_config(str(CONFIGS / config / "config.json"), name=config), gpu="H200",
+                  weight_dtype=weight_dtype, kv_cache_dtype=kv_dtype,
+                  num_gpu_blocks=core["num_gpu_blocks"], block_size=core["block_size"],
+                  max_model_len=meta["engine_args"]["max_model_len"], max_num_seqs=core["max_num_seqs"],
+                  max_num_batched_tokens=core["max_num_batched_tokens"],
+                  cost_table=str(TABLE) if clock == "table" else None)
+    synchronous = False
+    try:
+        setup = build_engine(async_scheduling=core["async_scheduling"], **kwargs)
+    except InputError:   # KV-cache groups run on the synchronous scheduler only (issue 27)
+        setup, synchronous = build_engine(async_scheduling=False, **kwargs), True
+    text = (f"random:isl={spec['isl']},osl={spec['osl']},n={spec['n']},concurrency={spec['concurrency']},"
+            f"seed={spec['seed']}")
+    w = workloads.workload_from_spec(text)
+    res = simulate(iter(w), setup.config, setup.cost, max_concurrency=w.max_concurrency, record_token_times=True)
+    m = serve_metrics(res.requests, res.token_times, percentiles=[50])
+    return {"mean_ttft_ms": m["mean_ttft_ms"], "median_tpot_ms": _median_tpot(res.requests),
+            "mean_e2el_ms": m["mean_e2el_ms"], "completed": m["completed"], "synchronous": synchronous}
+
+
+def _median_tpot(requests) -> float:
+    ok = requests[(~requests["rejected"]) & (requests["num_output"] > 1)]
+    return 1000 * float(np.median(ok["tpot_s"])) if len(ok) else 0.0
+
+
+METRICS = ("mean_ttft_ms", "median_tpot_ms", "mean_e2el_ms")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--engines", nargs="*", default=list(ENGINES))
+    ap.add_argument("--clocks", default="roofline,table")
+    ap.add_argument("--csv", help="write every point's figures here")
+    a = ap.parse_args(argv)
+    clocks = [c for c in a.clocks.split(",") if c]
+    rows = []
+    for engine in a.engines:
+        folder = RESULTS / engine
+        meta = json.loads((folder / "meta.json").read_text())
+        for point in sorted(folder.glob("cl-*"), key=lambda p: [int(x.lstrip("c")) for x in p.name.split("-")[1:]]):
+            spec = json.loads((point / "workload.json").read_text())
+            real = measured(point)
+            row = {"engine": engine, "point": point.name, **{f"vllm_{k}": real[k] for k in METRICS}}
+            for clock in clocks:
+                if clock == "table" and engine != "llama8b-bf16":
+                    continue
+                sim = simulated(engine, spec, meta, clock)
+                assert sim["completed"] == real["completed"], (engine, point.name, clock)
+                row["kvsim_synchronous"] = sim["synchronous"]
+                for k in METRICS:
+                    row[f"{clock}_{k}"] = sim[k]
+                    row[f"{clock}_{k}_err"] = (sim[k] - real[k]) / real[k]
+            rows.append(row)
+            print(f"{engine:<14} {point.name:<18} " + "  ".join(
+                f"{k.split('_')[1]} vllm {row[f'vllm_{k}']:8.1f}" + "".join(
+                    f" {c} {100 * row[f'{c}_{k}_err']:+6.1f}%" for c in clocks if f"{c}_{k}_err" in row)
+                for k in METRICS), flush=True)
+    print("\nper engine and clock, over its closed-loop points: median |error| of median TPOT, mean |error| of "
+          "mean TTFT and of mean E2E (kvsim against real vLLM 0.23.0, H200)")
+    for engine in a.engines:
+        mine = [r for r in rows if r["engine"] == engine]
+        for clock in clocks:
+            if f"{clock}_mean_ttft_ms_err" not in mine[0]:
+                continue
+            tpot = np.median([abs(r[f"{clock}_median_tpot_ms_err"]) for r in mine])
+            ttft = np.mean([abs(r[f"{clock}_mean_ttft_ms_err"]) for r in mine])
+            e2e = np.mean([abs(r[f"{clock}_mean_e2el_ms_err"]) for r in mine])
+            signed = np.mean([r[f"{clock}_mean_e2el_ms_err"] for r in mine])
+            sync = " (kvsim on the synchronous scheduler: KV-cache groups)" if mine[0].get("kvsim_synchronous") else ""
+            print(f"  {engine:<14} {clock:<9} TPOT {100 * tpot:5.1f} %  TTFT {100 * ttft:5.1f} %  "
+                  f"E2E {100 * e2e:5.1f} % (signed {100 * signed:+.1f} %)  {len(mine)} points{sync}")
+    if a.csv:
+        import pandas as pd
+
+        pd.DataFrame(rows).to_csv(a.csv, index=False)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
