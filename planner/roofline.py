@@ -60,7 +60,16 @@ class RooflineCost:
         fmt = getattr(model.weights, "format", None)
         compute_dtype = "fp8" if fmt is not None and fmt.method == "fp8" else model.dtype
         self.peak_flops_per_s = gpu.peak_flops_per_s(compute_dtype) * flops_efficiency
+        self.flops_efficiency = flops_efficiency
         self._last_lines = (None, None)
+
+    def describe(self) -> str:
+        """The clock's source: the roofline, its model and GPU, and the peaks it assumes."""
+        return (f"roofline of {self.model.name} on {self.gpu.name} (tp {self.tp}): "
+                f"{self.bandwidth_bytes_per_s / 1e12:.2f} TB/s and {self.peak_flops_per_s / 1e12:.0f} TFLOP/s "
+                f"({self.bandwidth_bytes_per_s / self.gpu.memory_bandwidth_bytes_per_s:.0%} and "
+                f"{self.flops_efficiency:.0%} of the datasheet), {self.step_overhead_s * 1e3:g} ms a step; "
+                "not measured: --cost-table for a measured clock")
 
     def __repr__(self) -> str:
         return (f"RooflineCost({self.model.name}, {self.gpu.name}, tp={self.tp}, "

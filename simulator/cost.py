@@ -75,6 +75,13 @@ def decode_step_batch(batch: StepBatch, i: int) -> StepBatch:
 TERM_REL_TOL = 1e-6
 
 
+def clock_source(model) -> str:
+    """One line saying where a run's step times come from (its cost model's ``describe()``):
+    printed first by ``kvsim replay`` and ``kvsim bench`` and kept in result.json (``config.clock``)."""
+    describe = getattr(model, "describe", None)
+    return describe() if describe is not None else type(model).__name__
+
+
 def uses_max_context_tokens(model) -> bool:
     """Whether ``model`` prices a step by its longest context (the engine then tracks it)."""
     return bool(getattr(model, "uses_max_context_tokens", False))
@@ -112,6 +119,10 @@ class FixedStepCost:
 
     def step_time_s(self, batch: StepBatch) -> float:
         return self.step_s
+
+    def describe(self) -> str:
+        return "step clock (every step 1 time unit: vLLM's step index)" if self.step_s == 1.0 else \
+            f"fixed step time {self.step_s:g} s (whatever a step computes)"
 
     def run_time_s(self, batch: StepBatch, num_steps: int) -> float:
         return self.step_s * num_steps
@@ -208,6 +219,9 @@ class TableCost:
         x0, x1, y0, y1 = xs[i], xs[i + 1], ys[i], ys[i + 1]
         return y0 + (y1 - y0) * (tokens - x0) / (x1 - x0)
 
+    def describe(self) -> str:
+        return f"measured table {self.path} (num_scheduled_tokens + kv_read_tokens fit)"
+
     def step_time_s(self, batch: StepBatch) -> float:
         return max(0.0, self._f(batch.num_scheduled_tokens) + self.kv_coeff_s * batch.kv_read_tokens)
 
@@ -230,6 +244,9 @@ class ScaledCost:
 
     def step_time_s(self, batch: StepBatch) -> float:
         return self.scale * self.inner.step_time_s(batch)
+
+    def describe(self) -> str:
+        return f"{clock_source(self.inner)}, times {self.scale:g}"
 
     def run_time_s(self, batch: StepBatch, num_steps: int) -> float:
         return self.scale * self.inner.run_time_s(batch, num_steps)

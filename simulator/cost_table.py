@@ -439,6 +439,13 @@ class StepShapeCost:
             j = end
         return total
 
+    def describe(self) -> str:
+        """The clock's source: this table and its provenance."""
+        p = self.provenance
+        what = ", ".join(f"{k} {p[k]}" for k in ("gpu", "model", "date") if p.get(k))
+        dropped = f"; terms at rounding noise set to 0: {', '.join(self.negligible_terms)}" if self.negligible_terms else ""
+        return f"measured table {self.path} ({what or 'no provenance'}){dropped}"
+
     def __repr__(self) -> str:
         dropped = f", negligible={'+'.join(self.negligible_terms)}" if self.negligible_terms else ""
         return f"StepShapeCost({self.path!r}, gpu={self.provenance.get('gpu', '?')}{dropped})"

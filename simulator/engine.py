@@ -32,8 +32,8 @@ from simpy.core import URGENT
 
 from kvsim.allocator import MEMORY_CLASSES, ContiguousAllocator, GroupedPagedAllocator, PagedAllocator
 from kvsim.simulator.config import EngineConfig
-from kvsim.simulator.cost import (NS_PER_S, CostModel, FixedStepCost, StepBatch, StepTimer, to_ns,
-                                  uses_max_context_tokens)
+from kvsim.simulator.cost import (NS_PER_S, CostModel, FixedStepCost, StepBatch, StepTimer, clock_source,
+                                  to_ns, uses_max_context_tokens)
 from kvsim.simulator.footprint import check_simulation
 from kvsim.simulator.in_the_loop import IN_THE_LOOP_COLUMNS, scheduled_step
 from kvsim.simulator.offload import OffloadConnector, TierConfig
@@ -279,6 +279,7 @@ class Simulation:
             config={"engine": cfg.as_dict(),
                     "replicas": len(self.replicas), "router": self.router.policy,
                     "seed": self.seed, "cost_model": type(self.cost).__name__,
+                    "clock": clock_source(self.cost),
                     "step_clock": self.step_clock})
         return Result(summary, recorder.timeseries(), recorder.requests.frame(),
                       list(recorder.snapshots),

@@ -74,6 +74,12 @@ class InTheLoopCost:
         self.uses_max_context_tokens = uses_max_context_tokens(predictor)
         self.last = (0.0, float("nan"))     # (measured, predicted) of the last step executed
 
+    def describe(self) -> str:
+        from kvsim.simulator.cost import clock_source
+
+        beside = f"; predicted beside by {clock_source(self.predictor)}" if self.predictor is not None else ""
+        return f"hardware in the loop: every step executed and timed{beside}"
+
     def timed_step_s(self, batch: StepBatch, step: ScheduledStep) -> float:
         """Execute the step; its measured seconds (the prediction is kept in ``last``)."""
         measured = float(self.execute(step))

@@ -307,6 +307,7 @@ def test_a_table_perturbed_by_1e_12_gives_the_same_model_and_replay(tmp_path, ma
         summary = json.loads((d / "summary.json").read_text())
         summary.pop("wall_clock_s")
         summary["config"].pop("cost_table", None)
+        assert str(d / "cost.csv") in summary["config"].pop("clock")    # the clock names its table
         outputs.append((json.dumps(summary, sort_keys=True), (d / "requests.csv").read_bytes(),
                         (d / "steps.csv").read_bytes()))
     assert outputs[0] == outputs[1]

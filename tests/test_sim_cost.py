@@ -40,3 +40,22 @@ def test_run_and_step_durations_in_ns():
     assert grow.run_ns(b0, 3) == round(summed_run_time_s(_Growing(), b0, 3) * 1e9)
     zero = SimpleNamespace(step_time_s=lambda b: 0.0, run_time_s=lambda b, k: 0.0)
     assert StepTimer(zero).run_ns(b0, 5) == 5        # at least 1 ns per step
+
+
+def test_every_run_says_which_clock_ran(tmp_path, capsys):
+    """replay prints the clock's source first and keeps it in result.json (config.clock)."""
+    import json
+    from pathlib import Path
+
+    from kvsim.cli import main
+
+    table = Path(__file__).resolve().parent.parent / "tables" / "Llama-3.1-8B_H200.csv"
+    cases = [([], "roofline of Llama-3.1-8B on H100-80GB-SXM"), (["--step-s", "0.02"], "fixed step time 0.02 s"),
+             (["--step-clock"], "step clock"), (["--cost-table", str(table)], "gpu NVIDIA H200, model Llama-3.1-8B")]
+    for extra, want in cases:
+        out = tmp_path / "r.json"
+        assert main(["replay", "random:isl=64,osl=8,n=10", "--num-blocks", "500", "--quiet",
+                     "--out", str(out), *extra]) == 0
+        first = capsys.readouterr().out.splitlines()[0]
+        assert first.startswith("clock: ") and want in first, first
+        assert json.loads(out.read_text())["config"]["clock"] == first[len("clock: "):]

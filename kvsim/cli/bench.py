@@ -124,6 +124,7 @@ def run(args) -> int:
     metrics.update({"backend": "kvsim", "num_prompts": len(result.requests),
                     "request_rate": rate if not math.isnan(rate) else None,
                     "max_concurrency": limit, "kvsim": result.summary["config"]})
+    print(f"clock: {result.summary['config']['clock']}")
     print(format_result(metrics, percentiles, limit, rate))
     if measured is not None:
         print(format_compare(metrics, measured, args.compare))

@@ -157,6 +157,7 @@ def run(args) -> int:
             prepare_output(path, (".csv", ".parquet"))
     result = run_one(args, args.allocator, record_requests=bool(args.requests))
     s = result.summary
+    print(f"clock: {s['config']['clock']}")
     print(f"{s['requests_finished']} requests finished ({s['requests_rejected']} rejected) in "
           f"{s['simulated_duration_s']:.3f} simulated s, {s['num_steps']} steps, "
           f"{s['num_preemptions']} preemptions, prefix hit rate {s['prefix_hit_rate']:.3f}, "
