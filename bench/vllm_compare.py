@@ -32,6 +32,8 @@ ENGINES = {
     "qwen3-30b-a3b": ("Qwen3-30B-A3B", "auto", "auto"),
     "gpt-oss-20b": ("gpt-oss-20b", "auto", "auto"),
     "qwen3-32b": ("Qwen3-32B", "auto", "auto"),
+    "llama70b-fp8": ("Llama-3.1-70B", "fp8", "fp8"),
+    "gpt-oss-120b": ("gpt-oss-120b", "auto", "auto"),
 }
 
 
