@@ -149,6 +149,7 @@ def build_engine(*,
                  # step time
                  step_s: float | None = None,
                  cost_table: str | os.PathLike | None = None,
+                 force_cost_table: bool = False,
                  step_overhead_s: float = DEFAULT_STEP_OVERHEAD_S,
                  bandwidth_efficiency: float = 1.0,
                  flops_efficiency: float = 1.0,
@@ -196,7 +197,10 @@ def build_engine(*,
             (see the module docstring).
         step_s: fixed step time in seconds (1.0 = step clock).
         cost_table: a measured step-time CSV (simulator.cost_table.load_cost_table: a ``kvsim
-            profile`` table, or the older TableCost columns).
+            profile`` table, or the older TableCost columns). A profile table measured for
+            another model, GPU (when the GPU sizes the pool), tensor parallel size or KV dtype
+            is an InputError naming each difference,
+        force_cost_table: unless this is set.
         step_overhead_s, bandwidth_efficiency, flops_efficiency: roofline parameters.
         step_time_scale: multiplies every step time (sensitivity checks).
         cpu_offload_gib, offload_bandwidth_gbps, disk_offload_gib, disk_bandwidth_gbps,
@@ -313,6 +317,13 @@ def build_engine(*,
         # here, not at the top: it imports numpy, which `kvsim replay --help` does not need
         from kvsim.simulator.cost_table import load_cost_table
         cost = load_cost_table(cost_table)
+        wrong = cost.mismatches(model=model_spec.name if model_spec is not None else None,
+                                gpu=gpu_spec.name if sized and gpu_spec is not None else None,
+                                tp=tensor_parallel_size, kv_dtype=kv_cache_dtype) \
+            if hasattr(cost, "mismatches") and not force_cost_table else []
+        if wrong:
+            raise InputError(f"{cost_table} was measured for another setup than this run's: {'; '.join(wrong)}. "
+                             "Match it, or pass --force-cost-table to use its times anyway", field="cost_table")
     else:
         cost = RooflineCost(model_spec, gpu_spec, tp=tensor_parallel_size, kv_dtype=kv_cache_dtype,
                             step_overhead_s=step_overhead_s,

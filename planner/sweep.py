@@ -136,6 +136,7 @@ class PlanBase:
     seed: int = 0
     step_s: float | None = None         # a fixed step time instead of the roofline (1.0: step clock)
     cost_table: str | None = None       # a measured step-time table instead of the roofline
+    force_cost_table: bool = False      # use it although measured for another setup
     step_overhead_s: float = DEFAULT_STEP_OVERHEAD_S
     bandwidth_efficiency: float = 1.0   # roofline: achievable fractions of the datasheet peaks
     flops_efficiency: float = 1.0
@@ -214,6 +215,7 @@ def evaluate_point(task: PointTask) -> dict:
             max_model_len=base.max_model_len,
             non_kv_bytes=None if base.non_kv_gib is None else int(base.non_kv_gib * GIB),
             allocator=base.allocator, step_s=base.step_s, cost_table=base.cost_table,
+            force_cost_table=base.force_cost_table,
             step_overhead_s=base.step_overhead_s, bandwidth_efficiency=base.bandwidth_efficiency,
             flops_efficiency=base.flops_efficiency, cpu_offload_gib=base.cpu_offload_gib,
             offload_bandwidth_gbps=base.offload_bandwidth_gbps,

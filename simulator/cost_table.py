@@ -439,6 +439,28 @@ class StepShapeCost:
             j = end
         return total
 
+    def mismatches(self, *, model: str | None = None, gpu: str | None = None, tp: int = 1,
+                   kv_dtype: str = "auto") -> list[str]:
+        """How a run differs from what this table measured (its ``# model``, ``# gpu`` and
+        ``# executor`` lines; one GPU): one phrase each, [] when it fits or the table does not
+        say. A GPU preset fits a table's GPU when its family (the name before the first '-')
+        is a word of it: H200 and "NVIDIA H200", A100-80GB and "NVIDIA A100-SXM4-80GB"."""
+        import re
+
+        p, out = self.provenance, []
+        if model and p.get("model") and p["model"] != model:
+            out.append(f"model {model} (the table's is {p['model']})")
+        if gpu and p.get("gpu"):
+            family = gpu.split("-")[0].lower()
+            if family not in re.split(r"[\s\-_/]+", p["gpu"].lower()):
+                out.append(f"GPU {gpu} (the table's is {p['gpu']})")
+        if tp != 1:
+            out.append(f"tensor parallel size {tp} (the table measured one GPU)")
+        measured = re.search(r"dtype (\w+)", p.get("executor", ""))
+        if kv_dtype == "fp8" and measured and "fp8" not in measured.group(1):
+            out.append(f"KV dtype fp8 (the table's is {measured.group(1)})")
+        return out
+
     def describe(self) -> str:
         """The clock's source: this table and its provenance."""
         p = self.provenance

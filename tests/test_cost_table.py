@@ -302,7 +302,7 @@ def test_a_table_perturbed_by_1e_12_gives_the_same_model_and_replay(tmp_path, ma
     for side in ("a", "b"):
         d = tmp_path / side
         assert main(["replay", "sharegpt:n=60,rate=8,seed=3", "--num-blocks", "300", "--block-size", "16",
-                     "--cost-table", str(d / "cost.csv"), "--out", str(d / "summary.json"),
+                     "--cost-table", str(d / "cost.csv"), "--force-cost-table", "--out", str(d / "summary.json"),
                      "--requests", str(d / "requests.csv"), "--timeseries", str(d / "steps.csv"), "--quiet"]) == 0
         summary = json.loads((d / "summary.json").read_text())
         summary.pop("wall_clock_s")
@@ -311,3 +311,30 @@ def test_a_table_perturbed_by_1e_12_gives_the_same_model_and_replay(tmp_path, ma
         outputs.append((json.dumps(summary, sort_keys=True), (d / "requests.csv").read_bytes(),
                         (d / "steps.csv").read_bytes()))
     assert outputs[0] == outputs[1]
+
+
+def test_a_table_measured_for_another_setup_is_an_error_unless_forced(tmp_path, capsys):
+    """The shipped H200 table with another model, with the pool sized for another GPU, at TP 2 or
+    with an fp8 KV cache: one line naming each difference, exit 2; --force-cost-table runs it."""
+    from pathlib import Path
+
+    from kvsim.cli import main
+
+    table = str(Path(__file__).resolve().parent.parent / "tables" / "Llama-3.1-8B_H200.csv")
+    base = ["replay", "random:isl=64,osl=8,n=10", "--quiet", "--cost-table", table]
+    for extra, words in ((["--num-blocks", "500", "--model", "Qwen2.5-7B"], ["model Qwen2.5-7B"]),
+                         (["--gpu", "h100"], ["GPU H100-80GB-SXM", "NVIDIA H200"]),
+                         (["--gpu", "h200", "--tp", "2", "--kv-dtype", "fp8"],
+                          ["tensor parallel size 2", "KV dtype fp8"])):
+        assert main(base + extra) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "--force-cost-table" in err
+        assert all(w in err for w in words), err
+        assert main(base + extra + ["--force-cost-table"]) == 0
+        capsys.readouterr()
+    # the setup it was measured for, and a pool given in blocks (no GPU sizes it), run
+    assert main(base + ["--gpu", "h200"]) == 0
+    assert main(base + ["--num-blocks", "500", "--gpu", "h100"]) == 0
+    model = StepShapeCost(table)
+    assert model.mismatches(model="Llama-3.1-8B", gpu="H200") == []
+    assert model.mismatches(gpu="A100-80GB") and model.mismatches(model="Llama-3.1-70B")

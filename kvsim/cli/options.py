@@ -231,6 +231,9 @@ def add_step_time_args(p: argparse.ArgumentParser) -> None:
                       help="one step = one time unit (vLLM's step index)")
     cost.add_argument("--step-s", type=float, metavar="S", help="fixed step time in seconds")
     cost.add_argument("--cost-table", metavar="CSV", help="measured step times (TableCost)")
+    g.add_argument("--force-cost-table", action="store_true",
+                   help="use --cost-table's times although it was measured for another model, GPU, TP or KV "
+                        "dtype (otherwise an error)")
 
 
 def step_s_from_args(args) -> float | None:
@@ -305,6 +308,7 @@ def engine_kwargs(args, **overrides) -> dict:
         scheduler_reserve_full_isl=not args.no_full_prompt_admission, watermark=args.watermark,
         scheduler=scheduler, async_scheduling=getattr(args, "async_scheduling", None),
         step_s=step_s_from_args(args), cost_table=getattr(args, "cost_table", None),
+        force_cost_table=getattr(args, "force_cost_table", False),
         **offload_kwargs(args))
     kwargs.update(overrides)
     return kwargs

@@ -55,6 +55,7 @@ def plan_base(args):
                     max_requests=args.max_requests,
                     allocator=args.allocator, replicas=args.replicas, router=args.router,
                     seed=args.seed, step_s=options.step_s_from_args(args), cost_table=args.cost_table,
+                    force_cost_table=args.force_cost_table,
                     engine=engine, max_concurrency=getattr(args, "max_concurrency", None),
                     **options.offload_kwargs(args))
 
