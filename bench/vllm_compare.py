@@ -1,6 +1,6 @@
 """kvsim's clock against real vLLM on the H200: the closed-loop runs of bench/results/vllm_h200/.
 
-    python bench/vllm_compare.py [--engines llama8b-bf16 ...] [--clocks roofline,table] [--csv out.csv]
+    python bench/vllm_compare.py [--engines llama8b-bf16 ...] [--clocks roofline,table] [--traces] [--csv out.csv]
 
 For every closed-loop point a real-vLLM run measured (``cl-ISL-OSL-cC``: ``vllm bench serve
 --max-concurrency C`` style, bench/vllm_gpu/harness.py), kvsim replays the same workload
@@ -52,7 +52,17 @@ def measured(folder: Path) -> dict:
             "mean_e2el_ms": 1000 * np.mean(e2e), "completed": len(e2e)}
 
 
-def simulated(engine: str, spec: dict, meta: dict, clock: str) -> dict:
+def trace_requests(folder: Path) -> list:
+    """A trace excerpt's requests as vLLM was sent them (arrival, prompt and output tokens from
+    the measured records; the harness's prompts share nothing), for an open-loop replay."""
+    from kvsim.workloads import Request
+
+    with gzip.open(folder / "requests.jsonl.gz", "rt") as f:
+        recs = sorted((json.loads(line) for line in f), key=lambda r: r["arrival_s"])
+    return [Request(i, r["arrival_s"], r["prompt_tokens"], r["output_tokens"]) for i, r in enumerate(recs)]
+
+
+def simulated(engine: str, spec: dict, meta: dict, clock: str, requests: list | None = None) -> dict:
     from kvsim import workloads
     from kvsim.planner.engine_setup import build_engine
     from kvsim.planner.presets import load_hf_config
@@ -74,10 +84,14 @@ def simulated(engine: str, spec: dict, meta: dict, clock: str) -> dict:
         setup = build_engine(async_scheduling=core["async_scheduling"], **kwargs)
     except InputError:   # KV-cache groups run on the synchronous scheduler only (issue 27)
         setup, synchronous = build_engine(async_scheduling=False, **kwargs), True
-    text = (f"random:isl={spec['isl']},osl={spec['osl']},n={spec['n']},concurrency={spec['concurrency']},"
-            f"seed={spec['seed']}")
-    w = workloads.workload_from_spec(text)
-    res = simulate(iter(w), setup.config, setup.cost, max_concurrency=w.max_concurrency, record_token_times=True)
+    if requests is None:   # a closed-loop point
+        text = (f"random:isl={spec['isl']},osl={spec['osl']},n={spec['n']},concurrency={spec['concurrency']},"
+                f"seed={spec['seed']}")
+        w = workloads.workload_from_spec(text)
+        limit = w.max_concurrency
+    else:                  # a trace excerpt at its arrival times
+        w, limit = requests, None
+    res = simulate(iter(w), setup.config, setup.cost, max_concurrency=limit, record_token_times=True)
     m = serve_metrics(res.requests, res.token_times, percentiles=[50])
     return {"mean_ttft_ms": m["mean_ttft_ms"], "median_tpot_ms": _median_tpot(res.requests),
             "mean_e2el_ms": m["mean_e2el_ms"], "completed": m["completed"], "synchronous": synchronous}
@@ -96,20 +110,27 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--engines", nargs="*", default=list(ENGINES))
     ap.add_argument("--clocks", default="roofline,table")
     ap.add_argument("--csv", help="write every point's figures here")
+    ap.add_argument("--traces", action="store_true",
+                    help="also the Azure trace excerpt of each engine, at its arrival times (held out); the "
+                         "summary then lists it on its own")
     a = ap.parse_args(argv)
     clocks = [c for c in a.clocks.split(",") if c]
     rows = []
     for engine in a.engines:
         folder = RESULTS / engine
         meta = json.loads((folder / "meta.json").read_text())
-        for point in sorted(folder.glob("cl-*"), key=lambda p: [int(x.lstrip("c")) for x in p.name.split("-")[1:]]):
+        points = sorted(folder.glob("cl-*"), key=lambda p: [int(x.lstrip("c")) for x in p.name.split("-")[1:]])
+        if a.traces and (folder / "azure-conv").is_dir():
+            points.append(folder / "azure-conv")
+        for point in points:
             spec = json.loads((point / "workload.json").read_text())
+            reqs = trace_requests(point) if spec["kind"] == "trace" else None
             real = measured(point)
             row = {"engine": engine, "point": point.name, **{f"vllm_{k}": real[k] for k in METRICS}}
             for clock in clocks:
                 if clock == "table" and engine != "llama8b-bf16":
                     continue
-                sim = simulated(engine, spec, meta, clock)
+                sim = simulated(engine, spec, meta, clock, reqs)
                 assert sim["completed"] == real["completed"], (engine, point.name, clock)
                 row["kvsim_synchronous"] = sim["synchronous"]
                 for k in METRICS:
@@ -123,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     print("\nper engine and clock, over its closed-loop points: median |error| of median TPOT, mean |error| of "
           "mean TTFT and of mean E2E (kvsim against real vLLM 0.23.0, H200)")
     for engine in a.engines:
-        mine = [r for r in rows if r["engine"] == engine]
+        mine = [r for r in rows if r["engine"] == engine and r["point"].startswith("cl-")]
         for clock in clocks:
             if f"{clock}_mean_ttft_ms_err" not in mine[0]:
                 continue
@@ -134,6 +155,13 @@ def main(argv: list[str] | None = None) -> int:
             sync = " (kvsim on the synchronous scheduler: KV-cache groups)" if mine[0].get("kvsim_synchronous") else ""
             print(f"  {engine:<14} {clock:<9} TPOT {100 * tpot:5.1f} %  TTFT {100 * ttft:5.1f} %  "
                   f"E2E {100 * e2e:5.1f} % (signed {100 * signed:+.1f} %)  {len(mine)} points{sync}")
+    if a.traces:
+        print("\nthe Azure trace excerpt at its arrival times (first 40 s, open loop): error of mean TTFT, "
+              "median TPOT, mean E2E")
+        for r in (r for r in rows if r["point"] == "azure-conv"):
+            print(f"  {r['engine']:<14} " + "  ".join(
+                f"{c} {100 * r[f'{c}_mean_ttft_ms_err']:+6.1f} / {100 * r[f'{c}_median_tpot_ms_err']:+6.1f} / "
+                f"{100 * r[f'{c}_mean_e2el_ms_err']:+6.1f} %" for c in clocks if f"{c}_mean_ttft_ms_err" in r))
     if a.csv:
         import pandas as pd
 

@@ -17,11 +17,12 @@ def test_measured_figures_are_vllm_bench_serves(tmp_path):
 
 def test_compare_runs_on_the_committed_runs(tmp_path, capsys):
     out = tmp_path / "points.csv"
-    assert main(["--engines", "llama8b-bf16", "--csv", str(out)]) == 0
+    assert main(["--engines", "llama8b-bf16", "--traces", "--csv", str(out)]) == 0
     rows = list(csv.DictReader(out.open()))
-    assert len(rows) == 11
+    assert len(rows) == 12 and rows[-1]["point"] == "azure-conv"     # 11 closed-loop points, the excerpt
     for row in rows:
         for clock in ("roofline", "table"):
             for metric in ("mean_ttft_ms", "median_tpot_ms", "mean_e2el_ms"):
                 assert math.isfinite(float(row[f"{clock}_{metric}_err"]))
-    assert "median |error|" in capsys.readouterr().out
+    text = capsys.readouterr().out
+    assert "median |error|" in text and "Azure trace excerpt" in text
