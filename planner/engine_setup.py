@@ -214,6 +214,10 @@ def build_engine(*,
     if num_gpu_blocks is not None and kv_tokens is not None:
         raise InputError("give at most one of num_gpu_blocks and kv_tokens, got "
                          f"num_gpu_blocks={num_gpu_blocks}, kv_tokens={kv_tokens}")
+    if block_size is not None and (block_size < 1 or block_size & (block_size - 1)):
+        # the paged pool indexes blocks by shifts (allocator.paged); vLLM's are 8, 16, 32, ...
+        raise InputError(f"block size must be a power of two (such as 16 or 32), got {block_size}",
+                         field="block_size")
     if step_s is not None and cost_table is not None:
         raise InputError(f"give at most one of step_s and cost_table, got step_s={step_s}, "
                          f"cost_table={cost_table}")

@@ -26,6 +26,7 @@ def user_mistakes(tmp: Path) -> dict[str, list[list[str]]]:
     missing = str(tmp / "missing.csv")
     return {
         "replay": [["replay", SPEC, *POOL, "--watermark", "2", "--out", str(tmp / "r.json")],
+                   ["replay", SPEC, *POOL, "--block-size", "7", "--out", str(tmp / "r.json")],
                    ["replay", missing, *POOL, "--out", str(tmp / "r.json")],
                    ["replay", SPEC, "--num-blocks", "200", "--cost-table", missing, "--out",
                     str(tmp / "r.json")],
@@ -41,7 +42,8 @@ def user_mistakes(tmp: Path) -> dict[str, list[list[str]]]:
                     str(tmp / "r.json")],
                    ["replay", SPEC, *POOL, "--allocator", "max", "--cpu-offload-gib", "4",
                     "--out", str(tmp / "r.json")]],
-        "compare": [["compare", SPEC, *POOL, "--allocators", "paged,slab"]],
+        "compare": [["compare", SPEC, *POOL, "--allocators", "paged,slab"],
+                    ["compare", SPEC, "--block-size", "48"]],
         "bench": [["bench", SPEC, *POOL, "--goodput", "itl:5"], ["bench", SPEC, *POOL, "--compare", missing],
                   ["bench", "random:n=10,concurrency=2", *POOL, "--max-concurrency", "3"]],
         "workload": [["workload", "sharegpt:rate=1,colour=red"], ["workload", missing]],
