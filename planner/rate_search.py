@@ -31,7 +31,7 @@ MAX_PROBES = 60
 
 @dataclasses.dataclass(frozen=True)
 class SearchTask:
-    """One grid point's search (picklable: planner.sweep.run_sweep's ``fn`` runs it)."""
+    """One grid point's search (picklable: run_rate_search hands it to planner.sweep.run_tasks)."""
 
     index: int
     params: Mapping
@@ -58,7 +58,7 @@ def max_rate_under(base: PlanBase, constraints: tuple[Constraint, ...], *, param
     if "rate" in params or "rate_scale" in params:
         raise InputError("--max-rate-under searches the rate: do not sweep rate or rate_scale too",
                          field="max-rate-under")
-    probes: list[tuple[float, bool]] = []
+    probes: list[tuple[float, bool]] = []     # (rate, meets) in the order probed
     rows: dict[float, dict] = {}
 
     def probe(rate: float) -> bool:
@@ -70,7 +70,8 @@ def max_rate_under(base: PlanBase, constraints: tuple[Constraint, ...], *, param
                 raise InputError(row["error"])
             rows[rate] = row
             probes.append((rate, meets(row, constraints)))
-        return dict(probes)[rate]
+            return probes[-1][1]
+        return next(ok for r, ok in probes if r == rate)
 
     start = float(base.rate) if base.rate else 1.0
     lo = hi = None

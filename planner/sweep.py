@@ -257,13 +257,9 @@ def _max_concurrency(base: PlanBase, params: Mapping) -> int | None:
         return int(params["concurrency"])
     if base.max_concurrency is not None:
         return base.max_concurrency
-    from kvsim.workloads import workload_from_spec
-    from kvsim.workloads.source import is_spec
-    from kvsim.workloads.spec import parse_spec
+    from kvsim.workloads.source import spec_concurrency
 
-    if is_spec(base.workload) and "concurrency" in parse_spec(base.workload).params:
-        return workload_from_spec(base.workload).max_concurrency
-    return None
+    return spec_concurrency(base.workload)
 
 
 def bench_columns(result, max_concurrency: int | None, num_gpus: int) -> dict:

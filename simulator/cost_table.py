@@ -46,6 +46,7 @@ from __future__ import annotations
 import bisect
 import csv
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -445,8 +446,6 @@ class StepShapeCost:
         ``# executor`` lines; one GPU): one phrase each, [] when it fits or the table does not
         say. A GPU preset fits a table's GPU when its family (the name before the first '-')
         is a word of it: H200 and "NVIDIA H200", A100-80GB and "NVIDIA A100-SXM4-80GB"."""
-        import re
-
         p, out = self.provenance, []
         if model and p.get("model") and p["model"] != model:
             out.append(f"model {model} (the table's is {p['model']})")

@@ -28,7 +28,6 @@ DECODE_RUN = object()   # ReplicaRecorder.last_step after a batched run of pure 
 NUM_CLASSES = len(MEMORY_CLASSES)
 
 
-
 def scheduled_arrival_ns(req, step_clock: bool) -> int:
     """When the workload sends ``req`` (its arrival time; on the step clock, its arrival step).
     Under a client's concurrency limit it reaches the engine later, when a slot frees
@@ -221,8 +220,7 @@ class Recorder:
             cached_tokens_first=-1, cached_tokens_total=0,
             arrival_step=req.arrival_step if req.arrival_step is not None else -1,
             first_sched_step=-1, first_token_step=-1, finish_step=-1, rejected=1,
-            client_queue_s=(t_ns - scheduled_arrival_ns(req, self.replicas[replica].step_clock)) / NS_PER_S
-            if self.replicas else 0.0)
+            client_queue_s=(t_ns - scheduled_arrival_ns(req, self.replicas[replica].step_clock)) / NS_PER_S)
         if self.on_request_done is not None:
             self.on_request_done()
 

@@ -98,17 +98,18 @@ def serve_metrics(requests, token_times: dict | None, *, percentiles: Iterable[f
         percentiles: the ``p{P}`` to report (``--metric-percentiles``).
         goodput: SLOs in ms by name (``ttft``, ``tpot``, ``e2el``), or None.
         max_concurrency: the client's limit (client-side queueing is reported with one).
-        request_rate: the configured rate (inf: all at once).
+        request_rate: the configured rate (inf: all at once; NaN: a trace's own times, finite).
     Returns:
         A dict under vllm bench serve's result-JSON names (module docstring).
     """
     percentiles = [float(p) for p in percentiles]
-    ok = requests[~requests["rejected"].astype(bool)]
+    rejected = requests["rejected"].astype(bool)
+    ok = requests[~rejected]
     completed = len(ok)
     # the recorded finish, not start + latency: a request sent as another finishes starts at
     # exactly that instant, which float sums can move by an ulp
     finishes = ok["finish_s"].to_numpy(dtype=float)
-    ends = list(finishes) + list(requests.loc[requests["rejected"].astype(bool), "arrival_s"])
+    ends = list(finishes) + list(requests.loc[rejected, "arrival_s"])
     duration = max(ends, default=0.0)
     out_lens = ok["num_output"].to_numpy()
     total_input = int(ok["prompt_tokens"].sum())
@@ -151,13 +152,13 @@ def serve_metrics(requests, token_times: dict | None, *, percentiles: Iterable[f
         if not math.isinf(request_rate):
             result.update(_stats("e2el_including_client_queue", e2els + queue, percentiles))
     result.update({"input_lens": [int(x) for x in requests["prompt_tokens"]],
-                   "output_lens": [int(x) if not r else 0 for x, r in zip(requests["num_output"], requests["rejected"])],
                    # a failed request's are 0, as vllm bench serve's RequestFuncOutput defaults
-                   "ttfts": [0.0 if r else float(x) for x, r in zip(requests["ttft_s"], requests["rejected"])],
-                   "latencies": [0.0 if r else float(x) for x, r in zip(requests["e2e_s"], requests["rejected"])],
+                   "output_lens": [0 if r else int(x) for x, r in zip(requests["num_output"], rejected)],
+                   "ttfts": [0.0 if r else float(x) for x, r in zip(requests["ttft_s"], rejected)],
+                   "latencies": [0.0 if r else float(x) for x, r in zip(requests["e2e_s"], rejected)],
                    "start_times": [float(x) for x in requests["arrival_s"]],
                    "queue_times": [float(x) for x in requests["client_queue_s"]],
-                   "errors": ["rejected: can never fit" if r else "" for r in requests["rejected"]]})
+                   "errors": ["rejected: can never fit" if r else "" for r in rejected]})
     return result
 
 

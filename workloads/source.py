@@ -20,6 +20,17 @@ def is_spec(source: str, format: str | None = None) -> bool:
     return format is None and not os.path.exists(source) and bool(_SPEC_LIKE.match(source))
 
 
+def spec_concurrency(source: str | os.PathLike, format: str | None = None) -> int | None:
+    """The client's limit on requests in flight that a ``random:`` spec carries
+    (``concurrency=``), else None (other sources have none)."""
+    from kvsim.workloads.spec import parse_spec
+
+    text = os.fspath(source)
+    if not is_spec(text, format) or parse_spec(text).name != "random":
+        return None
+    return workload_from_spec(text).max_concurrency
+
+
 def load(spec_or_path: str | os.PathLike, format: str | None = None,
          max_requests: int | None = None, time_window_s: float | None = None,
          rate: float | None = None, seed: int = 0) -> Iterator[Request]:

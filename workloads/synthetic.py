@@ -556,18 +556,19 @@ def _random(spec: Spec, rate: float | None, seed: int, num_requests: int | None)
 
     isl = to_int(spec, "isl", plain(spec, "isl"), 1) if "isl" in p else 1024
     osl = to_int(spec, "osl", plain(spec, "osl"), 1) if "osl" in p else 128
-    bounds = []
-    for key, length, least in (("isl_range", isl, 1), ("osl_range", osl, 1)):
+    dists = []
+    for key, length in (("isl_range", isl), ("osl_range", osl)):
         r = number(key, 0.0, 0.0)
         if r >= 1:
             raise spec.error(key, f"must be in [0, 1), got {r:g}")
-        low, high = max(math.floor(length * (1 - r)), least if key == "osl_range" else 0), math.ceil(length * (1 + r))
-        if low < least:
+        low, high = math.floor(length * (1 - r)), math.ceil(length * (1 + r))
+        if key == "osl_range":
+            low = max(low, 1)         # vllm bench serve never draws an empty output
+        elif low < 1:
             raise spec.error(key, f"leaves inputs of {low} tokens (the shortest is "
                                   f"floor({length} x (1 - {r:g}))); at least 1 is needed")
-        bounds.append((low, high))
-    (il, ih), (ol, oh) = bounds
-    lengths = LengthModel(Uniform(il, ih) if ih > il else Fixed(il), Uniform(ol, oh) if oh > ol else Fixed(ol))
+        dists.append(Uniform(low, high) if high > low else Fixed(low))
+    lengths = LengthModel(*dists)
     prefix = to_int(spec, "prefix_len", plain(spec, "prefix_len"), 0) if "prefix_len" in p else 0
     n = to_int(spec, "n", plain(spec, "n"), 1) if "n" in p else (num_requests or 1000)
     if "rate" in p:

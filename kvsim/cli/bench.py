@@ -119,8 +119,7 @@ def run(args) -> int:
     rate = _request_rate(args)
     result = run_one(args, args.allocator, record_token_times=True)
     metrics = serve_metrics(result.requests, result.token_times, percentiles=percentiles,
-                            goodput=goodput or None, max_concurrency=limit,
-                            request_rate=rate if not math.isnan(rate) else 0.0)
+                            goodput=goodput or None, max_concurrency=limit, request_rate=rate)
     metrics.update({"backend": "kvsim", "num_prompts": len(result.requests),
                     "request_rate": rate if not math.isnan(rate) else None,
                     "max_concurrency": limit, "kvsim": result.summary["config"]})

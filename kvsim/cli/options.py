@@ -67,13 +67,10 @@ def add_workload_args(p: argparse.ArgumentParser, *, required: bool = True, trac
 def max_concurrency(args) -> int | None:
     """The client's limit on requests in flight: ``--max-concurrency`` or the spec's
     ``concurrency=`` (both given: an error), None for an open loop."""
-    from kvsim.workloads import workload_from_spec
-    from kvsim.workloads.source import is_spec
+    from kvsim.workloads.source import spec_concurrency
 
     flag = getattr(args, "max_concurrency", None)
-    spec = None
-    if is_spec(args.workload, getattr(args, "format", None)):
-        spec = workload_from_spec(args.workload).max_concurrency
+    spec = spec_concurrency(args.workload, getattr(args, "format", None))
     if flag is not None and spec is not None and flag != spec:
         raise InputError(f"--max-concurrency {flag} and the spec's concurrency={spec} disagree: give one")
     return flag if flag is not None else spec

@@ -115,8 +115,7 @@ def simulated_sweep(workload: Workload, allocators: tuple[str, ...], param: str,
         ``error`` None or the reason the point is impossible).
     """
     kwargs = dict(base)
-    if os.path.isfile(kwargs.get("model", "")):   # an uploaded config.json
-        kwargs["hf_config"], kwargs["model"] = hf_config_source(kwargs["model"])
+    kwargs.update(_plan_model(kwargs.pop("model")))
     plan = PlanBase(workload=workload_source(workload), max_requests=workload.max_requests,
                     rate=workload.rate if needs_rate(workload) else None, **kwargs)
     # max_num_seqs is an engine setting: planner.sweep routes it to EngineConfig per point
@@ -153,13 +152,8 @@ def bench_sweep(model_name: str, gpus: tuple[str, ...], isl: int, osl: int, num_
     Pareto front (planner.sweep.mark_pareto). ``base``: sorted capacity keyword items."""
     from kvsim.planner.sweep import mark_pareto
 
-    kwargs = dict(base)
-    model = model_name
-    hf_config = None
-    if os.path.isfile(model_name):   # an uploaded config.json
-        hf_config, model = hf_config_source(model_name)
-    plan = PlanBase(workload=f"random:isl={isl},osl={osl},n={num_requests},seed=0", model=model,
-                    hf_config=hf_config, **kwargs)
+    plan = PlanBase(workload=f"random:isl={isl},osl={osl},n={num_requests},seed=0",
+                    **_plan_model(model_name), **dict(base))
     rows = run_sweep(expand_grid({"gpu": list(gpus), "concurrency": list(concurrencies)}), plan)
     return pd.DataFrame(mark_pareto(rows))
 
@@ -170,9 +164,16 @@ def max_rate(workload: Workload, model_name: str, gpu_name: str, base: tuple, sl
     from kvsim.planner.rate_search import max_rate_under
     from kvsim.planner.slo import parse_slo
 
-    kwargs = dict(base)
-    if os.path.isfile(model_name):
-        kwargs["hf_config"], model_name = hf_config_source(model_name)
+    # the search starts from the workload's rate where it needs one (else its own, or 1/s)
     plan = PlanBase(workload=workload_source(workload), max_requests=workload.max_requests,
-                    model=model_name, gpu=gpu_name, **kwargs)
+                    rate=workload.rate if needs_rate(workload) else None, gpu=gpu_name,
+                    **_plan_model(model_name), **dict(base))
     return max_rate_under(plan, parse_slo(slo))
+
+
+def _plan_model(model_name: str) -> dict:
+    """PlanBase's model fields for a preset name or an uploaded config.json's path."""
+    if os.path.isfile(model_name):
+        hf_config, model = hf_config_source(model_name)
+        return {"model": model, "hf_config": hf_config}
+    return {"model": model_name}
