@@ -141,3 +141,20 @@ def test_argparse_checks_numbers_before_any_work(capsys):
         main(["replay", SPEC, "--num-blocks", "0", "--out", "x.json"])
     assert exc.value.code == 2
     assert "--num-blocks: must be >= 1, got 0" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", [*COMMANDS, None])
+def test_a_flag_error_is_two_lines_not_the_usage_block(command, capsys):
+    """argparse prints every flag's usage before the error (about 30 lines for replay); kvsim
+    prints a usage line with the positionals and the error, naming --help (issue 29 item 10)."""
+    argv = ([command] if command else []) + ["--no-such-flag-anywhere"]
+    if command in ("replay", "compare", "bench", "plan", "workload", "cache-curve"):
+        argv.insert(1, SPEC)
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.splitlines()
+    prog = f"kvsim {command}" if command else "kvsim"
+    assert len(err) == 2, err
+    assert err[0].startswith(f"usage: {prog} [flags]")
+    assert err[1].startswith(f"{prog}: error: ") and err[1].endswith(f"(`{prog} --help` lists the flags)")

@@ -18,6 +18,7 @@ import shlex
 import sys
 from pathlib import Path
 
+from kvsim.cli import Parser
 from kvsim.errors import InputError
 
 GIB = 2**30
@@ -142,7 +143,7 @@ def run(args, command: str | None = None) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Run as ``python -m kvsim.cli.profile`` (the same errors and exit codes as ``kvsim profile``)."""
-    parser = argparse.ArgumentParser(prog="kvsim profile", description=__doc__.split("\n\n")[0])
+    parser = Parser(prog="kvsim profile", description=__doc__.split("\n\n")[0])
     add_arguments(parser)
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)

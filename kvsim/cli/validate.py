@@ -33,6 +33,7 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
+from kvsim.cli import Parser
 from kvsim.cli.argtypes import add_rate_args, positive_float, positive_int
 from kvsim.errors import InputError
 
@@ -103,7 +104,7 @@ def _simulated_snapshot(args):
 
     if args.num_blocks is None:
         raise InputError("validate WORKLOAD: give --num-blocks")
-    parser = argparse.ArgumentParser(prog="kvsim validate")
+    parser = Parser(prog="kvsim validate")
     add_replay_args(parser)
     replay = parser.parse_args([args.workload])
     replay.num_blocks, replay.block_size, replay.step_s = args.num_blocks, args.block_size, args.step_s
