@@ -82,6 +82,7 @@ def test_replay_prints_its_summary_and_writes_the_rest_when_a_write_fails(tmp_pa
     assert rc == 2
     assert out.startswith("clock: ") and out.splitlines()[1].startswith("30 requests finished")
     assert "-> /dev/full" in out
+    assert "TTFT p50 (s)" in out   # "the results were printed above": they were (issue 29 item 5)
     assert err.count("\n") == 1 and "could not write /dev/full (No space left on device)" in err
     assert ts.stat().st_size > 100   # the other output was written
 
@@ -164,6 +165,16 @@ def test_replay_without_out_prints_the_summary_table(capsys):
     assert out.startswith("clock: ") and out.splitlines()[1].startswith("30 requests finished")
     assert "->" not in out.splitlines()[1]
     assert "TTFT p50 (s)" in out and "token states" in out and "%" in out
+
+
+def test_replay_prints_the_same_summary_with_and_without_out(tmp_path, capsys):
+    """--help says the summary is printed either way; with --out it was one line (issue 29 item 5)."""
+    assert main(["replay", SPEC, *POOL]) == 0
+    without = capsys.readouterr().out.splitlines()
+    assert main(["replay", SPEC, *POOL, "--out", str(tmp_path / "r.json")]) == 0
+    with_out = capsys.readouterr().out.splitlines()
+    assert len(with_out) == len(without) > 20
+    assert [ln for ln in with_out if "wall" not in ln] == [ln for ln in without if "wall" not in ln]
 
 
 def test_the_progress_bar_knows_the_total(capsys):

@@ -25,7 +25,10 @@ def test_replay_with_a_cpu_tier_reports_it(tmp_path, capsys):
     assert {"cpu_used_chunks", "cpu_hit_tokens", "cpu_loaded_bytes", "cpu_stored_bytes",
             "loading_requests"} <= set(frame.columns)
     assert frame["cpu_used_chunks"].max() <= 1024 and frame["cpu_stored_bytes"].is_monotonic_increasing
-    assert "offload: cpu hit" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "offload: cpu hit" in out
+    # the connector's rate is over the tokens the GPU missed, and the line says so (issue 29 item 13)
+    assert f"connector hit rate {s['offload']['hit_rate']:.3f} (of the prompt tokens the GPU missed)" in out
     base = tmp_path / "base.json"
     assert main(["replay", SPEC, *POOL, "--out", str(base)]) == 0
     assert "offload" not in json.loads(base.read_text())

@@ -125,7 +125,7 @@ def overload_message(summary: dict, timeseries, label: str = "") -> str | None:
 
 
 def format_summary(summary: dict) -> str:
-    """The summary as ``kvsim compare``'s table (one column), printed when there is no --out."""
+    """The summary as ``kvsim compare``'s table (one column), printed with or without --out."""
     from kvsim.cli.table import format_table
 
     return format_table({"replay": summary})
@@ -165,12 +165,12 @@ def run(args) -> int:
     if "offload" in s:
         o = s["offload"]
         print(f"offload: {', '.join(f'{k} hit {v:,} tokens' for k, v in o['hit_tokens'].items())}"
-              f", connector hit rate {o['hit_rate']:.3f}, GPU + CPU hit rate "
+              f", connector hit rate {o['hit_rate']:.3f} (of the prompt tokens the GPU missed), "
+              f"GPU + CPU hit rate "
               f"{o['combined_hit_rate']:.3f}, loaded "
               f"{sum(o['loaded_bytes'].values()) / 2**30:.1f} GiB, stored "
               f"{sum(o['stored_bytes'].values()) / 2**30:.1f} GiB")
-    if not args.out:
-        print(format_summary(s))
+    print(format_summary(s))
     if s["requests_rejected"]:
         print(f"kvsim: warning: {s['requests_rejected']} requests could never fit "
               "(prompt >= max_model_len, or larger than the pool); see --requests 'rejected'",
