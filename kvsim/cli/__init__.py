@@ -16,6 +16,7 @@ import argparse
 import importlib
 import sys
 
+from kvsim.cli.argtypes import Parser
 from kvsim.errors import InputError
 
 # command -> module with register(subparsers); imported lazily (only the command being run, or
@@ -33,38 +34,6 @@ COMMANDS: dict[str, str] = {
     "profile": "kvsim.cli.profile",
     "cache-curve": "kvsim.cli.cache_curve",
 }
-
-
-class Parser(argparse.ArgumentParser):
-    """argparse's parser whose flag errors end in two lines, not the whole usage block: a usage
-    line with the positionals alone and the error, pointing to ``--help`` (``kvsim replay`` has 60
-    flags; argparse would print them all before the one line that matters). Subparsers inherit it."""
-
-    def short_usage(self) -> str:
-        positionals = " ".join(a.metavar or a.dest.upper() if a.nargs is None or isinstance(a.nargs, int)
-                               else f"[{a.metavar or a.dest.upper()}]" if a.nargs == "?"
-                               else f"{a.metavar or a.dest.upper()} ..."
-                               for a in self._get_positional_actions())
-        return f"usage: {self.prog} [flags] {positionals}".rstrip()
-
-    def parse_args(self, args=None, namespace=None):
-        """argparse's, except that arguments nobody knows are reported by the (sub)command that was
-        being parsed (argparse reports them with the top-level usage)."""
-        namespace, extras = self.parse_known_args(args, namespace)
-        if extras:
-            parser = self
-            while True:
-                action = next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
-                chosen = getattr(namespace, action.dest, None) if action and action.dest else None
-                if chosen not in (action.choices if action else {}):
-                    break
-                parser = action.choices[chosen]
-            parser.error(f"unrecognized arguments: {' '.join(extras)}")
-        return namespace
-
-    def error(self, message: str):
-        self.exit(2, f"{self.short_usage()}\n{self.prog}: error: {message} "
-                     f"(`{self.prog} --help` lists the flags)\n")
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:

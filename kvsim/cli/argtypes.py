@@ -1,5 +1,5 @@
-"""argparse types for counts and sizes (a bad value is a usage error, exit 2, before any work)
-and the flag groups that need nothing else (``--rate``/``--rate-scale``).
+"""argparse types for counts and sizes (a bad value is a usage error, exit 2, before any work),
+the flag groups that need nothing else (``--rate``/``--rate-scale``) and ``Parser``, the short-usage parser.
 
 Kept apart from ``options`` (which imports the planner's presets for its help texts; it
 re-exports these) so that a command needing only these, such as ``kvsim workload``, starts
@@ -42,3 +42,35 @@ def add_rate_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--rate-scale", type=positive_float, metavar="X",
                    help="X times the workload's own rate (or --rate's): a trace keeps its own "
                         "arrival pattern, its times divided by X ('what if traffic doubles?': 2)")
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse's parser whose flag errors end in two lines, not the whole usage block: a usage
+    line with the positionals alone and the error, pointing to ``--help`` (``kvsim replay`` has 60
+    flags; argparse would print them all before the one line that matters). Subparsers inherit it."""
+
+    def short_usage(self) -> str:
+        positionals = " ".join(a.metavar or a.dest.upper() if a.nargs is None or isinstance(a.nargs, int)
+                               else f"[{a.metavar or a.dest.upper()}]" if a.nargs == "?"
+                               else f"{a.metavar or a.dest.upper()} ..."
+                               for a in self._get_positional_actions())
+        return f"usage: {self.prog} [flags] {positionals}".rstrip()
+
+    def parse_args(self, args=None, namespace=None):
+        """argparse's, except that arguments nobody knows are reported by the (sub)command that was
+        being parsed (argparse reports them with the top-level usage)."""
+        namespace, extras = self.parse_known_args(args, namespace)
+        if extras:
+            parser = self
+            while True:
+                action = next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
+                chosen = getattr(namespace, action.dest, None) if action and action.dest else None
+                if chosen not in (action.choices if action else {}):
+                    break
+                parser = action.choices[chosen]
+            parser.error(f"unrecognized arguments: {' '.join(extras)}")
+        return namespace
+
+    def error(self, message: str):
+        self.exit(2, f"{self.short_usage()}\n{self.prog}: error: {message} "
+                     f"(`{self.prog} --help` lists the flags)\n")

@@ -6,11 +6,11 @@ help text and one meaning in every command (vLLM's spellings where vLLM has the 
 ``engine_kwargs(args)`` maps the parsed flags onto the keyword arguments of
 ``planner.engine_setup.build_engine`` (vLLM's names), the one builder of EngineConfig + cost model.
 
-What differs between commands is stated where the command adds a group:
-  * batch limits: ``replay``/``compare``/``validate`` default to EngineConfig's 256 sequences and
-    8192 tokens; ``capacity``/``plan`` to vLLM's ``vllm serve`` defaults for the GPU (1024/8192 on
-    an H100);
-  * the batch limits above are the one difference; ``--rate`` and ``--rate-scale`` mean the same
+Every command takes the same defaults: the batch limits are vLLM's ``vllm serve`` defaults for
+the GPU (1024 sequences and 8192 tokens on an H100) in replay, compare, bench, validate, capacity
+and plan alike, so the same model and GPU give the same pool everywhere (only the dashboard's
+teaching pools, which have no GPU, take ``ENGINE_BATCH_DEFAULTS``);
+  * ``--rate`` and ``--rate-scale`` mean the same
     in every command (workloads.retime): ``--rate R`` gives the workload R requests/s (a spec's
     rate= replaced, Poisson arrivals for a trace without timestamps, a timestamped trace re-timed
     to that mean rate), ``--rate-scale X`` X times its own rate (a trace keeps its pattern).
@@ -32,8 +32,8 @@ from kvsim.planner.specs import GIB
 from kvsim.planner.weights import WEIGHT_DTYPES
 from kvsim.simulator.config import ALLOCATORS, PLACEMENTS, ROUTERS, SCHEDULERS, EngineConfig
 
-# replay's batch limits: EngineConfig's defaults, 256 and 8192 (capacity and plan use vLLM's
-# per-GPU ones)
+# the batch limits of a pool without a GPU (the dashboard's teaching pools): EngineConfig's
+# defaults, 256 and 8192; every command takes vLLM's per-GPU ones
 ENGINE_BATCH_DEFAULTS: tuple[int, int] = tuple(
     EngineConfig.__dataclass_fields__[name].default for name in ("max_num_seqs", "max_num_batched_tokens"))
 

@@ -18,7 +18,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from kvsim.cli import Parser
+from kvsim.cli.argtypes import Parser
 from kvsim.errors import InputError
 
 GIB = 2**30

@@ -29,7 +29,7 @@ def add_replay_args(p: argparse.ArgumentParser, *, allocator: bool = True, execu
     options.add_workload_args(p)
     options.add_model_gpu_args(p)
     options.add_pool_args(p)
-    options.add_scheduler_args(p, batch_defaults=options.ENGINE_BATCH_DEFAULTS, allocator=allocator)
+    options.add_scheduler_args(p, batch_defaults=None, allocator=allocator)
     options.add_step_time_args(p)
     options.add_serving_args(p)
     options.add_offload_args(p)

@@ -33,8 +33,7 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
-from kvsim.cli import Parser
-from kvsim.cli.argtypes import add_rate_args, positive_float, positive_int
+from kvsim.cli.argtypes import Parser, add_rate_args, positive_float, positive_int
 from kvsim.errors import InputError
 
 DTYPES = ("float32", "float16", "bfloat16")

@@ -1,0 +1,41 @@
+"""One default per setting: the same model and GPU give the same engine in every command
+(issue 29 item 7: capacity took vLLM's max_num_seqs 1024 for an H100, replay EngineConfig's 256, so
+the two sized different pools, 10,193 against 10,269 blocks, and gave different p99 TTFTs)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kvsim.cli import main
+
+SPEC = "sharegpt:rate=4,n=40,seed=0"
+KEYS = ("num_blocks", "max_num_seqs", "max_num_batched_tokens", "max_model_len")
+
+
+def _capacity(args, capsys) -> dict:
+    assert main(["capacity", *args, "--json"]) == 0
+    c = json.loads(capsys.readouterr().out)["capacity"]
+    return {"num_blocks": c["num_gpu_blocks"], **{k: c[k] for k in KEYS[1:]}}
+
+
+@pytest.mark.parametrize("args", [["--model", "Llama-3.1-8B", "--gpu", "h100"],
+                                  ["--model", "Llama-3.1-8B", "--gpu", "a100-40gb", "--max-model-len", "8192"],
+                                  ["--model", "Qwen2.5-7B", "--gpu", "h200", "--kv-dtype", "fp8"]])
+def test_capacity_replay_and_bench_size_the_same_engine(args, tmp_path, capsys):
+    want = _capacity(args, capsys)
+    for command in ("replay", "bench"):
+        out = tmp_path / f"{command}.json"
+        flag = "--out" if command == "replay" else "--result-json"
+        assert main([command, SPEC, *args, "--quiet", flag, str(out)]) == 0
+        capsys.readouterr()
+        data = json.loads(out.read_text())
+        engine = (data["config"] if command == "replay" else data["kvsim"])["engine"]
+        assert {k: engine[k] for k in KEYS} == want, command
+
+
+def test_a_flag_given_wins_over_the_gpus_default(tmp_path, capsys):
+    out = tmp_path / "r.json"
+    assert main(["replay", SPEC, "--model", "Llama-3.1-8B", "--gpu", "h100", "--max-num-seqs", "256",
+                 "--quiet", "--out", str(out)]) == 0
+    assert json.loads(out.read_text())["config"]["engine"]["max_num_seqs"] == 256
