@@ -35,9 +35,13 @@ hf = st.file_uploader("…or a Hugging Face config.json (it replaces the model a
 if hf is not None:
     try:
         model = S.store_hf_config(hf.name, hf.getvalue())
-        st.caption(f"Model from {hf.name}: **{S.resolve_model(model).name}**")
-    except ValueError as err:  # kvsim.errors.InputError: not a model config
+        spec = S.resolve_model(model)
+        st.caption(f"Model from {hf.name}: **{spec.name}**")
+        for note in spec.config_notes:   # the defaults taken and the fields not read
+            st.warning(f"{hf.name}: {note}")
+    except ValueError as err:  # kvsim.errors.InputError: not a model config, or a field it lacks
         st.error(str(err))
+        st.stop()   # the page's figures would repeat the one error
 util = st.slider("gpu_memory_utilization", 0.3, 0.98, step=0.01, key="k_plan_util",
                  help=f"vLLM 0.33's default is {DEFAULT_GPU_MEMORY_UTILIZATION}.")
 st.info(f"Block size **{block_size}** and max_model_len **{max_model_len:,}** come from the "

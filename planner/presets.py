@@ -12,6 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from kvsim.errors import InputError
+from kvsim.planner.hf_fields import check_fields
 from kvsim.planner.layers import parse_layers
 from kvsim.planner.specs import GIB, GpuSpec, ModelSpec, dtype_bytes
 from kvsim.planner.weights import ServedWeights, param_breakdown, weight_format
@@ -282,16 +283,19 @@ def _field(cfg: dict, names: tuple[str, ...], path: str, required: bool = True):
     return None
 
 
-def load_hf_config(path: str | Path, name: str | None = None) -> ModelSpec:
+def load_hf_config(path: str | Path, name: str | None = None, *, force: bool = False) -> ModelSpec:
     """A ModelSpec from a Hugging Face config.json (nested ``text_config`` too).
 
     Args:
         path: the config.json file.
         name: the spec's name; default: the parent directory's name.
+        force: size a model_type kvsim does not know as a generic decoder (planner.hf_fields).
     Returns:
-        The model spec, with num_params estimated from the architecture.
+        The model spec, with num_params estimated from the architecture; its ``config_notes``
+        name every sizing field that was absent and the default taken, and the fields not read.
     Raises:
-        InputError: unreadable JSON, missing or malformed fields (names the file and field).
+        InputError: unreadable JSON, missing or malformed fields, an unknown model_type, a near
+            miss of a field name (names the file and field; planner.hf_fields).
     """
     path = str(path)
     try:
@@ -311,14 +315,19 @@ def load_hf_config(path: str | Path, name: str | None = None) -> ModelSpec:
         if not isinstance(raw["text_config"], dict):
             raise InputError("must be an object", file=path, field="text_config")
         cfg = {**{k: v for k, v in raw.items() if k != "text_config"}, **raw["text_config"]}
+    notes = check_fields(cfg, path, force=force)
+    defaulted = []
 
     num_layers = _field(cfg, ("num_hidden_layers", "n_layer", "num_layers"), path)
     hidden = _field(cfg, ("hidden_size", "n_embd", "d_model"), path)
     nh = _field(cfg, ("num_attention_heads", "n_head"), path)
     vocab = _field(cfg, ("vocab_size",), path)
-    nkv = _field(cfg, ("num_key_value_heads",), path, required=False) or nh
+    nkv = _field(cfg, ("num_key_value_heads",), path, required=False)
     head_dim = _field(cfg, ("head_dim", "attention_head_dim"), path, required=False)
     kv_lora_rank = _field(cfg, ("kv_lora_rank",), path, required=False)
+    if nkv is None and not kv_lora_rank:
+        nkv = nh
+        defaulted.append(f"num_key_value_heads {nh} (num_attention_heads, as vLLM takes it)")
     rope = nope = None
     if kv_lora_rank:
         rope = _field(cfg, ("qk_rope_head_dim",), path)
@@ -330,8 +339,15 @@ def load_hf_config(path: str | Path, name: str | None = None) -> ModelSpec:
             raise InputError(f"hidden_size ({hidden}) is not a multiple of num_attention_heads ({nh}) "
                              "and head_dim is absent", file=path, field="head_dim")
         head_dim = hidden // nh
-    inter = _field(cfg, ("intermediate_size", "ffn_dim", "n_inner"), path, required=False) or 4 * hidden
-    dtype = cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16"
+        defaulted.append(f"head_dim {head_dim} (hidden_size / num_attention_heads)")
+    inter = _field(cfg, ("intermediate_size", "ffn_dim", "n_inner"), path, required=False)
+    if inter is None:
+        inter = 4 * hidden
+        defaulted.append(f"intermediate_size {inter} (4 x hidden_size)")
+    dtype = cfg.get("torch_dtype") or cfg.get("dtype")
+    if not dtype:
+        dtype = "bfloat16"
+        defaulted.append("torch_dtype bfloat16")
     if dtype == "float":
         dtype = "float32"
     try:
@@ -339,6 +355,10 @@ def load_hf_config(path: str | Path, name: str | None = None) -> ModelSpec:
     except ValueError as err:
         raise InputError(str(err), file=path, field="torch_dtype") from None
     max_pos = _field(cfg, ("max_position_embeddings", "n_positions"), path, required=False)
+    if max_pos is None:
+        defaulted.append("max_position_embeddings none (give max_model_len)")
+    if defaulted:
+        notes.insert(0, f"absent, default taken: {'; '.join(defaulted)}")
     norm_cfg = {**cfg, "hidden_size": hidden, "num_hidden_layers": num_layers,
                 "num_attention_heads": nh, "vocab_size": vocab, "intermediate_size": inter}
     if isinstance(raw.get("vision_config"), dict):
@@ -359,7 +379,7 @@ def load_hf_config(path: str | Path, name: str | None = None) -> ModelSpec:
                          dtype=dtype, kv_lora_rank=kv_lora_rank, qk_rope_head_dim=rope,
                          qk_head_dim=(nope + rope) if kv_lora_rank else None,
                          max_position_embeddings=max_pos, source=path, layers=layers,
-                         weights=weights)
+                         weights=weights, config_notes=tuple(notes))
     except ValueError as err:  # the spec's own checks (an InputError without the file)
         raise InputError(str(err), file=path) from None
 

@@ -74,6 +74,8 @@ class ModelSpec:
     # the weights as served (planner.weights.ServedWeights: counts by kind and the checkpoint's
     # quantization); None: num_params at ``dtype``
     weights: object | None = None
+    # a config.json's fields absent (the default taken) and not read (presets.load_hf_config)
+    config_notes: tuple[str, ...] = ()
 
     def __post_init__(self):
         who = f"model {self.name!r}"

@@ -137,6 +137,7 @@ class PlanBase:
     step_s: float | None = None         # a fixed step time instead of the roofline (1.0: step clock)
     cost_table: str | None = None       # a measured step-time table instead of the roofline
     force_cost_table: bool = False      # use it although measured for another setup
+    force_hf_config: bool = False       # size an hf_config of a model_type kvsim does not know
     step_overhead_s: float = DEFAULT_STEP_OVERHEAD_S
     bandwidth_efficiency: float = 1.0   # roofline: achievable fractions of the datasheet peaks
     flops_efficiency: float = 1.0
@@ -205,7 +206,8 @@ def evaluate_point(task: PointTask) -> dict:
         if unknown:
             raise InputError(f"{unknown[0]!r} is not a simulator.EngineConfig field", field="sweep")
         setup = build_engine(
-            model=load_hf_config(base.hf_config, name=base.model) if base.hf_config else base.model,
+            model=(load_hf_config(base.hf_config, name=base.model, force=base.force_hf_config)
+                   if base.hf_config else base.model),
             gpu=base.custom_gpu if (base.custom_gpu is not None and "gpu" not in task.params)
             else base.gpu,
             tensor_parallel_size=base.tp, kv_cache_dtype=base.kv_dtype,

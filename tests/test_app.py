@@ -178,6 +178,22 @@ def test_planner_reads_an_uploaded_hf_config():
     assert at.metric[3].value == "8 KiB"
     at.file_uploader(key="upload_hf_config").set_value(("config.json", b"{\"a\": 1}", "application/json")).run()
     assert not at.exception and "config.json" in at.error[0].value
+    assert len(at.error) == 1   # once, not once per figure
+
+
+def test_planner_names_an_uploaded_configs_defaults_and_near_misses():
+    at = _app().run()
+    at.switch_page("app_pages/planner.py").run()
+    cfg = {"model_type": "llama", "hidden_size": 1024, "intermediate_size": 2816, "num_attention_heads": 16,
+           "num_hidden_layers": 8, "vocab_size": 32000, "max_position_embeddings": 8192}
+    at.file_uploader(key="upload_hf_config").set_value(
+        ("config.json", json.dumps(cfg).encode(), "application/json")).run()
+    assert not at.exception
+    assert any("num_key_value_heads 16 (num_attention_heads" in w.value for w in at.warning)
+    cfg["num_key_value_head"] = 4
+    at.file_uploader(key="upload_hf_config").set_value(
+        ("config.json", json.dumps(cfg).encode(), "application/json")).run()
+    assert len(at.error) == 1 and "did you mean num_key_value_heads?" in at.error[0].value
 
 
 def test_requests_that_can_never_fit_are_reported(small):

@@ -47,13 +47,13 @@ def test_nested_text_config_is_read(tmp_path):
 @pytest.mark.parametrize("content,match", [
     ('{"hidden_size": 4096,', r"config.json:1: invalid JSON"),
     ("[1, 2]", r"config.json: expected a JSON object, got list"),
-    ('{"hidden_size": 4096, "num_attention_heads": 32, "vocab_size": 10}',
+    ('{"model_type": "llama", "hidden_size": 4096, "num_attention_heads": 32, "vocab_size": 10}',
      r"config.json: field 'num_hidden_layers': missing required field"),
-    ('{"hidden_size": "4096", "num_hidden_layers": 2, "num_attention_heads": 32, "vocab_size": 10}',
+    ('{"model_type": "llama", "hidden_size": "4096", "num_hidden_layers": 2, "num_attention_heads": 32, "vocab_size": 10}',
      r"field 'hidden_size': must be a positive integer, got '4096'"),
-    ('{"hidden_size": 100, "num_hidden_layers": 2, "num_attention_heads": 32, "vocab_size": 10}',
+    ('{"model_type": "llama", "hidden_size": 100, "num_hidden_layers": 2, "num_attention_heads": 32, "vocab_size": 10}',
      r"field 'head_dim': hidden_size \(100\) is not a multiple of num_attention_heads \(32\)"),
-    ('{"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 10, '
+    ('{"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 10, '
      '"torch_dtype": "int3"}', r"field 'torch_dtype': unknown dtype 'int3'"),
     ('{"text_config": 5}', r"field 'text_config': must be an object"),
 ])

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 
 from kvsim.cli.argtypes import add_rate_args, nonneg_int, positive_float, positive_int
 from kvsim.errors import InputError
@@ -83,7 +84,10 @@ def add_model_gpu_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--model", default=DEFAULT_MODEL,
                    help=f"model preset ({', '.join(MODEL_PRESETS)}); default %(default)s")
     g.add_argument("--hf-config", metavar="PATH",
-                   help="a Hugging Face config.json, or a model folder holding one, instead of a preset")
+                   help="a Hugging Face config.json, or a model folder holding one, instead of a preset "
+                        "(its absent and unread fields are named on stderr)")
+    g.add_argument("--force-hf-config", action="store_true",
+                   help="size a config.json whose model_type kvsim does not know as a generic decoder")
     g.add_argument("--gpu", default=DEFAULT_GPU,
                    help=f"GPU preset ({', '.join(GPU_PRESETS)}); default %(default)s")
     g.add_argument("--gpu-memory-gib", type=positive_float, metavar="GIB",
@@ -133,7 +137,10 @@ def model_from_args(args):
     if not args.hf_config:
         return args.model
     config, name = hf_config_source(args.hf_config)
-    return load_hf_config(config, name=name)
+    spec = load_hf_config(config, name=name, force=args.force_hf_config)
+    for note in spec.config_notes:
+        print(f"kvsim: note: {config}: {note}", file=sys.stderr)
+    return spec
 
 
 def gpu_from_args(args):

@@ -44,6 +44,8 @@ def plan_base(args):
         engine["async_scheduling"] = args.async_scheduling
     hf_config, model = (options.hf_config_source(args.hf_config) if args.hf_config
                         else (None, args.model))
+    if hf_config:   # checked (and its notes printed) once here, not in every point
+        options.model_from_args(args)
     return PlanBase(workload=args.workload, model=model, hf_config=hf_config,
                     gpu=gpu if isinstance(gpu, str) else gpu.name,
                     custom_gpu=None if isinstance(gpu, str) else gpu, tp=args.tp,
@@ -55,7 +57,7 @@ def plan_base(args):
                     max_requests=args.max_requests,
                     allocator=args.allocator, replicas=args.replicas, router=args.router,
                     seed=args.seed, step_s=options.step_s_from_args(args), cost_table=args.cost_table,
-                    force_cost_table=args.force_cost_table,
+                    force_cost_table=args.force_cost_table, force_hf_config=args.force_hf_config,
                     engine=engine, max_concurrency=getattr(args, "max_concurrency", None),
                     **options.offload_kwargs(args))
 
