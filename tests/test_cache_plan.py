@@ -101,3 +101,17 @@ def test_curve_figure_marks_sizes_and_draws_min_points():
     assert fig.layout.xaxis.type == "log"
     assert cache_curve_figure(table.drop(columns="min_hit_rate"), x="cache_blocks").data[0].name \
         == "LRU"
+    # issue 29 item 6: a log axis takes an annotation's x as log10 of the value; given the value,
+    # the labels sat at 1e-1.3 and 1e-0.7... of a 1e56-1e64 axis
+    assert [a.x for a in fig.layout.annotations] == pytest.approx([math.log10(0.05), math.log10(0.2)])
+
+
+def test_curve_figure_draws_the_cpu_tier_curve_it_was_given():
+    reqs = _conversations(30)
+    stream = block_stream(reqs, 16)
+    table = curve_table(stream, lru_curve(stream), bytes_per_block=2 << 20, num_min_sizes=0)
+    cpu = lru_curve(block_stream(reqs, 16, prompt_only=True), free_queue=False)
+    table["cpu_tier_hit_rate"] = cpu.hit_rate(table["cache_blocks"].to_numpy())
+    fig = cache_curve_figure(table, x="cache_gib")
+    tier = [t for t in fig.data if t.name.startswith("CPU tier")]
+    assert len(tier) == 1 and list(tier[0].y) == list(table.loc[table["cache_gib"] > 0, "cpu_tier_hit_rate"])
