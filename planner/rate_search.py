@@ -129,7 +129,10 @@ def search_point(task: SearchTask) -> dict:
 
 def run_rate_search(points, base: PlanBase, constraints: tuple[Constraint, ...], *, jobs: int = 1,
                     backend: str = "local", address: str | None = None, progress: bool = False,
-                    simulate: Callable | None = None) -> list[dict]:
-    """``search_point`` of every grid point (planner.sweep.run_tasks: processes or Ray)."""
+                    simulate: Callable | None = None, done: Mapping[int, dict] | None = None,
+                    on_row: Callable | None = None) -> list[dict]:
+    """``search_point`` of every grid point (planner.sweep.run_tasks: processes or Ray; ``done``
+    and ``on_row`` as there)."""
     tasks = [SearchTask(i, dict(p), base, constraints, simulate) for i, p in enumerate(points)]
-    return run_tasks(tasks, search_point, jobs=jobs, backend=backend, address=address, progress=progress)
+    return run_tasks(tasks, search_point, jobs=jobs, backend=backend, address=address, progress=progress,
+                     done=done, on_row=on_row)

@@ -298,31 +298,39 @@ def mark_pareto(rows: list[dict], x: str = "interactivity", y: str = "output_thr
     return out
 
 
-def _run_local(tasks: list, jobs: int, progress: bool, fn: Callable = evaluate_point) -> list[dict]:
+def _run_local(tasks: list, jobs: int, progress: bool, fn: Callable, on_row: Callable) -> dict[int, dict]:
     from tqdm import tqdm
+
+    rows_by_index: dict[int, dict] = {}
+
+    def finished(task, row):
+        rows_by_index[task.index] = row
+        on_row(task, row)
+        bar.update()
 
     bar = tqdm(total=len(tasks), desc="sweep", unit="point", disable=not progress)
     try:
         if jobs <= 1:
-            rows = []
             for task in tasks:
-                rows.append(fn(task))
-                bar.update()
-            return rows
-        rows_by_index: dict[int, dict] = {}
-        with ProcessPoolExecutor(max_workers=jobs) as pool:
-            futures = {pool.submit(fn, t): t.index for t in tasks}
-            from concurrent.futures import as_completed
+                finished(task, fn(task))
+            return rows_by_index
+        from concurrent.futures import as_completed
 
+        pool = ProcessPoolExecutor(max_workers=jobs)
+        try:
+            futures = {pool.submit(fn, t): t for t in tasks}
             for fut in as_completed(futures):
-                rows_by_index[futures[fut]] = fut.result()
-                bar.update()
-        return [rows_by_index[t.index] for t in tasks]  # grid order, whatever finished first
+                finished(futures[fut], fut.result())
+        except BaseException:   # Ctrl-C: the points not started are dropped, not waited for
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
+        pool.shutdown()
+        return rows_by_index
     finally:
         bar.close()
 
 
-def _run_ray(tasks: list, address: str | None, progress: bool, fn: Callable = evaluate_point) -> list[dict]:
+def _run_ray(tasks: list, address: str | None, progress: bool, fn: Callable, on_row: Callable) -> dict[int, dict]:
     try:
         import ray
     except ImportError:
@@ -334,21 +342,24 @@ def _run_ray(tasks: list, address: str | None, progress: bool, fn: Callable = ev
         ray.init(address=address, ignore_reinit_error=True, log_to_driver=False)
     remote = ray.remote(num_cpus=1)(fn)
     refs = [remote.remote(t) for t in tasks]
-    index_of = {ref: t.index for ref, t in zip(refs, tasks)}
+    task_of = {ref: t for ref, t in zip(refs, tasks)}
     rows_by_index: dict[int, dict] = {}
     pending = list(refs)
     with tqdm(total=len(tasks), desc="sweep (ray)", unit="point", disable=not progress) as bar:
         while pending:
             done, pending = ray.wait(pending, num_returns=1)
             for ref in done:
-                rows_by_index[index_of[ref]] = ray.get(ref)
+                task = task_of[ref]
+                rows_by_index[task.index] = ray.get(ref)
+                on_row(task, rows_by_index[task.index])
                 bar.update()
-    return [rows_by_index[t.index] for t in tasks]
+    return rows_by_index
 
 
 def run_sweep(points: Sequence[Mapping], base: PlanBase, *, jobs: int = 1, backend: str = "local",
               address: str | None = None, progress: bool = False,
-              simulate: Callable | None = None) -> list[dict]:
+              simulate: Callable | None = None, done: Mapping[int, dict] | None = None,
+              on_row: Callable | None = None) -> list[dict]:
     """Evaluate every grid point; rows come back in grid order whatever the backend.
 
     Args:
@@ -358,24 +369,38 @@ def run_sweep(points: Sequence[Mapping], base: PlanBase, *, jobs: int = 1, backe
         backend: "local" or "ray" (``address``: a Ray cluster; None starts a local one).
         progress: show a tqdm bar on stderr.
         simulate: replacement for simulator.simulate (must be picklable for jobs > 1).
+        done, on_row: as run_tasks (the rows of points already finished; called as each finishes).
     Returns:
         One dict per point.
     """
     tasks = [PointTask(i, dict(p), base, simulate) for i, p in enumerate(points)]
-    return run_tasks(tasks, evaluate_point, jobs=jobs, backend=backend, address=address, progress=progress)
+    return run_tasks(tasks, evaluate_point, jobs=jobs, backend=backend, address=address, progress=progress,
+                     done=done, on_row=on_row)
 
 
 def run_tasks(tasks: Sequence, fn: Callable, *, jobs: int = 1, backend: str = "local",
-              address: str | None = None, progress: bool = False) -> list[dict]:
-    """``fn`` (picklable) of every task (each with an ``index``), in local processes or on Ray;
-    the rows in the tasks' order."""
+              address: str | None = None, progress: bool = False, done: Mapping[int, dict] | None = None,
+              on_row: Callable | None = None) -> list[dict]:
+    """``fn`` (picklable) of every task (each with an ``index`` and ``params``), in local processes
+    or on Ray; the rows in the tasks' order.
+
+    Args:
+        done: rows of tasks already finished (a resumed sweep, planner.sweep_journal), by index:
+            those tasks are not run again.
+        on_row: called in this process with (task, row) as each task finishes, whatever the
+            backend (the journal writes it), so that an interruption loses no finished row.
+    """
     if jobs < 1:
         raise InputError(f"jobs must be >= 1, got {jobs}")
-    if backend == "local":
-        return _run_local(list(tasks), jobs, progress, fn)
-    if backend == "ray":
-        return _run_ray(list(tasks), address, progress, fn)
-    raise InputError(f"backend must be 'local' or 'ray', got {backend!r}")
+    if backend not in ("local", "ray"):
+        raise InputError(f"backend must be 'local' or 'ray', got {backend!r}")
+    done = dict(done or {})
+    todo = [t for t in tasks if t.index not in done]
+    on_row = on_row or (lambda task, row: None)
+    if todo:
+        done.update(_run_local(todo, jobs, progress, fn, on_row) if backend == "local"
+                    else _run_ray(todo, address, progress, fn, on_row))
+    return [done[t.index] for t in tasks]  # grid order, whatever finished first
 
 
 def mark_slo(rows: list[dict], constraints: tuple[Constraint, ...]) -> list[dict]:

@@ -11,6 +11,8 @@ report.html (plotly charts) under --out.
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -127,16 +129,10 @@ def _aliases(name: str) -> tuple[str, ...]:
 
 
 def run(args) -> int:
-    import pandas as pd
-
-    from kvsim.planner.rate_search import STEP, run_rate_search
     from kvsim.planner.slo import parse_slo
-    from kvsim.planner.sweep import (cheapest, expand_grid, load_requests, mark_pareto, mark_slo, parse_sweep,
-                                     run_sweep)
-    from kvsim.cli.outputs import write_files
-    from kvsim.simulator.footprint import WorkloadSize, check_requests_in_memory
+    from kvsim.planner.sweep import parse_sweep
+    from kvsim.planner.sweep_journal import NAME
     from kvsim.simulator.result import prepare_output_dir
-    from kvsim.workloads import workload_size
 
     axes = parse_sweep(args.sweep or [])
     constraints = parse_slo(args.slo) if args.slo else ()
@@ -147,9 +143,31 @@ def run(args) -> int:
     bad = [f for f in formats if f not in FORMATS]
     if bad:
         raise InputError(f"unknown format(s) {', '.join(bad)}; choose from {', '.join(FORMATS)}", field="format")
-    out_names = [f"results.{f}" for f in formats] + ["timings.csv", "plan.json", "report.html"]
+    out_names = [f"results.{f}" for f in formats] + ["timings.csv", "plan.json", "report.html", NAME]
+    if args.resume and not args.out:
+        raise InputError("--resume needs --out (the folder of the interrupted plan)")
+    created = bool(args.out) and not os.path.exists(args.out)
     if args.out:  # checked before the sweep: its minutes must not be lost at the end
         prepare_output_dir(args.out, names=tuple(out_names))
+    try:
+        return _run(args, axes, constraints, search, formats)
+    except InputError:
+        # no result was written (every point impossible, no Ray...): leave no folder behind
+        if created and set(os.listdir(args.out)) <= {NAME}:
+            shutil.rmtree(args.out, ignore_errors=True)
+        raise
+
+
+def _run(args, axes, constraints, search, formats) -> int:
+    import pandas as pd
+
+    from kvsim.cli.outputs import write_files
+    from kvsim.planner.rate_search import STEP, run_rate_search
+    from kvsim.planner.sweep import cheapest, expand_grid, load_requests, mark_pareto, mark_slo, run_sweep
+    from kvsim.planner.sweep_journal import SweepJournal, fingerprint
+    from kvsim.simulator.footprint import WorkloadSize, check_requests_in_memory
+    from kvsim.workloads import workload_size
+
     base = plan_base(args)
     # a bad trace or spec, or one too large to hold, fails here, once, rather than in every point
     check_requests_in_memory(WorkloadSize(**workload_size(base.workload, max_requests=base.max_requests)))
@@ -157,9 +175,23 @@ def run(args) -> int:
                   rate_scale=axes.get("rate_scale", [base.rate_scale])[0], max_requests=1, seed=base.seed)
 
     points = expand_grid(axes)
+    journal = SweepJournal(args.out, fingerprint(base, axes, search)) if args.out else None
+    done = journal.load(points) if args.resume else {}
+    if journal:
+        journal.start(done, points)
+    if done:
+        print(f"resumed: {len(done)} of {len(points)} points from {journal.path}", file=sys.stderr)
     how = dict(jobs=args.jobs, backend=args.backend, address=args.address,
-               progress=not args.quiet and sys.stderr.isatty())
-    rows = run_sweep(points, base, **how) if search is None else run_rate_search(points, base, search, **how)
+               progress=not args.quiet and sys.stderr.isatty(), done=done,
+               on_row=(lambda task, row: journal.add(task.index, task.params, row)) if journal else None)
+    try:
+        rows = run_sweep(points, base, **how) if search is None else run_rate_search(points, base, search, **how)
+    except KeyboardInterrupt:
+        if journal:
+            kept = sum(1 for _ in open(journal.path, encoding="utf-8")) - 1
+            print(f"kvsim: interrupted; {kept} of {len(points)} points finished are kept in {journal.path}: "
+                  "the same command with --resume runs the rest", file=sys.stderr)
+        raise
     if rows and all(r.get("error") for r in rows):
         raise InputError(f"every point is impossible; point 0: {rows[0]['error']}")
     if "concurrency" in axes:
@@ -259,7 +291,11 @@ def register(subparsers) -> None:
                    help='search each point\'s highest arrival rate meeting this SLO, e.g. '
                         '"p99_ttft_ms<=500,p99_tpot_ms<=50" (vllm bench serve\'s metric names; bisection on '
                         'replays; the replay at the answer is the row, and 5 %% above it misses)')
-    g.add_argument("--out", metavar="DIR", help="write results, plan.json and report.html here")
+    g.add_argument("--out", metavar="DIR", help="write results, plan.json and report.html here; each "
+                   "point is kept in DIR/points.jsonl as it finishes")
+    g.add_argument("--resume", action="store_true",
+                   help="run only the points not yet in --out's points.jsonl (an interrupted plan, "
+                        "the same command)")
     g.add_argument("--format", default="csv,parquet,json", help="results formats (default %(default)s)")
     g.add_argument("--backend", choices=("local", "ray"), default="local")
     g.add_argument("--address", help="Ray cluster address (backend ray); default: a local Ray")
