@@ -71,9 +71,9 @@ def follow_player(frame_times_s, play_times_s) -> None:
         playback.follow_player(st.session_state, int(frame), frame_times_s, play_times_s)
 
 
-def player_start_frame(sc: scenario.Scenario, num_frames: int) -> int:
+def player_start_frame(sc: scenario.Scenario, num_frames: int, default: int | None = None) -> int:
     """The frame the player opens on (playback.start_frame over this session's state)."""
-    return playback.start_frame(st.session_state, num_frames)
+    return playback.start_frame(st.session_state, num_frames, default)
 
 
 requests_note = st.cache_data(max_entries=32, show_spinner=False)(sources.requests_note)

@@ -14,10 +14,15 @@ from kvsim.simulator.config import ALLOCATORS, PLACEMENTS
 from kvsim.workloads import DEFAULT_WORKLOAD
 
 
+MAX_MODEL_LENS = (1024, 2048, 4096, 8192, 16384, 32768, 131072)
+
+
 def scenario_sidebar() -> Scenario | None:
     """Draw the workload and allocator pickers; returns the scenario, or None after st.error."""
+    # the demo opens unloaded: 65,536 tokens hold the built-in workload's requests on both sides
+    # (8,192 held two of them on the max side, whose queue then grew: p50 TTFT 228 s)
     S.defaults(k_max_requests=120, k_all_requests=False, k_rate=2.0, k_max_model_len=4096,
-               k_alloc_a="paged", k_alloc_b="max", k_capacity=8192, k_block_size=16,
+               k_alloc_a="paged", k_alloc_b="max", k_capacity=65536, k_block_size=16,
                k_prefix=True, k_prefix_b=True, k_spec=DEFAULT_WORKLOAD, k_cpu_offload=0.0)
     sb = st.sidebar
     sb.header("Scenario")
@@ -66,6 +71,7 @@ def scenario_sidebar() -> Scenario | None:
             return None
         workload = Workload("upload", workload.ref, max_requests, rate)
         sb.caption(f"Using {Path(workload.ref).name}")
+        _fit_max_model_len(workload)
     note = S.requests_note(workload)
     if note:
         sb.caption(note)
@@ -78,14 +84,17 @@ def scenario_sidebar() -> Scenario | None:
     capacity = sb.select_slider("KV pool (tokens)", POOL_TOKENS, key="k_capacity")
     block_size = sb.select_slider("Block size (tokens)", [8, 16, 32, 64],
                                   key="k_block_size")
-    max_model_len = sb.select_slider("max_model_len (tokens)", [1024, 2048, 4096, 8192, 16384,
-                                                                 32768, 131072],
-                                     key="k_max_model_len",
+    max_model_len = sb.select_slider("max_model_len (tokens)", MAX_MODEL_LENS, key="k_max_model_len",
                                      help="Longest request; the 'max' policy reserves this much.")
-    prefix = sb.toggle("Prefix caching, left (paged)", key="k_prefix",
-                       help="Paged allocator only. The same allocator on both sides with prefix "
-                            "caching on and off shows what prefix caching saves.")
-    prefix_b = sb.toggle("Prefix caching, right (paged)", key="k_prefix_b")
+    if source == "upload a trace" and st.session_state.get("upload_fit_note"):
+        sb.caption(st.session_state["upload_fit_note"])
+    help_pc = ("Paged allocator only. The same allocator on both sides with prefix caching on and "
+               "off shows what prefix caching saves.")
+    # a contiguous side has no prefix caching: shown off and disabled, its paged setting kept
+    prefix = sb.toggle("Prefix caching, left (paged)", key="k_prefix", help=help_pc) if a == "paged" else \
+        sb.toggle("Prefix caching, left (contiguous: none)", value=False, disabled=True, key="k_prefix_off")
+    prefix_b = sb.toggle("Prefix caching, right (paged)", key="k_prefix_b", help=help_pc) if b == "paged" else \
+        sb.toggle("Prefix caching, right (contiguous: none)", value=False, disabled=True, key="k_prefix_b_off")
     cpu_gib = sb.select_slider("CPU offload tier (GiB, paged side)", [0.0, 0.25, 0.5, 1.0, 2.0, 4.0],
                                key="k_cpu_offload",
                                help="vLLM's native CPU offloading below a paged pool with prefix "
@@ -95,6 +104,23 @@ def scenario_sidebar() -> Scenario | None:
                     block_size=block_size, capacity_tokens=capacity,
                     max_model_len=max_model_len, enable_prefix_caching=(prefix, prefix_b),
                     frame_s=st.session_state.get("k_frame_s") or None, cpu_offload_gib=cpu_gib)
+
+
+def _fit_max_model_len(workload: Workload) -> None:
+    """On a new upload, set max_model_len to the smallest choice that holds the trace's longest
+    request (the default 4,096 rejected 1,241 of a trace's 8,819 requests), and say so."""
+    if st.session_state.get("upload_fitted") == workload.ref:
+        return
+    try:
+        longest = max((r.prompt_tokens + r.output_tokens for r in S.load_requests(workload)), default=0)
+    except ValueError:   # a bad trace: load_runs reports it
+        return
+    fits = [n for n in MAX_MODEL_LENS if n >= longest]
+    st.session_state["k_max_model_len"] = fits[0] if fits else MAX_MODEL_LENS[-1]
+    st.session_state["upload_fitted"] = workload.ref
+    st.session_state["upload_fit_note"] = (
+        f"max_model_len set to {st.session_state['k_max_model_len']:,}: the trace's longest request "
+        f"is {longest:,} tokens" + ("" if fits else " (longer than any choice: it is rejected)"))
 
 
 def load_runs(scenario: Scenario | None):

@@ -4,7 +4,7 @@ import streamlit as st
 from kvsim.app_pages import _state as S
 from kvsim.app_pages import _ui
 from kvsim.dashboard.comparison import side_label
-from kvsim.dashboard.playback import clamp_frame, default_frame, fmt_duration
+from kvsim.dashboard.playback import busiest_frame, clamp_frame, fmt_duration, kv_usage_at
 from kvsim.viz.block_table import (block_table_figure, block_table_frame, contiguous_extent,
                                    extent_figure, requests_frame, slot_mapping_runs)
 
@@ -23,7 +23,7 @@ num_frames = len(runs[0].snapshots)
 c1, c2 = st.columns([1, 3])
 side = c1.radio("Pool", [0, 1], key="k_insp_side",
                 format_func=lambda i: side_label(runs[i]))
-S.defaults(k_frame=default_frame(num_frames))
+S.defaults(k_frame=busiest_frame([kv_usage_at(r.timeseries, r.frame_times_s) for r in runs]))
 clamp_frame(st.session_state, num_frames)
 # the same key as the live page's scrubber: the inspector opens on the moment paused there
 frame = c2.slider("Simulated time (frame)", 0, num_frames - 1, key="k_frame")

@@ -5,7 +5,7 @@ from kvsim.app_pages import _state as S
 from kvsim.app_pages import _ui
 from kvsim.dashboard.comparison import side_label
 from kvsim.dashboard.kernel_check import KERNEL_DTYPES, SPLIT_KV_PARTITION_TOKENS, kernel_device
-from kvsim.dashboard.playback import clamp_frame, default_frame
+from kvsim.dashboard.playback import busiest_frame, clamp_frame, kv_usage_at
 from kvsim.viz.kernel_checks import kernel_error_figure
 
 st.title("Kernel validation")
@@ -21,7 +21,8 @@ runs = _ui.load_runs(scenario)
 if runs is None:
     st.stop()
 num_frames = len(runs[0].snapshots)
-S.defaults(k_frame=default_frame(num_frames), k_kern_layout="flat", k_kern_dtype="float32",
+S.defaults(k_frame=busiest_frame([kv_usage_at(r.timeseries, r.frame_times_s) for r in runs]),
+           k_kern_layout="flat", k_kern_dtype="float32",
            k_kern_max_seqs=4, k_kern_split=False, k_kern_step=False)
 clamp_frame(st.session_state, num_frames)
 device = kernel_device()

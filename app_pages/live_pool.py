@@ -5,7 +5,7 @@ from kvsim.app_pages import _state as S
 from kvsim.app_pages import _ui
 from kvsim.app_pages._player import live_player
 from kvsim.dashboard.comparison import ALLOCATOR_NOTES, tier_rows
-from kvsim.dashboard.playback import FRAME_STEPS_S, sample_at, with_start_frame
+from kvsim.dashboard.playback import FRAME_STEPS_S, busiest_frame, sample_at, with_start_frame
 from kvsim.viz.tiers import tier_occupancy_figure
 
 st.title("Live KV-cache pool")
@@ -33,7 +33,8 @@ c2.caption(" · ".join(f"**{side}**: {ALLOCATOR_NOTES[r.allocator]}"
 times = runs[0].playback.times_s
 # where the player stopped (its state, sent before this run), so a rerun mounts it right there
 S.follow_player(runs[0].frame_times_s, times)
-start = S.player_start_frame(scenario, len(times))
+start = S.player_start_frame(scenario, len(times),
+                             busiest_frame([r.playback.figures["kv_usage"] for r in runs]))
 live_player(with_start_frame(S.live_payload(scenario), start), key="live_player")
 if any("offload" in r.summary for r in runs):   # the tiers below the pools, where play stopped
     t_s = float(times[start])

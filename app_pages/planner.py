@@ -9,6 +9,7 @@ from kvsim.dashboard.planning import (BENCH_CONCURRENCIES, SIM_SWEEP_METRICS, SI
                                       SWEEPS, capacity)
 from kvsim.dashboard.sources import MAX_UPLOAD_MB, user_message
 from kvsim.planner.capacity import DEFAULT_GPU_MEMORY_UTILIZATION
+from kvsim.planner.engine_setup import DEFAULT_GPU
 from kvsim.planner.presets import GPU_PRESETS, MODEL_PRESETS
 from kvsim.viz.cache_curve import cache_curve_figure
 from kvsim.viz.capacity import gpu_memory_figure
@@ -22,7 +23,9 @@ st.caption("How many KV blocks a model gets on a GPU, by vLLM's formula: (GPU me
 scenario = _ui.scenario_sidebar()  # block size and max_model_len: the sidebar's, for every figure
 block_size, max_model_len = (st.session_state["k_block_size"], st.session_state["k_max_model_len"])
 models, gpus = list(MODEL_PRESETS), list(GPU_PRESETS)
-S.defaults(k_plan_model=models[0], k_plan_gpu=gpus[0], k_plan_tp=1,
+# an H100 by default, as every command (an A100-40GB holds no 30B model, and an uploaded one
+# repeated its one error in every figure)
+S.defaults(k_plan_model=models[0], k_plan_gpu=DEFAULT_GPU if DEFAULT_GPU in gpus else gpus[0], k_plan_tp=1,
            k_plan_util=DEFAULT_GPU_MEMORY_UTILIZATION, k_plan_dtype="auto", k_plan_sweep="tp")
 c = st.columns(4)
 model = c[0].selectbox("Model", models, key="k_plan_model")

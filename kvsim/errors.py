@@ -26,3 +26,21 @@ class InputError(ValueError):
         if self.field is not None:
             where += f"field '{self.field}': "
         return where + self.message
+
+
+# Python's json messages end where their position would follow ("Invalid control character at:
+# line 1 column 36"); said whole, with what to do where it is not obvious
+_JSON_HINTS = {
+    "Invalid control character": "a raw control character (a tab or line break) inside a string; "
+                                 "write it as \\t or \\n",
+    "Unterminated string": "a string that is never closed",
+}
+
+
+def json_problem(err) -> str:
+    """A ``json.JSONDecodeError`` as one whole sentence with its column (the file and line are the
+    InputError's): ``invalid control character at column 36: a raw control character ...``."""
+    msg = err.msg.removesuffix(" starting at").removesuffix(" at")
+    hint = next((h for start, h in _JSON_HINTS.items() if msg.startswith(start)), None)
+    text = f"{msg[:1].lower()}{msg[1:]} at column {err.colno}"
+    return f"{text}: {hint}" if hint else text

@@ -11,7 +11,7 @@ import re
 from dataclasses import replace
 from pathlib import Path
 
-from kvsim.errors import InputError
+from kvsim.errors import InputError, json_problem
 from kvsim.planner.hf_fields import check_fields
 from kvsim.planner.layers import parse_layers
 from kvsim.planner.specs import GIB, GpuSpec, ModelSpec, dtype_bytes
@@ -307,7 +307,7 @@ def load_hf_config(path: str | Path, name: str | None = None, *, force: bool = F
     try:
         raw = json.loads(text)
     except json.JSONDecodeError as err:
-        raise InputError(f"invalid JSON: {err.msg} (column {err.colno})", file=path, line=err.lineno) from None
+        raise InputError(f"invalid JSON: {json_problem(err)}", file=path, line=err.lineno) from None
     if not isinstance(raw, dict):
         raise InputError(f"expected a JSON object, got {type(raw).__name__}", file=path)
     cfg = raw

@@ -10,7 +10,7 @@ from kvsim.dashboard.comparison import ALLOCATOR_LABELS
 from kvsim.dashboard.launch import ENTRY_SCRIPT
 from kvsim.dashboard import planning
 from kvsim.dashboard.planning import SIM_SWEEP_METRICS
-from kvsim.dashboard.playback import decode_player, default_frame
+from kvsim.dashboard.playback import decode_player
 from kvsim.planner.capacity import DEFAULT_GPU_MEMORY_UTILIZATION
 from kvsim.dashboard import router
 from kvsim.simulator.config import ALLOCATORS
@@ -50,7 +50,10 @@ def test_live_pool_default_run(small):
     assert small.title[0].value == "Live KV-cache pool"
     data = player_payload(small)
     assert len(data["sides"]) == 2 and data["num_frames"] >= 100
-    assert data["start_frame"] == default_frame(data["num_frames"])
+    # it opens where the two pools together hold the most (issue 29 item 11: an upload opened on
+    # an empty pool), not at a fixed tenth of the run
+    held = np.sum([side["figures"]["kv_usage"] for side in data["sides"]], axis=0)
+    assert data["start_frame"] == int(np.argmax(held)) and held[data["start_frame"]] > 0
     # the last frame comes after every request finished: nothing runs, waits or is held
     for side in data["sides"]:
         fig = side["figures"]
@@ -238,7 +241,7 @@ def test_live_pool_shows_the_cpu_tier_beside_the_pool(small):
 
 def test_kernel_validation_runs_the_triton_kernels_on_the_snapshot(small):
     # the paged pool at the opening frame, while requests hold memory (other tests move it)
-    small.session_state["k_frame"] = default_frame(100)
+    small.session_state["k_frame"] = 10
     small.session_state["k_kern_side"] = 0
     small.switch_page("app_pages/kernels.py").run()
     _clean(small)
@@ -335,3 +338,42 @@ def test_planner_concurrency_sweep_and_rate_search(small):
     small.text_input(key="k_plan_rate_slo").set_value("p99_ttft_lag<=5").run()
     assert not small.exception and any("unknown metric" in e.value for e in small.error)
     small.toggle(key="k_plan_rate_on").set_value(False).run()
+
+
+def test_the_default_demo_opens_unloaded():
+    """Issue 29 item 11: the built-in demo opened under an "Overloaded" banner (the max side held
+    two requests of its 8,192-token pool: p50 TTFT 228 s)."""
+    at = _app()
+    at.session_state["k_max_requests"] = 120     # the page's own default
+    at.run()
+    _clean(at)
+    assert not [w.value for w in at.warning if "Overloaded" in w.value]
+
+
+def test_a_contiguous_side_shows_no_prefix_caching():
+    at = _app().run()
+    right = at.sidebar.toggle(key="k_prefix_b_off")
+    assert right.value is False and right.disabled and "contiguous" in right.label
+    at.selectbox(key="k_alloc_b").set_value("paged").run()
+    assert at.sidebar.toggle(key="k_prefix_b").value is True and not at.sidebar.toggle(key="k_prefix_b").disabled
+
+
+def test_an_upload_gets_a_max_model_len_that_holds_its_longest_request():
+    rows = "".join(f"{0.5 * i},{100 + 900 * i},{20}\n" for i in range(8))   # longest 6,420 tokens
+    at = _app().run()
+    at.radio(key="k_source").set_value("upload a trace").run()
+    at.file_uploader(key="upload_trace").set_value(
+        ("long.csv", ("arrival_s,prompt_tokens,output_tokens\n" + rows).encode(), "text/csv")).run()
+    _clean(at)
+    assert at.session_state["k_max_model_len"] == 8192
+    assert "max_model_len set to 8,192: the trace's longest request is 6,420 tokens" in \
+        [c.value for c in at.sidebar.caption]
+    assert not [w.value for w in at.warning if "rejected" in w.value]
+    at.select_slider(key="k_max_model_len").set_value(16384).run()   # the user's pick then stays
+    assert at.session_state["k_max_model_len"] == 16384
+
+
+def test_the_planner_opens_on_an_h100():
+    at = _app().run()
+    at.switch_page("app_pages/planner.py").run()
+    assert at.selectbox(key="k_plan_gpu").value == "H100-80GB-SXM"

@@ -216,14 +216,11 @@ def test_playback_at_100k_blocks(app_url, page):
     assert best >= MIN_FPS, FIGURES
 
 
-def test_the_cache_curve_figure_spans_its_sizes_in_a_browser(tmp_path):
+def test_the_cache_curve_figure_spans_its_sizes_in_a_browser(page, tmp_path):
     """kvsim cache-curve --html, drawn by chromium: the x axis spans the curve's sizes (it ran to
     1e56-1e64 GiB when the pool's label was placed at its value on the log axis, issue 29 item 6)
     and the CPU tier's curve is drawn. $KVSIM_SCREENSHOT_DIR keeps the picture."""
-    if not os.path.exists(CHROMIUM):
-        pytest.skip(f"{CHROMIUM} is absent (apt-get install -y chromium)")
     import pandas as pd
-    from playwright.sync_api import sync_playwright
 
     from kvsim.cli import main
 
@@ -233,17 +230,16 @@ def test_the_cache_curve_figure_spans_its_sizes_in_a_browser(tmp_path):
                  "--cpu-offload-gib", "64", "--html", str(html), "--csv", str(csv)]) == 0
     sizes = pd.read_csv(csv)["cache_gib"]
     sizes = sizes[sizes > 0]
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=[
-            "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"])
-        pg = browser.new_page(viewport={"width": 1100, "height": 460})
+    pg = page.context.browser.new_page(viewport={"width": 1100, "height": 460})   # the module's chromium
+    try:
         pg.goto(f"file://{html}")
         pg.wait_for_function("() => document.querySelector('.js-plotly-plot')?._fullLayout?.xaxis")
         lo, hi = pg.evaluate("() => document.querySelector('.js-plotly-plot')._fullLayout.xaxis.range")
         names = pg.evaluate("() => document.querySelector('.js-plotly-plot')._fullData.map(t => t.name)")
         shots = os.environ.get("KVSIM_SCREENSHOT_DIR")
         pg.screenshot(path=str(Path(shots) / "cache_curve.png") if shots else str(tmp_path / "curve.png"))
-        browser.close()
+    finally:
+        pg.close()
     assert math.log10(sizes.min()) - 1 <= lo <= math.log10(sizes.min())
     assert math.log10(sizes.max()) <= hi <= math.log10(sizes.max()) + 1
     assert any(n.startswith("CPU tier") for n in names)

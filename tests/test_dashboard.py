@@ -166,6 +166,9 @@ def test_frame_step_is_the_users_pick_within_the_budget():
     times = playback.playback_times(10.0, 3.0)
     assert list(times) == [0.0, 3.0, 6.0, 9.0, 10.0]   # the last frame at the end
     assert list(playback.playback_times(9.0, 3.0)) == [0.0, 3.0, 6.0, 9.0]
+    # 1037 x 0.1 is 103.69999999999999: the last frame is the end itself, or the slower side's
+    # final pool was never drawn (a request still running on the last frame)
+    assert playback.playback_times(103.7, 0.1)[-1] == 103.7
 
 
 def test_playback_frames_replay_every_pool_and_end_when_all_requests_are_done(runs):

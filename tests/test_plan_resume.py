@@ -47,11 +47,13 @@ def test_ctrl_c_keeps_the_finished_points_and_resume_runs_the_rest(tmp_path, mon
     assert "resumed: 3 of 8 points" in capsys.readouterr().err
     for name in OUTPUTS:
         assert (out / name).read_bytes() == (whole / name).read_bytes(), name
+    assert not (out / "points.jsonl").exists()   # every point is in the results
 
 
-def test_resume_refuses_another_plans_points(tmp_path, capsys):
+def test_resume_refuses_another_plans_points(tmp_path, monkeypatch, capsys):
     out = tmp_path / "out"
-    assert main([*ARGV, "--out", str(out)]) == 0
+    _interrupt_after(monkeypatch, 2)
+    assert main([*ARGV, "--out", str(out)]) == 130
     other = [a if a != "block_size=16,32,64,128" else "block_size=16,32" for a in ARGV]
     assert main([*other, "--out", str(out), "--resume"]) == 2
     assert "is of another plan" in capsys.readouterr().err

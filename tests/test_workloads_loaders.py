@@ -256,3 +256,17 @@ def test_malformed_text_past_the_sniffed_head(tmp_path):
     with pytest.raises(InputError, match="does not parse") as err:
         load(bad_first)
     assert err.value.line == 2
+
+
+def test_a_json_error_is_a_whole_sentence(tmp_path):
+    """Python's message stops at "Invalid control character at" (its position follows in another
+    form); the line says what and where, and how to fix a raw tab (issue 29 item 13)."""
+    from kvsim import workloads
+
+    path = tmp_path / "t.jsonl"
+    path.write_text('{"timestamp": 1, "input_length": 5, "output_length": 3, "hash_ids": [1]}\n'
+                    '{"timestamp": 2, "input_length": "a\tb"}\n')
+    with pytest.raises(InputError) as err:
+        list(workloads.load(str(path)))
+    assert str(err.value) == (f"{path}:2: invalid JSON: invalid control character at column 36: a raw "
+                              "control character (a tab or line break) inside a string; write it as \\t or \\n")

@@ -24,7 +24,7 @@ __all__ = ["DEFAULT_WORKLOAD", "FORMATS", "InputError", "Request", "SOURCES",
 
 # `make run`'s workload: ShareGPT-like lengths, half the conversations behind a shared 256-token
 # system prompt, 1-4 turns each, so prefix sharing shows in the pool within seconds
-DEFAULT_WORKLOAD = ("sharegpt:rate=2,n=300,seed=0,system=256,system_frac=0.5,"
+DEFAULT_WORKLOAD = ("sharegpt:rate=1,n=300,seed=0,system=256,system_frac=0.5,"
                     "turns=uniform(1,4),think_s=20")
 
 def workload_size(spec_or_path: str | os.PathLike, format: str | None = None,

@@ -42,7 +42,7 @@ import json
 import re
 from collections.abc import Iterator
 
-from kvsim.errors import InputError
+from kvsim.errors import InputError, json_problem
 from kvsim.workloads.arrivals import Poisson, arrival_times, seed_streams
 from kvsim.workloads.reading import (check_text_file, first_data_line, iter_lines, parse_count,
                                parse_number)
@@ -182,8 +182,7 @@ def _json_rows(path: str) -> Iterator[tuple[int, dict]]:
             obj = json.loads(text)
         except json.JSONDecodeError as err:
             hint = "" if text.endswith("\n") else " (truncated last line?)"
-            raise InputError(f"invalid JSON at column {err.colno}: {err.msg}{hint}", file=path,
-                             line=line) from None
+            raise InputError(f"invalid JSON: {json_problem(err)}{hint}", file=path, line=line) from None
         if not isinstance(obj, dict):
             raise InputError(f"expected a JSON object, got {type(obj).__name__}", file=path,
                              line=line)

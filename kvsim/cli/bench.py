@@ -19,7 +19,7 @@ import re
 import sys
 
 from kvsim.cli import options
-from kvsim.errors import InputError
+from kvsim.errors import InputError, json_problem
 
 # the table's rows: (result key, label), as vllm bench serve prints them
 HEADLINE = (("completed", "Successful requests:"), ("failed", "Failed requests:"),
@@ -74,7 +74,7 @@ def read_result_json(path: str) -> dict:
     try:
         data = json.loads(text)
     except json.JSONDecodeError as err:
-        raise InputError(f"not JSON: {err.msg}", file=path, line=err.lineno) from None
+        raise InputError(f"not JSON: {json_problem(err)}", file=path, line=err.lineno) from None
     if not isinstance(data, dict):
         raise InputError(f"{path}: expected a JSON object of vllm bench serve's result keys")
     known = [k for k in data if k in COMPARED or _PCT.match(k) or k.startswith(("mean_", "median_"))]

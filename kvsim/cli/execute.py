@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from kvsim.errors import InputError
+from kvsim.errors import InputError, json_problem
 
 # the executor's families of the dense presets, with the RoPE settings of their config.json
 # (timing does not depend on them; the reference comparison does)
@@ -36,7 +36,7 @@ def decoder_shape(model: str | None, hf_config: str | None):
         try:
             cfg = json.loads(Path(path).read_text())
         except json.JSONDecodeError as err:
-            raise InputError(f"invalid JSON: {err.msg} (column {err.colno})", file=path, line=err.lineno) from None
+            raise InputError(f"invalid JSON: {json_problem(err)}", file=path, line=err.lineno) from None
         except UnicodeDecodeError as err:
             raise InputError(f"not UTF-8 text ({err.reason})", file=path) from None
         except OSError as err:

@@ -233,6 +233,9 @@ def _run(args, axes, constraints, search, formats) -> int:
     if args.out:
         write_files(_output_writes(Path(args.out), formats, df, results, wall, axes, constraints,
                                    best, swept, args.workload, search))
+        # every point is in the results now: the journal (wall times, finishing order) goes, so
+        # that the folder is the same bytes for a seed
+        journal.path.unlink(missing_ok=True)
         print(f"wrote {args.out}/: " + ", ".join([f"results.{f}" for f in formats] + ["plan.json", "report.html"]))
     if slo_error is not None:
         raise slo_error

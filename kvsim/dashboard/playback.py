@@ -44,10 +44,28 @@ def default_frame(num_frames: int) -> int:
     return num_frames // 10
 
 
-def start_frame(state: MutableMapping, num_frames: int) -> int:
-    """The frame the player opens on: where it was paused (``"live_frame"``), else the default."""
+def busiest_frame(usages) -> int:
+    """The frame a scenario's pages open on: the earliest where the pools together hold the most
+    (each run's KV usage per frame, summed), so that a trace whose requests come late, or a run
+    that drains early, does not open on an empty pool."""
+    total = np.sum(np.asarray(usages, dtype=float), axis=0)
+    return int(np.argmax(total)) if total.size else 0
+
+
+def kv_usage_at(ts: pd.DataFrame, times_s: np.ndarray) -> np.ndarray:
+    """KV usage at each of ``times_s`` from a run's time series (``sample_at``'s rule, 0 before
+    the first sample)."""
+    at = np.searchsorted(ts["time_s"].to_numpy(), times_s, side="right") - 1
+    return np.where(at >= 0, ts["kv_usage"].to_numpy()[np.maximum(at, 0)], 0.0)
+
+
+def start_frame(state: MutableMapping, num_frames: int, default: int | None = None) -> int:
+    """The frame the player opens on: where it was paused (``"live_frame"``), else ``default``
+    (else ``default_frame``)."""
     frame = state.get("live_frame")
-    return default_frame(num_frames) if frame is None else min(int(frame), num_frames - 1)
+    if frame is None:
+        return default_frame(num_frames) if default is None else min(default, num_frames - 1)
+    return min(int(frame), num_frames - 1)
 
 
 def follow_player(state: MutableMapping, frame: int, frame_times_s: np.ndarray,
@@ -98,7 +116,12 @@ def playback_times(end_s: float, step_s: float) -> np.ndarray:
         raise ValueError(f"step_s must be > 0, got {step_s}")
     n = int(math.floor(end_s / step_s + 1e-9))
     times = np.arange(n + 1, dtype=float) * step_s
-    return times if times[-1] >= end_s - 1e-12 else np.append(times, end_s)
+    if times[-1] >= end_s - 1e-9 * max(end_s, 1.0):
+        # exactly end_s: n x step can round to just below it (1037 x 0.1 = 103.69999999999999),
+        # and a frame before the end showed a request still running on the last frame
+        times[-1] = end_s
+        return times
+    return np.append(times, end_s)
 
 
 @dataclass
