@@ -625,4 +625,8 @@ def simulate(requests: Iterable, config: EngineConfig, cost_model: CostModel, *,
                      batch_decode_steps=batch_decode_steps, record_requests=record_requests,
                      offload=offload, max_concurrency=max_concurrency,
                      record_token_times=record_token_times)
-    return sim.run()
+    try:
+        return sim.run()
+    except KeyboardInterrupt as stop:   # Ctrl-C: what was simulated so far rides on the exception
+        stop.partial_result = sim.result()
+        raise

@@ -208,3 +208,27 @@ def test_profile_prints_its_table_when_it_cannot_be_written(tmp_path):
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 2 and "could not write /dev/full" in proc.stderr
     assert "# command: kvsim profile" in proc.stdout and "step_s" in proc.stdout
+
+
+def test_ctrl_c_on_replay_prints_the_summary_so_far(monkeypatch, tmp_path, capsys):
+    """Issue 29 item 8: Ctrl-C on replay prints the partial summary (then exit 130), and writes
+    no file that could pass for the whole run's."""
+    from kvsim.simulator.engine import Simulation
+
+    arrive, seen = Simulation._arrive, []
+
+    def interrupted(self, req, t_ns):
+        if len(seen) == 20:
+            raise KeyboardInterrupt
+        seen.append(req)
+        arrive(self, req, t_ns)
+
+    monkeypatch.setattr(Simulation, "_arrive", interrupted)
+    out = tmp_path / "r.json"
+    assert main(["replay", SPEC, *POOL, "--out", str(out)]) == 130
+    printed, err = capsys.readouterr()
+    first = printed.splitlines()[0]
+    assert first.startswith("interrupted at ") and "no file written" in first
+    finished = int(first.split("(")[1].split()[0])
+    assert 0 < finished < 20 and "TTFT p50 (s)" in printed
+    assert err.strip().endswith("kvsim: interrupted") and not out.exists()

@@ -155,7 +155,17 @@ def run(args) -> int:
     for path in (args.timeseries, args.requests):
         if path:
             prepare_output(path, (".csv", ".parquet"))
-    result = run_one(args, args.allocator, record_requests=bool(args.requests))
+    try:
+        result = run_one(args, args.allocator, record_requests=bool(args.requests))
+    except KeyboardInterrupt as stop:   # Ctrl-C: the summary of what was simulated, then exit 130
+        partial = getattr(stop, "partial_result", None)
+        if partial is not None:
+            s = partial.summary
+            print(f"interrupted at {s['simulated_duration_s']:.3f} simulated s: the summary so far "
+                  f"({s['requests_finished']} requests finished, {s['requests_unfinished']} unfinished; "
+                  "no file written)")
+            print(format_summary(s))
+        raise
     s = result.summary
     print(f"clock: {s['config']['clock']}")
     print(f"{s['requests_finished']} requests finished ({s['requests_rejected']} rejected) in "
