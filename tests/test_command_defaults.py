@@ -39,3 +39,22 @@ def test_a_flag_given_wins_over_the_gpus_default(tmp_path, capsys):
     assert main(["replay", SPEC, "--model", "Llama-3.1-8B", "--gpu", "h100", "--max-num-seqs", "256",
                  "--quiet", "--out", str(out)]) == 0
     assert json.loads(out.read_text())["config"]["engine"]["max_num_seqs"] == 256
+
+
+def test_the_roofline_efficiency_knobs_reach_every_commands_clock(tmp_path, capsys):
+    """Issue 29 item 9: the roofline ran at 100 % of the datasheet with no knob to lower it."""
+    knobs = ["--bandwidth-efficiency", "0.8", "--flops-efficiency", "0.6", "--step-overhead-ms", "3"]
+    said = "(80% and 60% of the datasheet), 3 ms a step"
+    assert main(["replay", SPEC, "--quiet", *knobs]) == 0
+    assert said in capsys.readouterr().out.splitlines()[0]
+    slow, fast = tmp_path / "slow.json", tmp_path / "fast.json"
+    assert main(["replay", SPEC, "--quiet", *knobs, "--out", str(slow)]) == 0
+    assert main(["replay", SPEC, "--quiet", "--out", str(fast)]) == 0
+    e2e = [json.loads(p.read_text())["e2e_s"]["mean"] for p in (slow, fast)]
+    assert e2e[0] > e2e[1]
+    assert main(["plan", SPEC, "--quiet", *knobs, "--sweep", "block_size=16,32", "--out", str(tmp_path / "p")]) == 0
+    capsys.readouterr()
+    rows = json.loads((tmp_path / "p" / "results.json").read_text())
+    assert all(said in r["config.clock"] for r in rows)
+    assert main(["replay", SPEC, "--quiet", "--bandwidth-efficiency", "1.5"]) == 2
+    assert "bandwidth_efficiency must be in (0, 1], got 1.5" in capsys.readouterr().err

@@ -29,6 +29,7 @@ from kvsim.errors import InputError
 from kvsim.planner.capacity import DEFAULT_GPU_MEMORY_UTILIZATION, KV_DTYPES
 from kvsim.planner.engine_setup import DEFAULT_GPU, DEFAULT_MODEL
 from kvsim.planner.presets import GPU_PRESETS, MODEL_PRESETS, custom_gpu, load_hf_config
+from kvsim.planner.roofline import DEFAULT_STEP_OVERHEAD_S
 from kvsim.planner.specs import GIB
 from kvsim.planner.weights import WEIGHT_DTYPES
 from kvsim.simulator.config import ALLOCATORS, PLACEMENTS, ROUTERS, SCHEDULERS, EngineConfig
@@ -238,6 +239,21 @@ def add_step_time_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--force-cost-table", action="store_true",
                    help="use --cost-table's times although it was measured for another model, GPU, TP or KV "
                         "dtype (otherwise an error)")
+    g.add_argument("--bandwidth-efficiency", type=float, default=1.0, metavar="FRACTION",
+                   help="roofline: the share of the GPU's datasheet memory bandwidth a step reaches "
+                        "(default 1.0; (0, 1])")
+    g.add_argument("--flops-efficiency", type=float, default=1.0, metavar="FRACTION",
+                   help="roofline: the share of the datasheet FLOP/s a step reaches (default 1.0; (0, 1])")
+    g.add_argument("--step-overhead-ms", type=float, default=DEFAULT_STEP_OVERHEAD_S * 1e3, metavar="MS",
+                   help="roofline: fixed time added to every step (default %(default)g)")
+
+
+def roofline_kwargs(args) -> dict:
+    """The roofline's knobs as build_engine (and PlanBase) name them; the defaults where a command
+    has no step-time flags."""
+    return {"bandwidth_efficiency": getattr(args, "bandwidth_efficiency", 1.0),
+            "flops_efficiency": getattr(args, "flops_efficiency", 1.0),
+            "step_overhead_s": getattr(args, "step_overhead_ms", DEFAULT_STEP_OVERHEAD_S * 1e3) / 1e3}
 
 
 def step_s_from_args(args) -> float | None:
@@ -313,6 +329,6 @@ def engine_kwargs(args, **overrides) -> dict:
         scheduler=scheduler, async_scheduling=getattr(args, "async_scheduling", None),
         step_s=step_s_from_args(args), cost_table=getattr(args, "cost_table", None),
         force_cost_table=getattr(args, "force_cost_table", False),
-        **offload_kwargs(args))
+        **roofline_kwargs(args), **offload_kwargs(args))
     kwargs.update(overrides)
     return kwargs

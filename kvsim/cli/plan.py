@@ -61,7 +61,7 @@ def plan_base(args):
                     seed=args.seed, step_s=options.step_s_from_args(args), cost_table=args.cost_table,
                     force_cost_table=args.force_cost_table, force_hf_config=args.force_hf_config,
                     engine=engine, max_concurrency=getattr(args, "max_concurrency", None),
-                    **options.offload_kwargs(args))
+                    **options.roofline_kwargs(args), **options.offload_kwargs(args))
 
 
 def _terminal_table(df, swept: list[str], has_slo: bool, search=None):
