@@ -8,8 +8,10 @@ For every closed-loop point a real-vLLM run measured (``cl-ISL-OSL-cC``: ``vllm 
 max_num_seqs, max_num_batched_tokens, block size, async scheduling; the model's config.json from
 bench/vllm_gpu/configs/) and computes vllm bench serve's figures for both sides
 (simulator.serve_metrics's formulas): mean TTFT, median TPOT, mean E2E. Clocks: ``roofline``
-(kvsim's default, planner.roofline at the datasheet peaks) and ``table`` (the shipped H200 cost
-table, Llama-3.1-8B bf16 only). Nothing here is fitted to these runs.
+(kvsim's default, planner.roofline at the datasheet peaks), ``table`` (the shipped H200 cost
+table of kvsim's executor, Llama-3.1-8B bf16 only) and ``vllm-grid`` (the engine's own table from
+real vLLM's steps of its ``grid`` workload, tables/vllm/, bench/vllm_gpu/grid_table.py). Nothing
+here is fitted to these runs.
 """
 from __future__ import annotations
 
@@ -25,6 +27,9 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results" / "vllm_h200"
 CONFIGS = ROOT / "bench" / "vllm_gpu" / "configs"
 TABLE = ROOT / "tables" / "Llama-3.1-8B_H200.csv"
+# each engine's table from real vLLM's own grid steps (bench/vllm_gpu/grid_table.py): fitted on
+# the grid workload alone, the closed-loop and trace runs held out
+GRID_TABLES = ROOT / "tables" / "vllm"
 # engine -> (config folder, weight dtype, kv dtype) as bench/vllm_gpu/device_run.sh served it
 ENGINES = {
     "llama8b-bf16": ("Llama-3.1-8B", "auto", "auto"),
@@ -78,7 +83,8 @@ def simulated(engine: str, spec: dict, meta: dict, clock: str, requests: list | 
                   num_gpu_blocks=core["num_gpu_blocks"], block_size=core["block_size"],
                   max_model_len=meta["engine_args"]["max_model_len"], max_num_seqs=core["max_num_seqs"],
                   max_num_batched_tokens=core["max_num_batched_tokens"],
-                  cost_table=str(TABLE) if clock == "table" else None)
+                  cost_table=str(TABLE) if clock == "table" else
+                  str(GRID_TABLES / f"{engine}_H200.csv") if clock == "vllm-grid" else None)
     synchronous = False
     try:
         setup = build_engine(async_scheduling=core["async_scheduling"], **kwargs)

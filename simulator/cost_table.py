@@ -257,11 +257,16 @@ class StepShapeCost:
             raise InputError("no mixed (eager) rows: the table cannot price prefill steps", file=path)
         tokens = np.array([r["num_scheduled_tokens"] for r in rows])
         t = np.array([r["step_s"] for r in rows])
-        self.knots_tokens = np.unique(tokens)
+        self.knots_tokens = self._knots(tokens, path)
         k = len(self.knots_tokens)
-        # f's values at the knots are unknowns; every row's token count is a knot, so the hat basis
-        # of linear interpolation is the indicator of its knot
-        basis = (tokens[:, None] == self.knots_tokens[None, :]).astype(float)
+        # f's values at the knots are unknowns; a row weighs them as _f interpolates (where every
+        # row's token count is a knot, the indicator of its knot)
+        basis = np.zeros((len(rows), k))
+        for row, x in enumerate(tokens):
+            i, w = self._segment(self.knots_tokens, x)
+            basis[row, i] += 1.0 - w
+            if k > 1:
+                basis[row, i + 1] += w
         extra = np.array([[r["attn_token_pairs"], r["kv_read_tokens"], r["num_seqs"],
                            _tail_tokens(r["max_context_tokens"], r["attn_token_pairs"], r["num_scheduled_tokens"])
                            if r.get("max_context_tokens") else 0.0] for r in rows])
@@ -276,6 +281,30 @@ class StepShapeCost:
         coef = coef[k:] / scale
         self.coef = coef[:3]                             # c_pairs, c_kv, c_seq
         self.c_tail = float(coef[3]) if len(coef) > 3 else 0.0
+
+    def _knots(self, tokens: np.ndarray, path: str) -> np.ndarray:
+        """f's knots: the table's ``# knots:`` line (token counts; a table of many distinct,
+        noisy counts, such as real vLLM's steps, gives a few so that f is smooth), else every
+        measured token count."""
+        text = self.provenance.get("knots")
+        if text is None:
+            return np.unique(tokens)
+        try:
+            knots = np.unique([int(v) for v in text.split(",")])
+        except ValueError:
+            raise InputError(f"'# knots:' must be token counts separated by commas, got {text!r}", file=path) from None
+        if len(knots) < 2 or knots[0] < 1:
+            raise InputError(f"'# knots:' needs two or more counts >= 1, got {text!r}", file=path)
+        return knots
+
+    @staticmethod
+    def _segment(xs: np.ndarray, tokens: float) -> tuple[int, float]:
+        """The knot segment ``_f`` prices ``tokens`` on and the weight of its right end (below
+        the first knot or above the last: the end segment, extrapolated)."""
+        if len(xs) == 1:
+            return 0, 0.0
+        i = min(max(int(np.searchsorted(xs, tokens)) - 1, 0), len(xs) - 2)
+        return i, float((tokens - xs[i]) / (xs[i + 1] - xs[i]))
 
     def _fit_floor(self, skewed: list[tuple[int, int, float, float, int]], path: str, enabled: bool) -> None:
         self.min_bucket_tokens = _min_bucket_tokens(self.provenance, path)
@@ -379,7 +408,7 @@ class StepShapeCost:
         xs, ys = self.knots_tokens, self.knots_s
         if len(xs) == 1:
             return float(ys[0]) * tokens / xs[0] if tokens > xs[0] else float(ys[0])
-        i = min(max(int(np.searchsorted(xs, tokens)) - 1, 0), len(xs) - 2)
+        i, _ = self._segment(xs, tokens)
         x0, x1 = xs[i], xs[i + 1]
         return float(ys[i] + (ys[i + 1] - ys[i]) * (tokens - x0) / (x1 - x0))
 

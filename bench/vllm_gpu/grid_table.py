@@ -1,0 +1,173 @@
+"""A cost table from real vLLM's own steps: the ``grid`` workload of a bench/results/vllm_h200 engine.
+
+    python bench/vllm_gpu/grid_table.py bench/results/vllm_h200/llama8b-bf16 --out tables/vllm/llama8b-bf16_H200.csv
+
+The harness's ``grid`` workload (bench/vllm_gpu/plans.py) drives vLLM through controlled decode
+batches (1 to 256 sequences at 512 and 4,096 tokens of context) and prefills (512 to 8,192
+tokens), and its probe records every step the engine core ran: the batch (prefill and decode
+tokens, KV read, attention pairs) and ``step_s``, the step's share of the engine's time (from the
+later of the previous step's result and this step's schedule to this step's result: with async
+scheduling, what the step adds to the engine's cadence, its CPU work overlapped or not). Every
+grid step becomes one row of kvsim's step-shape table (``simulator.cost_table.StepShapeCost``):
+decode-only steps as CUDA-graph rows padded to vLLM's capture sizes, the others as mixed rows.
+Nothing of the closed-loop or trace runs is read: those stay held out (bench/vllm_compare.py
+``--clocks vllm-grid``).
+
+Prefill steps whose ``step_s`` is outside ``BAND`` times what their tokens need at the grid's
+median rate per token are dropped and counted in the provenance: under async scheduling a step's
+result can come back with another's, and its share is then near zero while a neighbour (one or
+two steps away) carries both (in the Llama-3.1-8B grid: a 512-token prefill at 195 ms beside a
+7,680-token one at 3.8 ms). Decode-only steps are 5-14 ms with no such pairs and are all kept.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[2]
+# vLLM 0.23's CUDA-graph capture sizes for max_num_seqs 1024 (compilation config: 1, 2, 4, then
+# steps of 8 to 256, of 16 to 512), when the run's meta.json does not list them: a decode batch
+# runs the graph of the next size up
+CAPTURE_SIZES = (1, 2, 4, *range(8, 256, 8), *range(256, 513, 16))
+# a prefill step outside this band around its tokens' time at the grid's own median rate per
+# token is an attribution artefact of async scheduling (module docstring)
+BAND = (0.6, 1.6)
+# a decode graph size at a KV length (a power-of-two range) is kept where the grid held its batch
+# for this many steps (its controlled batches run 24); the few steps of a batch in passing (a
+# request finishing, the next arriving) have nearly one KV length, so their line's slope is noise
+# (Qwen3-30B-A3B, size 96: -64 s + 1.3 ms per token): such a batch is priced by the next size up
+MIN_DECODE_STEPS = 8
+COLUMNS = ("kind", "num_seqs", "num_prefill_seqs", "num_prefill_tokens", "num_decode_tokens",
+           "num_scheduled_tokens", "kv_read_tokens", "attn_token_pairs", "max_context_tokens",
+           "padded_num_seqs", "graph", "step_s", "step_s_min", "step_s_max", "repeats")
+
+
+def padded(num_seqs: int, sizes=CAPTURE_SIZES) -> int | None:
+    """The capture size a decode batch of ``num_seqs`` runs at; None above the largest (eager)."""
+    return next((s for s in sizes if s >= num_seqs), None)
+
+
+def grid_rows(steps_csv: Path, sizes=CAPTURE_SIZES) -> tuple[list[dict], int]:
+    """The table's rows from the probe's step records, and how many artefacts were dropped."""
+    with open(steps_csv, newline="") as f:
+        steps = [{k: float(v) for k, v in r.items()} for r in csv.DictReader(f)]
+    # the grid's rate per token over its prefill steps (the median), for the artefact band
+    big = [s for s in steps if s["num_prefill_tokens"] >= 512]
+    per_token = float(np.median([s["step_s"] / s["num_scheduled_tokens"] for s in big])) if big else 0.0
+    rows, dropped = [], 0
+    for s in steps:
+        if s["num_scheduled_tokens"] < 1 or s["step_s"] <= 0:
+            dropped += 1
+            continue
+        ratio = s["step_s"] / (per_token * s["num_scheduled_tokens"]) if per_token else 1.0
+        if s["num_prefill_tokens"] >= 512 and not BAND[0] <= ratio <= BAND[1]:
+            dropped += 1
+            continue
+        n = int(s["num_seqs"])
+        decode = s["num_prefill_tokens"] == 0
+        size = padded(n, sizes) if decode else None
+        rows.append({
+            "kind": "decode" if decode else "mixed", "num_seqs": n, "num_prefill_seqs": int(s["num_prefill_seqs"]),
+            "num_prefill_tokens": int(s["num_prefill_tokens"]), "num_decode_tokens": int(s["num_decode_tokens"]),
+            "num_scheduled_tokens": int(s["num_scheduled_tokens"]), "kv_read_tokens": int(s["kv_read_tokens"]),
+            "attn_token_pairs": int(s["attn_token_pairs"]), "max_context_tokens": int(s["max_context_tokens"]),
+            "padded_num_seqs": size or n, "graph": int(size is not None), "step_s": f"{s['step_s']:.9f}",
+            "step_s_min": f"{s['step_s']:.9f}", "step_s_max": f"{s['step_s']:.9f}", "repeats": 1})
+    # a decode batch's neighbours: the same graph size at about the same KV length (a size the grid
+    # ran at 512 and at 4,096 tokens of context has two such groups, 3x apart in time)
+    groups: dict[tuple[int, int], list[float]] = {}
+
+    def group(r: dict) -> tuple[int, int]:
+        return r["padded_num_seqs"], int(r["kv_read_tokens"]).bit_length()
+
+    for r in rows:
+        if r["kind"] == "decode":
+            groups.setdefault(group(r), []).append(float(r["step_s"]))
+    median = {g: float(np.median(v)) for g, v in groups.items()}
+
+    def keep(r: dict) -> bool:
+        if r["kind"] != "decode":
+            return True
+        g = group(r)   # held long enough, and not a step carrying another's time
+        return len(groups[g]) >= MIN_DECODE_STEPS and BAND[0] <= float(r["step_s"]) / median[g] <= BAND[1]
+
+    kept = [r for r in rows if keep(r)]
+    return kept, dropped + len(rows) - len(kept)
+
+
+def knots(rows: list[dict]) -> list[int]:
+    """f's knots for StepShapeCost (its ``# knots:`` line): one per power-of-two range of the
+    mixed steps' token counts, at the range's median count. vLLM's steps give hundreds of distinct,
+    noisy counts (8,171, 8,173, ... tokens); a knot at each let f swing between neighbours and
+    extrapolate below the smallest one to nothing (Qwen3-30B-A3B: a 256-token prefill at 0 s)."""
+    counts: dict[int, list[int]] = {}
+    for r in rows:
+        if r["kind"] == "mixed":
+            n = r["num_scheduled_tokens"]
+            counts.setdefault(int(n).bit_length(), []).append(n)
+    out = sorted({int(np.median(v)) for v in counts.values()})
+    return out if len(out) >= 2 else [1, *out]
+
+
+def _from_root(folder: Path) -> str:
+    """The folder as the repository names it (the same table from any working directory)."""
+    try:
+        return folder.resolve().relative_to(ROOT).as_posix()
+    except ValueError:
+        return folder.resolve().as_posix()
+
+
+def provenance(folder: Path, meta: dict, num_rows: int, dropped: int, knot_tokens: list[int]) -> list[str]:
+    """The table's ``#`` lines: what kvsim's table readers and ``mismatches`` look for."""
+    args, core = meta.get("engine_args", {}), meta.get("engine_core", {})
+    versions = meta.get("versions", {})
+    kv = args.get("kv_cache_dtype") or "auto"
+    wall = meta.get("clock_pair", {}).get("wall")
+    date = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(wall)) if wall else "unknown"
+    return [
+        "# kvsim cost table: real vLLM's own steps (bench/vllm_gpu/grid_table.py over the harness's grid workload)",
+        "# gpu: NVIDIA H200",
+        f"# date: {date}",
+        f"# versions: {', '.join(f'{k} {v}' for k, v in sorted(versions.items())) or 'unknown'}",
+        f"# model: {Path(str(args.get('model', folder.name))).name}",
+        f"# executor: vllm, dtype {kv if kv != 'auto' else args.get('dtype', 'auto')}, block_size "
+        f"{core.get('block_size')}, num_gpu_blocks {core.get('num_gpu_blocks')}, max_num_seqs {core.get('max_num_seqs')}, "
+        f"max_num_batched_tokens {core.get('max_num_batched_tokens')}, async scheduling {core.get('async_scheduling')}",
+        f"# timing: the probe's step_s (the step's share of the engine's time, async scheduling as served); "
+        f"{num_rows} grid steps, {dropped} dropped (prefills outside {BAND[0]}-{BAND[1]}x the grid's median "
+        f"rate per token: async attribution artefacts; decode batches held under {MIN_DECODE_STEPS} steps, or "
+        f"outside {BAND[0]}-{BAND[1]}x the median of their size at their KV length)",
+        f"# knots: {','.join(map(str, knot_tokens))}",
+        f"# source: {_from_root(folder)}/grid (held out: every closed-loop and trace run of the same engine)",
+    ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("engine", type=Path, help="a bench/results/vllm_h200/ENGINE folder with a grid run")
+    ap.add_argument("--out", type=Path, required=True, help="the cost table (CSV)")
+    a = ap.parse_args(argv)
+    steps = a.engine / "grid" / "steps.csv"
+    if not steps.is_file():
+        print(f"grid_table: {steps} does not exist", file=sys.stderr)
+        return 2
+    meta = json.loads((a.engine / "meta.json").read_text())
+    rows, dropped = grid_rows(steps, meta.get("engine_core", {}).get("cudagraph_capture_sizes") or CAPTURE_SIZES)
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+    with open(a.out, "w", newline="") as f:
+        f.write("\n".join(provenance(a.engine, meta, len(rows), dropped, knots(rows))) + "\n")
+        w = csv.DictWriter(f, fieldnames=COLUMNS, lineterminator="\n")
+        w.writeheader()
+        w.writerows(rows)
+    print(f"{a.out}: {len(rows)} rows from {steps} ({dropped} dropped)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,57 @@
+"""Cost tables from real vLLM's own steps (bench/vllm_gpu/grid_table.py, issue 24): the shipped
+tables are what the script makes of the committed grid runs, their rows are vLLM's padded
+decode batches and its prefills, and async attribution artefacts are dropped."""
+from __future__ import annotations
+
+import csv
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from kvsim.errors import InputError
+from kvsim.planner.engine_setup import build_engine
+from kvsim.simulator.cost_table import StepShapeCost
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results" / "vllm_h200"
+TABLES = sorted((ROOT / "tables" / "vllm").glob("*_H200.csv"))
+spec = importlib.util.spec_from_file_location("grid_table", ROOT / "bench" / "vllm_gpu" / "grid_table.py")
+grid_table = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(grid_table)
+
+
+@pytest.mark.parametrize("table", TABLES, ids=lambda p: p.stem)
+def test_a_shipped_table_is_what_the_script_makes_of_its_grid_run(table, tmp_path):
+    engine = table.stem.removesuffix("_H200")
+    out = tmp_path / table.name
+    assert grid_table.main([str(RESULTS / engine), "--out", str(out)]) == 0
+    assert out.read_bytes() == table.read_bytes()
+    cost = StepShapeCost(table)        # kvsim reads it as a measured table
+    assert cost.graph_sizes and cost.provenance["model"]
+
+
+def test_rows_are_vllms_padded_decodes_and_its_prefills_without_the_artefacts():
+    meta = json.loads((RESULTS / "llama8b-bf16" / "meta.json").read_text())
+    sizes = meta["engine_core"]["cudagraph_capture_sizes"]
+    steps = RESULTS / "llama8b-bf16" / "grid" / "steps.csv"
+    rows, dropped = grid_table.grid_rows(steps, sizes)
+    with open(steps, newline="") as f:
+        raw = list(csv.DictReader(f))
+    assert len(rows) + dropped == len(raw) and 0 < dropped < len(raw) // 3
+    for r in rows:
+        if r["kind"] == "decode":
+            assert r["graph"] == 1 and r["padded_num_seqs"] in sizes and r["padded_num_seqs"] >= r["num_seqs"]
+            assert r["num_prefill_tokens"] == 0
+    # the pair of the module docstring: a 512-token prefill carrying a 7,680-token one's time
+    kept = {(r["num_seqs"], r["num_prefill_tokens"], r["step_s"]) for r in rows}
+    assert (1, 512, "0.195135232") not in kept and not any(n == 16 and p == 7680 for n, p, _ in kept)
+    assert (1, 512, "0.015460736") in kept
+
+
+def test_a_vllm_table_is_refused_for_another_model():
+    table = ROOT / "tables" / "vllm" / "llama8b-bf16_H200.csv"
+    build_engine(model="Llama-3.1-8B", gpu="H200", cost_table=str(table))
+    with pytest.raises(InputError, match="model Qwen2.5-7B"):
+        build_engine(model="Qwen2.5-7B", gpu="H200", cost_table=str(table))
