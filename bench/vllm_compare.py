@@ -84,7 +84,8 @@ def simulated(engine: str, spec: dict, meta: dict, clock: str, requests: list | 
                   max_model_len=meta["engine_args"]["max_model_len"], max_num_seqs=core["max_num_seqs"],
                   max_num_batched_tokens=core["max_num_batched_tokens"],
                   cost_table=str(TABLE) if clock == "table" else
-                  str(GRID_TABLES / f"{engine}_H200.csv") if clock == "vllm-grid" else None)
+                  str(GRID_TABLES / f"{engine}_H200.csv") if clock == "vllm-grid" else
+                  str(GRID_TABLES / f"{engine}-fine_H200.csv") if clock == "vllm-fine" else None)
     synchronous = False
     try:
         setup = build_engine(async_scheduling=core["async_scheduling"], **kwargs)
@@ -135,6 +136,8 @@ def main(argv: list[str] | None = None) -> int:
             row = {"engine": engine, "point": point.name, **{f"vllm_{k}": real[k] for k in METRICS}}
             for clock in clocks:
                 if clock == "table" and engine != "llama8b-bf16":
+                    continue
+                if clock == "vllm-fine" and not (GRID_TABLES / f"{engine}-fine_H200.csv").exists():
                     continue
                 sim = simulated(engine, spec, meta, clock, reqs)
                 assert sim["completed"] == real["completed"], (engine, point.name, clock)

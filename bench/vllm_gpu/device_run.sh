@@ -58,6 +58,9 @@ engine() {  # name -> "model_dir plan flags..."
     qwen3-32b)            echo "Qwen3-32B large" ;;
     llama70b-fp8)         echo "Llama-3.1-70B large --quantization fp8 --kv-cache-dtype fp8" ;;
     gpt-oss-120b)         echo "gpt-oss-120b large" ;;
+    # the fine grid alone (plans.py --size fine --only grid > fine.json)
+    llama8b-bf16-fine)    echo "Llama-3.1-8B fine" ;;
+    qwen3-30b-a3b-fine)   echo "Qwen3-30B-A3B fine" ;;
     *) return 1 ;;
   esac
 }

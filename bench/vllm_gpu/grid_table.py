@@ -13,8 +13,8 @@ decode-only steps as CUDA-graph rows padded to vLLM's capture sizes, the others 
 Nothing of the closed-loop or trace runs is read: those stay held out (bench/vllm_compare.py
 ``--clocks vllm-grid``).
 
-Prefill steps whose ``step_s`` is outside ``BAND`` times what their tokens need at the grid's
-median rate per token are dropped and counted in the provenance: under async scheduling a step's
+Prefill steps whose ``step_s`` is outside ``BAND`` times what they should take (a one-sequence
+decode step plus their tokens at the grid's median rate per token) are dropped and counted in the provenance: under async scheduling a step's
 result can come back with another's, and its share is then near zero while a neighbour (one or
 two steps away) carries both (in the Llama-3.1-8B grid: a 512-token prefill at 195 ms beside a
 7,680-token one at 3.8 ms). Decode-only steps are 5-14 ms with no such pairs and are all kept.
@@ -57,15 +57,19 @@ def grid_rows(steps_csv: Path, sizes=CAPTURE_SIZES) -> tuple[list[dict], int]:
     """The table's rows from the probe's step records, and how many artefacts were dropped."""
     with open(steps_csv, newline="") as f:
         steps = [{k: float(v) for k, v in r.items()} for r in csv.DictReader(f)]
-    # the grid's rate per token over its prefill steps (the median), for the artefact band
+    # a prefill step's expected time for the artefact band: the grid's one-sequence decode step
+    # (the fixed cost of any step) plus its tokens at the grid's median rate per token beyond it
+    single = [s["step_s"] for s in steps if s["num_prefill_tokens"] == 0 and s["num_seqs"] == 1]
+    base = float(np.median(single)) if single else 0.0
     big = [s for s in steps if s["num_prefill_tokens"] >= 512]
-    per_token = float(np.median([s["step_s"] / s["num_scheduled_tokens"] for s in big])) if big else 0.0
+    per_token = float(np.median([max(s["step_s"] - base, 0.0) / s["num_scheduled_tokens"] for s in big])) \
+        if big else 0.0
     rows, dropped = [], 0
     for s in steps:
         if s["num_scheduled_tokens"] < 1 or s["step_s"] <= 0:
             dropped += 1
             continue
-        ratio = s["step_s"] / (per_token * s["num_scheduled_tokens"]) if per_token else 1.0
+        ratio = s["step_s"] / (base + per_token * s["num_scheduled_tokens"]) if per_token else 1.0
         if s["num_prefill_tokens"] >= 512 and not BAND[0] <= ratio <= BAND[1]:
             dropped += 1
             continue
@@ -110,7 +114,7 @@ def knots(rows: list[dict]) -> list[int]:
     for r in rows:
         if r["kind"] == "mixed":
             n = r["num_scheduled_tokens"]
-            counts.setdefault(int(n).bit_length(), []).append(n)
+            counts.setdefault(int(n - 1).bit_length(), []).append(n)   # (2^k, 2^(k+1)]
     out = sorted({int(np.median(v)) for v in counts.values()})
     return out if len(out) >= 2 else [1, *out]
 
@@ -140,8 +144,8 @@ def provenance(folder: Path, meta: dict, num_rows: int, dropped: int, knot_token
         f"{core.get('block_size')}, num_gpu_blocks {core.get('num_gpu_blocks')}, max_num_seqs {core.get('max_num_seqs')}, "
         f"max_num_batched_tokens {core.get('max_num_batched_tokens')}, async scheduling {core.get('async_scheduling')}",
         f"# timing: the probe's step_s (the step's share of the engine's time, async scheduling as served); "
-        f"{num_rows} grid steps, {dropped} dropped (prefills outside {BAND[0]}-{BAND[1]}x the grid's median "
-        f"rate per token: async attribution artefacts; decode batches held under {MIN_DECODE_STEPS} steps, or "
+        f"{num_rows} grid steps, {dropped} dropped (prefills outside {BAND[0]}-{BAND[1]}x a one-sequence step "
+        f"plus their tokens at the grid's median rate: async attribution artefacts; decode batches held under {MIN_DECODE_STEPS} steps, or "
         f"outside {BAND[0]}-{BAND[1]}x the median of their size at their KV length)",
         f"# knots: {','.join(map(str, knot_tokens))}",
         f"# source: {_from_root(folder)}/grid (held out: every closed-loop and trace run of the same engine)",

@@ -32,10 +32,12 @@ Plan entries (``plan.json``: a list), each with a unique ``name``:
   "block_tokens": 512, "max_concurrency": null}``: open loop at the arrival times; hash ids (one
   per ``block_tokens`` of prompt, Mooncake's format) make identical leading token ids, so vLLM's
   prefix cache sees the trace's sharing;
-* ``{"kind": "grid", "decode": [[batch, context, output], ...], "prefill": [prompt, ...]}``: the
-  controlled step shapes of ``kvsim profile --engine vllm``: each decode point sends ``batch``
-  requests of ``context`` prompt tokens at once and waits for all; each prefill point one request
-  with 2 output tokens.
+* ``{"kind": "grid", "decode": [[batch, context, output], ...], "prefill": [prompt, ...],
+  "mixed": [[decodes, context, prompt], ...]}``: the controlled step shapes of ``kvsim profile
+  --engine vllm``: each decode point sends ``batch`` requests of ``context`` prompt tokens at once
+  and waits for all; each prefill point one request with 2 output tokens; each mixed point
+  ``decodes`` requests of ``context`` tokens (48 output tokens), then, once all of them have their
+  first token, one of ``prompt`` tokens, whose chunks share steps with their decodes.
 """
 from __future__ import annotations
 
@@ -93,6 +95,11 @@ def closed_loop_lengths(spec: dict) -> list[tuple[int, int]]:
     return out
 
 
+# a mixed grid point's decodes run this many tokens: past the late prompt's prefill (8,192 tokens
+# in at most 8 chunks beside them) with tokens to spare
+MIXED_DECODE_TOKENS = 48
+
+
 def build_requests(entry: dict, vocab_size: int) -> list[dict]:
     """The request list of one plan entry: arrival_s (None: as soon as a slot frees), token ids,
     output tokens, and the phase (grid points run one after another)."""
@@ -124,6 +131,15 @@ def build_requests(entry: dict, vocab_size: int) -> list[dict]:
         for prompt in entry.get("prefill", []):
             reqs.append({"arrival_s": 0.0, "ids": random_ids(rng, prompt, vocab_size),
                          "output_tokens": 2, "phase": phase})
+            phase += 1
+        # a prompt's chunks beside running decodes: the decodes first, the prompt once every one
+        # of them has its first token (run_workload), so its prefill shares steps with them
+        for decodes, context, prompt in entry.get("mixed", []):
+            for _ in range(decodes):
+                reqs.append({"arrival_s": 0.0, "ids": random_ids(rng, context, vocab_size),
+                             "output_tokens": MIXED_DECODE_TOKENS, "phase": phase})
+            reqs.append({"arrival_s": 0.0, "ids": random_ids(rng, prompt, vocab_size),
+                         "output_tokens": 2, "phase": phase, "late": True})
             phase += 1
     else:
         raise ValueError(f"plan entry {entry.get('name')!r}: unknown kind {kind!r}")
@@ -202,7 +218,7 @@ def parse_log(text: str) -> dict:
 
 
 # ---------------------------------------------------------------- the GPU side
-async def _run_request(engine, req: dict, t0: float, params_cls, kind_delta, rec: list):
+async def _run_request(engine, req: dict, t0: float, params_cls, kind_delta, rec: list, on_first=None):
     from vllm.inputs import TokensPrompt  # noqa: F401  (imported for its side effects on old versions)
 
     sp = params_cls(max_tokens=req["output_tokens"], min_tokens=req["output_tokens"], ignore_eos=True,
@@ -212,6 +228,8 @@ async def _run_request(engine, req: dict, t0: float, params_cls, kind_delta, rec
     async for out in engine.generate({"prompt_token_ids": req["ids"]}, sp, req["request_id"]):
         now = time.monotonic()
         n = sum(len(c.token_ids) for c in out.outputs)
+        if n and not times and on_first is not None:
+            on_first()
         times.extend([now - t0] * n)
     rec.append({"request_id": req["request_id"], "arrival_s": req["arrival_s"], "sent_s": sent - t0,
                 "first_token_s": times[0] if times else None, "token_times_s": times,
@@ -232,8 +250,24 @@ async def run_workload(engine, entry: dict, reqs: list[dict], params_cls, kind_d
         await asyncio.gather(*(worker() for _ in range(entry["concurrency"])))
     elif entry["kind"] == "grid":
         for phase in sorted({r["phase"] for r in reqs}):
-            await asyncio.gather(*(_run_request(engine, r, t0, params_cls, kind_delta, rec)
-                                   for r in reqs if r["phase"] == phase))
+            early = [r for r in reqs if r["phase"] == phase and not r.get("late")]
+            late = [r for r in reqs if r["phase"] == phase and r.get("late")]
+            ready = asyncio.Event()
+            pending = [len(early)]
+            if not early:
+                ready.set()
+
+            def first_token():
+                pending[0] -= 1
+                if pending[0] == 0:
+                    ready.set()
+
+            async def after_ready(r):
+                await ready.wait()
+                await _run_request(engine, r, t0, params_cls, kind_delta, rec)
+
+            await asyncio.gather(*(_run_request(engine, r, t0, params_cls, kind_delta, rec, first_token)
+                                   for r in early), *(after_ready(r) for r in late))
     else:
         limit = entry.get("max_concurrency")
         sem = asyncio.Semaphore(limit) if limit else None

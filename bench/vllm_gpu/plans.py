@@ -11,7 +11,8 @@ Three kinds of workload per engine (harness.py's docstring defines them):
 * ``azure-conv`` / ``mooncake-conv``: trace excerpts at their own arrival times. Held out.
 
 ``--size`` scales the plan to the model (a 70B model's prefill costs 9x an 8B's): ``small``
-(<= 30B total or <= 5B active parameters), ``large`` (the rest). The excerpts are the first
+(<= 30B total or <= 5B active parameters), ``large`` (the rest); ``fine`` is a denser grid (every
+CUDA-graph size, more prefills, prompts beside decodes) for a grid-only run (``--only grid``). The excerpts are the first
 ``--trace-s`` seconds of each trace, requests longer than ``--max-model-len`` left out (the plan
 records every request it keeps, so kvsim replays exactly these).
 """
@@ -29,6 +30,14 @@ GRID = {
               "prefill": [512, 2048, 8192]},
     "large": {"decode": [(b, 512, 24) for b in (1, 8, 32, 128)] + [(b, 4096, 24) for b in (1, 16)],
               "prefill": [2048, 8192]},
+    # every CUDA-graph size to 256 at 256 tokens of context (an MoE step's time grows with the
+    # experts its batch touches: no size may be priced at the next one's), the small ones at 2,048,
+    # single prefills from 128 to 8,192 tokens, and prompts chunked beside running decodes
+    "fine": {"decode": [(b, 256, 24) for b in (1, 2, 4, *range(8, 257, 8))]
+                       + [(b, 2048, 24) for b in (1, 4, 16, 32, 64, 96, 128)],
+             "prefill": [128, 256, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192],
+             "mixed": [(16, 1024, 512), (16, 1024, 2048), (64, 1024, 512), (64, 1024, 2048),
+                       (64, 1024, 8192), (128, 1024, 1024), (128, 1024, 4096)]},
 }
 # (isl, osl, concurrencies): the first pair is the full sweep
 SWEEPS = {
@@ -39,7 +48,7 @@ SWEEPS = {
 
 def closed_points(size: str) -> list[dict]:
     out = []
-    for isl, osl, concs in SWEEPS[size]:
+    for isl, osl, concs in SWEEPS.get(size, ()):
         for c in concs:
             out.append({"name": f"cl-{isl}-{osl}-c{c}", "kind": "closed", "isl": isl, "osl": osl,
                         "n": max(2, 2 * c), "concurrency": c, "isl_range": 0.0, "osl_range": 0.0,
@@ -79,7 +88,7 @@ def build_plan(size: str, traces: Path | None, trace_s: float, max_model_len: in
                mooncake: bool) -> list[dict]:
     grid = GRID[size]
     plan = [{"name": "grid", "kind": "grid", "decode": [list(d) for d in grid["decode"]],
-             "prefill": grid["prefill"], "seed": 1}]
+             "prefill": grid["prefill"], "mixed": [list(m) for m in grid.get("mixed", [])], "seed": 1}]
     plan += closed_points(size)
     if traces is not None:
         azure = traces / "azure_llm_2023" / "AzureLLMInferenceTrace_conv.csv"

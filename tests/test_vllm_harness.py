@@ -1,0 +1,65 @@
+"""The real-vLLM harness's grid driver (bench/vllm_gpu/harness.py) on a fake engine: a mixed
+point's prompt is sent only once every decode of its phase has its first token, so that its
+chunks share steps with their decodes; phases run one after another."""
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+from pathlib import Path
+from types import SimpleNamespace
+
+ROOT = Path(__file__).resolve().parent.parent
+spec = importlib.util.spec_from_file_location("vllm_harness", ROOT / "bench" / "vllm_gpu" / "harness.py")
+harness = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(harness)
+
+
+class FakeEngine:
+    """One token per request per tick; records (event, request_id) in order."""
+
+    def __init__(self):
+        self.log = []
+
+    async def generate(self, prompt, params, request_id):
+        self.log.append(("sent", request_id))
+        for i in range(params.kw["max_tokens"]):
+            await asyncio.sleep(0)
+            if i == 0:
+                self.log.append(("first", request_id))
+            yield SimpleNamespace(outputs=[SimpleNamespace(token_ids=[7])])
+
+
+class Params:
+    def __init__(self, **kw):
+        self.kw = kw
+
+
+def test_a_mixed_points_prompt_follows_its_decodes_first_tokens(monkeypatch):
+    import sys
+    import types
+
+    # the driver imports vllm.inputs (for its side effects on old versions): a stand-in here
+    fake = types.ModuleType("vllm")
+    fake.inputs = types.ModuleType("vllm.inputs")
+    fake.inputs.TokensPrompt = dict
+    monkeypatch.setitem(sys.modules, "vllm", fake)
+    monkeypatch.setitem(sys.modules, "vllm.inputs", fake.inputs)
+    entry = {"name": "grid", "kind": "grid", "decode": [[2, 16, 3]], "prefill": [32],
+             "mixed": [[3, 16, 64]], "seed": 1}
+    reqs = harness.build_requests(entry, vocab_size=32000)
+    assert [r["phase"] for r in reqs] == [0, 0, 1, 2, 2, 2, 2]
+    late = [r for r in reqs if r.get("late")]
+    assert len(late) == 1 and len(late[0]["ids"]) == 64 and late[0]["output_tokens"] == 2
+    assert all(r["output_tokens"] == harness.MIXED_DECODE_TOKENS for r in reqs[3:6])
+    engine = FakeEngine()
+    rec = asyncio.run(harness.run_workload(engine, entry, reqs, Params, None))
+    assert len(rec) == len(reqs)
+    log = engine.log
+    sent = {rid: log.index(("sent", rid)) for _, rid in log if _ == "sent"}
+    first = {rid: log.index(("first", rid)) for _, rid in log if _ == "first"}
+    prompt = late[0]["request_id"]
+    decodes = [r["request_id"] for r in reqs[3:6]]
+    assert all(first[d] < sent[prompt] for d in decodes)           # after every first token
+    assert sent[prompt] < max(log.index(("first", d)) for d in decodes) + 5   # and at once
+    # phases in order: the prefill point's request is sent after the decode point's finished
+    assert sent[reqs[2]["request_id"]] > first[reqs[1]["request_id"]]
