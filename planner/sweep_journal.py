@@ -43,6 +43,7 @@ class SweepJournal:
     def __init__(self, directory: str | os.PathLike, plan: str):
         self.path = Path(directory) / NAME
         self.plan = plan
+        self.num_points = 0    # finished points in the file
 
     def load(self, points: list[Mapping]) -> dict[int, dict]:
         """The rows already finished, by point index, for ``--resume``.
@@ -79,6 +80,7 @@ class SweepJournal:
             f.write(json.dumps({"plan": self.plan}) + "\n")
             for index in sorted(done):
                 f.write(self._line(index, points[index], done[index]))
+        self.num_points = len(done)
 
     def add(self, index: int, params: Mapping, row: Mapping) -> None:
         """Append one finished point, flushed to the disk before the next one runs."""
@@ -86,6 +88,7 @@ class SweepJournal:
             f.write(self._line(index, params, row))
             f.flush()
             os.fsync(f.fileno())
+        self.num_points += 1
 
     @staticmethod
     def _line(index: int, params: Mapping, row: Mapping) -> str:

@@ -9,11 +9,10 @@ help text and one meaning in every command (vLLM's spellings where vLLM has the 
 Every command takes the same defaults: the batch limits are vLLM's ``vllm serve`` defaults for
 the GPU (1024 sequences and 8192 tokens on an H100) in replay, compare, bench, validate, capacity
 and plan alike, so the same model and GPU give the same pool everywhere (only the dashboard's
-teaching pools, which have no GPU, take ``ENGINE_BATCH_DEFAULTS``);
-  * ``--rate`` and ``--rate-scale`` mean the same
-    in every command (workloads.retime): ``--rate R`` gives the workload R requests/s (a spec's
-    rate= replaced, Poisson arrivals for a trace without timestamps, a timestamped trace re-timed
-    to that mean rate), ``--rate-scale X`` X times its own rate (a trace keeps its pattern).
+teaching pools, which have no GPU, take ``ENGINE_BATCH_DEFAULTS``). ``--rate`` and ``--rate-scale``
+mean the same in every command too (workloads.retime): ``--rate R`` gives the workload R requests/s
+(a spec's rate= replaced, Poisson arrivals for a trace without timestamps, a timestamped trace
+re-timed to that mean rate), ``--rate-scale X`` X times its own rate (a trace keeps its pattern).
 
 Only argparse and light modules are imported here: ``kvsim --help`` must not load the simulator.
 """

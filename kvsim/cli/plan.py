@@ -188,8 +188,7 @@ def _run(args, axes, constraints, search, formats) -> int:
         rows = run_sweep(points, base, **how) if search is None else run_rate_search(points, base, search, **how)
     except KeyboardInterrupt:
         if journal:
-            kept = sum(1 for _ in open(journal.path, encoding="utf-8")) - 1
-            print(f"kvsim: interrupted; {kept} of {len(points)} points finished are kept in {journal.path}: "
+            print(f"kvsim: interrupted; {journal.num_points} of {len(points)} points finished are kept in {journal.path}: "
                   "the same command with --resume runs the rest", file=sys.stderr)
         raise
     if rows and all(r.get("error") for r in rows):

@@ -70,8 +70,9 @@ class Run:
 def engine_setup(scenario: Scenario, allocator: str, side: int = 0) -> EngineSetup:
     """One side of the scenario through planner's one builder (build_engine).
 
-    A teaching pool: ``capacity_tokens`` usable slots on both sides, no null block, replay's batch
-    limits (EngineConfig's 256 sequences and 8192 tokens, not a GPU's) and a fixed step time.
+    A teaching pool: ``capacity_tokens`` usable slots on both sides, no null block, EngineConfig's
+    batch limits (256 sequences and 8192 tokens: the pool has no GPU whose vLLM defaults would
+    apply) and a fixed step time.
     ``cpu_offload_gib`` puts a CPU tier (of the default model's blocks, over the default GPU's
     PCIe link) below a paged side. Raises InputError for a pool smaller than one block.
     """
