@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvsim.errors import InputError
+from kvsim.simulator.modes import check_mode
 
 ALLOCATORS = ("paged", "max", "pow2", "oracle")
 SCHEDULERS = ("v1", "v0")
@@ -106,21 +107,18 @@ class EngineConfig:
         if self.scheduler not in SCHEDULERS:
             raise InputError(f"scheduler must be one of {', '.join(SCHEDULERS)}, got "
                              f"{self.scheduler!r}")
-        if self.scheduler == "v0":
-            self._check_v0()
         if self.kv_cache_groups:
             from kvsim.allocator.group_managers import KVCacheGroupSpec  # light module: lazy
 
             if not all(isinstance(g, KVCacheGroupSpec) for g in self.kv_cache_groups):
                 raise InputError("kv_cache_groups must be KVCacheGroupSpec (parse_kv_groups)")
-            if self.scheduler != "v1" or self.async_scheduling:
-                # HybridScheduler is the synchronous v1 scheduler's (docs/FIDELITY.md 3.1)
-                raise InputError("KV-cache groups (a hybrid model) are modelled with vLLM v1's "
-                                 "synchronous scheduler only: --no-async-scheduling and "
-                                 "--scheduler v1, or --disable-hybrid-kv-cache-manager")
             if self.allocator != "paged" or not self.null_block:
                 raise InputError("kv_cache_groups need the paged allocator with vLLM's null "
                                  "block")
+        # the combination of policy, KV manager and features, against the declared table
+        check_mode(self)
+        if self.scheduler == "v0":
+            self._check_v0()
 
     @property
     def is_grouped(self) -> bool:
@@ -130,10 +128,6 @@ class EngineConfig:
     def _check_v0(self) -> None:
         """vLLM v0's constraints; its defaults where v1's differ (no prefix caching, no null
         block, watermark 0.01: vLLM v0's BlockSpaceManager)."""
-        if self.allocator != "paged":
-            raise InputError("scheduler v0 is vLLM's paged scheduler: use allocator 'paged'")
-        if self.async_scheduling:
-            raise InputError("scheduler v0 has no async scheduling (vLLM v1 only)")
         if self.long_prefill_token_threshold:
             raise InputError("scheduler v0 does not chunk prefills: "
                              "long_prefill_token_threshold must be 0")

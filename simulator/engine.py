@@ -36,6 +36,7 @@ from kvsim.simulator.cost import (NS_PER_S, CostModel, FixedStepCost, StepBatch,
                                   to_ns, uses_max_context_tokens)
 from kvsim.simulator.footprint import check_simulation
 from kvsim.simulator.in_the_loop import IN_THE_LOOP_COLUMNS, scheduled_step
+from kvsim.simulator.modes import check_mode
 from kvsim.simulator.offload import OffloadConnector, TierConfig
 from kvsim.simulator.offload_scheduler import OffloadScheduler
 from kvsim.simulator.recorder import DECODE_RUN, NUM_CLASSES, Recorder, scheduled_arrival_ns
@@ -51,6 +52,9 @@ from kvsim.simulator.token_log import TokenLog
 __all__ = ["ROUTERS", "Simulation", "make_allocator", "simulate"]
 
 _NEVER = 1 << 62
+# the schedulers simulator/modes.py's table names
+SCHEDULERS = {cls.__name__: cls for cls in (Scheduler, AsyncScheduler, HybridScheduler,
+                                            V0Scheduler, OffloadScheduler)}
 
 
 def _urgent_timeout(env: simpy.Environment, delay_ns: int) -> simpy.Event:
@@ -87,14 +91,10 @@ class _Replica:
         self.index = index
         self.allocator = make_allocator(config)
         self.offload = OffloadConnector(offload, config.block_size) if offload else None
-        if self.offload is None:
-            policy = (V0Scheduler if config.scheduler == "v0" else
-                      HybridScheduler if config.is_grouped else
-                      AsyncScheduler if config.async_scheduling else Scheduler)
-            self.sched = policy(config, self.allocator, seed=seed + index)
-        else:   # OffloadScheduler checks what the tiers need of the config
-            self.sched = OffloadScheduler(config, self.allocator, seed=seed + index,
-                                          connector=self.offload)
+        # the scheduler the declared table names for this combination (simulator/modes.py)
+        name = check_mode(config, offload=self.offload is not None)
+        extra = {} if self.offload is None else {"connector": self.offload}
+        self.sched = SCHEDULERS[name](config, self.allocator, seed=seed + index, **extra)
         self.rec = recorder.replica(index, self.sched, self.allocator, step_clock)
         self.wake: simpy.Event | None = None
         self.num_steps = 0

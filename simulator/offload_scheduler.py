@@ -28,6 +28,7 @@ from collections import deque
 
 from kvsim.errors import InputError
 from kvsim.simulator.kv_slots import cdiv
+from kvsim.simulator.modes import check_mode
 from kvsim.simulator.offload import WOULD_PROMOTE, OffloadConnector
 from kvsim.simulator.scheduler import Scheduler
 from kvsim.simulator.seq_state import SeqState
@@ -38,16 +39,11 @@ _HEAD_WALK = 16          # run planning looks past at most this many skipped req
 
 
 def check_offload_config(config) -> None:
-    """What the tiers need of the engine (an InputError naming --cpu-offload-gib otherwise):
-    vLLM v1's synchronous scheduler with one KV-cache group (the connector is modelled there
-    only; v0 also turns prefix caching off), and the paged allocator with prefix caching (a tier
-    stores cached blocks)."""
-    if config.scheduler != "v1" or config.async_scheduling or config.is_grouped:
-        raise InputError("offload tiers are modelled with vLLM v1's synchronous scheduler and "
-                         "one KV-cache group only: --no-async-scheduling, --scheduler v1, no "
-                         "KV-cache groups (--disable-hybrid-kv-cache-manager)",
-                         field="--cpu-offload-gib")
-    if config.allocator != "paged" or not config.enable_prefix_caching:
+    """What the tiers need of the engine (an InputError naming --cpu-offload-gib otherwise): a
+    combination the declared table runs with tiers (simulator/modes.py), and the paged allocator
+    with prefix caching (a tier stores cached blocks)."""
+    check_mode(config, offload=True)
+    if not config.enable_prefix_caching:
         raise InputError("offload tiers need the paged allocator with prefix caching",
                          field="--cpu-offload-gib")
 

@@ -96,7 +96,7 @@ def test_the_scheduler_flags_refuse_what_vllm_v0_cannot_do(tmp_path, capsys):
     base = ["replay", "sharegpt:rate=4,n=10,seed=1", "--num-blocks", "200", "--max-model-len",
             "2048", "--scheduler", "v0", "--out", str(tmp_path / "o.json"), "--quiet"]
     for flags, match in ((["--async-scheduling"], "no async scheduling"),
-                         (["--allocator", "max"], "paged"),
+                         (["--allocator", "max"], "contiguous KV manager"),
                          (["--max-num-batched-tokens", "1024"], "smaller than max_model_len"),
                          (["--long-prefill-token-threshold", "64"], "does not chunk")):
         assert _main(base + flags) == 2

@@ -157,7 +157,7 @@ def test_groups_run_on_the_synchronous_scheduler():
     assert not hybrid.config.async_scheduling and flat.config.async_scheduling
     assert "async_scheduling" not in hybrid.config.as_dict()
     for bad in (dict(async_scheduling=True), dict(scheduler="v0")):
-        with pytest.raises(InputError, match="synchronous scheduler only"):
+        with pytest.raises(InputError, match="grouped KV manager"):
             build_engine(model="gpt-oss-120b", gpu="h200", max_model_len=32768, **bad)
 
 

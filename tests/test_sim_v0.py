@@ -103,7 +103,7 @@ def test_v0_configuration_rules():
     cfg = _cfg("v0", enable_prefix_caching=True)
     assert (cfg.enable_prefix_caching, cfg.null_block) == (False, False)   # vLLM v0 defaults
     assert cfg.as_dict()["scheduler"] == "v0" and "scheduler" not in _cfg("v1").as_dict()
-    for bad, match in [(dict(allocator="max", num_blocks=None, capacity_tokens=4096), "paged"),
+    for bad, match in [(dict(allocator="max", num_blocks=None, capacity_tokens=4096), "contiguous KV manager"),
                        (dict(async_scheduling=True), "async"),
                        (dict(long_prefill_token_threshold=64), "chunk"),
                        (dict(max_num_batched_tokens=1024), "max_model_len"),
