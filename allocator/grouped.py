@@ -299,6 +299,17 @@ class GroupedPagedAllocator(PoolQueries):
                 m.cache_blocks(seq_id, req, cacheable)
         return True
 
+    def cache_blocks(self, seq_id: Hashable, num_tokens: int) -> None:
+        """Cache the request's full blocks among its first ``num_tokens`` tokens, in every group
+        (vLLM's ``KVCacheManager.cache_blocks``, which async scheduling calls when a step's
+        output is processed, for the tokens that step computed)."""
+        if not self.enable_prefix_caching:
+            return
+        req = require_live(seq_id, self._reqs)
+        num_tokens -= num_tokens % self.block_size
+        for m in self.managers:
+            m.cache_blocks(seq_id, req, num_tokens)
+
     def decode_changes_state(self, seq_id: Hashable, num_computed_tokens: int) -> bool:
         """Whether a one-token decode of a running request after ``num_computed_tokens``
         computed tokens could change anything: need a block, fill one (cache it), move a

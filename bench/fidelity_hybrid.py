@@ -20,9 +20,12 @@ conversation trace (prefix groups from its hash chains), and --num-random small 
 Prefix caching is on unless a case says otherwise. Outputs are cached under
 runs/fidelity/hybrid/ (git-ignored).
 
+With --async-scheduling every case runs under vLLM's AsyncScheduler (two batches in flight,
+vLLM's default on a GPU) on both sides; case names then end in ``_async``.
+
 Usage:
     python bench/fidelity_hybrid.py [--cases NAME ...] [--num-random 60] [--seed 0]
-                                    [--oracle-only] [--jobs 2] [-v]
+                                    [--async-scheduling] [--oracle-only] [--jobs 2] [-v]
 """
 from __future__ import annotations
 
@@ -165,10 +168,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--oracle-only", action="store_true", help="run and cache vLLM only")
-    ap.add_argument("--csv", default=str(HYBRID / "fidelity_hybrid.csv"))
+    ap.add_argument("--async-scheduling", action="store_true",
+                    help="every case under vLLM's AsyncScheduler (names end in _async)")
+    ap.add_argument("--csv")
     ap.add_argument("--venv")
     ap.add_argument("-v", "--verbose", action="store_true")
     a = ap.parse_args(argv)
+    mode = "_async" if a.async_scheduling else ""
+    extra = {"async_scheduling": True} if a.async_scheduling else {}
+    a.csv = a.csv or str(HYBRID / f"fidelity_hybrid{mode}.csv")
 
     cases = []                                 # (name, trace, args, oracle dir)
     for name, key, args in named_cases():
@@ -178,14 +186,15 @@ def main(argv: list[str] | None = None) -> int:
         if trace is None:
             print(f"{name}: skipped, trace source absent")
             continue
-        cases.append((name, trace, args, HYBRID / "oracle" / name))
+        cases.append((name + mode, trace, {**args, **extra}, HYBRID / "oracle" / (name + mode)))
     rng = random.Random(a.seed)
     for i in range(a.num_random if not a.cases else 0):
         rows, args = random_hybrid_case(rng)
         cdir = HYBRID / "random" / f"s{a.seed}" / f"c{i:04d}"
         cdir.mkdir(parents=True, exist_ok=True)
         write_trace(cdir / "trace.csv", rows)
-        cases.append((f"random_s{a.seed}_c{i:04d}", cdir / "trace.csv", args, cdir / "oracle"))
+        cases.append((f"random_s{a.seed}_c{i:04d}{mode}", cdir / "trace.csv", {**args, **extra},
+                      cdir / f"oracle{mode}"))
     run_oracle_batch(cases, a.jobs, a.venv)
     if a.oracle_only:
         return 0

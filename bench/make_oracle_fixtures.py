@@ -331,7 +331,11 @@ ASYNC_OF = ["basic", "chunked_prefill", "prefix_groups", "preemption_storm",
             "preemption_storm_pc_off", "watermark", "no_reserve_full_isl",
             "long_prefill_threshold", "max_model_len_cap", "prefix_groups_storm",
             "watermark_empty_engine", "custom_ids", "max_num_seqs", "short_outputs",
-            "mixed_outputs", "closed_loop", "closed_loop_over_max_num_seqs", "closed_loop_small_pool"]
+            "mixed_outputs", "closed_loop", "closed_loop_over_max_num_seqs", "closed_loop_small_pool",
+            # async scheduling over KV-cache groups (vLLM's default for a hybrid model on a GPU)
+            "hybrid_sliding_prefix", "hybrid_sliding_storm", "hybrid_gemma_like",
+            "hybrid_mamba_prefix", "hybrid_mamba_storm", "hybrid_gdn_block64",
+            "hybrid_mamba_pc_off"]
 CASES += [Case(f"async_{c.name}", f"async scheduling: {c.description}", c.trace,
                {**c.oracle_args, "async_scheduling": True})
           for c in CASES if c.name in ASYNC_OF]

@@ -128,6 +128,12 @@ CASES: dict[str, tuple[list[str], tuple[Path, ...]]] = {
                               *REPLAY_OUTS], (AZURE,)),
     "capacity-hybrid": (["capacity", "--model", "Gemma-3-27B", "--gpu", "h200", "--json",
                          *SYNC], ()),
+    # issue 27: async scheduling over KV-cache groups (vLLM's default for a hybrid model)
+    "hybrid-async-gpt-oss-azure": (["replay", str(AZURE), "--max-requests", "1500", "--model",
+                                    "gpt-oss-120b", "--gpu", "h100", "--rate-scale", "8",
+                                    *ASYNC_OUTS], (AZURE,)),
+    "hybrid-async-mamba": (["replay", SHAREGPT, *TIGHT, "--kv-groups", "mamba_ckpt,mamba_ckpt,full",
+                            "--async-scheduling", *ASYNC_OUTS], ()),
     # issue 18: CPU + disk offload tiers below a tight pool, and the one-pass hit-rate curves
     "offload-cpu-disk": (["replay", "sharegpt:rate=2,system=512,turns=uniform(1,6),think_s=20,n=300,"
                           "seed=4", "--num-blocks", "600", "--cpu-offload-gib", "1",

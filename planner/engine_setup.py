@@ -28,17 +28,17 @@ vLLM's step index), ``cost_table`` (a measured CSV, simulator.cost_table), else 
 Hybrid models (per-layer shapes: sliding windows, Mamba state; the hybrid presets and
 ``--hf-config`` imports): when the model sizes the pool, vLLM's KV-cache groups come with it
 (``capacity.kv_groups``; block_size None takes vLLM's: 16, MLA's 64, a Mamba hybrid's aligned
-block) and the simulator runs them (GroupedPagedAllocator + HybridScheduler). A pool given in
-blocks or tokens takes ``kv_cache_groups`` (``simulator.config.parse_kv_groups``), or, for a
-hybrid model, the model's groups and block size. KV-cache groups run on the synchronous v1
-scheduler (vLLM's async mode with groups is not modelled: ``async_scheduling`` None is off for
-them, True is an InputError).
+block) and the simulator runs them (GroupedPagedAllocator + HybridScheduler, or
+AsyncHybridScheduler with async scheduling, vLLM's default on a GPU). A pool given in blocks or
+tokens takes ``kv_cache_groups`` (``simulator.config.parse_kv_groups``), or, for a hybrid model,
+the model's groups and block size.
 
 Scheduling: ``scheduler`` "v1" (vLLM 0.33) or "v0" (vLLM 0.2-0.5, prompt-only steps;
 simulator/scheduler_v0.py). ``async_scheduling`` left None follows vLLM, which turns
 AsyncScheduler on by default for generation on a GPU: on when the step time comes from a GPU (the
-roofline or a measured ``cost_table``) for the paged v1 scheduler, off with a fixed ``step_s``
-(the step clock included: there the caller chooses), a contiguous allocator or v0. vLLM v0's own
+roofline or a measured ``cost_table``) for vLLM 0.33's scheduler (KV-cache groups included; offload
+tiers not yet, simulator/modes.py), off with a fixed ``step_s`` (the step clock included: there
+the caller chooses), a contiguous allocator or v0. vLLM v0's own
 defaults apply with ``scheduler="v0"``: max_num_seqs 256 and max_num_batched_tokens
 max(max_model_len, 2048) when left None (vLLM 0.4 ``SchedulerConfig``).
 
@@ -73,6 +73,7 @@ from kvsim.planner.specs import GpuSpec, ModelSpec
 from kvsim.planner.tiers import block_bytes, build_tiers
 from kvsim.planner.weights import serve_weights_as
 from kvsim.simulator.config import EngineConfig, parse_kv_groups
+from kvsim.simulator.modes import MODES, Mode
 from kvsim.simulator.cost import CostModel, FixedStepCost, ScaledCost
 
 if TYPE_CHECKING:
@@ -214,10 +215,6 @@ def build_engine(*,
     if num_gpu_blocks is not None and kv_tokens is not None:
         raise InputError("give at most one of num_gpu_blocks and kv_tokens, got "
                          f"num_gpu_blocks={num_gpu_blocks}, kv_tokens={kv_tokens}")
-    if block_size is not None and (block_size < 1 or block_size & (block_size - 1)):
-        # the paged pool indexes blocks by shifts (allocator.paged); vLLM's are 8, 16, 32, ...
-        raise InputError(f"block size must be a power of two (such as 16 or 32), got {block_size}",
-                         field="block_size")
     if step_s is not None and cost_table is not None:
         raise InputError(f"give at most one of step_s and cost_table, got step_s={step_s}, "
                          f"cost_table={cost_table}")
@@ -229,6 +226,13 @@ def build_engine(*,
     if kv_cache_groups and sized:
         raise InputError("kv_cache_groups go with a pool given in blocks or tokens (a model that "
                          "sizes the pool brings its own groups)", field="kv_groups")
+    if block_size is not None and (block_size < 1 or (
+            block_size & (block_size - 1) and not kv_cache_groups)):
+        # the paged pool indexes blocks by shifts (allocator.paged); vLLM's are 8, 16, 32, ...
+        # KV-cache groups take any size (vLLM aligns a Mamba hybrid's blocks: 1040, 576, ...)
+        raise InputError(f"block size must be a power of two (such as 16 or 32), got {block_size}"
+                         + ("" if block_size < 1 else "; KV-cache groups (--kv-groups) take any "
+                            "size, as vLLM's Mamba hybrids do"), field="block_size")
     roofline = step_s is None and cost_table is None
     if cpu_offload_gib == 0:
         # 0 GiB is "no CPU tier" (a sweep's baseline point): the other tier flags do not apply
@@ -297,10 +301,11 @@ def build_engine(*,
         max_num_batched_tokens = max_model_len
     paged = allocator == "paged"
     if async_scheduling is None:
-        # KV-cache groups and offload tiers: HybridScheduler and OffloadScheduler are synchronous
-        # (vLLM's async mode with them is not modelled), so they follow the synchronous scheduler
+        # vLLM's default, where kvsim runs that mode (simulator/modes.py: not yet with offload
+        # tiers, which then follow the synchronous scheduler)
         async_scheduling = default_async_scheduling(step_s, allocator, scheduler) and \
-            not kv_cache_groups and not offloaded
+            MODES[Mode(scheduler, "grouped" if kv_cache_groups else "paged",
+                       ("async", "offload") if offloaded else ("async",))].runs is not None
     # the one null-block rule: a contiguous pool gets the paged pool's usable blocks
     usable_blocks = num_gpu_blocks - int(null_block)
     config = EngineConfig(

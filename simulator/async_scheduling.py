@@ -45,6 +45,9 @@ class AsyncScheduler(Scheduler):
         super().__init__(config, allocator, seed)
         self.done_in_flight: list[SeqState] = []
         self.num_sched_steps = 0   # steps scheduled so far: the next one gets this number
+        # the last schedule() scheduled tokens: its step is in flight at the next schedule (an
+        # empty schedule() makes vLLM process the batch in flight, rule 31)
+        self.batch_in_flight = False
 
     # ------------------------------------------------------------------ schedule
     def _update_after_schedule(self, out: StepOutput, slow: list, num_fast: int,
@@ -52,12 +55,14 @@ class AsyncScheduler(Scheduler):
         super()._update_after_schedule(out, slow, num_fast, fast_ctx)
         if self.done_in_flight:
             out.view_done = self.done_in_flight     # running, not scheduled
+        self.batch_in_flight = bool(out.num_scheduled_tokens)
         if not out.num_scheduled_tokens:
             return     # not a step (rule 31)
         q = self.num_sched_steps
         self.num_sched_steps = q + 1
-        for seq, _n in out.entries:
+        for seq, n in out.entries:
             seq.sched_seq = q
+            seq.sched_tokens = n
             # it sampled in the step before (vLLM: it has an output placeholder): this step's
             # input token is that sample, still in flight
             if seq.sampled_seq == q - 1:

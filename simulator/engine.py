@@ -43,7 +43,7 @@ from kvsim.simulator.recorder import DECODE_RUN, NUM_CLASSES, Recorder, schedule
 from kvsim.simulator.result import Result
 from kvsim.simulator.async_scheduling import AsyncScheduler
 from kvsim.simulator.router import ROUTERS, Router
-from kvsim.simulator.hybrid_scheduler import HybridScheduler
+from kvsim.simulator.hybrid_scheduler import AsyncHybridScheduler, HybridScheduler
 from kvsim.simulator.scheduler import Scheduler
 from kvsim.simulator.scheduler_v0 import V0Scheduler
 from kvsim.simulator.summary import summarize
@@ -54,7 +54,7 @@ __all__ = ["ROUTERS", "Simulation", "make_allocator", "simulate"]
 _NEVER = 1 << 62
 # the schedulers simulator/modes.py's table names
 SCHEDULERS = {cls.__name__: cls for cls in (Scheduler, AsyncScheduler, HybridScheduler,
-                                            V0Scheduler, OffloadScheduler)}
+                                            AsyncHybridScheduler, V0Scheduler, OffloadScheduler)}
 
 
 def _urgent_timeout(env: simpy.Environment, delay_ns: int) -> simpy.Event:
@@ -69,12 +69,12 @@ def _urgent_timeout(env: simpy.Environment, delay_ns: int) -> simpy.Event:
 def make_allocator(config: EngineConfig):
     """The allocator an EngineConfig describes."""
     if config.is_grouped:
-        # the synchronous scheduler: one batch in flight bounds how far a window may lag
+        # the batches in flight (two with async scheduling) bound how far a window may lag
         return GroupedPagedAllocator(config.pool_blocks, config.block_size, config.kv_cache_groups,
                                      enable_prefix_caching=config.enable_prefix_caching,
                                      max_model_len=config.max_model_len,
                                      max_num_batched_tokens=config.max_num_batched_tokens,
-                                     max_concurrent_batches=1)
+                                     max_concurrent_batches=2 if config.async_scheduling else 1)
     if config.is_paged:
         return PagedAllocator(config.pool_blocks, config.block_size,
                               enable_prefix_caching=config.enable_prefix_caching,

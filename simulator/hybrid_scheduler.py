@@ -19,12 +19,22 @@ one block table per KV-cache group over one shared pool (allocator.GroupedPagedA
 
 Parallel sampling and beam search with groups are not modelled (vLLM's forks are per request,
 our fork model is the full-attention block table's).
+
+``AsyncHybridScheduler`` is the async feature (async_scheduling.py) over this policy, vLLM's
+default for a hybrid model on a GPU. What the groups see of the batch in flight is what vLLM's
+``allocate_slots`` is told: ``request.num_in_flight_tokens`` (the tokens the request was given in
+the step in flight: a sliding window and a Mamba state free only what that step has processed)
+and ``request.num_tokens`` without the token that step samples (a block that token completes is
+cached by the next call, not this one). Every scheduled request therefore calls ``allocate_slots``
+(no decode is skipped: a lagging cache or window moves at any step), and the allocator admits
+sliding windows with two batches in flight (``max_concurrent_batches``).
 """
 from __future__ import annotations
 
 from kvsim.errors import InputError
+from kvsim.simulator.async_scheduling import AsyncScheduler
 from kvsim.simulator.scheduler import Scheduler
-from kvsim.simulator.seq_state import SeqState
+from kvsim.simulator.seq_state import RUNNING, SeqState
 from kvsim.simulator.step_output import StepOutput
 
 
@@ -168,3 +178,45 @@ class HybridScheduler(Scheduler):
         tables = self.allocator.block_tables
         return sum(sum(1 for b in table if b) for seq in self.running
                    for table in tables(seq.seq_id))
+
+
+class AsyncHybridScheduler(AsyncScheduler, HybridScheduler):
+    """vLLM's AsyncScheduler over KV-cache groups (the module docstring's last paragraph)."""
+
+    def schedule(self, now_ns: int, step_index: int) -> StepOutput:
+        in_flight = self.num_sched_steps - 1 if self.batch_in_flight else None
+        sampled = [s for s in self.running if s.sampled_seq == in_flight] \
+            if in_flight is not None and self.prefix_caching else ()
+        out = super().schedule(now_ns, step_index)
+        if sampled:
+            self._cache_processed(sampled)
+        return out
+
+    def _cache_processed(self, sampled: list) -> None:
+        """vLLM's ``update_from_output`` for the step in flight, which runs after this schedule:
+        a request still running that sampled in it caches the blocks of the tokens it has
+        processed (its computed tokens less those of the step just scheduled)."""
+        step = self.num_sched_steps - 1 if self.batch_in_flight else None
+        cache = self.allocator.cache_blocks
+        for seq in sampled:
+            if seq.status == RUNNING:
+                cache(seq.seq_id, seq.num_computed_tokens -
+                      (seq.sched_tokens if seq.sched_seq == step else 0))
+
+    def _grow(self, seq: SeqState, num_new_tokens: int) -> bool:
+        """vLLM allocate_slots for a running request, told what the step in flight holds."""
+        c = seq.num_computed_tokens
+        step = self.num_sched_steps - 1 if self.batch_in_flight else -2
+        if not self.allocator.allocate_slots(
+                seq.seq_id, num_new_tokens, num_computed_tokens=c,
+                num_tokens=seq.num_tokens - (seq.sampled_seq == step),
+                num_prompt_tokens=seq.num_prompt_tokens,
+                num_in_flight_tokens=seq.sched_tokens if seq.sched_seq == step else 0):
+            return False
+        seq.num_alloc_tokens = c + num_new_tokens
+        return True
+
+    def _hashed_on_preemption(self, seq: SeqState) -> int | None:
+        # the groups cached only what allocate_slots was told was sampled (``_grow``): a block
+        # the token in flight completes was never cached, and is freed as such
+        return None

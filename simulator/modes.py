@@ -82,7 +82,7 @@ def _support(policy: str, kv: str, features: tuple[str, ...]) -> ModeSupport:
         return ModeSupport(ALLOWED, "V0Scheduler")
     runs = {(): "Scheduler", ("async",): "AsyncScheduler", ("offload",): "OffloadScheduler"}
     if kv == "grouped":
-        runs = {(): "HybridScheduler"}
+        runs = {(): "HybridScheduler", ("async",): "AsyncHybridScheduler"}
     return ModeSupport(ALLOWED, runs.get(features))
 
 

@@ -58,6 +58,7 @@ class SeqState:
     sched_seq: int = -1
     sampled_seq: int = -1
     inflight_seq: int = -1
+    sched_tokens: int = 0             # tokens it was given in step ``sched_seq`` (KV-cache groups)
 
 
 @dataclass(slots=True)

@@ -84,13 +84,13 @@ def test_a_mode_kvsim_does_not_run_is_one_line_naming_it(mode):
 
 
 @pytest.mark.parametrize("argv", [
-    ["--async-scheduling", "--kv-groups", "sliding:128,full"],
+    ["--cpu-offload-gib", "1", "--kv-groups", "sliding:128,full"],
     ["--scheduler", "v0", "--async-scheduling", "--max-model-len", "2048"],
     ["--allocator", "max", "--cpu-offload-gib", "1"],
     ["--scheduler", "v0", "--kv-groups", "sliding:128,full", "--max-model-len", "2048"],
 ])
 def test_the_cli_says_one_line_and_exits_2(argv, capsys):
-    assert main(["replay", "random:n=4,input=64,output=8", "--num-blocks", "200", "--quiet",
+    assert main(["replay", "random:n=4,isl=64,osl=8", "--num-blocks", "200", "--quiet",
                  *argv]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "docs/SIMULATOR.md" in err[0] and "KV manager" in err[0], err

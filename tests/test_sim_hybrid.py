@@ -149,16 +149,30 @@ def test_a_hybrid_preset_brings_its_groups_and_vllm_block_size():
         build_engine(model="gpt-oss-120b", gpu="h200", kv_cache_groups="sliding:128,full")
 
 
-def test_groups_run_on_the_synchronous_scheduler():
-    # vLLM's GPU default (async) applies to full attention; a hybrid model stays synchronous
+def test_groups_take_vllms_default_scheduling_mode():
+    # vLLM on a GPU runs AsyncScheduler for a hybrid model too (simulator/modes.py)
     hybrid = build_engine(model="gpt-oss-120b", gpu="h200", max_model_len=32768)
     flat = build_engine(model="gpt-oss-120b", gpu="h200", max_model_len=32768,
                         disable_hybrid_kv_cache_manager=True)
-    assert not hybrid.config.async_scheduling and flat.config.async_scheduling
-    assert "async_scheduling" not in hybrid.config.as_dict()
-    for bad in (dict(async_scheduling=True), dict(scheduler="v0")):
-        with pytest.raises(InputError, match="grouped KV manager"):
-            build_engine(model="gpt-oss-120b", gpu="h200", max_model_len=32768, **bad)
+    assert hybrid.config.is_grouped and hybrid.config.async_scheduling and flat.config.async_scheduling
+    sync = build_engine(model="gpt-oss-120b", gpu="h200", max_model_len=32768, async_scheduling=False)
+    assert "async_scheduling" not in sync.config.as_dict()
+    # the step clock stays synchronous (the caller chooses), as without groups
+    assert not build_engine(num_gpu_blocks=500, kv_cache_groups="sliding:128,full",
+                            step_s=1.0).config.async_scheduling
+    with pytest.raises(InputError, match="v0 policy \\+ grouped KV manager: not a vLLM mode"):
+        build_engine(model="gpt-oss-120b", gpu="h200", max_model_len=32768, scheduler="v0")
+
+
+def test_a_mamba_hybrids_block_size_need_not_be_a_power_of_two(capsys):
+    # vLLM aligns a Mamba hybrid's attention blocks to its state (Nemotron-H: 1040 tokens)
+    from kvsim.cli import main
+    argv = ["replay", "random:n=6,isl=300,osl=20,seed=1", "--num-blocks", "60", "--quiet",
+            "--kv-groups", "mamba_ckpt,full", "--step-clock"]
+    assert main([*argv, "--block-size", "1040"]) == 0
+    assert main(["replay", "random:n=6,isl=300,osl=20,seed=1", "--num-blocks", "60",
+                 "--block-size", "1040", "--quiet"]) == 2
+    assert "power of two" in capsys.readouterr().err
 
 
 def test_weight_dtype_reprices_the_weights():
