@@ -74,8 +74,6 @@ def simulated(engine: str, spec: dict, meta: dict, clock: str, requests: list | 
     from kvsim.simulator import simulate
     from kvsim.simulator.serve_metrics import serve_metrics
 
-    from kvsim.errors import InputError
-
     config, weight_dtype, kv_dtype = ENGINES[engine]
     core = meta["engine_core"]
     kwargs = dict(model=load_hf_config(str(CONFIGS / config / "config.json"), name=config), gpu="H200",
@@ -86,11 +84,7 @@ def simulated(engine: str, spec: dict, meta: dict, clock: str, requests: list | 
                   cost_table=str(TABLE) if clock == "table" else
                   str(GRID_TABLES / f"{engine}_H200.csv") if clock == "vllm-grid" else
                   str(GRID_TABLES / f"{engine}-fine_H200.csv") if clock == "vllm-fine" else None)
-    synchronous = False
-    try:
-        setup = build_engine(async_scheduling=core["async_scheduling"], **kwargs)
-    except InputError:   # KV-cache groups run on the synchronous scheduler only (issue 27)
-        setup, synchronous = build_engine(async_scheduling=False, **kwargs), True
+    setup = build_engine(async_scheduling=core["async_scheduling"], **kwargs)
     if requests is None:   # a closed-loop point
         text = (f"random:isl={spec['isl']},osl={spec['osl']},n={spec['n']},concurrency={spec['concurrency']},"
                 f"seed={spec['seed']}")
@@ -101,7 +95,7 @@ def simulated(engine: str, spec: dict, meta: dict, clock: str, requests: list | 
     res = simulate(iter(w), setup.config, setup.cost, max_concurrency=limit, record_token_times=True)
     m = serve_metrics(res.requests, res.token_times, percentiles=[50])
     return {"mean_ttft_ms": m["mean_ttft_ms"], "median_tpot_ms": _median_tpot(res.requests),
-            "mean_e2el_ms": m["mean_e2el_ms"], "completed": m["completed"], "synchronous": synchronous}
+            "mean_e2el_ms": m["mean_e2el_ms"], "completed": m["completed"]}
 
 
 def _median_tpot(requests) -> float:
@@ -141,7 +135,6 @@ def main(argv: list[str] | None = None) -> int:
                     continue
                 sim = simulated(engine, spec, meta, clock, reqs)
                 assert sim["completed"] == real["completed"], (engine, point.name, clock)
-                row["kvsim_synchronous"] = sim["synchronous"]
                 for k in METRICS:
                     row[f"{clock}_{k}"] = sim[k]
                     row[f"{clock}_{k}_err"] = (sim[k] - real[k]) / real[k]
@@ -161,9 +154,8 @@ def main(argv: list[str] | None = None) -> int:
             ttft = np.mean([abs(r[f"{clock}_mean_ttft_ms_err"]) for r in mine])
             e2e = np.mean([abs(r[f"{clock}_mean_e2el_ms_err"]) for r in mine])
             signed = np.mean([r[f"{clock}_mean_e2el_ms_err"] for r in mine])
-            sync = " (kvsim on the synchronous scheduler: KV-cache groups)" if mine[0].get("kvsim_synchronous") else ""
             print(f"  {engine:<14} {clock:<9} TPOT {100 * tpot:5.1f} %  TTFT {100 * ttft:5.1f} %  "
-                  f"E2E {100 * e2e:5.1f} % (signed {100 * signed:+.1f} %)  {len(mine)} points{sync}")
+                  f"E2E {100 * e2e:5.1f} % (signed {100 * signed:+.1f} %)  {len(mine)} points")
     if a.traces:
         print("\nthe Azure trace excerpt at its arrival times (first 40 s, open loop): error of mean TTFT, "
               "median TPOT, mean E2E")
