@@ -21,7 +21,7 @@ the same blocks move through the same free queue.
 """
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -60,8 +60,9 @@ class _GroupCountingPool(BlockPool):
         self.block_group = block_group
         self.num_cached_by_group = [0] * num_groups
 
-    def free(self, blocks_tail_first: list[int], num_reuse_first: int) -> None:
-        super().free(blocks_tail_first, num_reuse_first)
+    def free(self, blocks_tail_first: list[int], num_reuse_first: int,
+             num_keyed: int | None = None, num_shared_head: int | None = None) -> None:
+        super().free(blocks_tail_first, num_reuse_first, num_keyed, num_shared_head)
         if self.num_keyed_blocks:
             ref, key, group = self.ref_cnt, self.block_key, self.block_group
             counts = self.num_cached_by_group
@@ -69,7 +70,7 @@ class _GroupCountingPool(BlockPool):
                 if not ref[block_id] and key[block_id] is not None:
                     counts[group[block_id]] += 1
 
-    def touch(self, blocks) -> None:
+    def touch(self, blocks: Iterable[int]) -> None:
         blocks = list(blocks)
         ref, group, counts = self.ref_cnt, self.block_group, self.num_cached_by_group
         for block_id in blocks:

@@ -32,6 +32,7 @@ sliding windows with two batches in flight (``max_concurrent_batches``).
 from __future__ import annotations
 
 from kvsim.errors import InputError
+from kvsim.simulator.admission import ADMIT, WAIT, Admission
 from kvsim.simulator.async_scheduling import AsyncScheduler
 from kvsim.simulator.scheduler import Scheduler
 from kvsim.simulator.seq_state import RUNNING, SeqState
@@ -99,12 +100,12 @@ class HybridScheduler(Scheduler):
 
     # ---------------------------------------------------------------- admissions
     def _admission(self, seq: SeqState, token_budget: int, lpt: int, num_blocks_taken: int = 0,
-                   verdict_only: bool = False) -> tuple[int, int] | None:
+                   verdict_only: bool = False) -> Admission:
         """The waiting head's hit and first chunk; the block check is ``allocate_slots``'s
         (``_admit``). No decode runs here, so ``num_blocks_taken`` is always 0."""
         cfg = self.config
         if token_budget <= 0 or len(self.running) >= cfg.max_num_seqs:
-            return None
+            return WAIT
         num_tokens = seq.num_tokens
         hit = self.allocator.find_cache_hit(self._keys(seq), num_tokens)
         self._hit = hit
@@ -117,12 +118,13 @@ class HybridScheduler(Scheduler):
             self._junction[seq.seq_id] = hit.shared_prefix_boundary
             n = self._mamba_block_aligned_split(seq, n, hit.num_tokens)
             if n == 0:
-                return None
-        return hit.num_tokens, n
+                return WAIT
+        return Admission(ADMIT, hit.num_tokens, n)
 
-    def _admit(self, seq: SeqState, hit: int, n: int, out: StepOutput, now_ns: int,
+    def _admit(self, seq: SeqState, fit: Admission, out: StepOutput, now_ns: int,
                step_index: int) -> int | None:
         cfg = self.config
+        hit, n = fit.num_hit_tokens, fit.num_new_tokens
         if not self.allocator.allocate_slots(
                 seq.seq_id, n, num_computed_tokens=0, num_tokens=seq.num_tokens,
                 num_prompt_tokens=seq.num_prompt_tokens, block_hashes=seq.keys, hit=self._hit,

@@ -27,6 +27,7 @@ from __future__ import annotations
 from collections import deque
 
 from kvsim.errors import InputError
+from kvsim.simulator.admission import ADMIT, PROMOTE, SKIP, WAIT, Admission
 from kvsim.simulator.kv_slots import cdiv
 from kvsim.simulator.modes import check_mode
 from kvsim.simulator.offload import WOULD_PROMOTE, OffloadConnector
@@ -34,7 +35,6 @@ from kvsim.simulator.scheduler import Scheduler
 from kvsim.simulator.seq_state import SeqState
 from kvsim.simulator.step_output import StepOutput
 
-SKIP = "skip"            # the connector cannot answer yet: try the next waiting request
 _HEAD_WALK = 16          # run planning looks past at most this many skipped requests
 
 
@@ -126,13 +126,13 @@ class OffloadScheduler(Scheduler):
                     continue
                 self._loaded(seq)
             fit = self._admission(seq, token_budget, lpt)
-            if fit is None:
-                break
             if fit is SKIP:
                 skipped_waiting.append(queue.popleft())
                 continue
+            if not fit.admitted:
+                break
             queue.popleft()
-            hit, n, ext = fit
+            hit, n, ext = fit.num_hit_tokens, fit.num_new_tokens, fit.num_external_tokens
             if ext:
                 self._start_load(seq, hit, ext, out)
                 self._inflight[seq.seq_id] = seq
@@ -142,7 +142,7 @@ class OffloadScheduler(Scheduler):
                 hit = seq.num_computed_tokens
                 n = self._admit_loaded(seq, n, out, now_ns, step_index)
             else:
-                n = self._admit(seq, hit, n, out, now_ns, step_index)
+                n = self._admit(seq, fit, out, now_ns, step_index)
                 conn.count_query(seq.num_tokens, hit, preempted=seq.num_preemptions > 0)
             if hit + n < seq.num_tokens:
                 self._inflight[seq.seq_id] = seq
@@ -154,38 +154,39 @@ class OffloadScheduler(Scheduler):
         self.waiting.extendleft(reversed(skipped_waiting))
 
     def _admission(self, seq: SeqState, token_budget: int, lpt: int, num_blocks_taken: int = 0,
-                   peek: bool = False):
-        """The admission rule with a connector: None (wait: stops the loop), SKIP (the connector
-        cannot answer yet), or (hit, num_new_tokens, num_external_tokens); a request that
-        loaded its hit (``num_computed_tokens`` > 0) asks only for blocks for the rest."""
+                   verdict_only: bool = False) -> Admission:
+        """The admission rule with a connector: WAIT (stops the loop), SKIP (the connector cannot
+        answer yet), PROMOTE (``verdict_only``: the connector would promote a disk hit), or
+        ADMIT with the GPU hit, the first chunk and the tokens loaded asynchronously; a request
+        that loaded its hit (``num_computed_tokens`` > 0) asks only for blocks for the rest.
+        ``verdict_only`` asks the connector without side effects."""
         cfg = self.config
         if token_budget <= 0 or len(self.running) >= cfg.max_num_seqs:
-            return None
+            return WAIT
         if seq.num_computed_tokens:                 # loaded: its hit blocks are held
             return self._loaded_admission(seq, token_budget, lpt, num_blocks_taken)
         alloc = self.allocator
         keys = self._keys(seq)
         num_tokens = seq.num_tokens
         hit = alloc.lookup(keys, num_tokens)
-        ext = self.offload.lookup(seq.seq_id, keys, num_tokens, hit, peek=peek)
+        ext = self.offload.lookup(seq.seq_id, keys, num_tokens, hit, peek=verdict_only)
         if ext is None:
             return SKIP
         if ext is WOULD_PROMOTE:
-            return ext
+            return PROMOTE
         if not ext:
-            fit = super()._admission(seq, token_budget, lpt, num_blocks_taken)
-            return None if fit is None else (*fit, 0)
+            return super()._admission(seq, token_budget, lpt, num_blocks_taken)
         # an async load: GPU blocks for the GPU + CPU hit now (the whole prompt with full-prompt
         # admission), beyond what requests still prefilling or loading need to finish
         free = alloc.num_free_blocks - num_blocks_taken - self._reserved_blocks()
         wm = self.watermark_blocks if self.running else 0
         need = min(num_tokens, cfg.max_model_len) if cfg.full_prompt_admission else hit + ext
         if alloc.blocks_needed(need, keys) + wm > free:
-            return None
-        return hit, 0, ext
+            return WAIT
+        return Admission(ADMIT, hit, 0, ext)
 
     def _loaded_admission(self, seq: SeqState, token_budget: int, lpt: int,
-                          num_blocks_taken: int):
+                          num_blocks_taken: int) -> Admission:
         cfg = self.config
         n = seq.num_tokens - seq.num_computed_tokens
         if 0 < lpt < n:
@@ -197,8 +198,8 @@ class OffloadScheduler(Scheduler):
         wm = self.watermark_blocks if self.running else 0
         if cdiv(full, self.block_size) - held + wm > \
                 self.allocator.num_free_blocks - num_blocks_taken:
-            return None
-        return seq.num_computed_tokens, n, 0
+            return WAIT
+        return Admission(ADMIT, seq.num_computed_tokens, n)
 
     def _reserved_blocks(self) -> int:
         """vLLM ``_inflight_prefill_reserved_blocks``: blocks that requests still prefilling or
@@ -268,7 +269,7 @@ class OffloadScheduler(Scheduler):
         for i, seq in enumerate(self.waiting):
             if i == _HEAD_WALK:
                 return True
-            fit = self._admission(seq, budget, lpt, num_blocks_taken, peek=True)
+            fit = self._admission(seq, budget, lpt, num_blocks_taken, verdict_only=True)
             if fit is not SKIP:
-                return fit is not None     # admitted, a load started, or a disk promotion
+                return fit is not WAIT     # admitted, a load started, or a disk promotion
         return False

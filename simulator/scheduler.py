@@ -61,6 +61,7 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections import deque
 
+from kvsim.simulator.admission import ADMIT, ADMITTED, WAIT, Admission
 from kvsim.simulator.config import EngineConfig
 from kvsim.simulator.decode_clock import DecodeClock
 from kvsim.simulator.decode_run import DecodeRuns
@@ -69,7 +70,6 @@ from kvsim.simulator.kv_slots import KVSlots
 from kvsim.simulator.seq_state import FINISHED, ORDER, PREEMPTED, RUNNING, SeqState
 from kvsim.simulator.step_output import StepOutput
 
-ADMITTED = (-1, -1)     # ``_admission(verdict_only=True)``: admitted, token counts not computed
 
 
 class Scheduler(DecodeRuns, Forks, DecodeClock, KVSlots):
@@ -260,9 +260,9 @@ class Scheduler(DecodeRuns, Forks, DecodeClock, KVSlots):
         while waiting:
             seq = waiting[0]
             fit = self._admission(seq, token_budget, lpt)
-            if fit is None:
+            if not fit.admitted:
                 break
-            n = self._admit(seq, fit[0], fit[1], out, now_ns, step_index)
+            n = self._admit(seq, fit, out, now_ns, step_index)
             if n is None:      # the allocator's own check refused it (KV-cache groups)
                 break
             waiting.popleft()
@@ -279,7 +279,7 @@ class Scheduler(DecodeRuns, Forks, DecodeClock, KVSlots):
         self.loose.append(seq)
 
     def _admission(self, seq: SeqState, token_budget: int, lpt: int, num_blocks_taken: int = 0,
-                   verdict_only: bool = False) -> tuple[int, int] | None:
+                   verdict_only: bool = False) -> Admission:
         """The admission rule: may the waiting head ``seq`` start now, and with how many tokens?
 
         The one place it is written: the waiting loop (``_admit_waiting``) and the decode-run
@@ -291,16 +291,17 @@ class Scheduler(DecodeRuns, Forks, DecodeClock, KVSlots):
             lpt: the step's long-prefill threshold (``_lpt``).
             num_blocks_taken: free blocks the step will have taken before this admission but
                 has not yet taken from the allocator (decode-run planning; 0 when scheduling).
-            verdict_only: only whether it is admitted is wanted (decode-run planning): the
-                prefix-cache lookup is skipped when the verdict does not depend on it.
+            verdict_only: only the verdict is wanted, and nothing may change (decode-run
+                planning): the prefix-cache lookup is skipped when the verdict does not depend
+                on it.
         Returns:
-            (num_hit_tokens, num_new_tokens) if it is admitted (``ADMITTED`` when
-            ``verdict_only`` skipped the counts), None if it waits.
+            An Admission (simulator/admission.py): ADMIT with the hit and the first chunk
+            (``ADMITTED`` when ``verdict_only`` skipped the counts), or ``WAIT``.
         """
         cfg = self.config
         # vLLM schedule(): ``while token_budget > 0``, and ``max_num_active_reqs`` (max_num_seqs)
         if token_budget <= 0 or len(self.running) >= cfg.max_num_seqs:
-            return None
+            return WAIT
         alloc = self.allocator
         num_tokens = seq.num_tokens
         paged = self.paged
@@ -317,7 +318,7 @@ class Scheduler(DecodeRuns, Forks, DecodeClock, KVSlots):
             if cfg.full_prompt_admission:
                 full = min(num_tokens, cfg.max_model_len)
                 if alloc.blocks_needed(full, keys) + wm > free:
-                    return None
+                    return WAIT
                 if verdict_only:
                     return ADMITTED     # nothing below can refuse it (see the first chunk)
             # _get_local_prefix_cache_hit -> KVCacheManager.get_computed_blocks: full cached
@@ -336,12 +337,12 @@ class Scheduler(DecodeRuns, Forks, DecodeClock, KVSlots):
             # blocks); without it, the first chunk must fit
             if not cfg.full_prompt_admission and \
                     alloc.blocks_needed(min(hit + n, cfg.max_model_len), keys) + wm > free:
-                return None
+                return WAIT
         # Orca-style contiguous pool: the whole reservation must fit now (growth never fails)
         elif not alloc.can_allocate(n, seq.num_prompt_tokens + seq.max_output_tokens,
                                     num_prompt_tokens=seq.num_prompt_tokens):
-            return None
-        return hit, n
+            return WAIT
+        return Admission(ADMIT, hit, n)
 
     def _head_admissible(self, num_blocks_taken: int) -> bool:
         """Whether this policy would admit the waiting head in the next step if it were a
@@ -350,13 +351,14 @@ class Scheduler(DecodeRuns, Forks, DecodeClock, KVSlots):
         meets ``_admission`` with the budget they left."""
         return self._admission(self.waiting[0],
                                self.config.max_num_batched_tokens - len(self.running),
-                               self._lpt(), num_blocks_taken, verdict_only=True) is not None
+                               self._lpt(), num_blocks_taken, verdict_only=True).admitted
 
-    def _admit(self, seq: SeqState, hit: int, n: int, out: StepOutput, now_ns: int,
+    def _admit(self, seq: SeqState, fit: Admission, out: StepOutput, now_ns: int,
                step_index: int) -> int | None:
         """Start the head that ``_admission`` let in: allocate its hit blocks and first chunk
-        (vLLM allocate_slots), count the prefix-cache query, mark it RUNNING. Returns ``n``
-        (a policy whose allocator may still refuse returns None, with nothing changed)."""
+        (vLLM allocate_slots), count the prefix-cache query, mark it RUNNING. Returns its first
+        chunk (a policy whose allocator may still refuse returns None, with nothing changed)."""
+        hit, n = fit.num_hit_tokens, fit.num_new_tokens
         alloc = self.allocator
         if self.paged:
             keys = seq.keys

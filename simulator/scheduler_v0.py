@@ -27,6 +27,7 @@ from __future__ import annotations
 from bisect import insort
 
 from kvsim.errors import InputError
+from kvsim.simulator.admission import ADMIT, Admission
 from kvsim.simulator.kv_slots import cdiv
 from kvsim.simulator.scheduler import Scheduler
 from kvsim.simulator.seq_state import ORDER, SeqState
@@ -78,7 +79,7 @@ class V0Scheduler(Scheduler):
         taken = 0
         while waiting and self._prompt_fits(waiting[0], taken, self.allocator.num_free_blocks):
             seq = waiting.popleft()
-            n = self._admit(seq, 0, seq.num_tokens, out, now_ns, step_index)
+            n = self._admit(seq, Admission(ADMIT, 0, seq.num_tokens), out, now_ns, step_index)
             slow.append((seq, n))
             taken += n
             seq.order = seq.seq_id      # running stays in arrival order (FCFS priority)

@@ -5,6 +5,7 @@ import pytest
 
 from kvsim.allocator import PagedAllocator
 from kvsim.simulator import EngineConfig
+from kvsim.simulator.admission import WAIT
 from kvsim.simulator.scheduler import PREEMPTED, RUNNING, Scheduler
 from kvsim.workloads import Request
 
@@ -251,7 +252,7 @@ def test_admission_and_run_planning_ask_the_same_rule():
     fits, and the step admits nobody (a planner with its own copy of the rule would not)."""
     sched, alloc, head = _two_decoders_at_a_block_boundary(8)
     assert sched.plan_decode_run(1000) == 0          # the head fits: no run
-    sched._admission = lambda *args, **kw: None
+    sched._admission = lambda *args, **kw: WAIT
     assert sched.plan_decode_run(1000) > 0
     out = _step(sched, alloc, 1)
     assert out.num_new == 0 and head.status != RUNNING

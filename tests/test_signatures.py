@@ -1,0 +1,47 @@
+"""Honest overrides (issue 27): a scheduler's or a pool's method that overrides its base keeps the
+base's parameters (names, kinds, defaults, annotations) and returns what the base's annotation
+says (or a narrower member of it), so that the engine and the mixins call every policy and
+feature the same way."""
+import inspect
+
+import pytest
+
+from kvsim.allocator.block_pool import BlockPool
+from kvsim.allocator.grouped import _GroupCountingPool
+from kvsim.allocator.group_managers import MANAGER_OF_KIND
+from kvsim.simulator.engine import SCHEDULERS
+
+
+def overrides(cls) -> list[tuple[str, type]]:
+    """(method name, the nearest base that defines it) for each method ``cls`` overrides."""
+    out = []
+    for name, fn in vars(cls).items():
+        if name.startswith("__") or not inspect.isfunction(fn):
+            continue
+        base = next((b for b in cls.__mro__[1:] if name in vars(b)), None)
+        if base is not None and inspect.isfunction(vars(base)[name]):
+            out.append((name, base))
+    return out
+
+
+CLASSES = sorted({k for cls in [*SCHEDULERS.values(), _GroupCountingPool, *MANAGER_OF_KIND.values()]
+                  for k in cls.__mro__ if k.__module__.startswith("kvsim")},
+                 key=lambda k: (k.__module__, k.__qualname__))
+
+
+@pytest.mark.parametrize("cls", CLASSES, ids=lambda k: k.__qualname__)
+def test_an_override_keeps_its_bases_signature(cls):
+    for name, base in overrides(cls):
+        mine, theirs = inspect.signature(vars(cls)[name]), inspect.signature(vars(base)[name])
+        where = f"{cls.__qualname__}.{name}{mine} overrides {base.__qualname__}.{name}{theirs}"
+        assert mine.parameters == theirs.parameters, where
+        returns = str(theirs.return_annotation).split(" | ")
+        assert mine.return_annotation == theirs.return_annotation or \
+            set(str(mine.return_annotation).split(" | ")) < set(returns), where
+
+
+def test_the_check_sees_the_overrides_it_guards():
+    names = {name for cls in CLASSES for name, _ in overrides(cls)}
+    # the admission rule, the slot growth, the frees and the pool's queue hooks are overridden
+    assert {"_admission", "_admit", "_grow", "_free", "schedule", "free", "touch"} <= names
+    assert any(cls is _GroupCountingPool for cls in CLASSES) and BlockPool in CLASSES
