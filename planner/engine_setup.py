@@ -60,7 +60,7 @@ EngineConfig's 8192: a pool given in blocks says nothing about a model).
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from kvsim.errors import InputError
@@ -119,156 +119,236 @@ def _resolve(value, resolve):
     return resolve(value) if isinstance(value, str) else value
 
 
-def build_engine(*,
-                 # model and GPU: preset names (aliases work) or specs (load_hf_config, custom_gpu)
-                 model: str | ModelSpec | None = None,
-                 gpu: str | GpuSpec | None = None,
-                 tensor_parallel_size: int = 1,
-                 kv_cache_dtype: str = "auto",
-                 weight_dtype: str = "auto",
-                 gpu_memory_utilization: float | None = None,
-                 non_kv_bytes: int | None = None,
-                 # the KV pool
-                 allocator: str = "paged",
-                 placement: str = "buddy",
-                 block_size: int | None = None,
-                 num_gpu_blocks: int | None = None,
-                 kv_tokens: int | None = None,
-                 null_block: bool = True,
-                 kv_cache_groups: str | tuple = (),
-                 disable_hybrid_kv_cache_manager: bool = False,
-                 # the scheduler
-                 max_model_len: int | None = None,
-                 max_num_seqs: int | None = None,
-                 max_num_batched_tokens: int | None = None,
-                 enable_prefix_caching: bool = True,
-                 long_prefill_token_threshold: int = 0,
-                 scheduler_reserve_full_isl: bool = True,
-                 watermark: float = 0.0,
-                 scheduler: str = "v1",
-                 async_scheduling: bool | None = None,
-                 # step time
-                 step_s: float | None = None,
-                 cost_table: str | os.PathLike | None = None,
-                 force_cost_table: bool = False,
-                 step_overhead_s: float = DEFAULT_STEP_OVERHEAD_S,
-                 bandwidth_efficiency: float = 1.0,
-                 flops_efficiency: float = 1.0,
-                 step_time_scale: float = 1.0,
-                 # offload tiers below the GPU pool
-                 cpu_offload_gib: float | None = None,
-                 offload_bandwidth_gbps: float | None = None,
-                 disk_offload_gib: float | None = None,
-                 disk_bandwidth_gbps: float | None = None,
-                 disk_latency_ms: float | None = None) -> EngineSetup:
+@dataclass(frozen=True)
+class EngineSettings:
+    """A user's serving settings, with vLLM's names (``vllm serve`` / ``EngineArgs``) where the
+    setting is vLLM's; ``build_engine`` takes them as keywords or as one EngineSettings.
+
+    model: preset name or ModelSpec (default DEFAULT_MODEL where needed).
+    gpu: preset name or GpuSpec (default DEFAULT_GPU where needed).
+    tensor_parallel_size: GPUs per replica (KV heads and weights are split over them).
+    kv_cache_dtype: "auto" (the model's dtype), "fp16"/"bf16", "fp8", ...
+    weight_dtype: "auto" (the checkpoint's quantization_config, else its dtype), or the format the
+        weights are served in ("bf16", "fp8", "int4", "mxfp4", ...).
+    gpu_memory_utilization: fraction of GPU memory vLLM may use (None: vLLM 0.33's 0.92).
+    non_kv_bytes: per-GPU memory that is not KV cache, if measured (replaces the estimate).
+    allocator: "paged" or a contiguous policy ("max", "pow2", "oracle").
+    placement: contiguous allocators' arena placement ("buddy", "first-fit").
+    block_size: tokens per KV block (None: vLLM's for the model; 16 without per-layer shapes).
+    num_gpu_blocks: the pool in vLLM's blocks (null block included when ``null_block``).
+    kv_tokens: the pool in usable KV slots (rounded down to whole blocks).
+    null_block: reserve block 0 as vLLM v1 does (see the module docstring).
+    kv_cache_groups: KV-cache groups for a pool given in blocks or tokens ("full,sliding:128", or
+        a tuple of KVCacheGroupSpec); a hybrid model that sizes the pool brings its own.
+    disable_hybrid_kv_cache_manager: vLLM's flag: sliding-window layers keep every block (one
+        full-attention group).
+    max_model_len: longest sequence, prompt + output.
+    max_num_seqs: most requests running at once.
+    max_num_batched_tokens: token budget of one step.
+    enable_prefix_caching: reuse cached full blocks (paged only).
+    long_prefill_token_threshold: cap on one request's prefill chunk (0 = off).
+    scheduler_reserve_full_isl: admit a request only when its whole prompt fits (vLLM's default);
+        False admits when the first chunk fits.
+    watermark: fraction of blocks kept free when admitting (0 = off; v0: 0 means vLLM v0's 0.01).
+    scheduler: "v1" or "v0" (see the module docstring).
+    async_scheduling: vLLM's AsyncScheduler (two batches in flight); None: vLLM's default (see
+        the module docstring).
+    step_s: fixed step time in seconds (1.0 = step clock).
+    cost_table: a measured step-time CSV (simulator.cost_table.load_cost_table: a ``kvsim
+        profile`` table, or the older TableCost columns). A profile table measured for another
+        model, GPU (when the GPU sizes the pool), tensor parallel size or KV dtype is an
+        InputError naming each difference, unless ``force_cost_table``.
+    step_overhead_s, bandwidth_efficiency, flops_efficiency: roofline parameters.
+    step_time_scale: multiplies every step time (sensitivity checks).
+    cpu_offload_gib, offload_bandwidth_gbps, disk_offload_gib, disk_bandwidth_gbps,
+        disk_latency_ms: offload tiers (module doc); None (or 0 GiB of CPU): no tier.
+    """
+
+    # model and GPU: preset names (aliases work) or specs (load_hf_config, custom_gpu)
+    model: str | ModelSpec | None = None
+    gpu: str | GpuSpec | None = None
+    tensor_parallel_size: int = 1
+    kv_cache_dtype: str = "auto"
+    weight_dtype: str = "auto"
+    gpu_memory_utilization: float | None = None
+    non_kv_bytes: int | None = None
+    # the KV pool
+    allocator: str = "paged"
+    placement: str = "buddy"
+    block_size: int | None = None
+    num_gpu_blocks: int | None = None
+    kv_tokens: int | None = None
+    null_block: bool = True
+    kv_cache_groups: str | tuple = ()
+    disable_hybrid_kv_cache_manager: bool = False
+    # the scheduler
+    max_model_len: int | None = None
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    enable_prefix_caching: bool = True
+    long_prefill_token_threshold: int = 0
+    scheduler_reserve_full_isl: bool = True
+    watermark: float = 0.0
+    scheduler: str = "v1"
+    async_scheduling: bool | None = None
+    # step time
+    step_s: float | None = None
+    cost_table: str | os.PathLike | None = None
+    force_cost_table: bool = False
+    step_overhead_s: float = DEFAULT_STEP_OVERHEAD_S
+    bandwidth_efficiency: float = 1.0
+    flops_efficiency: float = 1.0
+    step_time_scale: float = 1.0
+    # offload tiers below the GPU pool
+    cpu_offload_gib: float | None = None
+    offload_bandwidth_gbps: float | None = None
+    disk_offload_gib: float | None = None
+    disk_bandwidth_gbps: float | None = None
+    disk_latency_ms: float | None = None
+
+    @property
+    def sized(self) -> bool:
+        """The model on the GPU sizes the pool (no num_gpu_blocks or kv_tokens)."""
+        return self.num_gpu_blocks is None and self.kv_tokens is None
+
+    @property
+    def roofline(self) -> bool:
+        return self.step_s is None and self.cost_table is None
+
+    @property
+    def offloaded(self) -> bool:
+        return self.cpu_offload_gib is not None
+
+
+@dataclass(frozen=True)
+class _Pool:
+    """What sizing the pool decides: vLLM's report (when the model sized it), the blocks, their
+    size, the groups, and the lengths the scheduler then takes."""
+
+    report: CapacityReport | None
+    num_gpu_blocks: int
+    block_size: int
+    kv_cache_groups: tuple
+    max_model_len: int
+    max_num_batched_tokens: int
+
+
+def build_engine(settings: EngineSettings | None = None, /, **kwargs) -> EngineSetup:
     """Turn a model, a GPU and serving settings into an EngineConfig and a cost model.
 
-    Args:
-        model: preset name or ModelSpec (default DEFAULT_MODEL where needed).
-        gpu: preset name or GpuSpec (default DEFAULT_GPU where needed).
-        tensor_parallel_size: GPUs per replica (KV heads and weights are split over them).
-        kv_cache_dtype: "auto" (the model's dtype), "fp16"/"bf16", "fp8", ...
-        weight_dtype: "auto" (the checkpoint's quantization_config, else its dtype), or the
-            format the weights are served in ("bf16", "fp8", "int4", "mxfp4", ...).
-        gpu_memory_utilization: fraction of GPU memory vLLM may use (None: vLLM 0.33's 0.92).
-        non_kv_bytes: per-GPU memory that is not KV cache, if measured (replaces the estimate).
-        allocator: "paged" or a contiguous policy ("max", "pow2", "oracle").
-        placement: contiguous allocators' arena placement ("buddy", "first-fit").
-        block_size: tokens per KV block (None: vLLM's for the model; 16 without per-layer
-            shapes).
-        num_gpu_blocks: the pool in vLLM's blocks (null block included when ``null_block``).
-        kv_tokens: the pool in usable KV slots (rounded down to whole blocks).
-        null_block: reserve block 0 as vLLM v1 does (see the module docstring).
-        kv_cache_groups: KV-cache groups for a pool given in blocks or tokens
-            ("full,sliding:128", or a tuple of KVCacheGroupSpec); a hybrid model that sizes
-            the pool brings its own.
-        disable_hybrid_kv_cache_manager: vLLM's flag: sliding-window layers keep every block
-            (one full-attention group).
-        max_model_len: longest sequence, prompt + output.
-        max_num_seqs: most requests running at once.
-        max_num_batched_tokens: token budget of one step.
-        enable_prefix_caching: reuse cached full blocks (paged only).
-        long_prefill_token_threshold: cap on one request's prefill chunk (0 = off).
-        scheduler_reserve_full_isl: admit a request only when its whole prompt fits (vLLM's
-            default); False admits when the first chunk fits.
-        watermark: fraction of blocks kept free when admitting (0 = off; v0: 0 means vLLM
-            v0's 0.01).
-        scheduler: "v1" or "v0" (see the module docstring).
-        async_scheduling: vLLM's AsyncScheduler (two batches in flight); None: vLLM's default
-            (see the module docstring).
-        step_s: fixed step time in seconds (1.0 = step clock).
-        cost_table: a measured step-time CSV (simulator.cost_table.load_cost_table: a ``kvsim
-            profile`` table, or the older TableCost columns). A profile table measured for
-            another model, GPU (when the GPU sizes the pool), tensor parallel size or KV dtype
-            is an InputError naming each difference,
-        force_cost_table: unless this is set.
-        step_overhead_s, bandwidth_efficiency, flops_efficiency: roofline parameters.
-        step_time_scale: multiplies every step time (sensitivity checks).
-        cpu_offload_gib, offload_bandwidth_gbps, disk_offload_gib, disk_bandwidth_gbps,
-            disk_latency_ms: offload tiers (module doc); None: no tier.
+    The settings are EngineSettings' fields, as keywords or as one EngineSettings. Stages: check
+    the settings against each other, resolve the model and GPU specs, apply the scheduler's
+    batch limits, size the pool (vLLM's formula, or the blocks or tokens given), the engine's
+    config (vLLM's default scheduling mode where kvsim runs it), the step-time model, the offload
+    tiers.
+
     Returns:
         EngineSetup(config, cost, capacity, model, gpu, offload).
     Raises:
         InputError: an unknown preset, an impossible configuration (capacity, EngineConfig,
             cost model), a cost table that cannot be read; the message carries the numbers.
     """
-    if num_gpu_blocks is not None and kv_tokens is not None:
+    s = settings if settings is not None else EngineSettings(**kwargs)
+    if settings is not None and kwargs:
+        raise TypeError("give EngineSettings or keywords, not both")
+    model, gpu = _specs(s)
+    s = _checked(s)
+    if s.sized or s.roofline or s.offloaded:      # the tiers' chunk size is the model's block
+        model = model or get_model(DEFAULT_MODEL)
+    if model is not None:
+        model = serve_weights_as(model, s.weight_dtype)
+    if s.sized or s.roofline or s.offloaded or s.max_num_seqs is None or \
+            s.max_num_batched_tokens is None:
+        gpu = gpu or get_gpu(DEFAULT_GPU)
+    v0_tokens = s.scheduler == "v0" and s.max_num_batched_tokens is None
+    s = _batch_limits(s, gpu)
+    pool = _size_pool(s, model, gpu, v0_tokens)
+    config = _engine_config(s, pool)
+    cost = _step_cost(s, model, gpu)
+    offload = _offload_tiers(
+        model, gpu, s.tensor_parallel_size, s.kv_cache_dtype, pool.block_size,
+        cpu_offload_gib=s.cpu_offload_gib, offload_bandwidth_gbps=s.offload_bandwidth_gbps,
+        disk_offload_gib=s.disk_offload_gib, disk_bandwidth_gbps=s.disk_bandwidth_gbps,
+        disk_latency_ms=s.disk_latency_ms)
+    if offload:   # before any work: the rule the simulator's OffloadScheduler applies
+        from kvsim.simulator.offload_scheduler import check_offload_config
+        check_offload_config(config)
+    return EngineSetup(config=config, cost=cost, capacity=pool.report, model=model, gpu=gpu,
+                       offload=offload)
+
+
+def _specs(s: EngineSettings) -> tuple[ModelSpec | None, GpuSpec | None]:
+    """The settings that exclude each other, then the model's and the GPU's specs (a name given
+    is always resolved, so a typo is an error even when unused)."""
+    if s.num_gpu_blocks is not None and s.kv_tokens is not None:
         raise InputError("give at most one of num_gpu_blocks and kv_tokens, got "
-                         f"num_gpu_blocks={num_gpu_blocks}, kv_tokens={kv_tokens}")
-    if step_s is not None and cost_table is not None:
-        raise InputError(f"give at most one of step_s and cost_table, got step_s={step_s}, "
-                         f"cost_table={cost_table}")
-    model_spec = _resolve(model, get_model)
-    gpu_spec = _resolve(gpu, get_gpu)
-    sized = num_gpu_blocks is None and kv_tokens is None
-    if isinstance(kv_cache_groups, str):
-        kv_cache_groups = parse_kv_groups(kv_cache_groups)
-    if kv_cache_groups and sized:
+                         f"num_gpu_blocks={s.num_gpu_blocks}, kv_tokens={s.kv_tokens}")
+    if s.step_s is not None and s.cost_table is not None:
+        raise InputError(f"give at most one of step_s and cost_table, got step_s={s.step_s}, "
+                         f"cost_table={s.cost_table}")
+    return _resolve(s.model, get_model), _resolve(s.gpu, get_gpu)
+
+
+def _checked(s: EngineSettings) -> EngineSettings:
+    """The KV-cache groups parsed and checked with the pool and the block size; 0 GiB of CPU
+    tier is no tier."""
+    groups = s.kv_cache_groups
+    if isinstance(groups, str):
+        groups = parse_kv_groups(groups)
+    if groups and s.sized:
         raise InputError("kv_cache_groups go with a pool given in blocks or tokens (a model that "
                          "sizes the pool brings its own groups)", field="kv_groups")
+    block_size = s.block_size
     if block_size is not None and (block_size < 1 or (
-            block_size & (block_size - 1) and not kv_cache_groups)):
+            block_size & (block_size - 1) and not groups)):
         # the paged pool indexes blocks by shifts (allocator.paged); vLLM's are 8, 16, 32, ...
         # KV-cache groups take any size (vLLM aligns a Mamba hybrid's blocks: 1040, 576, ...)
         raise InputError(f"block size must be a power of two (such as 16 or 32), got {block_size}"
                          + ("" if block_size < 1 else "; KV-cache groups (--kv-groups) take any "
                             "size, as vLLM's Mamba hybrids do"), field="block_size")
-    roofline = step_s is None and cost_table is None
-    if cpu_offload_gib == 0:
+    s = replace(s, kv_cache_groups=groups)
+    if s.cpu_offload_gib == 0:
         # 0 GiB is "no CPU tier" (a sweep's baseline point): the other tier flags do not apply
-        cpu_offload_gib = offload_bandwidth_gbps = disk_offload_gib = None
-        disk_bandwidth_gbps = disk_latency_ms = None
-    offloaded = cpu_offload_gib is not None
-    if sized or roofline or offloaded:      # the tiers' chunk size is the model's block
-        model_spec = model_spec or get_model(DEFAULT_MODEL)
-    if model_spec is not None:
-        model_spec = serve_weights_as(model_spec, weight_dtype)
-    if sized or roofline or offloaded or max_num_seqs is None or max_num_batched_tokens is None:
-        gpu_spec = gpu_spec or get_gpu(DEFAULT_GPU)
-    v0_tokens = scheduler == "v0" and max_num_batched_tokens is None
-    if scheduler == "v0":
-        # vLLM 0.4 EngineArgs / SchedulerConfig: 256 sequences, max(max_model_len, 2048) tokens
-        max_num_seqs = V0_MAX_NUM_SEQS if max_num_seqs is None else max_num_seqs
-        max_num_batched_tokens = max(max_model_len or 0, 2048) if v0_tokens else \
-            max_num_batched_tokens
-    if max_num_seqs is None or max_num_batched_tokens is None:
-        default_seqs, default_tokens = vllm_batch_defaults(gpu_spec)
-        max_num_seqs = default_seqs if max_num_seqs is None else max_num_seqs
-        max_num_batched_tokens = default_tokens if max_num_batched_tokens is None else max_num_batched_tokens
+        s = replace(s, cpu_offload_gib=None, offload_bandwidth_gbps=None, disk_offload_gib=None,
+                    disk_bandwidth_gbps=None, disk_latency_ms=None)
+    return s
 
-    report = None
-    if sized:
+
+def _batch_limits(s: EngineSettings, gpu: GpuSpec | None) -> EngineSettings:
+    """max_num_seqs and max_num_batched_tokens left None: vLLM v0's defaults with v0 (vLLM 0.4
+    EngineArgs / SchedulerConfig: 256 sequences, max(max_model_len, 2048) tokens), else vLLM's
+    ``vllm serve`` defaults for the GPU."""
+    seqs, tokens = s.max_num_seqs, s.max_num_batched_tokens
+    if s.scheduler == "v0":
+        seqs = V0_MAX_NUM_SEQS if seqs is None else seqs
+        tokens = max(s.max_model_len or 0, 2048) if tokens is None else tokens
+    if seqs is None or tokens is None:
+        default_seqs, default_tokens = vllm_batch_defaults(gpu)
+        seqs = default_seqs if seqs is None else seqs
+        tokens = default_tokens if tokens is None else tokens
+    return replace(s, max_num_seqs=seqs, max_num_batched_tokens=tokens)
+
+
+def _size_pool(s: EngineSettings, model: ModelSpec | None, gpu: GpuSpec | None,
+               v0_tokens: bool) -> _Pool:
+    """The pool: vLLM's formula for the model on the GPU (its groups and block size with it), or
+    the blocks or tokens given (a hybrid model's groups whatever the pool). ``v0_tokens``: v0's
+    budget was left to its default, which grows to the model's context length."""
+    report, groups, block_size = None, s.kv_cache_groups, s.block_size
+    num_gpu_blocks, max_model_len = s.num_gpu_blocks, s.max_model_len
+    max_num_batched_tokens = s.max_num_batched_tokens
+    if s.sized:
         def size(max_model_len: int | None, max_num_batched_tokens: int):
             return compute_capacity(
-                model_spec, gpu_spec, tp=tensor_parallel_size, block_size=block_size,
-                kv_dtype=kv_cache_dtype,
+                model, gpu, tp=s.tensor_parallel_size, block_size=block_size,
+                kv_dtype=s.kv_cache_dtype,
                 gpu_memory_utilization=(DEFAULT_GPU_MEMORY_UTILIZATION
-                                        if gpu_memory_utilization is None
-                                        else gpu_memory_utilization),
-                max_model_len=max_model_len, max_num_seqs=max_num_seqs,
-                max_num_batched_tokens=max_num_batched_tokens, non_kv_bytes=non_kv_bytes,
-                enable_prefix_caching=enable_prefix_caching,
-                disable_hybrid_kv_cache_manager=disable_hybrid_kv_cache_manager)
+                                        if s.gpu_memory_utilization is None
+                                        else s.gpu_memory_utilization),
+                max_model_len=max_model_len, max_num_seqs=s.max_num_seqs,
+                max_num_batched_tokens=max_num_batched_tokens, non_kv_bytes=s.non_kv_bytes,
+                enable_prefix_caching=s.enable_prefix_caching,
+                disable_hybrid_kv_cache_manager=s.disable_hybrid_kv_cache_manager)
 
         report = size(max_model_len, max_num_batched_tokens)
         if v0_tokens and report.max_model_len > max_num_batched_tokens:
@@ -277,79 +357,81 @@ def build_engine(*,
             report = size(report.max_model_len, max_num_batched_tokens)
         num_gpu_blocks, max_model_len = report.num_gpu_blocks, report.max_model_len
         block_size = report.block_size
-        if report.kv_plan is not None and allocator == "paged":
+        if report.kv_plan is not None and s.allocator == "paged":
             # (a contiguous pool reserves whole sequences: groups do not apply)
-            kv_cache_groups = kv_cache_group_specs(model_spec, report.kv_plan.groups)
-    elif not kv_cache_groups and allocator == "paged" and model_spec is not None and \
-            model_spec.layers is not None:
+            groups = kv_cache_group_specs(model, report.kv_plan.groups)
+    elif not groups and s.allocator == "paged" and model is not None and \
+            model.layers is not None:
         # a hybrid model on a pool given in blocks or tokens: its groups, whatever the pool
-        kv_cache_groups, block_size = model_kv_groups(
-            model_spec, tp=tensor_parallel_size, kv_dtype=kv_cache_dtype, block_size=block_size,
-            enable_prefix_caching=enable_prefix_caching,
+        groups, block_size = model_kv_groups(
+            model, tp=s.tensor_parallel_size, kv_dtype=s.kv_cache_dtype, block_size=block_size,
+            enable_prefix_caching=s.enable_prefix_caching,
             max_model_len=max_model_len or DEFAULT_MAX_MODEL_LEN,
-            disable_hybrid=disable_hybrid_kv_cache_manager)
+            disable_hybrid=s.disable_hybrid_kv_cache_manager)
     block_size = DEFAULT_BLOCK_SIZE if block_size is None else block_size
-    if kv_tokens is not None:
-        num_gpu_blocks = kv_tokens // block_size + int(null_block)
-        if num_gpu_blocks < 1 + int(null_block):
-            raise InputError(f"kv_tokens {kv_tokens} is less than one block of {block_size} tokens",
-                             field="kv_tokens")
+    if s.kv_tokens is not None:
+        num_gpu_blocks = s.kv_tokens // block_size + int(s.null_block)
+        if num_gpu_blocks < 1 + int(s.null_block):
+            raise InputError(f"kv_tokens {s.kv_tokens} is less than one block of {block_size} "
+                             "tokens", field="kv_tokens")
     if max_model_len is None:
         max_model_len = DEFAULT_MAX_MODEL_LEN
-
     if v0_tokens and max_model_len > max_num_batched_tokens:
         max_num_batched_tokens = max_model_len
-    paged = allocator == "paged"
-    if async_scheduling is None:
-        # vLLM's default, where kvsim runs that mode (simulator/modes.py: not yet with offload
-        # tiers, which then follow the synchronous scheduler)
-        async_scheduling = default_async_scheduling(step_s, allocator, scheduler) and \
-            MODES[Mode(scheduler, "grouped" if kv_cache_groups else "paged",
-                       ("async", "offload") if offloaded else ("async",))].runs is not None
-    # the one null-block rule: a contiguous pool gets the paged pool's usable blocks
-    usable_blocks = num_gpu_blocks - int(null_block)
-    config = EngineConfig(
-        allocator=allocator, placement=placement, block_size=block_size,
-        num_blocks=num_gpu_blocks if paged else None,
-        capacity_tokens=None if paged else usable_blocks * block_size,
-        null_block=null_block and paged, max_num_seqs=max_num_seqs,
-        max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
-        enable_prefix_caching=enable_prefix_caching,
-        long_prefill_token_threshold=long_prefill_token_threshold,
-        full_prompt_admission=scheduler_reserve_full_isl, watermark=watermark,
-        scheduler=scheduler, async_scheduling=async_scheduling,
-        kv_cache_groups=tuple(kv_cache_groups))
+    return _Pool(report, num_gpu_blocks, block_size, tuple(groups), max_model_len,
+                 max_num_batched_tokens)
 
-    if step_s is not None:
-        cost: CostModel = FixedStepCost(step_s)
-    elif cost_table is not None:
+
+def _engine_config(s: EngineSettings, pool: _Pool) -> EngineConfig:
+    """The simulator's EngineConfig; async scheduling left None is vLLM's default where kvsim
+    runs that mode (simulator/modes.py: not yet with offload tiers, which then follow the
+    synchronous scheduler)."""
+    async_scheduling = s.async_scheduling
+    if async_scheduling is None:
+        async_scheduling = default_async_scheduling(s.step_s, s.allocator, s.scheduler) and \
+            MODES[Mode(s.scheduler, "grouped" if pool.kv_cache_groups else "paged",
+                       ("async", "offload") if s.offloaded else ("async",))].runs is not None
+    paged = s.allocator == "paged"
+    # the one null-block rule: a contiguous pool gets the paged pool's usable blocks
+    usable_blocks = pool.num_gpu_blocks - int(s.null_block)
+    return EngineConfig(
+        allocator=s.allocator, placement=s.placement, block_size=pool.block_size,
+        num_blocks=pool.num_gpu_blocks if paged else None,
+        capacity_tokens=None if paged else usable_blocks * pool.block_size,
+        null_block=s.null_block and paged, max_num_seqs=s.max_num_seqs,
+        max_num_batched_tokens=pool.max_num_batched_tokens, max_model_len=pool.max_model_len,
+        enable_prefix_caching=s.enable_prefix_caching,
+        long_prefill_token_threshold=s.long_prefill_token_threshold,
+        full_prompt_admission=s.scheduler_reserve_full_isl, watermark=s.watermark,
+        scheduler=s.scheduler, async_scheduling=async_scheduling,
+        kv_cache_groups=pool.kv_cache_groups)
+
+
+def _step_cost(s: EngineSettings, model: ModelSpec | None, gpu: GpuSpec | None) -> CostModel:
+    """The step-time model: a fixed step, a measured table (checked against this setup unless
+    forced), else the roofline; scaled by ``step_time_scale``."""
+    if s.step_s is not None:
+        cost: CostModel = FixedStepCost(s.step_s)
+    elif s.cost_table is not None:
         # here, not at the top: it imports numpy, which `kvsim replay --help` does not need
         from kvsim.simulator.cost_table import load_cost_table
-        cost = load_cost_table(cost_table)
-        wrong = cost.mismatches(model=model_spec.name if model_spec is not None else None,
-                                gpu=gpu_spec.name if sized and gpu_spec is not None else None,
-                                tp=tensor_parallel_size, kv_dtype=kv_cache_dtype) \
-            if hasattr(cost, "mismatches") and not force_cost_table else []
+        cost = load_cost_table(s.cost_table)
+        wrong = cost.mismatches(model=model.name if model is not None else None,
+                                gpu=gpu.name if s.sized and gpu is not None else None,
+                                tp=s.tensor_parallel_size, kv_dtype=s.kv_cache_dtype) \
+            if hasattr(cost, "mismatches") and not s.force_cost_table else []
         if wrong:
-            raise InputError(f"{cost_table} was measured for another setup than this run's: {'; '.join(wrong)}. "
-                             "Match it, or pass --force-cost-table to use its times anyway", field="cost_table")
+            raise InputError(f"{s.cost_table} was measured for another setup than this run's: "
+                             f"{'; '.join(wrong)}. Match it, or pass --force-cost-table to use "
+                             "its times anyway", field="cost_table")
     else:
-        cost = RooflineCost(model_spec, gpu_spec, tp=tensor_parallel_size, kv_dtype=kv_cache_dtype,
-                            step_overhead_s=step_overhead_s,
-                            bandwidth_efficiency=bandwidth_efficiency,
-                            flops_efficiency=flops_efficiency)
-    if step_time_scale != 1.0:
-        cost = ScaledCost(cost, step_time_scale)
-    offload = _offload_tiers(
-        model_spec, gpu_spec, tensor_parallel_size, kv_cache_dtype, block_size,
-        cpu_offload_gib=cpu_offload_gib, offload_bandwidth_gbps=offload_bandwidth_gbps,
-        disk_offload_gib=disk_offload_gib, disk_bandwidth_gbps=disk_bandwidth_gbps,
-        disk_latency_ms=disk_latency_ms)
-    if offload:   # before any work: the rule the simulator's OffloadScheduler applies
-        from kvsim.simulator.offload_scheduler import check_offload_config
-        check_offload_config(config)
-    return EngineSetup(config=config, cost=cost, capacity=report, model=model_spec, gpu=gpu_spec,
-                       offload=offload)
+        cost = RooflineCost(model, gpu, tp=s.tensor_parallel_size, kv_dtype=s.kv_cache_dtype,
+                            step_overhead_s=s.step_overhead_s,
+                            bandwidth_efficiency=s.bandwidth_efficiency,
+                            flops_efficiency=s.flops_efficiency)
+    if s.step_time_scale != 1.0:
+        cost = ScaledCost(cost, s.step_time_scale)
+    return cost
 
 
 def _offload_tiers(model: ModelSpec | None, gpu: GpuSpec | None, tp: int, kv_dtype: str,
