@@ -25,6 +25,7 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import simpy
@@ -81,6 +82,22 @@ def make_allocator(config: EngineConfig):
                               null_block=config.null_block)
     return ContiguousAllocator(config.pool_tokens, policy=config.allocator,
                                max_model_len=config.max_model_len, placement=config.placement)
+
+
+@dataclass(slots=True)
+class _Run:
+    """A run of ``k`` identical pure-decode steps (``Simulation._plan_run``): its first step's
+    batch ``b0``, the ``n`` requests that decode of ``num_running``, the pool's breakdown and
+    usage at its start (moved by the frees of the batch in flight), and whether the connector
+    polled for its first step already."""
+
+    b0: StepBatch
+    k: int
+    n: int
+    num_running: int
+    bd_start: list
+    usage_start: float
+    polled: bool
 
 
 class _Replica:
@@ -376,210 +393,259 @@ class Simulation:
 
     # ------------------------------------------------------------------ the step loop
     def _engine(self, rep: _Replica):
-        env, timer, record_steps = self.env, self.timer, self.record_steps
-        track = self.track_max_context
-        sched, rec, conn = rep.sched, rep.rec, rep.offload
+        """One replica's step loop (a SimPy process): wait for work, then either a run of
+        identical decode steps applied at once (``_plan_run`` / ``_advance_run`` /
+        ``_close_run``) or steps scheduled in detail (``_detailed_steps``)."""
+        env, sched, rec = self.env, rep.sched, rep.rec
         # ``now`` is the replica's time. It runs ahead of SimPy's across step ends that nothing
         # can observe (``_unobserved``): such a step is finished at once and the next one
         # scheduled, without a round trip through the event queue.
         now = env.now
         while True:
             if not sched.has_unfinished():
-                if now > env.now:
-                    yield _urgent_timeout(env, now - env.now)
-                rec.boundary(now)
-                while conn is not None and conn.busy and not sched.has_unfinished():
-                    # vLLM keeps taking empty steps while transfers are pending: they complete
-                    # (and are polled) on time, or an arrival comes first; no step boundary
-                    sched.empty_step()
-                    done_ns = conn.idle_until(now)
-                    rep.wake = env.event()
-                    yield rep.wake if done_ns is None else \
-                        rep.wake | env.timeout(max(0, done_ns - env.now))
-                    rep.wake = None
-                    now = env.now
-                    conn.poll(now)
-                if not sched.has_unfinished():
-                    rep.wake = env.event()
-                    yield rep.wake
-                    rep.wake = None
-                    now = env.now
+                now = yield from self._idle(rep, now)
             if self.next_arrival_ns == now:
                 yield env.timeout(0)   # arrivals due now land before this step is scheduled
             bd_start = rec.boundary(now)
             step_index = now // NS_PER_S if self.step_clock else rep.num_steps
-            run = None     # a decode run stepped one by one: (first step's batch, start state)
             # async scheduling, requests that finished in the batch in flight: a run may start
             # with the step that frees them, but step rows list them as running in it
-            k = 0 if self.in_the_loop or (record_steps and sched.done_in_flight) else \
+            k = 0 if self.in_the_loop or (self.record_steps and sched.done_in_flight) else \
                 sched.plan_decode_run(_NEVER)
-            polled = False          # the connector's step for the run's first step is done
+            run = None     # a decode run stepped one by one
             if k > 0:
-                # k identical pure-decode steps, ending at the first step end at or after the
-                # next moment anything can observe the replica
-                if bd_start is None:
-                    bd_start = rec.breakdown()
-                usage_start = rep.allocator.usage
-                num_running = len(sched.running)
-                n = num_running - len(sched.done_in_flight)    # the requests that decode
-                kv = sched.decode_run_batch()[0]
-                b0 = StepBatch(n, 0, n, n, kv, kv, sched.run_max_context() if track else 0)
-                bound = min(self.next_arrival_ns, rec.next_record_ns, self.stop_ns)
-                if conn is not None:
-                    # the run's first step polls and submits what waits; the run then ends at
-                    # the next transfer's end (a completion found now lands after step 1)
-                    conn.step(now, timer.run_ns(b0, 1))
-                    polled = True
-                    if conn.has_found:
-                        k = 1
-                    if conn.next_event_ns is not None:
-                        bound = min(bound, conn.next_event_ns)
-                if bound < _NEVER and now + timer.run_ns(b0, k) >= bound:
-                    k = min(k, timer.steps_to_reach(b0, now, bound, k))
+                run = self._plan_run(rep, now, k, bd_start)
                 if self.batching:
-                    tokens0 = sched.num_generated_tokens
-                    rec.scheduled(num_running, len(sched.waiting), n)
-                    hist = sched.crossing_histogram() if record_steps else None
-                    used0 = sched.allocator.num_used_blocks if record_steps and sched.paged \
-                        else 0
-                    if sched.done_in_flight:
-                        # async: once the run's first step is scheduled, the batch in flight
-                        # is processed and what finished in it is freed
-                        sched.advance_decode_run(1)
-                        bd_start, usage_start = self._retire_in_flight(rep, bd_start,
-                                                                       usage_start)
-                        if k > 1:
-                            sched.advance_decode_run(k - 1)
-                    else:
-                        sched.advance_decode_run(k)
-                    end = now + timer.run_ns(b0, k)
-                    rec.integrate(bd_start, rec.breakdown(), usage_start, rep.allocator.usage,
-                                  now, end)
+                    end, mark = self._advance_run(rep, run, now)
                     if not self._unobserved(rec, end):
                         yield _urgent_timeout(env, end - env.now)
-                    finished = sched.finish_decode_run(end, step_index + k - 1)
-                    if self.token_log is not None:
-                        self.token_log.run(now, [now + timer.run_ns(b0, j) for j in range(1, k + 1)],
-                                           (sched.num_generated_tokens - tokens0) // k)
-                    if conn is not None:
-                        conn.apply(end)
-                    rec.last_step = DECODE_RUN
-                    if record_steps:
-                        rec.decode_rows(step_index, k, n, hist, used0, finished)
-                    rep.num_steps += k
-                    sched.num_steps += k
-                    if not sched.defers_retire:
-                        for seq in finished:
-                            rec.on_finished(seq)
+                    self._close_run(rep, run, now, end, step_index, mark)
                     now = end
                     continue
-                run = (b0, bd_start, usage_start)
+            now = yield from self._detailed_steps(rep, now, step_index, run)
 
-            # steps scheduled in detail: the next one, or the planned run's k steps one by one
-            t = now
-            for j in range(k if run is not None else 1):
-                idx = step_index + j
+    def _idle(self, rep: _Replica, now: int):
+        """Nothing to run: close the step boundary and wait for an arrival (vLLM keeps taking
+        empty steps while transfers are pending: they complete, and are polled, on time, or an
+        arrival comes first; no step boundary). Returns the replica's time then."""
+        env, sched, conn = self.env, rep.sched, rep.offload
+        if now > env.now:
+            yield _urgent_timeout(env, now - env.now)
+        rep.rec.boundary(now)
+        while conn is not None and conn.busy and not sched.has_unfinished():
+            sched.empty_step()
+            done_ns = conn.idle_until(now)
+            rep.wake = env.event()
+            yield rep.wake if done_ns is None else \
+                rep.wake | env.timeout(max(0, done_ns - env.now))
+            rep.wake = None
+            now = env.now
+            conn.poll(now)
+        if not sched.has_unfinished():
+            rep.wake = env.event()
+            yield rep.wake
+            rep.wake = None
+            now = env.now
+        return now
+
+    def _plan_run(self, rep: _Replica, now: int, k: int, bd_start) -> _Run:
+        """A run of ``k`` identical pure-decode steps, ending at the first step end at or after
+        the next moment anything can observe the replica (the connector's next transfer
+        included: the run's first step polls and submits what waits, and a completion found
+        now lands after step 1)."""
+        sched, rec, conn, timer = rep.sched, rep.rec, rep.offload, self.timer
+        if bd_start is None:
+            bd_start = rec.breakdown()
+        usage_start = rep.allocator.usage
+        num_running = len(sched.running)
+        n = num_running - len(sched.done_in_flight)    # the requests that decode
+        kv = sched.decode_run_batch()[0]
+        b0 = StepBatch(n, 0, n, n, kv, kv, sched.run_max_context() if self.track_max_context else 0)
+        bound = min(self.next_arrival_ns, rec.next_record_ns, self.stop_ns)
+        polled = conn is not None
+        if polled:
+            conn.step(now, timer.run_ns(b0, 1))
+            if conn.has_found:
+                k = 1
+            if conn.next_event_ns is not None:
+                bound = min(bound, conn.next_event_ns)
+        if bound < _NEVER and now + timer.run_ns(b0, k) >= bound:
+            k = min(k, timer.steps_to_reach(b0, now, bound, k))
+        return _Run(b0, k, n, num_running, bd_start, usage_start, polled)
+
+    def _advance_run(self, rep: _Replica, run: _Run, now: int) -> tuple[int, tuple]:
+        """Apply a planned run at once (async: once its first step is scheduled, the batch in
+        flight is processed and what finished in it is freed) and integrate the pool over it.
+        Returns its end and what ``_close_run`` needs of its start."""
+        sched, rec, k = rep.sched, rep.rec, run.k
+        tokens0 = sched.num_generated_tokens
+        rec.scheduled(run.num_running, len(sched.waiting), run.n)
+        hist = sched.crossing_histogram() if self.record_steps else None
+        used0 = sched.allocator.num_used_blocks if self.record_steps and sched.paged else 0
+        if sched.done_in_flight:
+            sched.advance_decode_run(1)
+            run.bd_start, run.usage_start = self._retire_in_flight(rep, run.bd_start,
+                                                                   run.usage_start)
+            if k > 1:
+                sched.advance_decode_run(k - 1)
+        else:
+            sched.advance_decode_run(k)
+        end = now + self.timer.run_ns(run.b0, k)
+        rec.integrate(run.bd_start, rec.breakdown(), run.usage_start, rep.allocator.usage, now, end)
+        return end, (tokens0, hist, used0)
+
+    def _close_run(self, rep: _Replica, run: _Run, now: int, end: int, step_index: int,
+                   mark: tuple) -> None:
+        """A run's end: its tokens and finishes, the connector's completions, its step rows."""
+        sched, rec, k = rep.sched, rep.rec, run.k
+        tokens0, hist, used0 = mark
+        finished = sched.finish_decode_run(end, step_index + k - 1)
+        if self.token_log is not None:
+            self.token_log.run(now, [now + self.timer.run_ns(run.b0, j) for j in range(1, k + 1)],
+                               (sched.num_generated_tokens - tokens0) // k)
+        if rep.offload is not None:
+            rep.offload.apply(end)
+        rec.last_step = DECODE_RUN
+        if self.record_steps:
+            rec.decode_rows(step_index, k, run.n, hist, used0, finished)
+        rep.num_steps += k
+        sched.num_steps += k
+        if not sched.defers_retire:
+            for seq in finished:
+                rec.on_finished(seq)
+
+    def _detailed_steps(self, rep: _Replica, now: int, step_index: int, run: _Run | None):
+        """Steps scheduled in detail: the next one, or a planned run's k steps one by one
+        (checked to be pure decodes, priced and integrated as the run they form). Returns the
+        replica's time after them."""
+        env, sched, rec = self.env, rep.sched, rep.rec
+        t = now
+        for j in range(run.k if run is not None else 1):
+            idx = step_index + j
+            out = sched.schedule(t, idx)
+            if sched.done_in_flight and not out.num_scheduled_tokens:
+                # async scheduling: nothing to schedule while a batch is in flight. vLLM
+                # waits for it, processes it and schedules again, at the same step
+                for seq in sched.retire_done():
+                    rec.on_finished(seq)
                 out = sched.schedule(t, idx)
-                if sched.done_in_flight and not out.num_scheduled_tokens:
-                    # async scheduling: nothing to schedule while a batch is in flight. vLLM
-                    # waits for it, processes it and schedules again, at the same step
-                    for seq in sched.retire_done():
-                        rec.on_finished(seq)
-                    out = sched.schedule(t, idx)
-                    if not out.num_scheduled_tokens and not sched.running and not sched.waiting:
-                        break   # everything finished: idle
-                if run is not None:
-                    assert out.num_decode_seqs == n and out.num_scheduled_tokens == n \
-                        and not out.num_preempted and not out.num_new, \
-                        "a planned decode step was not a pure decode step"
-                rec.scheduled(len(sched.running), len(sched.waiting), out.num_scheduled_tokens)
-                ran = out.num_scheduled_tokens > 0
-                if not ran and conn is not None and conn.busy and not sched.running:
-                    # nothing to run until a transfer completes (loads, deferred lookups): vLLM's
-                    # empty steps poll until then; an arrival may come first
-                    conn.step(t, 0)
-                    conn.apply(t)
-                    if t > env.now:
-                        yield _urgent_timeout(env, t - env.now)
-                    bd_wait, usage_wait = rec.breakdown(), rep.allocator.usage
-                    rep.wake = env.event()
-                    done_ns = conn.idle_until(t)
-                    yield rep.wake if done_ns is None else \
-                        rep.wake | env.timeout(max(0, done_ns - env.now))
-                    rep.wake = None
-                    # not an idle gap: requests wait (for their loads) while nothing runs
-                    rec.last_batch_tokens = 0
-                    rec.integrate(bd_wait, bd_wait, usage_wait, usage_wait, t, env.now)
-                    t = env.now
-                    conn.poll(t)
-                    break
-                if not ran and not out.num_preempted and not sched.running and sched.waiting:
-                    # the head can never be admitted (nothing runs that could make room)
-                    seq = sched.waiting.popleft()
-                    self.num_rejected += 1
-                    self.recorder.record_rejected(rep.index, seq.req, seq.arrival_ns)
-                row_state = rec.row_state() if record_steps else None
-                if sched.done_in_flight:
-                    # async scheduling: the batch in flight is processed now that this step is
-                    # scheduled; what finished in it is freed
-                    if run is not None and j == 0:
-                        run = (run[0], *self._retire_in_flight(rep, run[1], run[2]))
-                    else:
-                        self._retire_in_flight(rep, None, 0.0)
-                if run is None:
-                    batch = StepBatch(out.num_seqs, out.num_prefill_tokens, out.num_decode_seqs,
-                                      out.num_scheduled_tokens, out.kv_read_tokens,
-                                      out.attn_token_pairs, sched.step_max_context(out) if track else 0)
-                    if self.in_the_loop:
-                        step = scheduled_step(out, rep.allocator, idx, self.config.block_size)
-                        end = t + max(1, to_ns(self.cost.timed_step_s(batch, step)))
-                    else:
-                        end = t + max(1, timer.step_ns(batch))
-                    if conn is not None:   # flushed stores delay the forward
-                        end += conn.step(t, end - t)
-                    bd_step = rec.breakdown()
-                    usage = rep.allocator.usage
-                    rec.integrate(bd_step, bd_step, usage, usage, t, end)
+                if not out.num_scheduled_tokens and not sched.running and not sched.waiting:
+                    break   # everything finished: idle
+            if run is not None:
+                assert out.num_decode_seqs == run.n and out.num_scheduled_tokens == run.n \
+                    and not out.num_preempted and not out.num_new, \
+                    "a planned decode step was not a pure decode step"
+            rec.scheduled(len(sched.running), len(sched.waiting), out.num_scheduled_tokens)
+            ran = out.num_scheduled_tokens > 0
+            if not ran and rep.offload is not None and rep.offload.busy and not sched.running:
+                t = yield from self._wait_for_transfers(rep, t)
+                break
+            if not ran and not out.num_preempted and not sched.running and sched.waiting:
+                # the head can never be admitted (nothing runs that could make room)
+                seq = sched.waiting.popleft()
+                self.num_rejected += 1
+                self.recorder.record_rejected(rep.index, seq.req, seq.arrival_ns)
+            row_state = rec.row_state() if self.record_steps else None
+            if sched.done_in_flight:
+                # async scheduling: the batch in flight is processed now that this step is
+                # scheduled; what finished in it is freed
+                if run is not None and j == 0:
+                    run.bd_start, run.usage_start = self._retire_in_flight(rep, run.bd_start,
+                                                                           run.usage_start)
                 else:
-                    # priced and integrated as the run (trapezoid), exactly as when batched
-                    end = now + timer.run_ns(run[0], j + 1)
-                    if conn is not None and not (j == 0 and polled):
-                        conn.step(t, end - t)
-                    if j == k - 1:
-                        rec.integrate(run[1], rec.breakdown(), run[2], rep.allocator.usage,
-                                      now, end)
-                if not ran:
-                    # nothing ran (everyone running preempted itself away, or the head was
-                    # rejected): vLLM counts no step; the clock still moves by one empty step
-                    yield _urgent_timeout(env, end - env.now)
-                    t = end
-                    break
-                if not self._unobserved(rec, end):
-                    yield _urgent_timeout(env, end - env.now)
-                tokens0, first0 = sched.num_generated_tokens, sched.num_first_tokens
-                finished = sched.finish_step(out, end, idx)
-                if self.token_log is not None:
-                    tokens = sched.num_generated_tokens - tokens0
-                    self.token_log.step(end, end - t, tokens, tokens - (sched.num_first_tokens - first0))
-                if conn is not None:
-                    conn.apply(end)   # the completions this step's poll found
-                rec.last_step = out
-                assert not finished or run is None or j == k - 1, \
-                    "a request finished inside a decode run"
-                rep.num_steps += 1
-                sched.num_steps += 1
-                if record_steps:
-                    extra = ()
-                    if self.in_the_loop:
-                        longest = max(map(sum, zip(step.num_computed_tokens, step.num_new_tokens)))
-                        extra = (out.kv_read_tokens, out.attn_token_pairs, *self.cost.last, t / NS_PER_S,
-                                 longest)
-                    rec.step_row(idx, out, finished, row_state, extra)
-                if not sched.defers_retire:
-                    for seq in finished:
-                        rec.on_finished(seq)
+                    self._retire_in_flight(rep, None, 0.0)
+            end, step = self._price_step(rep, out, t, idx, now, j, run)
+            if not ran:
+                # nothing ran (everyone running preempted itself away, or the head was
+                # rejected): vLLM counts no step; the clock still moves by one empty step
+                yield _urgent_timeout(env, end - env.now)
                 t = end
-            now = t
+                break
+            if not self._unobserved(rec, end):
+                yield _urgent_timeout(env, end - env.now)
+            self._finish_detailed_step(rep, out, t, end, idx, step, row_state,
+                                       run is None or j == run.k - 1)
+            t = end
+        return t
+
+    def _wait_for_transfers(self, rep: _Replica, t: int):
+        """Nothing to run until a transfer completes (loads, deferred lookups): vLLM's empty
+        steps poll until then; an arrival may come first. Not an idle gap: requests wait (for
+        their loads) while nothing runs. Returns the time it ends."""
+        env, rec, conn = self.env, rep.rec, rep.offload
+        conn.step(t, 0)
+        conn.apply(t)
+        if t > env.now:
+            yield _urgent_timeout(env, t - env.now)
+        bd_wait, usage_wait = rec.breakdown(), rep.allocator.usage
+        rep.wake = env.event()
+        done_ns = conn.idle_until(t)
+        yield rep.wake if done_ns is None else \
+            rep.wake | env.timeout(max(0, done_ns - env.now))
+        rep.wake = None
+        rec.last_batch_tokens = 0
+        rec.integrate(bd_wait, bd_wait, usage_wait, usage_wait, t, env.now)
+        t = env.now
+        conn.poll(t)
+        return t
+
+    def _price_step(self, rep: _Replica, out, t: int, idx: int, now: int, j: int,
+                    run: _Run | None) -> tuple[int, object]:
+        """A detailed step's end (its batch priced, hardware in the loop executed, stores
+        flushed before the forward) with the pool integrated over it; a run's step is priced
+        and integrated as the run (trapezoid), exactly as when batched. Returns (end, the
+        executed step or None)."""
+        sched, rec, conn = rep.sched, rep.rec, rep.offload
+        step = None
+        if run is None:
+            batch = StepBatch(out.num_seqs, out.num_prefill_tokens, out.num_decode_seqs,
+                              out.num_scheduled_tokens, out.kv_read_tokens, out.attn_token_pairs,
+                              sched.step_max_context(out) if self.track_max_context else 0)
+            if self.in_the_loop:
+                step = scheduled_step(out, rep.allocator, idx, self.config.block_size)
+                end = t + max(1, to_ns(self.cost.timed_step_s(batch, step)))
+            else:
+                end = t + max(1, self.timer.step_ns(batch))
+            if conn is not None:   # flushed stores delay the forward
+                end += conn.step(t, end - t)
+            bd_step = rec.breakdown()
+            usage = rep.allocator.usage
+            rec.integrate(bd_step, bd_step, usage, usage, t, end)
+            return end, step
+        end = now + self.timer.run_ns(run.b0, j + 1)
+        if conn is not None and not (j == 0 and run.polled):
+            conn.step(t, end - t)
+        if j == run.k - 1:
+            rec.integrate(run.bd_start, rec.breakdown(), run.usage_start, rep.allocator.usage,
+                          now, end)
+        return end, step
+
+    def _finish_detailed_step(self, rep: _Replica, out, t: int, end: int, idx: int, step,
+                              row_state, last: bool) -> None:
+        """A detailed step's end: its tokens and finishes, the connector's completions, its
+        step row. ``last``: a run's last step (or a single step), where requests may finish."""
+        sched, rec = rep.sched, rep.rec
+        tokens0, first0 = sched.num_generated_tokens, sched.num_first_tokens
+        finished = sched.finish_step(out, end, idx)
+        if self.token_log is not None:
+            tokens = sched.num_generated_tokens - tokens0
+            self.token_log.step(end, end - t, tokens, tokens - (sched.num_first_tokens - first0))
+        if rep.offload is not None:
+            rep.offload.apply(end)   # the completions this step's poll found
+        rec.last_step = out
+        assert not finished or last, "a request finished inside a decode run"
+        rep.num_steps += 1
+        sched.num_steps += 1
+        if self.record_steps:
+            extra = ()
+            if self.in_the_loop:
+                longest = max(map(sum, zip(step.num_computed_tokens, step.num_new_tokens)))
+                extra = (out.kv_read_tokens, out.attn_token_pairs, *self.cost.last,
+                         t / NS_PER_S, longest)
+            rec.step_row(idx, out, finished, row_state, extra)
+        if not sched.defers_retire:
+            for seq in finished:
+                rec.on_finished(seq)
 
     def _retire_in_flight(self, rep: _Replica, bd_start, usage_start: float):
         """Async scheduling: the batch in flight is processed after this step's schedule; the
