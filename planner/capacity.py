@@ -246,6 +246,68 @@ def compute_capacity(model: ModelSpec, gpu: GpuSpec, *, tp: int = 1, block_size:
     Raises:
         InputError: impossible configuration (one line, with the numbers).
     """
+    max_num_seqs, max_num_batched_tokens, max_model_len = _limits(
+        model, gpu, gpu_memory_utilization, block_size, max_num_seqs, max_num_batched_tokens,
+        max_model_len)
+    elem = resolve_kv_dtype_bytes(model, kv_dtype)
+    heads = kv_heads_per_rank(model, tp)
+    per_token = kv_bytes_per_token(model, kv_dtype, tp)
+    if model.layers is None:
+        block_size = DEFAULT_BLOCK_SIZE if block_size is None else block_size
+        per_block = per_token * block_size
+    total, budget, weights, activation, non_torch, non_kv = _non_kv_memory(
+        model, gpu, tp, gpu_memory_utilization, non_kv_bytes, non_torch_bytes,
+        max_num_batched_tokens, max_num_seqs)
+    available = budget - non_kv
+    if available <= 0:
+        raise InputError(f"no memory left for the KV cache on {gpu.name}: budget {budget / GIB:.2f} GiB "
+                         f"- non-KV {non_kv / GIB:.2f} GiB = {available / GIB:.2f} GiB; raise "
+                         f"gpu_memory_utilization or tp")
+    plan = rows = None
+    if model.layers is not None:
+        plan = plan_layers(model, tp=tp, kv_dtype_bytes=elem, block_size=block_size,
+                           available_kv_bytes=available, max_model_len=max_model_len,
+                           max_num_batched_tokens=max_num_batched_tokens,
+                           enable_prefix_caching=enable_prefix_caching,
+                           disable_hybrid=disable_hybrid_kv_cache_manager,
+                           check_max_model_len=check_max_model_len)
+        block_size, per_block, num_blocks = plan.block_size, plan.bytes_per_block, plan.num_gpu_blocks
+        kv_tokens, concurrency, rows = plan.kv_cache_tokens, plan.max_concurrency, group_rows(plan)
+    else:
+        num_blocks, kv_tokens, concurrency = _uniform_pool(available, per_block, block_size,
+                                                           max_model_len, check_max_model_len)
+    return CapacityReport(
+        model=model.name, gpu=gpu.name, tp=tp, block_size=block_size, kv_dtype=kv_dtype,
+        kv_dtype_bytes=elem, gpu_memory_utilization=gpu_memory_utilization,
+        max_model_len=max_model_len, max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens, kv_heads_per_rank=heads,
+        kv_bytes_per_token=per_token, bytes_per_block=per_block, total_memory_bytes=total,
+        budget_bytes=budget, weight_bytes=weights, activation_bytes=activation,
+        non_torch_bytes=non_torch, non_kv_bytes=non_kv, non_kv_given=non_kv_bytes is not None,
+        available_kv_bytes=available, num_gpu_blocks=num_blocks, kv_cache_tokens=kv_tokens,
+        max_concurrency=concurrency, kv_groups=rows or (), kv_plan=plan,
+        weight_format=_weight_label(model))
+
+
+def _uniform_pool(available: int, per_block: int, block_size: int, max_model_len: int,
+                  check_max_model_len: bool) -> tuple[int, int, float]:
+    """Every layer alike: (num_gpu_blocks, KV tokens, max_model_len requests that fit)."""
+    num_blocks = available // per_block
+    if check_max_model_len:
+        needed = math.ceil(max_model_len / block_size) * per_block
+        if needed > available:
+            raise InputError(f"one request of max_model_len {max_model_len} needs {needed / GIB:.2f} GiB of KV "
+                             f"cache, more than the {available / GIB:.2f} GiB available; the largest that "
+                             f"fits is {num_blocks * block_size} tokens (lower max_model_len or raise "
+                             f"gpu_memory_utilization)")
+    return num_blocks, num_blocks * block_size, num_blocks / math.ceil(max_model_len / block_size)
+
+
+def _limits(model: ModelSpec, gpu: GpuSpec, gpu_memory_utilization: float, block_size: int | None,
+            max_num_seqs: int | None, max_num_batched_tokens: int | None,
+            max_model_len: int | None) -> tuple[int, int, int]:
+    """compute_capacity's settings checked; (max_num_seqs, max_num_batched_tokens,
+    max_model_len) with vLLM's defaults for the GPU and the model taken."""
     if not 0 < gpu_memory_utilization <= 1:
         raise InputError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
     if block_size is not None and block_size < 1:
@@ -266,13 +328,14 @@ def compute_capacity(model: ModelSpec, gpu: GpuSpec, *, tp: int = 1, block_size:
     if derived_len is not None and max_model_len > derived_len:
         raise InputError(f"max_model_len ({max_model_len}) exceeds {model.name}'s "
                          f"max_position_embeddings ({derived_len})")
+    return max_num_seqs, max_num_batched_tokens, max_model_len
 
-    elem = resolve_kv_dtype_bytes(model, kv_dtype)
-    heads = kv_heads_per_rank(model, tp)
-    per_token = kv_bytes_per_token(model, kv_dtype, tp)
-    if model.layers is None:
-        block_size = DEFAULT_BLOCK_SIZE if block_size is None else block_size
-        per_block = per_token * block_size
+
+def _non_kv_memory(model: ModelSpec, gpu: GpuSpec, tp: int, gpu_memory_utilization: float,
+                   non_kv_bytes: int | None, non_torch_bytes: int, max_num_batched_tokens: int,
+                   max_num_seqs: int) -> tuple[int, int, int, int, int, int]:
+    """(the GPU's bytes, vLLM's budget, weights, activations, non-PyTorch, non-KV in all) per
+    GPU; the weights must fit the budget."""
     total = gpu.memory_bytes
     budget = int(total * gpu_memory_utilization)
     weights = math.ceil(model.weight_bytes / tp)
@@ -283,48 +346,10 @@ def compute_capacity(model: ModelSpec, gpu: GpuSpec, *, tp: int = 1, block_size:
     if non_kv_bytes is not None:
         if non_kv_bytes < 0:
             raise InputError(f"non_kv_bytes must be >= 0, got {non_kv_bytes}")
-        activation, non_torch, non_kv = 0, 0, int(non_kv_bytes)
-    else:
-        activation = estimate_activation_bytes(model, max_num_batched_tokens, max_num_seqs, tp)
-        non_torch = non_torch_bytes
-        non_kv = weights + activation + non_torch
-    available = budget - non_kv
-    if available <= 0:
-        raise InputError(f"no memory left for the KV cache on {gpu.name}: budget {budget / GIB:.2f} GiB "
-                         f"- non-KV {non_kv / GIB:.2f} GiB = {available / GIB:.2f} GiB; raise "
-                         f"gpu_memory_utilization or tp")
-    plan = rows = None
-    if model.layers is not None:
-        plan = plan_layers(model, tp=tp, kv_dtype_bytes=elem, block_size=block_size,
-                           available_kv_bytes=available, max_model_len=max_model_len,
-                           max_num_batched_tokens=max_num_batched_tokens,
-                           enable_prefix_caching=enable_prefix_caching,
-                           disable_hybrid=disable_hybrid_kv_cache_manager,
-                           check_max_model_len=check_max_model_len)
-        block_size, per_block, num_blocks = plan.block_size, plan.bytes_per_block, plan.num_gpu_blocks
-        kv_tokens, concurrency, rows = plan.kv_cache_tokens, plan.max_concurrency, group_rows(plan)
-    else:
-        num_blocks = available // per_block
-        if check_max_model_len:
-            needed = math.ceil(max_model_len / block_size) * per_block
-            if needed > available:
-                raise InputError(f"one request of max_model_len {max_model_len} needs {needed / GIB:.2f} GiB of KV "
-                                 f"cache, more than the {available / GIB:.2f} GiB available; the largest that "
-                                 f"fits is {num_blocks * block_size} tokens (lower max_model_len or raise "
-                                 f"gpu_memory_utilization)")
-        kv_tokens = num_blocks * block_size
-        concurrency = num_blocks / math.ceil(max_model_len / block_size)
-    return CapacityReport(
-        model=model.name, gpu=gpu.name, tp=tp, block_size=block_size, kv_dtype=kv_dtype,
-        kv_dtype_bytes=elem, gpu_memory_utilization=gpu_memory_utilization,
-        max_model_len=max_model_len, max_num_seqs=max_num_seqs,
-        max_num_batched_tokens=max_num_batched_tokens, kv_heads_per_rank=heads,
-        kv_bytes_per_token=per_token, bytes_per_block=per_block, total_memory_bytes=total,
-        budget_bytes=budget, weight_bytes=weights, activation_bytes=activation,
-        non_torch_bytes=non_torch, non_kv_bytes=non_kv, non_kv_given=non_kv_bytes is not None,
-        available_kv_bytes=available, num_gpu_blocks=num_blocks, kv_cache_tokens=kv_tokens,
-        max_concurrency=concurrency, kv_groups=rows or (), kv_plan=plan,
-        weight_format=_weight_label(model))
+        return total, budget, weights, 0, 0, int(non_kv_bytes)
+    activation = estimate_activation_bytes(model, max_num_batched_tokens, max_num_seqs, tp)
+    return total, budget, weights, activation, non_torch_bytes, \
+        weights + activation + non_torch_bytes
 
 
 def _weight_label(model: ModelSpec) -> str:

@@ -283,21 +283,9 @@ def _field(cfg: dict, names: tuple[str, ...], path: str, required: bool = True):
     return None
 
 
-def load_hf_config(path: str | Path, name: str | None = None, *, force: bool = False) -> ModelSpec:
-    """A ModelSpec from a Hugging Face config.json (nested ``text_config`` too).
-
-    Args:
-        path: the config.json file.
-        name: the spec's name; default: the parent directory's name.
-        force: size a model_type kvsim does not know as a generic decoder (planner.hf_fields).
-    Returns:
-        The model spec, with num_params estimated from the architecture; its ``config_notes``
-        name every sizing field that was absent and the default taken, and the fields not read.
-    Raises:
-        InputError: unreadable JSON, missing or malformed fields, an unknown model_type, a near
-            miss of a field name (names the file and field; planner.hf_fields).
-    """
-    path = str(path)
+def _read_config(path: str) -> tuple[dict, dict]:
+    """A config.json's object, and the text model's fields (a multimodal wrapper's
+    ``text_config`` merged over the rest)."""
     try:
         text = Path(path).read_text()
     except UnicodeDecodeError as err:
@@ -315,13 +303,13 @@ def load_hf_config(path: str | Path, name: str | None = None, *, force: bool = F
         if not isinstance(raw["text_config"], dict):
             raise InputError("must be an object", file=path, field="text_config")
         cfg = {**{k: v for k, v in raw.items() if k != "text_config"}, **raw["text_config"]}
-    notes = check_fields(cfg, path, force=force)
-    defaulted = []
+    return raw, cfg
 
-    num_layers = _field(cfg, ("num_hidden_layers", "n_layer", "num_layers"), path)
-    hidden = _field(cfg, ("hidden_size", "n_embd", "d_model"), path)
-    nh = _field(cfg, ("num_attention_heads", "n_head"), path)
-    vocab = _field(cfg, ("vocab_size",), path)
+
+def _attention_shape(cfg: dict, path: str, hidden: int, nh: int, defaulted: list) -> tuple:
+    """(num_kv_heads, head_dim, kv_lora_rank, qk_rope_head_dim, qk_nope_head_dim): MLA's
+    latent (one KV head of v_head_dim) or the attention heads; each default taken is added to
+    ``defaulted``."""
     nkv = _field(cfg, ("num_key_value_heads",), path, required=False)
     head_dim = _field(cfg, ("head_dim", "attention_head_dim"), path, required=False)
     kv_lora_rank = _field(cfg, ("kv_lora_rank",), path, required=False)
@@ -340,6 +328,33 @@ def load_hf_config(path: str | Path, name: str | None = None, *, force: bool = F
                              "and head_dim is absent", file=path, field="head_dim")
         head_dim = hidden // nh
         defaulted.append(f"head_dim {head_dim} (hidden_size / num_attention_heads)")
+    return nkv, head_dim, kv_lora_rank, rope, nope
+
+
+def load_hf_config(path: str | Path, name: str | None = None, *, force: bool = False) -> ModelSpec:
+    """A ModelSpec from a Hugging Face config.json (nested ``text_config`` too).
+
+    Args:
+        path: the config.json file.
+        name: the spec's name; default: the parent directory's name.
+        force: size a model_type kvsim does not know as a generic decoder (planner.hf_fields).
+    Returns:
+        The model spec, with num_params estimated from the architecture; its ``config_notes``
+        name every sizing field that was absent and the default taken, and the fields not read.
+    Raises:
+        InputError: unreadable JSON, missing or malformed fields, an unknown model_type, a near
+            miss of a field name (names the file and field; planner.hf_fields).
+    """
+    path = str(path)
+    raw, cfg = _read_config(path)
+    notes = check_fields(cfg, path, force=force)
+    defaulted = []
+
+    num_layers = _field(cfg, ("num_hidden_layers", "n_layer", "num_layers"), path)
+    hidden = _field(cfg, ("hidden_size", "n_embd", "d_model"), path)
+    nh = _field(cfg, ("num_attention_heads", "n_head"), path)
+    vocab = _field(cfg, ("vocab_size",), path)
+    nkv, head_dim, kv_lora_rank, rope, nope = _attention_shape(cfg, path, hidden, nh, defaulted)
     inter = _field(cfg, ("intermediate_size", "ffn_dim", "n_inner"), path, required=False)
     if inter is None:
         inter = 4 * hidden

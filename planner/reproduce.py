@@ -606,30 +606,11 @@ def _r(x: float | None, nd: int = 2) -> float | None:
     return round(float(x), nd)
 
 
-def assemble_results(config: ReproConfig, runs: Sequence[Run], metrics: dict[str, RunMetrics],
-                     workload_info: dict[str, Any]) -> dict[str, Any]:
-    """Fold per-run metrics into the results dict (stable keys, rounded, JSON-able)."""
+def _sensitivity(config: ReproConfig, runs: Sequence[Run], metrics: dict[str, RunMetrics],
+                 res: dict[str, Any], f15: str) -> dict[str, Any]:
+    """The results' ``sensitivity`` section: Fig. 2's averaging, the rates, output shapes, step
+    time scales and placements that were run, and Fig. 15's variants."""
     sg, al = config.sharegpt_rate, config.alpaca_rate
-    res: dict[str, Any] = {"schema": "kvsim.reproduce.vllm-paper/1"}
-    res["fig2"] = {s: {c: _r(metrics[f"sharegpt@{sg:g}/{s}"].shares_pct[c]) for c in FIG2_CLASSES}
-                   for s in REPORT_SYSTEMS}
-    res["fig13"] = {wl: {s: _r(metrics[f"{wl}@{rate:g}/{s}"].mean_running) for s in REPORT_SYSTEMS}
-                    for wl, rate in (("sharegpt", sg), ("alpaca", al))}
-    f15 = f"{config.fig15_workload}@{config.fig15_rate:g}/{V1_SYSTEM}"
-    res["fig15"] = {m: {str(n): _r(metrics[f"{f15}/{m}{n}"].sharing_saving_pct)
-                        for n in FIG15_NS} for m in FIG15_MODES}
-    real_keys = [k for k in metrics if k.startswith("sharegpt_real@")]
-    if real_keys:
-        res["fig2_sharegpt_real"] = {
-            s: {c: _r(metrics[f"sharegpt_real@{sg:g}/{s}"].shares_pct[c]) for c in FIG2_CLASSES}
-            for s in REPORT_SYSTEMS}
-        res["fig13"]["sharegpt_real"] = {s: _r(metrics[f"sharegpt_real@{sg:g}/{s}"].mean_running)
-                                         for s in REPORT_SYSTEMS}
-    # the v1 row is measured against the paper's vLLM too
-    res["paper"] = {"fig2": {**PAPER_FIG2, V1_SYSTEM: PAPER_FIG2["vllm"]},
-                    "fig13": {wl: {**v, V1_SYSTEM: v["vllm"]} for wl, v in PAPER_FIG13.items()},
-                    "fig15": PAPER_FIG15}
-
     sens: dict[str, Any] = {}
     # how Fig. 2's shares are averaged: whole pool (default), held slots only, saturated samples
     sens["fig2_averaging"] = {
@@ -688,7 +669,34 @@ def assemble_results(config: ReproConfig, runs: Sequence[Run], metrics: dict[str
     sens["fig15_mean_of_ratios"] = {
         m: {str(n): _r(metrics[f"{f15}/{m}{n}"].sharing_saving_mean_ratio_pct)
             for n in FIG15_NS} for m in FIG15_MODES}
-    res["sensitivity"] = sens
+    return sens
+
+
+def assemble_results(config: ReproConfig, runs: Sequence[Run], metrics: dict[str, RunMetrics],
+                     workload_info: dict[str, Any]) -> dict[str, Any]:
+    """Fold per-run metrics into the results dict (stable keys, rounded, JSON-able)."""
+    sg, al = config.sharegpt_rate, config.alpaca_rate
+    res: dict[str, Any] = {"schema": "kvsim.reproduce.vllm-paper/1"}
+    res["fig2"] = {s: {c: _r(metrics[f"sharegpt@{sg:g}/{s}"].shares_pct[c]) for c in FIG2_CLASSES}
+                   for s in REPORT_SYSTEMS}
+    res["fig13"] = {wl: {s: _r(metrics[f"{wl}@{rate:g}/{s}"].mean_running) for s in REPORT_SYSTEMS}
+                    for wl, rate in (("sharegpt", sg), ("alpaca", al))}
+    f15 = f"{config.fig15_workload}@{config.fig15_rate:g}/{V1_SYSTEM}"
+    res["fig15"] = {m: {str(n): _r(metrics[f"{f15}/{m}{n}"].sharing_saving_pct)
+                        for n in FIG15_NS} for m in FIG15_MODES}
+    real_keys = [k for k in metrics if k.startswith("sharegpt_real@")]
+    if real_keys:
+        res["fig2_sharegpt_real"] = {
+            s: {c: _r(metrics[f"sharegpt_real@{sg:g}/{s}"].shares_pct[c]) for c in FIG2_CLASSES}
+            for s in REPORT_SYSTEMS}
+        res["fig13"]["sharegpt_real"] = {s: _r(metrics[f"sharegpt_real@{sg:g}/{s}"].mean_running)
+                                         for s in REPORT_SYSTEMS}
+    # the v1 row is measured against the paper's vLLM too
+    res["paper"] = {"fig2": {**PAPER_FIG2, V1_SYSTEM: PAPER_FIG2["vllm"]},
+                    "fig13": {wl: {**v, V1_SYSTEM: v["vllm"]} for wl, v in PAPER_FIG13.items()},
+                    "fig15": PAPER_FIG15}
+
+    res["sensitivity"] = _sensitivity(config, runs, metrics, res, f15)
     res["runs"] = {k: {"system": m.system, "mean_running": _r(m.mean_running),
                        "mean_waiting": _r(m.mean_waiting),
                        "saturated_fraction": _r(m.saturated_fraction, 4),

@@ -102,33 +102,9 @@ def _setup_lines(results: dict[str, Any]) -> list[str]:
     ]
 
 
-def render_markdown(results: dict[str, Any]) -> str:
-    """report.md: setup, the three figures (paper vs kvsim), real trace, sensitivity, flags."""
-    out = ["# kvsim reproduction of the vLLM paper's memory results", "",
-           "Kwon et al., *Efficient Memory Management for Large Language Model Serving with "
-           "PagedAttention*, SOSP 2023. Explanations of every flagged difference: docs/REPRODUCTION.md.",
-           "", "## Setup", ""]
-    out += _setup_lines(results)
-    out += ["", "### Workloads", "",
-            _md_table(["trace", "requests", "mean prompt", "mean output", "dropped (long / short)"],
-                      [[k, _f(v.get("num_requests")), _f(v.get("mean_prompt_tokens")),
-                        _f(v.get("mean_output_tokens")),
-                        f"{v.get('num_dropped_too_long', v.get('rows_too_long', '-'))} / "
-                        f"{v.get('num_dropped_too_short', v.get('rows_too_short', '-'))}"]
-                       for k, v in results["workloads"].items()])]
-    header = ["system", "source"] + [FIG2_LABELS[c] + " %" for c in FIG2_CLASSES]
-    out += ["", "## Fig. 2: share of KV memory (ShareGPT)", "", _md_table(header, fig2_rows(results))]
-    if "fig2_sharegpt_real" in results:
-        out += ["", "### Fig. 2 on the real ShareGPT length file", "",
-                _md_table(header, fig2_rows(results, "fig2_sharegpt_real"))]
-    out += ["", "## Fig. 13: average number of batched requests", "",
-            _md_table(["workload", "system", "paper", "kvsim", "kvsim / paper"], fig13_rows(results)),
-            "", "## Fig. 15: memory saved by sharing (%)", "",
-            _md_table(["decoding", "n", "paper", "kvsim", "kvsim - paper"], fig15_rows(results))]
-    checks = ordering_checks(results)
-    out += ["", "## Orderings the paper reports", ""]
-    out += [f"- {k}: {'holds' if v else 'DOES NOT HOLD'}" for k, v in checks.items()]
-    out += ["", "## Sensitivity", ""]
+def _sensitivity_lines(results: dict[str, Any]) -> list[str]:
+    """report.md's sensitivity tables, those the run has."""
+    out: list[str] = []
     sens = results.get("sensitivity", {})
     avg = sens.get("fig2_averaging")
     if avg:
@@ -182,6 +158,37 @@ def render_markdown(results: dict[str, Any]) -> str:
                 for m in FIG15_MODES for n in FIG15_NS]
         out += ["Fig. 15 averaging: ratio of time-averaged counts (default) vs mean of per-snapshot ratios:", "",
                 _md_table(["decoding", "n", "ratio of sums %", "mean of ratios %"], rows), ""]
+    return out
+
+
+def render_markdown(results: dict[str, Any]) -> str:
+    """report.md: setup, the three figures (paper vs kvsim), real trace, sensitivity, flags."""
+    out = ["# kvsim reproduction of the vLLM paper's memory results", "",
+           "Kwon et al., *Efficient Memory Management for Large Language Model Serving with "
+           "PagedAttention*, SOSP 2023. Explanations of every flagged difference: docs/REPRODUCTION.md.",
+           "", "## Setup", ""]
+    out += _setup_lines(results)
+    out += ["", "### Workloads", "",
+            _md_table(["trace", "requests", "mean prompt", "mean output", "dropped (long / short)"],
+                      [[k, _f(v.get("num_requests")), _f(v.get("mean_prompt_tokens")),
+                        _f(v.get("mean_output_tokens")),
+                        f"{v.get('num_dropped_too_long', v.get('rows_too_long', '-'))} / "
+                        f"{v.get('num_dropped_too_short', v.get('rows_too_short', '-'))}"]
+                       for k, v in results["workloads"].items()])]
+    header = ["system", "source"] + [FIG2_LABELS[c] + " %" for c in FIG2_CLASSES]
+    out += ["", "## Fig. 2: share of KV memory (ShareGPT)", "", _md_table(header, fig2_rows(results))]
+    if "fig2_sharegpt_real" in results:
+        out += ["", "### Fig. 2 on the real ShareGPT length file", "",
+                _md_table(header, fig2_rows(results, "fig2_sharegpt_real"))]
+    out += ["", "## Fig. 13: average number of batched requests", "",
+            _md_table(["workload", "system", "paper", "kvsim", "kvsim / paper"], fig13_rows(results)),
+            "", "## Fig. 15: memory saved by sharing (%)", "",
+            _md_table(["decoding", "n", "paper", "kvsim", "kvsim - paper"], fig15_rows(results))]
+    checks = ordering_checks(results)
+    out += ["", "## Orderings the paper reports", ""]
+    out += [f"- {k}: {'holds' if v else 'DOES NOT HOLD'}" for k, v in checks.items()]
+    out += ["", "## Sensitivity", ""]
+    out += _sensitivity_lines(results)
     flagged = [d for d in differences(results) if d["flag"]]
     out += ["## Differences larger than 3 points (shares) or 10 % (concurrency)", ""]
     if flagged:

@@ -88,27 +88,31 @@ class DecodeRuns:
         self._run_min_remaining = min_remaining
         first_step_blocks = 0
         if paged:
-            free = self.allocator.num_free_blocks - self.decode_block_reserve
-            cycles, rem = divmod(free, n)
-            # every request takes at most one block per B steps, so the free blocks last at
-            # least cycles * B steps; only a run longer than that (or a waiting head, which
-            # needs the first step's blocks) needs the step-by-step count
-            if cycles * B < k or self.waiting:
-                hist = self.crossing_histogram()
-                r = 0
-                acc = 0
-                while r < B - 1 and acc + hist[r + 1] <= rem:
-                    r += 1
-                    acc += hist[r]
-                kb = cycles * B + r
-                if kb < k:
-                    k = kb
-                first_step_blocks = hist[1]
+            k, first_step_blocks = self._steps_the_blocks_last(k, n)
             if k <= 0:
                 return 0
         if self.waiting and self._head_admissible(first_step_blocks):
             return 0
         return k
+
+    def _steps_the_blocks_last(self, k: int, n: int) -> tuple[int, int]:
+        """``k`` bounded by the steps the free blocks last with ``n`` requests decoding, and the
+        blocks the first step takes (counted only when needed: 0 otherwise)."""
+        B = self.block_size
+        free = self.allocator.num_free_blocks - self.decode_block_reserve
+        cycles, rem = divmod(free, n)
+        # every request takes at most one block per B steps, so the free blocks last at least
+        # cycles * B steps; only a run longer than that (or a waiting head, which needs the
+        # first step's blocks) needs the step-by-step count
+        if cycles * B >= k and not self.waiting:
+            return k, 0
+        hist = self.crossing_histogram()
+        r = 0
+        acc = 0
+        while r < B - 1 and acc + hist[r + 1] <= rem:
+            r += 1
+            acc += hist[r]
+        return min(k, cycles * B + r), hist[1]
 
     def crossing_histogram(self) -> list[int]:
         """``hist[j]`` (j = 1..B): running requests that need a new block in decode step j from

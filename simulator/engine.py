@@ -117,6 +117,19 @@ class _Replica:
         self.num_steps = 0
 
 
+def _check_arguments(config, cost_model, replicas, max_concurrency) -> None:
+    """Simulation's arguments that are not sizes (footprint.py checks those)."""
+    if not isinstance(config, EngineConfig):
+        raise TypeError("config must be an EngineConfig")
+    if not hasattr(cost_model, "step_time_s") or not hasattr(cost_model, "run_time_s"):
+        raise TypeError("cost_model must implement step_time_s and run_time_s (CostModel)")
+    if not isinstance(replicas, int) or replicas < 1:
+        raise ValueError(f"replicas must be an integer >= 1, got {replicas!r}")
+    if max_concurrency is not None and (isinstance(max_concurrency, bool) or
+                                        not isinstance(max_concurrency, int) or max_concurrency < 1):
+        raise ValueError(f"max_concurrency must be an integer >= 1 or None, got {max_concurrency!r}")
+
+
 class Simulation:
     """A simulation you can run to the end (``run``) or step through (``run_until``).
 
@@ -155,15 +168,7 @@ class Simulation:
                  batch_decode_steps: bool = True, record_requests: bool = True,
                  offload: Sequence[TierConfig] = (), max_concurrency: int | None = None,
                  record_token_times: bool = False):
-        if not isinstance(config, EngineConfig):
-            raise TypeError("config must be an EngineConfig")
-        if not hasattr(cost_model, "step_time_s") or not hasattr(cost_model, "run_time_s"):
-            raise TypeError("cost_model must implement step_time_s and run_time_s (CostModel)")
-        if not isinstance(replicas, int) or replicas < 1:
-            raise ValueError(f"replicas must be an integer >= 1, got {replicas!r}")
-        if max_concurrency is not None and (isinstance(max_concurrency, bool) or
-                                            not isinstance(max_concurrency, int) or max_concurrency < 1):
-            raise ValueError(f"max_concurrency must be an integer >= 1 or None, got {max_concurrency!r}")
+        _check_arguments(config, cost_model, replicas, max_concurrency)
         self.max_concurrency = max_concurrency
         self.token_log = TokenLog() if record_token_times else None
         self.in_flight = 0            # requests sent and not yet finished or rejected
