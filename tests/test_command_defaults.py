@@ -56,5 +56,7 @@ def test_the_roofline_efficiency_knobs_reach_every_commands_clock(tmp_path, caps
     capsys.readouterr()
     rows = json.loads((tmp_path / "p" / "results.json").read_text())
     assert all(said in r["config.clock"] for r in rows)
-    assert main(["replay", SPEC, "--quiet", "--bandwidth-efficiency", "1.5"]) == 2
-    assert "bandwidth_efficiency must be in (0, 1], got 1.5" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as usage_error:     # argparse refuses it before any work
+        main(["replay", SPEC, "--quiet", "--bandwidth-efficiency", "1.5"])
+    assert usage_error.value.code == 2
+    assert "--bandwidth-efficiency: must be in (0, 1], got 1.5" in capsys.readouterr().err

@@ -30,6 +30,18 @@ def _number(kind, lo, *, strict: bool):
 positive_int = _number(int, 1, strict=False)
 nonneg_int = _number(int, 0, strict=False)
 positive_float = _number(float, 0, strict=True)
+nonneg_float = _number(float, 0, strict=False)
+
+
+def fraction(text: str) -> float:
+    """An argparse type: a number in (0, 1] (a share of memory, bandwidth or FLOP/s)."""
+    value = positive_float(text)
+    if value > 1:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {text}")
+    return value
+
+
+fraction.__name__ = "float"
 
 
 def add_rate_args(p: argparse.ArgumentParser) -> None:

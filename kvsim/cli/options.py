@@ -23,7 +23,8 @@ import json
 import os
 import sys
 
-from kvsim.cli.argtypes import add_rate_args, nonneg_int, positive_float, positive_int
+from kvsim.cli.argtypes import (add_rate_args, fraction, nonneg_float, nonneg_int, positive_float,
+                                positive_int)
 from kvsim.errors import InputError
 from kvsim.planner.capacity import DEFAULT_GPU_MEMORY_UTILIZATION, KV_DTYPES
 from kvsim.planner.engine_setup import DEFAULT_GPU, DEFAULT_MODEL
@@ -105,9 +106,9 @@ def add_model_gpu_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--weight-dtype", default="auto", choices=WEIGHT_DTYPES, metavar="DTYPE",
                    help=f"how the weights are served ({', '.join(WEIGHT_DTYPES)}); auto = the "
                         "config's quantization_config (fp8, MXFP4, AWQ/GPTQ), else its dtype")
-    g.add_argument("--gpu-memory-utilization", type=float, default=DEFAULT_GPU_MEMORY_UTILIZATION,
+    g.add_argument("--gpu-memory-utilization", type=fraction, default=DEFAULT_GPU_MEMORY_UTILIZATION,
                    metavar="U", help="fraction of GPU memory vLLM may use (default %(default)s, vLLM 0.33's)")
-    g.add_argument("--non-kv-gib", type=float, metavar="GIB",
+    g.add_argument("--non-kv-gib", type=nonneg_float, metavar="GIB",
                    help="per-GPU memory that is not KV cache (weights + activations + non-torch), "
                         "e.g. from a vLLM log; replaces our estimate")
 
@@ -233,17 +234,17 @@ def add_step_time_args(p: argparse.ArgumentParser) -> None:
     cost = g.add_mutually_exclusive_group()
     cost.add_argument("--step-clock", action="store_true",
                       help="one step = one time unit (vLLM's step index)")
-    cost.add_argument("--step-s", type=float, metavar="S", help="fixed step time in seconds")
+    cost.add_argument("--step-s", type=positive_float, metavar="S", help="fixed step time in seconds")
     cost.add_argument("--cost-table", metavar="CSV", help="measured step times (TableCost)")
     g.add_argument("--force-cost-table", action="store_true",
                    help="use --cost-table's times although it was measured for another model, GPU, TP or KV "
                         "dtype (otherwise an error)")
-    g.add_argument("--bandwidth-efficiency", type=float, default=1.0, metavar="FRACTION",
+    g.add_argument("--bandwidth-efficiency", type=fraction, default=1.0, metavar="FRACTION",
                    help="roofline: the share of the GPU's datasheet memory bandwidth a step reaches "
                         "(default 1.0; (0, 1])")
-    g.add_argument("--flops-efficiency", type=float, default=1.0, metavar="FRACTION",
+    g.add_argument("--flops-efficiency", type=fraction, default=1.0, metavar="FRACTION",
                    help="roofline: the share of the datasheet FLOP/s a step reaches (default 1.0; (0, 1])")
-    g.add_argument("--step-overhead-ms", type=float, default=DEFAULT_STEP_OVERHEAD_S * 1e3, metavar="MS",
+    g.add_argument("--step-overhead-ms", type=nonneg_float, default=DEFAULT_STEP_OVERHEAD_S * 1e3, metavar="MS",
                    help="roofline: fixed time added to every step (default %(default)g)")
 
 
