@@ -7,6 +7,7 @@ checks every preset), so ``--hf-config`` on any other model gets the same treatm
 from __future__ import annotations
 
 import json
+import os
 import re
 from dataclasses import replace
 from pathlib import Path
@@ -281,6 +282,26 @@ def _field(cfg: dict, names: tuple[str, ...], path: str, required: bool = True):
     if required:
         raise InputError("missing required field", file=path, field=names[0])
     return None
+
+
+def hf_config_source(path: str) -> tuple[str, str]:
+    """``--hf-config PATH``: the config.json to read (PATH itself, or PATH/config.json for a model
+    folder) and the model's name: the config's ``_name_or_path``, else its first
+    ``architectures`` entry, else the folder's name. A file that cannot be read keeps the folder's
+    name here; load_hf_config then reports it (one line)."""
+    config = os.path.join(path, "config.json") if os.path.isdir(path) else path
+    name = None
+    try:
+        with open(config, encoding="utf-8") as f:
+            raw = json.load(f)
+        if isinstance(raw, dict):
+            arch = raw.get("architectures")
+            name = (raw.get("_name_or_path") or (arch[0] if isinstance(arch, list) and arch else None))
+    except (OSError, ValueError):
+        pass
+    if not isinstance(name, str) or not name.strip():
+        name = os.path.basename(os.path.dirname(os.path.abspath(config))) or "custom"
+    return config, name.strip()
 
 
 def _read_config(path: str) -> tuple[dict, dict]:

@@ -183,6 +183,11 @@ class EngineConfig:
         return int(self.watermark * self.pool_blocks)
 
 
+# EngineConfig's own batch limits (max_num_seqs, max_num_batched_tokens): the dashboard's teaching
+# pools, which have no GPU whose ``vllm serve`` defaults would apply, take them
+ENGINE_BATCH_DEFAULTS: tuple[int, int] = (EngineConfig.max_num_seqs,
+                                          EngineConfig.max_num_batched_tokens)
+
 # ``--kv-groups`` spellings (the hybrid oracle's, bench/hybrid_oracle.py): one entry per group
 _GROUP_SPELLINGS = {"full": "full_attention", "sliding": "sliding_window", "mamba": "mamba",
                     "mamba_ckpt": "mamba"}

@@ -22,30 +22,46 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
-# top (may import everything below) to bottom; a module's layer is its longest matching prefix
+# THE list of layers, top (may import everything below) to bottom: (name, module prefixes, what
+# lives there). A module's layer is its longest matching prefix. docs/ARCHITECTURE.md prints it
+# (``layers_text``; test_the_architecture_document_prints_this_list keeps them equal).
 LAYERS = (
-    ("dashboard", ("app", "kvsim.app_pages", "kvsim.dashboard")),
-    ("cli", ("kvsim.cli",)),
-    ("planner", ("kvsim.planner",)),
-    ("viz", ("kvsim.viz",)),
-    ("simulator", ("kvsim.simulator",)),
-    ("kernels", ("kvsim.kernels",)),
-    ("allocator", ("kvsim.allocator",)),
-    ("workloads", ("kvsim.workloads",)),
-    ("errors", ("kvsim.errors", "kvsim")),
+    ("pages", ("app", "kvsim.app_pages", "kvsim.dashboard.router", "kvsim.dashboard.entry"),
+     "the dashboard's pages and their router: widgets only (Streamlit)"),
+    ("cli", ("kvsim.cli",), "one module per command; options.py = the shared flags -> build_engine()"),
+    ("dashboard", ("kvsim.dashboard",), "dashboard logic, tested without Streamlit"),
+    ("planner", ("kvsim.planner",),
+     "presets, capacity, roofline, engine_setup.build_engine, sweeps, reproduce"),
+    ("viz", ("kvsim.viz",), "figures (pure functions of arrays and tables)"),
+    ("simulator", ("kvsim.simulator",),
+     "engine, scheduler (the modes table), cost-model interface, recorder, summary"),
+    ("kernels", ("kvsim.kernels",), "Triton kernels, reference, bridge (plain arrays in, report out)"),
+    ("allocator", ("kvsim.allocator",), "pools and allocators (numpy only)"),
+    ("workloads", ("kvsim.workloads",), "requests, loaders, synthetic generators, keys"),
+    ("errors", ("kvsim.errors", "kvsim"), "InputError"),
 )
-RANK = {name: len(LAYERS) - i for i, (name, _) in enumerate(LAYERS)}
+
+
+def layers_text() -> str:
+    """The list as docs/ARCHITECTURE.md prints it, top first: the layer's name and modules, then
+    what lives there."""
+    return "\n".join(f"{name:<10} {', '.join(prefixes)}\n{'':<10} {what}"
+                     for name, prefixes, what in LAYERS)
+
+
+RANK = {name: len(LAYERS) - i for i, (name, _, _) in enumerate(LAYERS)}
 # pairs the order allows but the design card forbids
 FORBIDDEN = {("simulator", "kernels")}
-# the one command that starts the dashboard names it; nothing else in the CLI may
-UPWARD_ALLOWED_FROM = ("kvsim.cli.dashboard",)   # may import the dashboard layer it launches
+# the one command that starts the dashboard names its launcher; nothing else in the CLI may
+UPWARD_ALLOWED_FROM = ("kvsim.cli.dashboard",)
 OUR_TOP_LEVEL = ("allocator", "kernels", "workloads", "simulator", "planner", "viz", "app_pages")
-THIRD_PARTY_BANNED = {"allocator": ("simpy", "torch", "triton", "streamlit", "plotly")}
+THIRD_PARTY_BANNED = {"allocator": ("simpy", "torch", "triton", "streamlit", "plotly"),
+                      "dashboard": ("streamlit",)}
 
 
 def layer_of(module: str) -> str | None:
     best, best_len = None, -1
-    for name, prefixes in LAYERS:
+    for name, prefixes, _ in LAYERS:
         for prefix in prefixes:
             if (module == prefix or module.startswith(prefix + ".")) and len(prefix) > best_len:
                 best, best_len = name, len(prefix)
@@ -108,6 +124,13 @@ def graph() -> dict[str, set[str]]:
     return edges
 
 
+def test_the_architecture_document_prints_this_list():
+    text = (ROOT / "docs" / "ARCHITECTURE.md").read_text()
+    start = text.index("<!-- layers: tests/test_layers.py LAYERS -->")
+    block = text[start:].split("```", 2)[1]
+    assert block.strip() == layers_text()
+
+
 def test_every_package_of_the_wheel_is_found():
     names = set(MODULES)
     for expected in ("kvsim.cli", "kvsim.cli.replay", "kvsim.planner.engine_setup", "kvsim.errors",
@@ -123,7 +146,7 @@ def test_dependencies_point_down_only():
         src = layer_of(module)
         for dep in deps:
             dst = layer_of(dep)
-            allowed = module.startswith(UPWARD_ALLOWED_FROM) and dst == "dashboard"
+            allowed = module.startswith(UPWARD_ALLOWED_FROM) and dst == "pages"
             if (RANK[dst] > RANK[src] or (src, dst) in FORBIDDEN) and not allowed:
                 bad.append(f"{module} ({src}) imports {dep} ({dst})")
     assert not bad, "\n".join(sorted(bad))

@@ -9,7 +9,7 @@ help text and one meaning in every command (vLLM's spellings where vLLM has the 
 Every command takes the same defaults: the batch limits are vLLM's ``vllm serve`` defaults for
 the GPU (1024 sequences and 8192 tokens on an H100) in replay, compare, bench, validate, capacity
 and plan alike, so the same model and GPU give the same pool everywhere (only the dashboard's
-teaching pools, which have no GPU, take ``ENGINE_BATCH_DEFAULTS``). ``--rate`` and ``--rate-scale``
+teaching pools, which have no GPU, take ``simulator.config.ENGINE_BATCH_DEFAULTS``). ``--rate`` and ``--rate-scale``
 mean the same in every command too (workloads.retime): ``--rate R`` gives the workload R requests/s
 (a spec's rate= replaced, Poisson arrivals for a trace without timestamps, a timestamped trace
 re-timed to that mean rate), ``--rate-scale X`` X times its own rate (a trace keeps its pattern).
@@ -19,8 +19,6 @@ Only argparse and light modules are imported here: ``kvsim --help`` must not loa
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
 
 from kvsim.cli.argtypes import (add_rate_args, fraction, nonneg_float, nonneg_int, positive_float,
@@ -28,18 +26,12 @@ from kvsim.cli.argtypes import (add_rate_args, fraction, nonneg_float, nonneg_in
 from kvsim.errors import InputError
 from kvsim.planner.capacity import DEFAULT_GPU_MEMORY_UTILIZATION, KV_DTYPES
 from kvsim.planner.engine_setup import DEFAULT_GPU, DEFAULT_MODEL
-from kvsim.planner.presets import GPU_PRESETS, MODEL_PRESETS, custom_gpu, load_hf_config
+from kvsim.planner.presets import (GPU_PRESETS, MODEL_PRESETS, custom_gpu, hf_config_source,  # noqa: F401
+                                   load_hf_config)
 from kvsim.planner.roofline import DEFAULT_STEP_OVERHEAD_S
 from kvsim.planner.specs import GIB
 from kvsim.planner.weights import WEIGHT_DTYPES
-from kvsim.simulator.config import ALLOCATORS, PLACEMENTS, ROUTERS, SCHEDULERS, EngineConfig
-
-# the batch limits of a pool without a GPU (the dashboard's teaching pools): EngineConfig's
-# defaults, 256 and 8192; every command takes vLLM's per-GPU ones
-ENGINE_BATCH_DEFAULTS: tuple[int, int] = tuple(
-    EngineConfig.__dataclass_fields__[name].default for name in ("max_num_seqs", "max_num_batched_tokens"))
-
-
+from kvsim.simulator.config import ALLOCATORS, PLACEMENTS, ROUTERS, SCHEDULERS
 
 
 # ------------------------------------------------------------------------------------- workload
@@ -111,26 +103,6 @@ def add_model_gpu_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--non-kv-gib", type=nonneg_float, metavar="GIB",
                    help="per-GPU memory that is not KV cache (weights + activations + non-torch), "
                         "e.g. from a vLLM log; replaces our estimate")
-
-
-def hf_config_source(path: str) -> tuple[str, str]:
-    """``--hf-config PATH``: the config.json to read (PATH itself, or PATH/config.json for a model
-    folder) and the model's name: the config's ``_name_or_path``, else its first
-    ``architectures`` entry, else the folder's name. A file that cannot be read keeps the folder's
-    name here; load_hf_config then reports it (one line)."""
-    config = os.path.join(path, "config.json") if os.path.isdir(path) else path
-    name = None
-    try:
-        with open(config, encoding="utf-8") as f:
-            raw = json.load(f)
-        if isinstance(raw, dict):
-            arch = raw.get("architectures")
-            name = (raw.get("_name_or_path") or (arch[0] if isinstance(arch, list) and arch else None))
-    except (OSError, ValueError):
-        pass
-    if not isinstance(name, str) or not name.strip():
-        name = os.path.basename(os.path.dirname(os.path.abspath(config))) or "custom"
-    return config, name.strip()
 
 
 def model_from_args(args):

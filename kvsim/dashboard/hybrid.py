@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from kvsim.cli.options import ENGINE_BATCH_DEFAULTS
+from kvsim.simulator.config import ENGINE_BATCH_DEFAULTS
 from kvsim.dashboard.scenario import frame_times
 from kvsim.dashboard.sources import Workload
 from kvsim.planner.engine_setup import EngineSetup, build_engine

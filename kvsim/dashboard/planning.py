@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from kvsim.cli.options import hf_config_source
+from kvsim.planner.presets import hf_config_source
 from kvsim.dashboard.sources import (MAX_UPLOAD_MB, UPLOADS, Workload, load_requests, needs_rate,
                                      workload_source)
 from kvsim.errors import InputError

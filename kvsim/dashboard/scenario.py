@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from kvsim.cli.options import ENGINE_BATCH_DEFAULTS
+from kvsim.simulator.config import ENGINE_BATCH_DEFAULTS
 from kvsim.dashboard.playback import (FrameRecorder, PoolFrames, frame_cost_s, frame_step_s,
                                       playback_times)
 from kvsim.dashboard.sources import Workload
