@@ -95,7 +95,7 @@ def _internal_bug(*args, **kwargs):
 
 # (command line, module attribute the command calls) for an injected internal ValueError
 INTERNAL = {
-    "replay": (["replay", SPEC, *POOL, "--out", "{tmp}/r.json"], "kvsim.planner.engine_setup.build_engine"),
+    "replay": (["replay", SPEC, *POOL, "--out", "{tmp}/r.json"], "kvsim.planner.service.build_engine"),
     "compare": (["compare", SPEC, *POOL], "kvsim.planner.engine_setup.build_engine"),
     "workload": (["workload", SPEC], "kvsim.workloads.stats.workload_stats"),
     "capacity": (["capacity"], "kvsim.planner.engine_setup.build_engine"),
@@ -104,7 +104,7 @@ INTERNAL = {
     "reproduce": (["reproduce", "vllm-paper", "--out", "{tmp}/repro", "--quiet"],
                   "kvsim.planner.reproduce.run_reproduction"),
     "validate": (["validate", SPEC, "--at", "1", "--num-blocks", "200", "--device", "cpu"],
-                 "kvsim.planner.engine_setup.build_engine"),
+                 "kvsim.planner.service.build_engine"),
     "cache-curve": (["cache-curve", SPEC], "kvsim.planner.cache_plan.curve_report"),
 }
 

@@ -67,45 +67,42 @@ def snapshot_times(text: str) -> list[float]:
 def run_one(args, allocator: str, record_requests: bool = True,
             enable_prefix_caching: bool | None = None, offload: bool = True,
             record_token_times: bool = False):
-    """Load the workload and simulate it with one allocator; returns the Result.
+    """Simulate the flags' workload with one allocator (planner.service.simulate_settings);
+    returns the Result.
 
     Args:
         enable_prefix_caching: overrides ``--no-prefix-caching`` when given (``compare``).
         offload: honour the offload-tier flags (``compare`` runs its contiguous columns, and
             the paged one without prefix caching, without them).
     """
-    from kvsim import workloads
-    from kvsim.planner.engine_setup import build_engine
-    from kvsim.simulator import simulate
-    from kvsim.simulator.footprint import WorkloadSize, check_simulation
+    from kvsim.planner.engine_setup import EngineSettings
+    from kvsim.planner.service import RunSettings, simulate_settings
 
     overrides = {} if enable_prefix_caching is None else {"enable_prefix_caching": enable_prefix_caching}
     if not offload:
         overrides.update(dict.fromkeys(options.OFFLOAD_FLAGS))
-    setup = build_engine(**options.engine_kwargs(args, allocator=allocator, **overrides))
-    times = snapshot_times(args.snapshot_times_s)
-    # every size (pool, snapshots, the spec's n= and samples=) before anything is allocated
-    check_simulation(setup.config, replicas=args.replicas, num_snapshots=len(times),
-                     sample_interval_s=args.sample_interval_s, record_requests=record_requests,
-                     workload=WorkloadSize(**workloads.workload_size(
-                         args.workload, format=args.format, max_requests=args.max_requests)),
-                     offload=setup.offload)
-    requests = workloads.load_at_rate(args.workload, format=args.format, rate=args.rate,
-                                      rate_scale=args.rate_scale, max_requests=args.max_requests,
-                                      seed=args.seed)
+    engine = EngineSettings(**options.engine_kwargs(args, allocator=allocator, **overrides))
+    settings = RunSettings(
+        args.workload, engine, format=args.format, max_requests=args.max_requests,
+        rate=args.rate, rate_scale=args.rate_scale, seed=args.seed, replicas=args.replicas,
+        router=args.router, sample_interval_s=args.sample_interval_s,
+        snapshot_times_s=tuple(snapshot_times(args.snapshot_times_s)),
+        record_steps=args.step_clock, batch_decode_steps=not args.no_decode_batching,
+        record_requests=record_requests, record_token_times=record_token_times,
+        max_concurrency=options.max_concurrency(args))
+    wrap = None
     if not args.quiet:   # the bar counts arrivals against the workload's size, when known
-        requests = _progress(requests, workloads.count_requests(
-            args.workload, format=args.format, max_requests=args.max_requests))
-    cost = setup.cost
+        from kvsim import workloads
+
+        total = workloads.count_requests(args.workload, format=args.format,
+                                         max_requests=args.max_requests)
+        wrap = lambda requests: _progress(requests, total)  # noqa: E731
+    execute = None
     if getattr(args, "execute", None):
         from kvsim.cli.execute import in_the_loop
-        cost, requests = in_the_loop(args, setup, requests)
-    return simulate(requests, setup.config, cost, replicas=args.replicas, router=args.router,
-                    sample_interval_s=args.sample_interval_s, snapshot_times_s=times,
-                    seed=args.seed, record_steps=args.step_clock,
-                    batch_decode_steps=not args.no_decode_batching,
-                    record_requests=record_requests, offload=setup.offload,
-                    max_concurrency=options.max_concurrency(args), record_token_times=record_token_times)
+
+        execute = lambda setup, requests: in_the_loop(args, setup, requests)  # noqa: E731
+    return simulate_settings(settings, wrap_requests=wrap, in_the_loop=execute)
 
 
 def _progress(requests, total: int | None):

@@ -33,7 +33,7 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
-from kvsim.cli.argtypes import Parser, add_rate_args, positive_float, positive_int
+from kvsim.cli.argtypes import add_rate_args, positive_float, positive_int
 from kvsim.errors import InputError
 
 DTYPES = ("float32", "float16", "bfloat16")
@@ -97,19 +97,14 @@ STEP_PROBES = 4
 
 
 def _simulated_snapshot(args):
-    """PoolSnapshot at args.at from replaying args.workload (``kvsim replay``'s flags and
-    defaults); with --step, the first snapshot after --at whose last step computed a prefill."""
-    from kvsim.cli.replay import add_replay_args, run_one
+    """PoolSnapshot at args.at from replaying args.workload (``kvsim replay``'s defaults:
+    planner.service.RunSettings'); with --step, the first snapshot after --at whose last step
+    computed a prefill."""
+    from kvsim.planner.engine_setup import EngineSettings
+    from kvsim.planner.service import RunSettings, simulate_settings
 
     if args.num_blocks is None:
         raise InputError("validate WORKLOAD: give --num-blocks")
-    parser = Parser(prog="kvsim validate")
-    add_replay_args(parser)
-    replay = parser.parse_args([args.workload])
-    replay.num_blocks, replay.block_size, replay.step_s = args.num_blocks, args.block_size, args.step_s
-    replay.kv_groups = args.kv_groups
-    replay.max_requests, replay.quiet = args.max_requests, True
-    replay.rate, replay.rate_scale = args.rate, args.rate_scale
     times = [args.at]
     if args.step:
         from kvsim import workloads
@@ -117,8 +112,11 @@ def _simulated_snapshot(args):
         arrival = next((r.arrival_s for r in workloads.load(args.workload, max_requests=args.max_requests)
                         if r.arrival_s >= args.at), args.at)
         times = [arrival + (j + 0.5) * args.step_s for j in range(STEP_PROBES)]
-    replay.snapshot_times_s = ",".join(map(repr, times))
-    result = run_one(replay, "paged")
+    engine = EngineSettings(num_gpu_blocks=args.num_blocks, block_size=args.block_size,
+                            step_s=args.step_s, kv_cache_groups=args.kv_groups or ())
+    result = simulate_settings(RunSettings(
+        args.workload, engine, max_requests=args.max_requests, rate=args.rate,
+        rate_scale=args.rate_scale, snapshot_times_s=tuple(times)))
     # Result.snapshots holds (time_s, replica, PoolSnapshot); one replica here
     snapshots = [snap for _, _, snap in result.snapshots]
     if not snapshots:
