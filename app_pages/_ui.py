@@ -5,6 +5,7 @@ from pathlib import Path
 
 import streamlit as st
 
+from kvsim.errors import InputError
 from kvsim.app_pages import _state as S
 from kvsim.dashboard.comparison import ALLOCATOR_LABELS, overload_warning, rejected_warning
 from kvsim.dashboard.scenario import POOL_TOKENS, Scenario
@@ -60,7 +61,7 @@ def scenario_sidebar() -> Scenario | None:
             try:
                 st.session_state["upload_workload"] = store_upload(up.name, up.getvalue(),
                                                                    max_requests, rate)
-            except ValueError as err:  # kvsim.errors.InputError: type, size, empty
+            except InputError as err:  # type, size, empty
                 st.session_state.pop("upload_workload", None)
                 st.error(str(err))
                 return None
@@ -113,7 +114,7 @@ def _fit_max_model_len(workload: Workload) -> None:
         return
     try:
         longest = max((r.prompt_tokens + r.output_tokens for r in S.load_requests(workload)), default=0)
-    except ValueError:   # a bad trace: load_runs reports it
+    except InputError:   # a bad trace: load_runs reports it
         return
     fits = [n for n in MAX_MODEL_LENS if n >= longest]
     st.session_state["k_max_model_len"] = fits[0] if fits else MAX_MODEL_LENS[-1]
@@ -130,7 +131,7 @@ def load_runs(scenario: Scenario | None):
     try:
         S.load_requests(scenario.workload)  # a bad trace is reported before anything else
         runs = S.run_scenario(scenario)
-    except ValueError as err:  # kvsim.errors.InputError and impossible configurations
+    except InputError as err:  # a bad trace, an impossible configuration
         st.error(user_message(err, scenario.workload))
         return None
     for i, run in enumerate(runs):

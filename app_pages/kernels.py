@@ -1,6 +1,7 @@
 """Page 5: run the Triton paged-attention kernels on the current snapshot's block tables."""
 import streamlit as st
 
+from kvsim.errors import InputError
 from kvsim.app_pages import _state as S
 from kvsim.app_pages import _ui
 from kvsim.dashboard.comparison import side_label
@@ -54,7 +55,7 @@ if not runs[side].snapshots[frame].block_tables:
     st.stop()
 try:
     checks, info = S.kernel_check(scenario, side, frame, layout, dtype, max_seqs, split_kv, step)
-except ValueError as err:  # shapes or block ids the kernels refuse: say so, keep running
+except InputError as err:  # a frame without a step batch: say so, keep running
     st.error(str(err))
     st.stop()
 if step and (checks["num_new_tokens"] == 1).all():

@@ -1,6 +1,7 @@
 """Page: a hybrid model's KV-cache groups over one pool, side by side, through time."""
 import streamlit as st
 
+from kvsim.errors import InputError
 from kvsim.app_pages import _state as S
 from kvsim.dashboard.hybrid import (SHAPES, HybridScenario, groups_frame,
                                     most_released_request)
@@ -36,7 +37,7 @@ scenario = HybridScenario(Workload("builtin", spec, max_requests), groups=groups
                           num_gpu_blocks=num_blocks, enable_prefix_caching=prefix)
 try:
     run = S.run_hybrid(scenario)
-except ValueError as err:     # kvsim.errors.InputError: bad groups, spec or pool
+except InputError as err:     # bad groups, spec or pool
     st.error(user_message(err, scenario.workload))
     st.stop()
 

@@ -3,6 +3,7 @@
 Block size and max_model_len are the sidebar's (one set of controls for every page)."""
 import streamlit as st
 
+from kvsim.errors import InputError
 from kvsim.app_pages import _state as S
 from kvsim.app_pages import _ui
 from kvsim.dashboard.planning import (BENCH_CONCURRENCIES, SIM_SWEEP_METRICS, SIM_SWEEPS, SWEEP_COLUMNS,
@@ -42,7 +43,7 @@ if hf is not None:
         st.caption(f"Model from {hf.name}: **{spec.name}**")
         for note in spec.config_notes:   # the defaults taken and the fields not read
             st.warning(f"{hf.name}: {note}")
-    except ValueError as err:  # kvsim.errors.InputError: not a model config, or a field it lacks
+    except InputError as err:  # not a model config, or a field it lacks
         st.error(str(err))
         st.stop()   # the page's figures would repeat the one error
 util = st.slider("gpu_memory_utilization", 0.3, 0.98, step=0.01, key="k_plan_util",
@@ -54,7 +55,7 @@ kwargs = dict(tp=tp, kv_dtype=kv_dtype, gpu_memory_utilization=util, block_size=
               max_model_len=int(max_model_len))
 try:
     report = capacity(model, gpu, **kwargs)
-except ValueError as err:
+except InputError as err:
     st.error(str(err))
     report = None
 if report is not None:
@@ -94,7 +95,7 @@ if simulate and scenario is not None:
     sim_base = tuple(sorted({"model": model, "gpu": gpu, **kwargs}.items()))
     try:
         table = S.simulated_sweep(scenario.workload, scenario.allocators, sim_param, sim_base)
-    except ValueError as err:  # a bad trace
+    except InputError as err:  # a bad trace
         st.error(user_message(err, scenario.workload))
         table = None
     if table is not None:
@@ -152,7 +153,7 @@ if st.toggle("Search the rate", key="k_plan_rate_on"):
     if scenario is not None:
         try:
             found = S.max_rate(scenario.workload, model, gpu, tuple(sorted(kwargs.items())), slo)
-        except ValueError as err:   # a bad SLO, trace or configuration
+        except InputError as err:   # a bad SLO, trace or configuration
             st.error(user_message(err, scenario.workload))
             found = None
         if found is not None and found["status"] == "never":
@@ -185,7 +186,7 @@ if st.toggle("Compute the curves", key="k_plan_curve_on"):
         try:
             curve = S.cache_curve(scenario.workload, model, gpu, tuple(sorted(kwargs.items())),
                                   cpu_gib, target)
-        except ValueError as err:   # a bad trace or configuration
+        except InputError as err:   # a bad trace or configuration
             st.error(user_message(err, scenario.workload))
             curve = None
         if curve is not None:

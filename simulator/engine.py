@@ -32,6 +32,7 @@ import simpy
 from simpy.core import URGENT
 
 from kvsim.allocator import MEMORY_CLASSES, ContiguousAllocator, GroupedPagedAllocator, PagedAllocator
+from kvsim.errors import InputError
 from kvsim.simulator.config import EngineConfig
 from kvsim.simulator.cost import (NS_PER_S, CostModel, FixedStepCost, StepBatch, StepTimer, clock_source,
                                   to_ns, uses_max_context_tokens)
@@ -320,8 +321,9 @@ class Simulation:
             req = pending
             t_ns = scheduled_arrival_ns(req, step_clock)
             if t_ns < last_ns:
-                raise ValueError(f"request {req.request_id}: arrival {t_ns / NS_PER_S} s is before "
-                                 f"the previous request's {last_ns / NS_PER_S} s (sort the trace)")
+                raise InputError(f"request {req.request_id}: arrival {t_ns / NS_PER_S} s is before "
+                                 f"the previous request's {last_ns / NS_PER_S} s (sort the trace)",
+                                 field="arrival")
             last_ns = t_ns
             self.next_arrival_ns = t_ns
             if t_ns > env.now:

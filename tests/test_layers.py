@@ -210,3 +210,18 @@ def test_the_checks_catch_what_they_look_for(tmp_path):
     assert {"kvsim.planner.sweep", "workloads"} <= found and "kvsim.planner" not in found
     assert layer_of("kvsim.simulator.mod") == "simulator" and layer_of("kvsim.errors") == "errors"
     assert strongly_connected({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_pages_catch_only_input_errors():
+    """A page shows a user's mistake (InputError) with st.error; anything else keeps its
+    traceback (docs/ARCHITECTURE.md, errors)."""
+    caught = []
+    for module, path in MODULES.items():
+        if layer_of(module) not in ("pages", "dashboard"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ExceptHandler):
+                name = ast.unparse(node.type) if node.type is not None else "everything"
+                caught.append((module, node.lineno, name))
+    assert len(caught) >= 10      # the walk saw the pages' handlers
+    assert [c for c in caught if c[2] != "InputError"] == []

@@ -11,6 +11,8 @@ import os
 
 import pandas as pd
 
+from kvsim.errors import InputError
+
 KERNEL_DTYPES = ("float32", "float16", "bfloat16")
 SPLIT_KV_PARTITION_TOKENS = 64  # the split-KV (v2) toggle forces partitions of this size
 
@@ -36,8 +38,12 @@ def check_snapshot(snapshot, layout: str, dtype: str, max_seqs: int,
         max_rel_err, bitwise_equal, passed, and for a step num_computed_tokens, num_new_tokens;
         the report's settings and verdict as a dict).
     Raises:
-        ValueError for shapes or block ids the kernels refuse, or a snapshot without a step.
+        InputError: ``step`` on a frame without a step batch (the simulation had taken no step
+            there). Anything else the kernels refuse is an internal error.
     """
+    if step and getattr(snapshot, "step_num_new_tokens", None) is None:
+        raise InputError("this frame has no engine step to check (nothing ran just before it): "
+                         "move the time slider, or turn the step check off")
     device = kernel_device()
     import torch
 

@@ -96,7 +96,7 @@ def capacity_sweep(model_name: str, gpu_name: str, param: str, base: tuple) -> p
         try:
             rep = capacity(model_name, gpu_name, **kwargs)
             rows.append({param: value, **{c: rep[c] for c in SWEEP_COLUMNS}, "error": None})
-        except ValueError as err:
+        except InputError as err:
             rows.append({param: value, **{c: np.nan for c in SWEEP_COLUMNS}, "error": str(err)})
     return pd.DataFrame(rows)
 
