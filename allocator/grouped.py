@@ -134,6 +134,8 @@ class GroupedPagedAllocator(PoolQueries):
                                       if g.kind == "sliding_window"}))
         self._mamba_align = enable_prefix_caching and any(g.kind == "mamba" for g in self.groups)
         self._processed: dict[Hashable, int] = {}     # tokens processed at the last call
+        self._cached_upto: dict[Hashable, int] = {}   # the most tokens a cache call covered
+        self._has_mamba = enable_prefix_caching and any(g.kind == "mamba" for g in self.groups)
         self._reqs: dict[Hashable, RequestKeys] = {}
         self._num_slot_tokens: dict[Hashable, int] = {}   # slots allocated (tail waste)
         self._tail_waste = [0] * len(self.groups)
@@ -298,6 +300,8 @@ class GroupedPagedAllocator(PoolQueries):
             cacheable -= cacheable % self.block_size
             for m in managers:
                 m.cache_blocks(seq_id, req, cacheable)
+            if cacheable > self._cached_upto.get(seq_id, 0):
+                self._cached_upto[seq_id] = cacheable
         return True
 
     def cache_blocks(self, seq_id: Hashable, num_tokens: int) -> None:
@@ -310,22 +314,38 @@ class GroupedPagedAllocator(PoolQueries):
         num_tokens -= num_tokens % self.block_size
         for m in self.managers:
             m.cache_blocks(seq_id, req, num_tokens)
+        if num_tokens > self._cached_upto.get(seq_id, 0):
+            self._cached_upto[seq_id] = num_tokens
 
-    def decode_changes_state(self, seq_id: Hashable, num_computed_tokens: int) -> bool:
+    def caches_more(self, seq_id: Hashable, num_tokens: int) -> bool:
+        """Whether ``cache_blocks(seq_id, num_tokens)`` could change anything: a block beyond
+        those cached so far becomes full (a Mamba group keys its states at any call)."""
+        return self._has_mamba or num_tokens // self.block_size > \
+            self._cached_upto.get(seq_id, 0) // self.block_size
+
+    def decode_changes_state(self, seq_id: Hashable, num_computed_tokens: int,
+                             num_in_flight_tokens: int = 0, num_tokens: int | None = None) -> bool:
         """Whether a one-token decode of a running request after ``num_computed_tokens``
         computed tokens could change anything: need a block, fill one (cache it), move a
         sliding window or a Mamba state past a block. If not, ``allocate_slots`` would succeed
         and change nothing, and a simulator may skip the call (exact: measured from the last
-        call the allocator saw, however many decodes were skipped since)."""
+        call the allocator saw, however many decodes were skipped since). With a batch in flight
+        (async scheduling) give the call's ``num_in_flight_tokens`` and ``num_tokens``: windows
+        then move with the tokens processed, and a block is cached once its last token is
+        known."""
         size, c = self.block_size, num_computed_tokens
         slots = self._num_slot_tokens[seq_id]
         if -(-(c + 1) // size) != -(-slots // size) or (c + 1) // size != slots // size:
             return True
+        if num_tokens is not None and self.enable_prefix_caching and \
+                min(c + 1, num_tokens) // size > self._cached_upto.get(seq_id, 0) // size:
+            return True
         p = self._processed[seq_id]
+        q = max(0, c - num_in_flight_tokens)      # processed, after the call
         for w in self._windows:
-            if max(0, c - w + 1) // size != max(0, p - w + 1) // size:
+            if max(0, q - w + 1) // size != max(0, p - w + 1) // size:
                 return True
-        return self._mamba_align and (c - 1) // size != (p - 1) // size
+        return self._mamba_align and (q - 1) // size != (p - 1) // size
 
     def free(self, seq_id: Hashable, preempted: bool = False) -> None:
         """Release every group's blocks of a request, group by group, tail first.
@@ -338,6 +358,7 @@ class GroupedPagedAllocator(PoolQueries):
         self._set_slot_tokens(seq_id, 0)
         del self._num_slot_tokens[seq_id]
         del self._processed[seq_id]
+        self._cached_upto.pop(seq_id, None)
         for m in self.managers:
             m.free(seq_id)
         if preempted and self.enable_prefix_caching:

@@ -241,8 +241,6 @@ def main() -> int:
                     print(f"{name}: skipped ({CASES[name]} is absent)")
                 continue
             for mode in modes:
-                if mode == "async" and name == "azure-conv-gpt-oss":
-                    continue    # KV-cache groups run on the synchronous scheduler only
                 out = subprocess.run([sys.executable, __file__, "--one", name, "--mode", mode],
                                      capture_output=True, text=True)
                 if out.returncode:

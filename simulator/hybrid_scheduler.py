@@ -25,9 +25,12 @@ default for a hybrid model on a GPU. What the groups see of the batch in flight 
 ``allocate_slots`` is told: ``request.num_in_flight_tokens`` (the tokens the request was given in
 the step in flight: a sliding window and a Mamba state free only what that step has processed)
 and ``request.num_tokens`` without the token that step samples (a block that token completes is
-cached by the next call, not this one). Every scheduled request therefore calls ``allocate_slots``
-(no decode is skipped: a lagging cache or window moves at any step), and the allocator admits
-sliding windows with two batches in flight (``max_concurrent_batches``).
+cached by a later call), and after each schedule the step in flight's output is processed as
+vLLM's ``update_from_output`` does: a request still running that sampled in it caches the blocks
+of the tokens it has processed. As in the synchronous policy, a decode that provably changes
+nothing skips ``allocate_slots`` (``decode_changes_state``, told the tokens in flight), and an
+output that makes no block full skips the cache call; the allocator admits sliding windows with
+two batches in flight (``max_concurrent_batches``).
 """
 from __future__ import annotations
 
@@ -199,21 +202,29 @@ class AsyncHybridScheduler(AsyncScheduler, HybridScheduler):
         a request still running that sampled in it caches the blocks of the tokens it has
         processed (its computed tokens less those of the step just scheduled)."""
         step = self.num_sched_steps - 1 if self.batch_in_flight else None
-        cache = self.allocator.cache_blocks
+        alloc = self.allocator
         for seq in sampled:
             if seq.status == RUNNING:
-                cache(seq.seq_id, seq.num_computed_tokens -
-                      (seq.sched_tokens if seq.sched_seq == step else 0))
+                processed = seq.num_computed_tokens - \
+                    (seq.sched_tokens if seq.sched_seq == step else 0)
+                if alloc.caches_more(seq.seq_id, processed):
+                    alloc.cache_blocks(seq.seq_id, processed)
 
     def _grow(self, seq: SeqState, num_new_tokens: int) -> bool:
-        """vLLM allocate_slots for a running request, told what the step in flight holds."""
+        """vLLM allocate_slots for a running request, told what the step in flight holds (a
+        decode that provably changes nothing skips the call, as the synchronous policy's)."""
         c = seq.num_computed_tokens
         step = self.num_sched_steps - 1 if self.batch_in_flight else -2
-        if not self.allocator.allocate_slots(
-                seq.seq_id, num_new_tokens, num_computed_tokens=c,
-                num_tokens=seq.num_tokens - (seq.sampled_seq == step),
-                num_prompt_tokens=seq.num_prompt_tokens,
-                num_in_flight_tokens=seq.sched_tokens if seq.sched_seq == step else 0):
+        in_flight = seq.sched_tokens if seq.sched_seq == step else 0
+        num_tokens = seq.num_tokens - (seq.sampled_seq == step)
+        alloc = self.allocator
+        if num_new_tokens == 1 and c >= seq.num_prompt_tokens and \
+                not alloc.decode_changes_state(seq.seq_id, c, in_flight, num_tokens):
+            seq.num_alloc_tokens = c + 1    # the call would succeed and change nothing
+            return True
+        if not alloc.allocate_slots(seq.seq_id, num_new_tokens, num_computed_tokens=c,
+                                    num_tokens=num_tokens, num_prompt_tokens=seq.num_prompt_tokens,
+                                    num_in_flight_tokens=in_flight):
             return False
         seq.num_alloc_tokens = c + num_new_tokens
         return True
