@@ -317,6 +317,11 @@ class GroupedPagedAllocator(PoolQueries):
         if num_tokens > self._cached_upto.get(seq_id, 0):
             self._cached_upto[seq_id] = num_tokens
 
+    def note_slots(self, seq_id: Hashable, num_slot_tokens: int) -> None:
+        """A decode whose ``allocate_slots`` call was skipped (``decode_changes_state``) still
+        fills its slot: the memory breakdown counts it (token states, not the block's tail)."""
+        self._set_slot_tokens(seq_id, num_slot_tokens)
+
     def caches_more(self, seq_id: Hashable, num_tokens: int) -> bool:
         """Whether ``cache_blocks(seq_id, num_tokens)`` could change anything: a block beyond
         those cached so far becomes full (a Mamba group keys its states at any call)."""

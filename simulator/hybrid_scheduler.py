@@ -86,6 +86,7 @@ class HybridScheduler(Scheduler):
         if num_new_tokens == 1 and c >= seq.num_prompt_tokens and \
                 not alloc.decode_changes_state(seq.seq_id, c):
             seq.num_alloc_tokens = c + 1    # the call would succeed and change nothing
+            alloc.note_slots(seq.seq_id, c + 1)
             return True
         if not alloc.allocate_slots(seq.seq_id, num_new_tokens, num_computed_tokens=c,
                                     num_tokens=seq.num_tokens,
@@ -221,6 +222,7 @@ class AsyncHybridScheduler(AsyncScheduler, HybridScheduler):
         if num_new_tokens == 1 and c >= seq.num_prompt_tokens and \
                 not alloc.decode_changes_state(seq.seq_id, c, in_flight, num_tokens):
             seq.num_alloc_tokens = c + 1    # the call would succeed and change nothing
+            alloc.note_slots(seq.seq_id, c + 1)
             return True
         if not alloc.allocate_slots(seq.seq_id, num_new_tokens, num_computed_tokens=c,
                                     num_tokens=num_tokens, num_prompt_tokens=seq.num_prompt_tokens,

@@ -84,15 +84,18 @@ def test_skipped_decodes_decide_exactly_as_telling_every_decode(monkeypatch):
     assert skipped == told
 
 
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["sync", "async"])
 @pytest.mark.parametrize("groups", ["sliding:6,mamba,full", "sliding:9,full", "mamba_ckpt,full"])
-def test_async_skipped_decodes_and_caches_decide_exactly_as_calling_every_time(groups, monkeypatch):
-    """With a batch in flight (AsyncHybridScheduler) a decode that changes nothing skips
-    allocate_slots and a processed output that caches nothing skips cache_blocks: the steps,
-    every request and the pool's samples are as if every call had been made."""
+def test_skipped_calls_decide_and_account_exactly_as_making_every_call(groups, asynchronous,
+                                                                      monkeypatch):
+    """A decode that changes nothing skips allocate_slots and (async) a processed output that
+    caches nothing skips cache_blocks: the steps, every request, and the pool's memory breakdown
+    over time (token states against the blocks' unfilled tails) are as if every call had been
+    made."""
     from kvsim.allocator.grouped import GroupedPagedAllocator
     from kvsim.simulator import FixedStepCost, simulate
 
-    cfg = _cfg(groups, num_blocks=70, block_size=4, async_scheduling=True)
+    cfg = _cfg(groups, num_blocks=70, block_size=4, async_scheduling=asynchronous)
     requests = [Request(i, 0.3 * i, 9 + 5 * (i % 4), 30 + 7 * (i % 3)) for i in range(16)]
     calls = []
     real = GroupedPagedAllocator.allocate_slots
@@ -103,18 +106,19 @@ def test_async_skipped_decodes_and_caches_decide_exactly_as_calling_every_time(g
 
     def run():
         calls.clear()
-        result = simulate(requests, cfg, FixedStepCost(1.0), record_steps=True)
-        return (result.requests.to_csv(), result.timeseries.to_csv(), len(calls),
-                result.summary["num_preemptions"])
+        steps = simulate(requests, cfg, FixedStepCost(1.0), record_steps=True)
+        samples = simulate(requests, cfg, FixedStepCost(0.25), sample_interval_s=0.25)
+        return (steps.requests.to_csv(), steps.timeseries.to_csv(), samples.timeseries.to_csv(),
+                len(calls), steps.summary["num_preemptions"])
 
     monkeypatch.setattr(GroupedPagedAllocator, "allocate_slots", counted)
     skipped = run()
     monkeypatch.setattr(GroupedPagedAllocator, "decode_changes_state", lambda *a, **k: True)
     monkeypatch.setattr(GroupedPagedAllocator, "caches_more", lambda *a, **k: True)
     told = run()
-    assert skipped[:2] == told[:2]
-    assert skipped[2] < told[2]            # calls were skipped
-    assert skipped[3] > 0                  # the pool is small enough to preempt
+    assert skipped[:3] == told[:3]
+    assert skipped[3] < told[3]            # calls were skipped
+    assert skipped[4] > 0                  # the pool is small enough to preempt
 
 
 def test_mamba_align_mode_cuts_prefill_chunks_at_block_boundaries():
