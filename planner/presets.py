@@ -79,24 +79,31 @@ _MODELS = [
 ]
 
 # the config.json fields of the presets above (the weights by kind are counted from them; a test
-# checks that the counts reproduce num_params exactly)
+# checks that the counts reproduce num_params exactly; the RoPE and norm settings are the step
+# executor's, kvsim.cli.execute: timing does not depend on them, the reference comparison does)
+_LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 8192}
 PRESET_CONFIGS: dict[str, dict] = {
     "Llama-3.1-8B": dict(model_type="llama", hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
                          num_attention_heads=32, num_key_value_heads=8, vocab_size=128256,
-                         max_position_embeddings=131072, tie_word_embeddings=False, torch_dtype="bfloat16"),
+                         max_position_embeddings=131072, tie_word_embeddings=False, torch_dtype="bfloat16",
+                         rope_theta=500000.0, rope_scaling=_LLAMA3_ROPE),
     "Llama-3.1-70B": dict(model_type="llama", hidden_size=8192, intermediate_size=28672, num_hidden_layers=80,
                           num_attention_heads=64, num_key_value_heads=8, vocab_size=128256,
-                          max_position_embeddings=131072, tie_word_embeddings=False, torch_dtype="bfloat16"),
+                          max_position_embeddings=131072, tie_word_embeddings=False, torch_dtype="bfloat16",
+                          rope_theta=500000.0, rope_scaling=_LLAMA3_ROPE),
     "Qwen2.5-7B": dict(model_type="qwen2", hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
                        num_attention_heads=28, num_key_value_heads=4, vocab_size=152064,
-                       max_position_embeddings=131072, tie_word_embeddings=False, torch_dtype="bfloat16"),
+                       max_position_embeddings=131072, tie_word_embeddings=False, torch_dtype="bfloat16",
+                       rope_theta=1000000.0, rms_norm_eps=1e-6),
     "Qwen2.5-72B": dict(model_type="qwen2", hidden_size=8192, intermediate_size=29568, num_hidden_layers=80,
                         num_attention_heads=64, num_key_value_heads=8, vocab_size=152064,
-                        max_position_embeddings=131072, tie_word_embeddings=False, torch_dtype="bfloat16"),
+                        max_position_embeddings=131072, tie_word_embeddings=False, torch_dtype="bfloat16",
+                        rope_theta=1000000.0, rms_norm_eps=1e-6),
     "Mistral-7B-v0.3": dict(model_type="mistral", hidden_size=4096, intermediate_size=14336,
                             num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
                             vocab_size=32768, max_position_embeddings=32768, tie_word_embeddings=False,
-                            torch_dtype="bfloat16"),
+                            torch_dtype="bfloat16", rope_theta=1000000.0),
     "OPT-13B": dict(model_type="opt", hidden_size=5120, ffn_dim=20480, num_hidden_layers=40,
                     num_attention_heads=40, vocab_size=50272, max_position_embeddings=2048,
                     torch_dtype="float16"),

@@ -10,17 +10,9 @@ from pathlib import Path
 
 from kvsim.errors import InputError, json_problem
 
-# the executor's families of the dense presets, with the RoPE settings of their config.json
-# (timing does not depend on them; the reference comparison does)
-_LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                "original_max_position_embeddings": 8192}
-PRESET_CONFIGS = {
-    "Llama-3.1-8B": {"model_type": "llama", "rope_theta": 500000.0, "rope_scaling": _LLAMA3_ROPE},
-    "Llama-3.1-70B": {"model_type": "llama", "rope_theta": 500000.0, "rope_scaling": _LLAMA3_ROPE},
-    "Qwen2.5-7B": {"model_type": "qwen2", "rope_theta": 1000000.0, "rms_norm_eps": 1e-6},
-    "Qwen2.5-72B": {"model_type": "qwen2", "rope_theta": 1000000.0, "rms_norm_eps": 1e-6},
-    "Mistral-7B-v0.3": {"model_type": "mistral", "rope_theta": 1000000.0},
-}
+# the model types the step executor runs (dense decoders); a preset's config.json fields,
+# RoPE included, are planner.presets.PRESET_CONFIGS'
+EXECUTOR_MODEL_TYPES = ("llama", "qwen2", "mistral")
 
 
 def decoder_shape(model: str | None, hf_config: str | None):
@@ -48,16 +40,14 @@ def decoder_shape(model: str | None, hf_config: str | None):
         except ValueError as err:
             field, _, message = str(err).partition(": ")
             raise InputError(message or field, file=path, field=field if message else None) from None
-    from kvsim.planner.presets import get_model
+    from kvsim.planner.presets import PRESET_CONFIGS, get_model
     spec = get_model(model or "Llama-3.1-8B")
-    if spec.name not in PRESET_CONFIGS:
-        runs = ", ".join(PRESET_CONFIGS)
-        raise InputError(f"the step executor runs dense Llama/Qwen/Mistral decoders ({runs}, or --hf-config "
-                         f"of such a model); {spec.name} is not one", field="model")
-    cfg = {"hidden_size": spec.hidden_size, "intermediate_size": spec.intermediate_size,
-           "num_hidden_layers": spec.num_layers, "num_attention_heads": spec.num_attention_heads,
-           "num_key_value_heads": spec.num_kv_heads, "head_dim": spec.head_dim, "vocab_size": spec.vocab_size,
-           **PRESET_CONFIGS[spec.name]}
+    runnable = [name for name, cfg in PRESET_CONFIGS.items()
+                if cfg["model_type"] in EXECUTOR_MODEL_TYPES]
+    if spec.name not in runnable:
+        raise InputError(f"the step executor runs dense Llama/Qwen/Mistral decoders ({', '.join(runnable)}, "
+                         f"or --hf-config of such a model); {spec.name} is not one", field="model")
+    cfg = {"head_dim": spec.head_dim, **PRESET_CONFIGS[spec.name]}
     shape = DecoderShape.from_hf_config(cfg, name=spec.name)
     assert shape.num_params == spec.num_params, (shape.num_params, spec.num_params)
     return shape
