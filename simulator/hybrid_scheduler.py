@@ -96,8 +96,9 @@ class HybridScheduler(Scheduler):
         return True
 
     def _free(self, seq: SeqState, preempted: bool, num_hashed_tokens: int | None = None) -> None:
-        # num_hashed_tokens is the async scheduler's (always None here: groups run synchronously)
-        assert num_hashed_tokens is None, "KV-cache groups run on the synchronous scheduler"
+        # num_hashed_tokens is the paged async scheduler's rule 34; the groups cache only what
+        # allocate_slots was told was sampled (AsyncHybridScheduler._hashed_on_preemption: None)
+        assert num_hashed_tokens is None, "the groups know which blocks they cached"
         self.allocator.free(seq.seq_id, preempted=preempted)
         seq.num_alloc_tokens = 0
         self._junction.pop(seq.seq_id, None)

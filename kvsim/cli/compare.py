@@ -118,8 +118,8 @@ def run(args) -> int:
         raise InputError("give --prefix-caching or --no-prefix-caching, not both")
     cols = columns(names, prefix)
     if args.async_scheduling is None:
-        # one mode for every column: the paged engine's default (synchronous with KV-cache
-        # groups or offload tiers, which are modelled on the synchronous scheduler only)
+        # one mode for every column: the paged engine's default (synchronous with offload
+        # tiers, which kvsim runs on the synchronous scheduler only: simulator/modes.py)
         tiers = any(name == "paged" and on is not False for _, name, on in cols)
         probe = {} if tiers else dict.fromkeys(options.OFFLOAD_FLAGS)
         if tiers and prefix is not None:
