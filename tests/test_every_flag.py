@@ -110,3 +110,45 @@ def test_a_bad_value_is_exit_2_and_an_error_naming_it(flag, tmp_path, capsys):
     assert 1 <= len(err) <= 2 and "Traceback" not in "\n".join(err), err
     assert "error" in err[-1] and named in err[-1], (flag, err)
     assert not (tmp_path / "r.json").exists()
+
+
+# the flags a command has beside replay's (the shared ones are checked above): command ->
+# {flag: (a bad value, the text the error must hold)}
+OWN = {
+    "capacity": {"--concurrency-tokens": ("0", "--concurrency-tokens")},
+    "compare": {"--allocators": ("paged,slab", "slab"), "--prefix-caching": ("on,maybe", "maybe"),
+                "--json": ("{tmp}/a_file/c.json", "a_file")},
+    "bench": {"--goodput": ("itl:5", "itl"), "--metric-percentiles": ("101", "101"),
+              "--result-json": ("{tmp}/a_file/r.json", "a_file"),
+              "--compare": ("{tmp}/missing.json", "missing.json")},
+}
+
+
+def own_flags(command: str) -> set[str]:
+    """A command's value flags that replay does not have."""
+    def flags(name):
+        top = build_parser(name)
+        sub = next(a for a in top._actions if isinstance(a, argparse._SubParsersAction))
+        return {a.option_strings[-1] for a in sub.choices[name]._actions
+                if a.option_strings and a.nargs != 0 and a.option_strings[-1] != "--help"}
+    return flags(command) - flags("replay")
+
+
+@pytest.mark.parametrize("command", sorted(OWN))
+def test_the_tables_cover_each_commands_own_flags(command):
+    assert own_flags(command) == set(OWN[command])
+
+
+@pytest.mark.parametrize("command,flag", [(c, f) for c in sorted(OWN) for f in sorted(OWN[c])])
+def test_a_commands_own_flag_refuses_a_bad_value(command, flag, tmp_path, capsys):
+    value, named = OWN[command][flag]
+    (tmp_path / "a_file").write_text("x")
+    argv = [command] + ([] if command == "capacity" else [SPEC, *POOL]) + [flag, value.format(tmp=tmp_path)]
+    try:
+        code = main(argv)
+    except SystemExit as exit_:            # argparse: a usage error
+        code = exit_.code
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2, (flag, code, err)
+    assert 1 <= len(err) <= 2 and "Traceback" not in "\n".join(err), err
+    assert "error" in err[-1] and named in err[-1], (flag, err)
