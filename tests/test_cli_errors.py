@@ -158,3 +158,11 @@ def test_a_flag_error_is_two_lines_not_the_usage_block(command, capsys):
     assert len(err) == 2, err
     assert err[0].startswith(f"usage: {prog} [flags]")
     assert err[1].startswith(f"{prog}: error: ") and err[1].endswith(f"(`{prog} --help` lists the flags)")
+
+
+def test_validate_refuses_a_negative_time_before_any_work(capsys):
+    # it was a ValueError traceback from the simulator's snapshot times
+    with pytest.raises(SystemExit) as exit_:
+        main(["validate", SPEC, "--at", "-1", "--num-blocks", "200", "--device", "cpu"])
+    assert exit_.value.code == 2
+    assert "argument --at: must be >= 0, got -1" in capsys.readouterr().err

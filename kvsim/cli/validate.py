@@ -33,7 +33,7 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
-from kvsim.cli.argtypes import add_rate_args, positive_float, positive_int
+from kvsim.cli.argtypes import add_rate_args, nonneg_float, positive_float, positive_int
 from kvsim.errors import InputError
 
 DTYPES = ("float32", "float16", "bfloat16")
@@ -51,7 +51,8 @@ def register(subparsers) -> None:
     p.add_argument("workload", nargs="?", metavar="WORKLOAD",
                    help="trace file or synthetic spec to simulate (use with --at)")
     p.add_argument("--snapshot", type=Path, help="pool snapshot (.npz from kernels.bridge.save_snapshot)")
-    p.add_argument("--at", type=float, metavar="SECONDS", help="simulated time of the snapshot (WORKLOAD form)")
+    p.add_argument("--at", type=nonneg_float, metavar="SECONDS",
+                   help="simulated time of the snapshot (WORKLOAD form)")
     p.add_argument("--num-blocks", type=positive_int, help="WORKLOAD form: vLLM's num_gpu_blocks")
     p.add_argument("--block-size", type=positive_int, default=16,
                    help="WORKLOAD form: tokens per block (default 16)")
