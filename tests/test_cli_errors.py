@@ -50,6 +50,7 @@ def user_mistakes(tmp: Path) -> dict[str, list[list[str]]]:
         "capacity": [["capacity", "--model", "gpt-5"], ["capacity", "--hf-config", missing],
                      ["capacity", "--gpu-memory-gib", "40"]],
         "plan": [["plan", SPEC, "--sweep", "colour=red"], ["plan", SPEC, "--slo", "ttft<"],
+                 ["plan", SPEC, "--address", "10.0.0.1:6379"],     # ignored without Ray
                  ["plan", SPEC, "--out", str(a_file), "--quiet"]],
         "cache-curve": [["cache-curve", SPEC, "--target-hit-rate", "1.5"],
                         ["cache-curve", SPEC, "--cpu-offload-gib", "0.0001"],

@@ -134,6 +134,8 @@ def run(args) -> int:
     from kvsim.planner.sweep_journal import NAME
     from kvsim.simulator.result import prepare_output_dir
 
+    if args.address is not None and args.backend != "ray":
+        raise InputError("--address is a Ray cluster's: give it with --backend ray", field="--address")
     axes = parse_sweep(args.sweep or [])
     constraints = parse_slo(args.slo) if args.slo else ()
     search = parse_slo(args.max_rate_under) if args.max_rate_under else None
