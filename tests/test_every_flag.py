@@ -69,16 +69,28 @@ BAD = {
 }
 
 
-def replay_flags() -> list[str]:
-    """Every replay flag that takes a value (the parser's own list)."""
-    top = build_parser("replay")
+def value_flags(command: str) -> set[str]:
+    """Every flag of ``command`` that takes a value (the parser's own list)."""
+    top = build_parser(command)
     sub = next(a for a in top._actions if isinstance(a, argparse._SubParsersAction))
-    return sorted(a.option_strings[-1] for a in sub.choices["replay"]._actions
-                  if a.option_strings and a.nargs != 0 and a.option_strings[-1] != "--help")
+    return {a.option_strings[-1] for a in sub.choices[command]._actions
+            if a.option_strings and a.nargs != 0 and a.option_strings[-1] != "--help"}
+
+
+def assert_refused(argv: list[str], flag: str, named: str, capsys) -> None:
+    """``kvsim ARGV`` exits 2 with an error naming ``named``: argparse's two lines or one."""
+    try:
+        code = main(argv)
+    except SystemExit as exit_:            # argparse: a usage error
+        code = exit_.code
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2, (flag, code, err)
+    assert 1 <= len(err) <= 2 and "Traceback" not in "\n".join(err), err
+    assert "error" in err[-1] and named in err[-1], (flag, err)
 
 
 def test_the_table_covers_every_flag_that_takes_a_value():
-    assert set(replay_flags()) == set(BAD)
+    assert value_flags("replay") == set(BAD)
 
 
 @pytest.mark.parametrize("flag", sorted(BAD))
@@ -100,15 +112,7 @@ def test_a_bad_value_is_exit_2_and_an_error_naming_it(flag, tmp_path, capsys):
     if flag not in ("--out",):
         argv += ["--out", str(tmp_path / "r.json")]
     argv += [flag, value]
-    code = None
-    try:
-        code = main(argv)
-    except SystemExit as exit_:            # argparse: a usage error
-        code = exit_.code
-    err = capsys.readouterr().err.strip().splitlines()
-    assert code == 2, (flag, code, err)
-    assert 1 <= len(err) <= 2 and "Traceback" not in "\n".join(err), err
-    assert "error" in err[-1] and named in err[-1], (flag, err)
+    assert_refused(argv, flag, named, capsys)
     assert not (tmp_path / "r.json").exists()
 
 
@@ -124,19 +128,9 @@ OWN = {
 }
 
 
-def own_flags(command: str) -> set[str]:
-    """A command's value flags that replay does not have."""
-    def flags(name):
-        top = build_parser(name)
-        sub = next(a for a in top._actions if isinstance(a, argparse._SubParsersAction))
-        return {a.option_strings[-1] for a in sub.choices[name]._actions
-                if a.option_strings and a.nargs != 0 and a.option_strings[-1] != "--help"}
-    return flags(command) - flags("replay")
-
-
 @pytest.mark.parametrize("command", sorted(OWN))
 def test_the_tables_cover_each_commands_own_flags(command):
-    assert own_flags(command) == set(OWN[command])
+    assert value_flags(command) - value_flags("replay") == set(OWN[command])
 
 
 @pytest.mark.parametrize("command,flag", [(c, f) for c in sorted(OWN) for f in sorted(OWN[c])])
@@ -144,11 +138,4 @@ def test_a_commands_own_flag_refuses_a_bad_value(command, flag, tmp_path, capsys
     value, named = OWN[command][flag]
     (tmp_path / "a_file").write_text("x")
     argv = [command] + ([] if command == "capacity" else [SPEC, *POOL]) + [flag, value.format(tmp=tmp_path)]
-    try:
-        code = main(argv)
-    except SystemExit as exit_:            # argparse: a usage error
-        code = exit_.code
-    err = capsys.readouterr().err.strip().splitlines()
-    assert code == 2, (flag, code, err)
-    assert 1 <= len(err) <= 2 and "Traceback" not in "\n".join(err), err
-    assert "error" in err[-1] and named in err[-1], (flag, err)
+    assert_refused(argv, flag, named, capsys)
