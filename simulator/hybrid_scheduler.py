@@ -190,10 +190,15 @@ class HybridScheduler(Scheduler):
 class AsyncHybridScheduler(AsyncScheduler, HybridScheduler):
     """vLLM's AsyncScheduler over KV-cache groups (the module docstring's last paragraph)."""
 
+    def _step_in_flight(self) -> int:
+        """The sequence number of the step in flight at the next schedule (-2: none; no request
+        is stamped with it)."""
+        return self.num_sched_steps - 1 if self.batch_in_flight else -2
+
     def schedule(self, now_ns: int, step_index: int) -> StepOutput:
-        in_flight = self.num_sched_steps - 1 if self.batch_in_flight else None
+        in_flight = self._step_in_flight()
         sampled = [s for s in self.running if s.sampled_seq == in_flight] \
-            if in_flight is not None and self.prefix_caching else ()
+            if self.batch_in_flight and self.prefix_caching else ()
         out = super().schedule(now_ns, step_index)
         if sampled:
             self._cache_processed(sampled)
@@ -203,7 +208,7 @@ class AsyncHybridScheduler(AsyncScheduler, HybridScheduler):
         """vLLM's ``update_from_output`` for the step in flight, which runs after this schedule:
         a request still running that sampled in it caches the blocks of the tokens it has
         processed (its computed tokens less those of the step just scheduled)."""
-        step = self.num_sched_steps - 1 if self.batch_in_flight else None
+        step = self._step_in_flight()
         alloc = self.allocator
         for seq in sampled:
             if seq.status == RUNNING:
@@ -216,7 +221,7 @@ class AsyncHybridScheduler(AsyncScheduler, HybridScheduler):
         """vLLM allocate_slots for a running request, told what the step in flight holds (a
         decode that provably changes nothing skips the call, as the synchronous policy's)."""
         c = seq.num_computed_tokens
-        step = self.num_sched_steps - 1 if self.batch_in_flight else -2
+        step = self._step_in_flight()
         in_flight = seq.sched_tokens if seq.sched_seq == step else 0
         num_tokens = seq.num_tokens - (seq.sampled_seq == step)
         alloc = self.allocator
