@@ -307,6 +307,9 @@ class BlockPool:
         self.num_free_blocks = num_blocks   # allocatable now, evictable cached blocks included
         self.num_cached_blocks = 0          # free blocks that have a key (evictable)
         self.num_popped_blocks = 0          # blocks handed out since start-up (allocations)
+        # a list: every block handed out to a request (popped or hit) is appended (vLLM's
+        # new block ids of a step, which an offloading connector checks); None: not recorded
+        self.handed_out: list[int] | None = None
         self.map_version = 0                # bumped whenever the hash map changes
         self.null_block = None
         if reserve_null_block:        # never freed, never counted (vLLM keeps no ref_cnt on it)
@@ -554,6 +557,8 @@ class BlockPool:
                 ref[block_id] = 1
         self.num_free_blocks -= n
         self.num_popped_blocks += n
+        if self.handed_out is not None:
+            self.handed_out += blocks
         return blocks
 
     def _evicting(self, block_ids: list[int]) -> None:
@@ -564,6 +569,8 @@ class BlockPool:
     def touch(self, blocks: Iterable[int]) -> None:
         """Take a reference on prefix-hit blocks; cached ones leave the free queue."""
         ref = self.ref_cnt
+        if self.handed_out is not None:
+            self.handed_out += blocks
         for block_id in blocks:
             if ref[block_id] == 0:        # a cached block waiting in the free queue
                 self._free_queue.take(block_id)

@@ -82,8 +82,9 @@ def kvsim_argv(trace: str | Path, oracle_args: dict, out_dir: str | Path) -> lis
         The argument list for `kvsim.cli.main`.
     """
     # kv_groups: bench/hybrid_oracle.py's groups (the same spelling as `kvsim --kv-groups`)
-    unknown = set(oracle_args) - set(ORACLE_DEFAULTS) - {"num_gpu_blocks", "kv_groups",
-                                                         "async_scheduling", "max_concurrency"}
+    unknown = set(oracle_args) - set(ORACLE_DEFAULTS) - {
+        "num_gpu_blocks", "kv_groups", "async_scheduling", "max_concurrency", "cpu_chunks",
+        "transfer_steps_per_chunk"}
     if unknown:
         raise ValueError(f"oracle arguments without a kvsim equivalent: {sorted(unknown)}")
     a = {**ORACLE_DEFAULTS, **oracle_args}
@@ -107,9 +108,29 @@ def kvsim_argv(trace: str | Path, oracle_args: dict, out_dir: str | Path) -> lis
         argv.append("--async-scheduling")
     if a.get("max_concurrency"):     # bench/closed_loop_oracle.py's client
         argv += ["--max-concurrency", str(a["max_concurrency"])]
+    if a.get("cpu_chunks"):          # bench/offload_oracle.py's CPU tier and worker stub
+        argv += offload_argv(a["cpu_chunks"], a.get("transfer_steps_per_chunk", 1),
+                             a["block_size"])
     argv += ["--out", str(out / "result.json"), "--requests", str(out / "requests.csv"),
              "--timeseries", str(out / "steps.csv")]
     return argv
+
+
+# the model whose blocks kvsim's CPU tier counts in an offload case (the oracle's are a page)
+OFFLOAD_MODEL = "Llama-3.1-8B"
+
+
+def offload_argv(cpu_chunks: int, steps_per_chunk: int, block_size: int) -> list[str]:
+    """kvsim's flags for bench/offload_oracle.py's tier: ``cpu_chunks`` chunks of one block of
+    OFFLOAD_MODEL, over a link that moves one chunk per step (``steps_per_chunk`` steps per
+    chunk; 0: at once, a link far faster than any step)."""
+    from kvsim.planner.presets import get_model
+    from kvsim.planner.tiers import GIB, block_bytes, chunk_bytes
+
+    chunk = chunk_bytes(*block_bytes(get_model(OFFLOAD_MODEL), "auto", 1, block_size))
+    per_s = chunk / steps_per_chunk if steps_per_chunk else chunk * 1e15   # rounds to 0 ns
+    return ["--model", OFFLOAD_MODEL, "--cpu-offload-gib", repr(cpu_chunks * chunk / GIB),
+            "--offload-bandwidth-gbps", repr(per_s / 1e9)]
 
 
 def _num(value) -> float | None:

@@ -115,13 +115,18 @@ def _cache_key(trace: Path, args: dict) -> str:
     h = hashlib.sha256()
     h.update(trace.read_bytes())
     h.update(json.dumps(args, sort_keys=True).encode())
-    for src in (ORACLE_DIR / "oracle.py", ROOT / "bench" / "hybrid_oracle.py"):
+    for src in (ORACLE_DIR / "oracle.py", ROOT / "bench" / "hybrid_oracle.py",
+                ROOT / "bench" / "offload_oracle.py"):
         h.update(src.read_bytes() if src.exists() else b"")
     return h.hexdigest()[:16]
 
 
+# a case's arguments that are not oracle.py's: bench/oracle_batch.py's job keys
+JOB_KEYS = ("kv_groups", "cpu_chunks", "transfer_steps_per_chunk")
+
+
 def run_oracle_batch(cases: list[tuple[str, Path, dict, Path]], jobs: int,
-                     venv: str | None) -> None:
+                     venv: str | None, workdir: Path = HYBRID) -> None:
     """Run the uncached cases through vLLM (a few processes, vLLM imported once in each)."""
     todo = []
     for name, trace, args, out in cases:
@@ -142,11 +147,12 @@ def run_oracle_batch(cases: list[tuple[str, Path, dict, Path]], jobs: int,
         part = todo[j::max(1, jobs)]
         if not part:
             continue
-        batch = [{"kv_groups": args["kv_groups"],
+        batch = [{**{k: args[k] for k in JOB_KEYS if k in args},
                   "argv": ["--trace", str(trace), "--out-dir", str(out),
-                           *oracle_cli_args({k: v for k, v in args.items() if k != "kv_groups"})]}
+                           *oracle_cli_args({k: v for k, v in args.items()
+                                             if k not in JOB_KEYS})]}
                  for _, trace, args, out in part]
-        path = HYBRID / f"jobs{j}.json"
+        path = workdir / f"jobs{j}.json"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(batch))
         procs.append(subprocess.Popen([python, str(ROOT / "bench" / "oracle_batch.py"),
@@ -159,6 +165,79 @@ def run_oracle_batch(cases: list[tuple[str, Path, dict, Path]], jobs: int,
     for _, trace, args, out in todo:
         (out / "cache_key").write_text(_cache_key(trace, args))
     print(f"oracle: {len(todo)} cases in {time.perf_counter() - t0:.0f} s")
+
+
+def collect_cases(named: list[tuple[str, str, dict]], random_fn, num_random: int, seed: int,
+                  root: Path, only: list[str] | None = None, mode: str = "",
+                  extra: dict | None = None) -> list[tuple[str, Path, dict, Path]]:
+    """(name, trace, args, oracle folder) of the named cases (those containing one of
+    ``only``; a case whose trace source is absent is skipped) and of ``num_random`` cases drawn
+    by ``random_fn(rng)`` (none when ``only`` is given); ``mode`` ends each name, ``extra``
+    joins each case's arguments."""
+    extra = extra or {}
+    cases = []
+    for name, key, args in named:
+        if only and not any(s in name for s in only):
+            continue
+        trace = make_trace(key)
+        if trace is None:
+            print(f"{name}: skipped, trace source absent")
+            continue
+        cases.append((name + mode, trace, {**args, **extra}, root / "oracle" / (name + mode)))
+    rng = random.Random(seed)
+    for i in range(num_random if not only else 0):
+        rows, args = random_fn(rng)
+        cdir = root / "random" / f"s{seed}" / f"c{i:04d}"
+        cdir.mkdir(parents=True, exist_ok=True)
+        write_trace(cdir / "trace.csv", rows)
+        cases.append((f"random_s{seed}_c{i:04d}{mode}", cdir / "trace.csv", {**args, **extra},
+                      cdir / f"oracle{mode}"))
+    return cases
+
+
+def compare_cases(cases: list[tuple[str, Path, dict, Path]], tag: str, csv_path: str,
+                  verbose: bool, extra_check=None) -> int:
+    """Replay each case with kvsim and compare it with vLLM's outputs; print the diverging
+    cases and the totals, write one row per case to ``csv_path``. ``extra_check(oracle folder,
+    kvsim folder)`` lists further differences (a case with any is not identical). Returns the
+    exit status (1: kvsim failed on a case)."""
+    out_rows, compared, identical, requests, requests_identical = [], 0, 0, 0, 0
+    for name, trace, args, odir in cases:
+        why = oracle_skip_reason(odir)
+        if why is not None:
+            out_rows.append([name, json.dumps(args, sort_keys=True), "", "", "", "", why, ""])
+            continue
+        d, kv_dir, why = compare_with_kvsim(name, f"{tag}_{name}", trace, args, odir)
+        if d is None:
+            print(f"{name}: kvsim failed: {why}")
+            return 1
+        more = extra_check(odir, kv_dir) if extra_check else []
+        compared += 1
+        same_case = d.identical and not more
+        identical += same_case
+        want, got = load_requests(odir / "requests.csv"), load_requests(kv_dir / "requests.csv")
+        same = sum(all(got.get(rid, {}).get(c) == row[c] for c in REQUEST_COMPARED)
+                   for rid, row in want.items())
+        requests += len(want)
+        requests_identical += same
+        first = d.first_step.split(":")[0] if d.first_step else ""
+        out_rows.append([name, json.dumps(args, sort_keys=True), len(want), same,
+                         round(d.finish_match_share, 6), same_case, first, "; ".join(more)])
+        if not same_case:
+            print(f"{name}: {first or 'requests differ'} ({same}/{len(want)} requests)"
+                  + (f"; {'; '.join(more)}" if more else ""))
+            if verbose:
+                print(d.format())
+    print(f"identical: {identical}/{compared} cases; requests with every compared field equal: "
+          f"{requests_identical}/{requests} ({100 * requests_identical / max(requests, 1):.2f} %)")
+    Path(csv_path).parent.mkdir(parents=True, exist_ok=True)
+    with open(csv_path, "w", newline="") as f:
+        w = csv.writer(f, lineterminator="\n")
+        w.writerow(["case", "args", "requests", "requests_identical", "finish_step_match_share",
+                    "identical", "first_diverging_step", "other_differences"])
+        w.writerows(out_rows)
+    print(f"wrote {csv_path}")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -177,62 +256,12 @@ def main(argv: list[str] | None = None) -> int:
     mode = "_async" if a.async_scheduling else ""
     extra = {"async_scheduling": True} if a.async_scheduling else {}
     a.csv = a.csv or str(HYBRID / f"fidelity_hybrid{mode}.csv")
-
-    cases = []                                 # (name, trace, args, oracle dir)
-    for name, key, args in named_cases():
-        if a.cases and not any(s in name for s in a.cases):
-            continue
-        trace = make_trace(key)
-        if trace is None:
-            print(f"{name}: skipped, trace source absent")
-            continue
-        cases.append((name + mode, trace, {**args, **extra}, HYBRID / "oracle" / (name + mode)))
-    rng = random.Random(a.seed)
-    for i in range(a.num_random if not a.cases else 0):
-        rows, args = random_hybrid_case(rng)
-        cdir = HYBRID / "random" / f"s{a.seed}" / f"c{i:04d}"
-        cdir.mkdir(parents=True, exist_ok=True)
-        write_trace(cdir / "trace.csv", rows)
-        cases.append((f"random_s{a.seed}_c{i:04d}{mode}", cdir / "trace.csv", {**args, **extra},
-                      cdir / f"oracle{mode}"))
+    cases = collect_cases(named_cases(), random_hybrid_case, a.num_random, a.seed, HYBRID,
+                          a.cases, mode, extra)
     run_oracle_batch(cases, a.jobs, a.venv)
     if a.oracle_only:
         return 0
-
-    out_rows, compared, identical, requests, requests_identical = [], 0, 0, 0, 0
-    for name, trace, args, odir in cases:
-        why = oracle_skip_reason(odir)
-        if why is not None:
-            out_rows.append([name, json.dumps(args, sort_keys=True), "", "", "", "", why])
-            continue
-        d, kv_dir, why = compare_with_kvsim(name, f"hybrid_{name}", trace, args, odir)
-        if d is None:
-            print(f"{name}: kvsim failed: {why}")
-            return 1
-        compared += 1
-        identical += d.identical
-        want, got = load_requests(odir / "requests.csv"), load_requests(kv_dir / "requests.csv")
-        same = sum(all(got.get(rid, {}).get(c) == row[c] for c in REQUEST_COMPARED)
-                   for rid, row in want.items())
-        requests += len(want)
-        requests_identical += same
-        first = d.first_step.split(":")[0] if d.first_step else ""
-        out_rows.append([name, json.dumps(args, sort_keys=True), len(want), same,
-                         round(d.finish_match_share, 6), d.identical, first])
-        if not d.identical:
-            print(f"{name}: {first or 'requests differ'} ({same}/{len(want)} requests)")
-            if a.verbose:
-                print(d.format())
-    print(f"identical: {identical}/{compared} cases; requests with every compared field equal: "
-          f"{requests_identical}/{requests} ({100 * requests_identical / max(requests, 1):.2f} %)")
-    Path(a.csv).parent.mkdir(parents=True, exist_ok=True)
-    with open(a.csv, "w", newline="") as f:
-        w = csv.writer(f, lineterminator="\n")
-        w.writerow(["case", "args", "requests", "requests_identical", "finish_step_match_share",
-                    "identical", "first_diverging_step"])
-        w.writerows(out_rows)
-    print(f"wrote {a.csv}")
-    return 0
+    return compare_cases(cases, "hybrid", a.csv, a.verbose)
 
 
 if __name__ == "__main__":

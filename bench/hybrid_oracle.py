@@ -56,8 +56,10 @@ def parse_groups(text: str) -> list[tuple[str, int | None]]:
     return out
 
 
-def hybrid_build_scheduler(oracle, groups):
-    """A replacement for oracle.build_scheduler that gives the Scheduler these groups."""
+def hybrid_build_scheduler(oracle, groups, kv_offloading_size: float | None = None):
+    """A replacement for oracle.build_scheduler that gives the Scheduler these groups and, with
+    ``kv_offloading_size`` (GiB), vLLM's native CPU offloading (``--kv-offloading-size``: the
+    VllmConfig turns it into the OffloadingConnector)."""
     original = oracle.build_scheduler
 
     def build(a):
@@ -70,6 +72,17 @@ def hybrid_build_scheduler(oracle, groups):
         from vllm.v1.structured_output import StructuredOutputManager
 
         _, _, vllm_config = original(a)            # the oracle's VllmConfig (model, scheduler)
+        if kv_offloading_size is not None:
+            import dataclasses
+
+            from vllm.config import VllmConfig
+            vllm_config = VllmConfig(
+                model_config=vllm_config.model_config,
+                scheduler_config=vllm_config.scheduler_config,
+                device_config=vllm_config.device_config,
+                cache_config=dataclasses.replace(vllm_config.cache_config,
+                                                 kv_offloading_size=kv_offloading_size,
+                                                 kv_offloading_backend="native"))
         caching = vllm_config.cache_config.enable_prefix_caching
         has_mamba = any(kind.startswith("mamba") for kind, _ in groups)
         if has_mamba:

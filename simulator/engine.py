@@ -272,7 +272,7 @@ class Simulation:
             for i, v in enumerate(rep.rec.breakdown()):
                 bd[i] += v
         return {"time_s": self.now_s, "running": sum(len(r.sched.running) for r in self.replicas),
-                "waiting": sum(len(r.sched.waiting) for r in self.replicas),
+                "waiting": sum(r.sched.num_waiting for r in self.replicas),
                 "finished": self.recorder.requests.num_finished,
                 "rejected": self.num_rejected, "arrived": self.num_arrived,
                 "preemptions": sum(r.sched.num_preemptions for r in self.replicas),
@@ -486,7 +486,7 @@ class Simulation:
         Returns its end and what ``_close_run`` needs of its start."""
         sched, rec, k = rep.sched, rep.rec, run.k
         tokens0 = sched.num_generated_tokens
-        rec.scheduled(run.num_running, len(sched.waiting), run.n)
+        rec.scheduled(run.num_running, sched.num_waiting, run.n)
         hist = sched.crossing_histogram() if self.record_steps else None
         used0 = sched.allocator.num_used_blocks if self.record_steps and sched.paged else 0
         if sched.done_in_flight:
@@ -542,7 +542,7 @@ class Simulation:
                 assert out.num_decode_seqs == run.n and out.num_scheduled_tokens == run.n \
                     and not out.num_preempted and not out.num_new, \
                     "a planned decode step was not a pure decode step"
-            rec.scheduled(len(sched.running), len(sched.waiting), out.num_scheduled_tokens)
+            rec.scheduled(len(sched.running), sched.num_waiting, out.num_scheduled_tokens)
             ran = out.num_scheduled_tokens > 0
             if not ran and rep.offload is not None and rep.offload.busy and not sched.running:
                 t = yield from self._wait_for_transfers(rep, t)

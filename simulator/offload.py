@@ -148,6 +148,7 @@ class OffloadConnector:
         self._flush: list[int] = []            # jobs the next step must wait for
         self._being_loaded: dict[Hashable, int] = {}  # key -> loads reading it (CPU to GPU)
         self._finished_stores: list[int] = []  # stores of finished requests (flush if reused)
+        self.retry: set = set()                # requests whose last offer failed: offer again
         # speed: a request's chunk keys, computed once; the last lookup answer per request with
         # what it depended on (a blocked head is asked again every step)
         self._key_cache: dict[Hashable, list] = {}
@@ -306,7 +307,9 @@ class OffloadConnector:
         placed = self.cpu.prepare_store(request_id, new, list(range(start, num_chunks)))
         if placed is None:
             self.stats.num_failed_offers += 1
-            return                          # offered again next step
+            self.retry.add(request_id)      # offered again in each step it is scheduled in
+            return
+        self.retry.discard(request_id)
         state.next_stored = num_chunks
         if placed[0]:
             where = {k: start + i for i, k in enumerate(new)}
@@ -314,8 +317,15 @@ class OffloadConnector:
             self._add_job(_Job(STORE, request_id, placed[0], len(placed[0]) * self.chunk_bytes,
                                blocks), self._new_stores)
 
+    def has_unoffered(self, request_id: Hashable, num_prompt_tokens: int) -> bool:
+        """Whether some of the request's prompt chunks were not stored yet (an offer failed):
+        vLLM offers them again when the request finishes."""
+        state = self._requests.get(request_id)
+        return state is not None and state.next_stored < num_prompt_tokens // self.block_size
+
     def request_finished(self, request_id: Hashable) -> None:
         """Commit the request's recency in every tier (after its last offer)."""
+        self.retry.discard(request_id)
         self._key_cache.pop(request_id, None)
         self._memo.pop(request_id, None)
         self.cpu.request_finished(request_id)
@@ -335,17 +345,20 @@ class OffloadConnector:
         if state is not None:
             self._flush += [j for j in state.jobs if self._jobs[j].kind == STORE]
 
-    def check_reused_blocks(self, ref_cnt: Sequence[int]) -> None:
-        """Stores of finished requests whose GPU blocks were handed out again this step (held
-        again: ``ref_cnt`` > 0) are flushed before the next forward (vLLM jobs_to_flush)."""
-        if not self._finished_stores:
+    def check_reused_blocks(self, handed_out: Sequence[int]) -> None:
+        """Stores of finished requests whose GPU blocks were handed out again in this step
+        (``handed_out``: the step's new block ids, prefix hits included) are flushed before the
+        next forward (vLLM ``jobs_to_flush``: ``_block_id_to_pending_jobs`` against
+        ``_current_batch_allocated_block_ids``)."""
+        if not self._finished_stores or not handed_out:
             return
+        given = set(handed_out)
         keep = []
         for job_id in self._finished_stores:
             job = self._jobs.get(job_id)
             if job is None:
                 continue                    # completed
-            if any(ref_cnt[b] for b in job.blocks):
+            if not given.isdisjoint(job.blocks):
                 self._flush.append(job_id)
             else:
                 keep.append(job_id)

@@ -61,7 +61,9 @@ class OffloadScheduler(Scheduler):
         super().__init__(config, allocator, seed=seed)
         self.offload = connector
         self.holding: deque[SeqState] = deque()   # vLLM kv_holding_waiting: loading or loaded
-        self._just_finished: list[int] = []       # finished last step: recency committed now
+        # finished last step: their last offer (the table of an unstored prompt, else None),
+        # then their recency, in this step's build_connector_meta
+        self._just_finished: list[tuple[SeqState, list | None]] = []
         self._load_hit: dict[int, int] = {}       # loading request -> its GPU + CPU hit tokens
         # vLLM _inflight_prefills: requests loading, or admitted and still prefilling after
         # their chunk (until the step that completes their prompt)
@@ -70,20 +72,33 @@ class OffloadScheduler(Scheduler):
     def has_unfinished(self) -> bool:
         return bool(self.running or self.waiting or self.holding)
 
+    @property
+    def num_waiting(self) -> int:
+        """The waiting queue and the requests that hold blocks (loading or loaded)."""
+        return len(self.waiting) + len(self.holding)
+
     # ------------------------------------------------------------------ the step
     def schedule(self, now_ns: int, step_index: int) -> StepOutput:
-        out = super().schedule(now_ns, step_index)
         conn = self.offload
+        pool = self.allocator.pool
+        # the step's new block ids, while a finished request's store may read a reused block
+        pool.handed_out = [] if conn.busy or self._just_finished else None
+        out = super().schedule(now_ns, step_index)
         if self._inflight:   # _update_after_schedule: no longer prefilling, no longer in flight
             self._inflight = {i: s for i, s in self._inflight.items()
                               if s.num_computed_tokens < s.num_tokens or i in self._load_hit}
         # build_connector_meta: offers of what this step computes, then the finished requests
-        for seq, n in out.entries:
-            if seq.num_computed_tokens - n < seq.num_prompt_tokens:   # a prompt chunk ran
+        retry = conn.retry
+        # decodes on the clock are not entries: after a failed offer, every scheduled request
+        for seq, n in (out.scheduled if retry else out.entries):
+            # a prompt chunk ran, or an earlier offer failed (vLLM offers in every step)
+            if seq.num_computed_tokens - n < seq.num_prompt_tokens or seq.seq_id in retry:
                 conn.offer(seq.seq_id, seq.keys, seq.num_prompt_tokens, seq.num_computed_tokens,
                            self.allocator.block_table(seq.seq_id))
         self._commit_finished()
-        conn.check_reused_blocks(self.allocator.pool.ref_cnt)
+        if pool.handed_out is not None:
+            conn.check_reused_blocks(pool.handed_out)
+            pool.handed_out = None
         return out
 
     def empty_step(self) -> None:
@@ -92,8 +107,14 @@ class OffloadScheduler(Scheduler):
         self._commit_finished()
 
     def _commit_finished(self) -> None:
-        for seq_id in self._just_finished:
-            self.offload.request_finished(seq_id)
+        """vLLM's _build_store_jobs over finished_req_ids (the prompt chunks an earlier offer
+        could not store, from the blocks the request held), then on_request_finished."""
+        conn = self.offload
+        for seq, table in self._just_finished:
+            if table is not None:
+                conn.offer(seq.seq_id, seq.keys, seq.num_prompt_tokens, seq.num_prompt_tokens,
+                           table)
+            conn.request_finished(seq.seq_id)
         self._just_finished = []
 
     def _preempt(self, seq: SeqState, now_ns: int) -> None:
@@ -102,10 +123,14 @@ class OffloadScheduler(Scheduler):
         self.offload.preempted(seq.seq_id)
 
     def _retire(self, finished: list, end_ns: int, step_index: int) -> None:
+        conn = self.offload
+        self._just_finished += [
+            (seq, list(self.allocator.block_table(seq.seq_id))
+             if conn.has_unoffered(seq.seq_id, seq.num_prompt_tokens) else None)
+            for seq in finished]
         super()._retire(finished, end_ns, step_index)
         for seq in finished:
             self._inflight.pop(seq.seq_id, None)
-        self._just_finished += [seq.seq_id for seq in finished]
 
     # ------------------------------------------------------------------ the waiting loop
     def _admit_waiting(self, out: StepOutput, slow: list, token_budget: int, lpt: int,
@@ -233,6 +258,8 @@ class OffloadScheduler(Scheduler):
                       step_index: int) -> int:
         """Start a request whose hit was loaded: blocks for its first chunk, RUNNING."""
         c = seq.num_computed_tokens
+        if self.allocator.pool.handed_out is not None:   # vLLM sends a new request's table
+            self.allocator.pool.handed_out += self.allocator.block_table(seq.seq_id)
         grow = c + n - seq.num_alloc_tokens
         if grow > 0:
             ok = self.allocator.append(seq.seq_id, grow)
@@ -245,8 +272,10 @@ class OffloadScheduler(Scheduler):
         """No run while a loaded request waits to be scheduled (the base asks only about the
         waiting queue); otherwise the base's plan."""
         conn = self.offload
-        if conn.has_unflushed_finished_stores or any(self._ready(s) for s in self.holding):
-            return 0   # a decode step could flush a store, or a loaded request runs next
+        if conn.has_unflushed_finished_stores or conn.retry \
+                or any(table is not None for _, table in self._just_finished) \
+                or any(self._ready(s) for s in self.holding):
+            return 0   # a decode step could flush or offer a store, or a loaded request runs
         k = super().plan_decode_run(max_steps)
         if k:
             self._commit_finished()     # what the run's first step's schedule() would do

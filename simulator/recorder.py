@@ -369,7 +369,7 @@ class ReplicaRecorder:
             return
         sched = self.sched
         self.tables.samples.add((end_ns / NS_PER_S, self.index, len(sched.running),
-                                 len(sched.waiting), 0, *self._counters(), self.allocator.usage,
+                                 sched.num_waiting, 0, *self._counters(), self.allocator.usage,
                                  self._saved_blocks(), *self.breakdown(),
                                  *(self._offload_row() if self.tables.offload_tiers else ())))
 
@@ -425,7 +425,7 @@ class ReplicaRecorder:
         saved = self._saved_blocks()
         self.saved_samples.append(saved)
         counters = self._counters()
-        row_tail = (len(sched.running), len(sched.waiting), self.last_batch_tokens, *counters,
+        row_tail = (len(sched.running), sched.num_waiting, self.last_batch_tokens, *counters,
                     usage, saved, *bd)
         idle_tail = (0, 0, 0, *counters, usage, saved, *bd)
         if self.tables.offload_tiers:
@@ -460,7 +460,7 @@ class ReplicaRecorder:
     def row_state(self) -> tuple:
         """Oracle columns read right after schedule(): running, waiting, usage, used blocks."""
         sched = self.sched
-        return (len(sched.running), len(sched.waiting), self.allocator.usage,
+        return (len(sched.running), sched.num_waiting, self.allocator.usage,
                 self.allocator.num_used_blocks if sched.paged else 0)
 
     def step_row(self, idx: int, out, finished: list, state: tuple, extra: tuple = ()) -> None:
@@ -483,7 +483,7 @@ class ReplicaRecorder:
             out.num_decode_seqs, out.num_new + out.num_resumed, 0, running, waiting, round(usage, 6),
             used, out.num_preempted, cum[0], out.pc_queries, out.pc_hits, cum[1], cum[2],
             out.pc_preempted_queries, out.pc_preempted_hits, len(finished), cum[3],
-            len(sched.running) - len(sched.done_in_flight), len(sched.waiting),
+            len(sched.running) - len(sched.done_in_flight), sched.num_waiting,
             round(self.allocator.usage, 6), self.index,
             idx * 1.0 if self.step_clock else math.nan) + extra)
 
@@ -497,7 +497,7 @@ class ReplicaRecorder:
         usable = alloc.num_usable_blocks if sched.paged else 1
         B = sched.block_size
         used = used0
-        waiting = len(sched.waiting)
+        waiting = sched.num_waiting
         cum = self.cum
         rows = self.tables.steps.rows
         for j in range(1, k + 1):

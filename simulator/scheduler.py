@@ -138,6 +138,11 @@ class Scheduler(DecodeRuns, Forks, DecodeClock, KVSlots):
         """Requests queued or running (the engine idles when there are none)."""
         return bool(self.running or self.waiting)
 
+    @property
+    def num_waiting(self) -> int:
+        """Requests waiting (vLLM's ``get_request_counts``: every queue but the running one)."""
+        return len(self.waiting)
+
     def _new_seq_id(self) -> int:
         sid = self.next_seq_id
         self.next_seq_id += 1

@@ -1,0 +1,104 @@
+"""Decision fidelity with a CPU tier: kvsim against vLLM's scheduler with its OffloadingConnector.
+
+vLLM 0.33's real Scheduler, KVCacheManager and OffloadingConnector (scheduler side), with a
+worker stub that completes the load and store jobs on kvsim's transfer timing
+(bench/offload_oracle.py), and `kvsim replay --step-clock --cpu-offload-gib ...` replay the
+same traces; compared per request (first scheduled step, first token, finish step,
+preemptions, cached tokens at first admission: GPU and CPU hits) and per step
+(bench/fidelity_diff.py), and on the tier's totals (chunks loaded and stored, flush stalls).
+
+Cases: the oracle's example trace b (half the requests share a 512-token prefix) at pools and
+CPU tiers chosen to load, evict and flush, at 0, 1 and 4 steps per chunk; and --num-random
+random traces (fidelity_fuzz's generator, then prefix groups that come back after the GPU has
+evicted them, a CPU tier from a few chunks to more than the workload, 0-5 steps per chunk).
+Synchronous scheduling, one KV-cache group (what kvsim runs with a tier). Outputs are cached
+under runs/fidelity/offload/ (git-ignored).
+
+Usage:
+    python bench/fidelity_offload.py [--cases NAME ...] [--num-random 40] [--seed 0]
+                                     [--oracle-only] [--jobs 2] [-v]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from bench.fidelity_fuzz import random_case  # noqa: E402
+from bench.fidelity_hybrid import collect_cases, compare_cases, run_oracle_batch  # noqa: E402
+from bench.fidelity_vllm import RUNS  # noqa: E402
+
+OFFLOAD = RUNS / "offload"
+# (trace, GPU blocks, CPU chunks, steps per chunk)
+NAMED = [("b", nb, chunks, k) for nb in (300, 1500) for chunks in (64, 2000) for k in (0, 1, 4)]
+
+
+def named_cases() -> list[tuple[str, str, dict]]:
+    return [(f"{trace}_nb{nb}_cpu{chunks}_k{k}", trace,
+             {"num_gpu_blocks": nb, "cpu_chunks": chunks, "transfer_steps_per_chunk": k})
+            for trace, nb, chunks, k in NAMED]
+
+
+def random_offload_case(rng: random.Random) -> tuple[list[list], dict]:
+    """A random trace and configuration with a CPU tier: fidelity_fuzz's trace and pool, prefix
+    caching on, and prompts that share prefixes often enough, and far enough apart, that the GPU
+    has evicted them when they come back."""
+    rows, args = random_case(rng)
+    args["prefix_caching"] = "on"
+    block = args["block_size"]
+    groups = [(f"p{g}", rng.choice([block, 3 * block, rng.randint(1, 900)]))
+              for g in range(rng.randint(2, 8))]
+    share = rng.choice([0.3, 0.6, 0.9])
+    for row in rows:
+        if rng.random() < share:
+            name, plen = rng.choice(groups)
+            own = 0 if rng.random() < 0.2 else row[1]   # a whole prompt seen before
+            row[1], row[3], row[4] = plen + own, name, plen
+    longest = max(r[1] for r in rows)
+    args["max_model_len"] = max(args["max_model_len"], longest + 1)
+    need = max(-(-min(r[1] + r[2], args["max_model_len"]) // block) for r in rows)
+    args["num_gpu_blocks"] = max(args["num_gpu_blocks"], need + 2)
+    workload = sum(-(-r[1] // block) for r in rows)
+    args["cpu_chunks"] = max(1, rng.choice([2, 16, workload // 8, workload // 2, 2 * workload]))
+    args["transfer_steps_per_chunk"] = rng.choice([0, 0, 1, 1, 2, 5])
+    return rows, args
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cases", nargs="*", help="only named cases containing one of these")
+    ap.add_argument("--num-random", type=int, default=40)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--oracle-only", action="store_true", help="run and cache vLLM only")
+    ap.add_argument("--csv", default=str(OFFLOAD / "fidelity_offload.csv"))
+    ap.add_argument("--venv")
+    ap.add_argument("-v", "--verbose", action="store_true")
+    a = ap.parse_args(argv)
+    cases = collect_cases(named_cases(), random_offload_case, a.num_random, a.seed, OFFLOAD,
+                          a.cases)
+    run_oracle_batch(cases, a.jobs, a.venv, workdir=OFFLOAD)
+    if a.oracle_only:
+        return 0
+    return compare_cases(cases, "offload", a.csv, a.verbose, tier_differences)
+
+
+def tier_differences(oracle_dir: Path, kvsim_dir: Path) -> list[str]:
+    """The CPU tier's totals that differ: chunks loaded and stored, flush stall steps."""
+    o = json.loads((oracle_dir / "summary.json").read_text())["summary"]["offload"]
+    k = json.loads((kvsim_dir / "result.json").read_text())["offload"]
+    chunk = k["tiers"][0]["chunk_bytes"]
+    pairs = [("loaded_chunks", k["loaded_bytes"]["cpu"] / chunk),
+             ("stored_chunks", k["stored_bytes"]["cpu"] / chunk),
+             ("flush_stall_steps", k["flush_stall_s"])]
+    return [f"{name} vllm={o[name]} kvsim={value:g}" for name, value in pairs if o[name] != value]
+
+
+if __name__ == "__main__":
+    sys.exit(main())
