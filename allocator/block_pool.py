@@ -41,6 +41,8 @@ match each other.
 """
 from __future__ import annotations
 
+from itertools import islice
+
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from operator import itemgetter
@@ -650,6 +652,10 @@ class BlockPool:
     def free_queue(self) -> list[int]:
         """The free queue, front (next allocated) first. O(free blocks)."""
         return list(self._free_queue)
+
+    def next_popped(self, n: int) -> list[int]:
+        """The ``n`` blocks the next ``pop`` calls hand out (the free queue's front). O(n)."""
+        return list(islice(self._free_queue, n))
 
     def _check_queue_layout(self) -> None:
         """Cached (keyed) free blocks are exactly where the queue's batches say."""

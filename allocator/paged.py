@@ -117,11 +117,20 @@ class PagedAllocator(PoolQueries):
         shift, mask = size.bit_length() - 1, size - 1
         return [table[i >> shift] * size + (i & mask) for i in range(seq.num_tokens)]
 
-    def lookup(self, block_hashes: Sequence[int] | None, num_tokens: int) -> int:
-        """Tokens a new sequence of ``num_tokens`` would get from the cache (no side effect)."""
+    def lookup(self, block_hashes: Sequence[int] | None, num_tokens: int,
+               after_popping: int = 0) -> int:
+        """Tokens a new sequence of ``num_tokens`` would get from the cache (no side effect);
+        ``after_popping``: once that many blocks have been handed out first (the free queue's
+        front: cached blocks there are evicted, and the hit ends before the first of them)."""
         if type(num_tokens) is not int or num_tokens < 0:
             num_tokens = require_int("num_tokens", num_tokens)
-        return len(self._find_hits(block_hashes, num_tokens)) * self.block_size
+        hits = self._find_hits(block_hashes, num_tokens)
+        if after_popping and hits:
+            evicted = set(self.pool.next_popped(after_popping))
+            for i, block_id in enumerate(hits):
+                if block_id in evicted:
+                    return i * self.block_size
+        return len(hits) * self.block_size
 
     def blocks_needed(self, num_tokens: int, block_hashes: Sequence[int] | None = None) -> int:
         """Free blocks allocate() would consume: new blocks plus evictable hit blocks.

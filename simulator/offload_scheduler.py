@@ -68,6 +68,7 @@ class OffloadScheduler(Scheduler):
         # vLLM _inflight_prefills: requests loading, or admitted and still prefilling after
         # their chunk (until the step that completes their prompt)
         self._inflight: dict[int, SeqState] = {}
+        self._admitted: set[int] = set()          # admitted in this schedule
 
     def has_unfinished(self) -> bool:
         return bool(self.running or self.waiting or self.holding)
@@ -88,13 +89,16 @@ class OffloadScheduler(Scheduler):
             self._inflight = {i: s for i, s in self._inflight.items()
                               if s.num_computed_tokens < s.num_tokens or i in self._load_hit}
         # build_connector_meta: offers of what this step computes, then the finished requests
-        retry = conn.retry
+        retry, admitted = conn.retry, self._admitted
         # decodes on the clock are not entries: after a failed offer, every scheduled request
         for seq, n in (out.scheduled if retry else out.entries):
-            # a prompt chunk ran, or an earlier offer failed (vLLM offers in every step)
-            if seq.num_computed_tokens - n < seq.num_prompt_tokens or seq.seq_id in retry:
+            # a prompt chunk ran, an earlier offer failed (vLLM offers in every step), or the
+            # request was admitted (its lookup restarted its offers at chunk 0)
+            if seq.num_computed_tokens - n < seq.num_prompt_tokens or seq.seq_id in retry \
+                    or seq.seq_id in admitted:
                 conn.offer(seq.seq_id, seq.keys, seq.num_prompt_tokens, seq.num_computed_tokens,
                            self.allocator.block_table(seq.seq_id))
+        self._admitted.clear()
         self._commit_finished()
         if pool.handed_out is not None:
             conn.check_reused_blocks(pool.handed_out)
@@ -173,6 +177,7 @@ class OffloadScheduler(Scheduler):
                 self._inflight[seq.seq_id] = seq
             else:
                 self._inflight.pop(seq.seq_id, None)
+            self._admitted.add(seq.seq_id)
             self._enter_running(seq, n, slow, running)
             token_budget -= n
         self.holding.extendleft(reversed(skipped_holding))
@@ -193,7 +198,9 @@ class OffloadScheduler(Scheduler):
         alloc = self.allocator
         keys = self._keys(seq)
         num_tokens = seq.num_tokens
-        hit = alloc.lookup(keys, num_tokens)
+        # decode-run planning: the blocks the step's decodes take first may evict hit blocks,
+        # which the connector may then have (a smaller GPU hit, a larger load)
+        hit = alloc.lookup(keys, num_tokens, num_blocks_taken)
         ext = self.offload.lookup(seq.seq_id, keys, num_tokens, hit, peek=verdict_only)
         if ext is None:
             return SKIP
@@ -201,12 +208,15 @@ class OffloadScheduler(Scheduler):
             return PROMOTE
         if not ext:
             return super()._admission(seq, token_budget, lpt, num_blocks_taken)
-        # an async load: GPU blocks for the GPU + CPU hit now (the whole prompt with full-prompt
-        # admission), beyond what requests still prefilling or loading need to finish
-        free = alloc.num_free_blocks - num_blocks_taken - self._reserved_blocks()
+        # an async load (vLLM allocate_slots): with full-prompt admission the whole prompt must
+        # fit the free blocks; the GPU + CPU hit, allocated now, must fit beyond what requests
+        # still prefilling or loading need to finish (reserved_blocks)
+        free = alloc.num_free_blocks - num_blocks_taken
         wm = self.watermark_blocks if self.running else 0
-        need = min(num_tokens, cfg.max_model_len) if cfg.full_prompt_admission else hit + ext
-        if alloc.blocks_needed(need, keys) + wm > free:
+        if cfg.full_prompt_admission and \
+                alloc.blocks_needed(min(num_tokens, cfg.max_model_len), keys) + wm > free:
+            return WAIT
+        if alloc.blocks_needed(hit + ext, keys) + wm > free - self._reserved_blocks():
             return WAIT
         return Admission(ADMIT, hit, 0, ext)
 
