@@ -170,7 +170,8 @@ class Scheduler(DecodeRuns, Forks, DecodeClock, KVSlots):
 
     def _lpt(self) -> int:
         # vLLM schedule(): the threshold only applies when someone else could use the budget
-        if len(self.running) + len(self.waiting) > 1:
+        # (get_request_counts: the requests that hold blocks while loading count as waiting)
+        if len(self.running) + self.num_waiting > 1:
             return self.config.long_prefill_token_threshold
         return 0
 
