@@ -219,6 +219,8 @@ def run(oracle, a, build) -> dict:
             # steps poll until a transfer completes or a request arrives
             _, found = worker.step(t, so.kv_connector_metadata, 0)
             process(-1, so, report(found), None)
+            if found:
+                continue       # what completed may be scheduled: the engine steps again at once
             worker.submit_all(t)
             wake = [x for x in (worker.next_done(),
                                 order[p].arrival_step if p < n else None) if x is not None]

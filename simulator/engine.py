@@ -581,7 +581,9 @@ class Simulation:
         their loads) while nothing runs. Returns the time it ends."""
         env, rec, conn = self.env, rep.rec, rep.offload
         conn.step(t, 0)
-        conn.apply(t)
+        if conn.has_found:      # the empty step's poll found completions: schedule again now
+            conn.apply(t)
+            return t
         if t > env.now:
             yield _urgent_timeout(env, t - env.now)
         bd_wait, usage_wait = rec.breakdown(), rep.allocator.usage
