@@ -1,6 +1,7 @@
-"""kvsim's clock against real vLLM on the H200: the closed-loop runs of bench/results/vllm_h200/.
+"""kvsim's clock against real vLLM on a GPU: the closed-loop runs of bench/results/vllm_h200/ (or _h100/).
 
-    python bench/vllm_compare.py [--engines llama8b-bf16 ...] [--clocks roofline,table] [--traces] [--csv out.csv]
+    python bench/vllm_compare.py [--gpu H200|H100] [--engines llama8b-bf16 ...] [--clocks roofline,table]
+                                 [--traces] [--csv out.csv]
 
 For every closed-loop point a real-vLLM run measured (``cl-ISL-OSL-cC``: ``vllm bench serve
 --max-concurrency C`` style, bench/vllm_gpu/harness.py), kvsim replays the same workload
@@ -9,9 +10,11 @@ max_num_seqs, max_num_batched_tokens, block size, async scheduling; the model's 
 bench/vllm_gpu/configs/) and computes vllm bench serve's figures for both sides
 (simulator.serve_metrics's formulas): mean TTFT, median TPOT, mean E2E. Clocks: ``roofline``
 (kvsim's default, planner.roofline at the datasheet peaks), ``table`` (the shipped H200 cost
-table of kvsim's executor, Llama-3.1-8B bf16 only) and ``vllm-grid`` (the engine's own table from
-real vLLM's steps of its ``grid`` workload, tables/vllm/, bench/vllm_gpu/grid_table.py). Nothing
-here is fitted to these runs.
+table of kvsim's executor, Llama-3.1-8B bf16 only), ``vllm-grid`` (the engine's own table from
+real vLLM's steps of its ``grid`` workload, tables/vllm/ENGINE_GPU.csv, bench/vllm_gpu/grid_table.py)
+and ``vllm-fine`` (the same from the engine's ``fine`` grid run, ENGINE-fine_GPU.csv, where one was
+made). Each GPU's runs are priced with that GPU's preset and tables. Nothing here is fitted to these
+runs.
 """
 from __future__ import annotations
 
@@ -25,6 +28,8 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results" / "vllm_h200"
+# --gpu -> (the runs' folder, kvsim's GPU preset)
+GPUS = {"H200": (RESULTS, "H200"), "H100": (ROOT / "bench" / "results" / "vllm_h100", "H100")}
 CONFIGS = ROOT / "bench" / "vllm_gpu" / "configs"
 TABLE = ROOT / "tables" / "Llama-3.1-8B_H200.csv"
 # each engine's table from real vLLM's own grid steps (bench/vllm_gpu/grid_table.py): fitted on
@@ -67,7 +72,8 @@ def trace_requests(folder: Path) -> list:
     return [Request(i, r["arrival_s"], r["prompt_tokens"], r["output_tokens"]) for i, r in enumerate(recs)]
 
 
-def simulated(engine: str, spec: dict, meta: dict, clock: str, requests: list | None = None) -> dict:
+def simulated(engine: str, spec: dict, meta: dict, clock: str, requests: list | None = None,
+              gpu: str = "H200") -> dict:
     from kvsim import workloads
     from kvsim.planner.engine_setup import build_engine
     from kvsim.planner.presets import load_hf_config
@@ -76,14 +82,12 @@ def simulated(engine: str, spec: dict, meta: dict, clock: str, requests: list | 
 
     config, weight_dtype, kv_dtype = ENGINES[engine]
     core = meta["engine_core"]
-    kwargs = dict(model=load_hf_config(str(CONFIGS / config / "config.json"), name=config), gpu="H200",
+    kwargs = dict(model=load_hf_config(str(CONFIGS / config / "config.json"), name=config), gpu=GPUS[gpu][1],
                   weight_dtype=weight_dtype, kv_cache_dtype=kv_dtype,
                   num_gpu_blocks=core["num_gpu_blocks"], block_size=core["block_size"],
                   max_model_len=meta["engine_args"]["max_model_len"], max_num_seqs=core["max_num_seqs"],
                   max_num_batched_tokens=core["max_num_batched_tokens"],
-                  cost_table=str(TABLE) if clock == "table" else
-                  str(GRID_TABLES / f"{engine}_H200.csv") if clock == "vllm-grid" else
-                  str(GRID_TABLES / f"{engine}-fine_H200.csv") if clock == "vllm-fine" else None)
+                  cost_table=str(TABLE) if clock == "table" else grid_table(engine, clock, gpu))
     setup = build_engine(async_scheduling=core["async_scheduling"], **kwargs)
     if requests is None:   # a closed-loop point
         text = (f"random:isl={spec['isl']},osl={spec['osl']},n={spec['n']},concurrency={spec['concurrency']},"
@@ -98,6 +102,13 @@ def simulated(engine: str, spec: dict, meta: dict, clock: str, requests: list | 
             "mean_e2el_ms": m["mean_e2el_ms"], "completed": m["completed"]}
 
 
+def grid_table(engine: str, clock: str, gpu: str) -> Path | None:
+    """The engine's table of real vLLM's steps for ``vllm-grid`` / ``vllm-fine`` (None: another
+    clock)."""
+    suffix = {"vllm-grid": "", "vllm-fine": "-fine"}.get(clock)
+    return None if suffix is None else GRID_TABLES / f"{engine}{suffix}_{gpu}.csv"
+
+
 def _median_tpot(requests) -> float:
     ok = requests[(~requests["rejected"]) & (requests["num_output"] > 1)]
     return 1000 * float(np.median(ok["tpot_s"])) if len(ok) else 0.0
@@ -108,7 +119,8 @@ METRICS = ("mean_ttft_ms", "median_tpot_ms", "mean_e2el_ms")
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--engines", nargs="*", default=list(ENGINES))
+    ap.add_argument("--gpu", choices=sorted(GPUS), default="H200", help="whose runs (default H200)")
+    ap.add_argument("--engines", nargs="*", help="default: every engine measured on --gpu")
     ap.add_argument("--clocks", default="roofline,table")
     ap.add_argument("--csv", help="write every point's figures here")
     ap.add_argument("--traces", action="store_true",
@@ -116,9 +128,11 @@ def main(argv: list[str] | None = None) -> int:
                          "summary then lists it on its own")
     a = ap.parse_args(argv)
     clocks = [c for c in a.clocks.split(",") if c]
+    results = GPUS[a.gpu][0]
+    a.engines = a.engines or [e for e in ENGINES if (results / e / "meta.json").exists()]
     rows = []
     for engine in a.engines:
-        folder = RESULTS / engine
+        folder = results / engine
         meta = json.loads((folder / "meta.json").read_text())
         points = sorted(folder.glob("cl-*"), key=lambda p: [int(x.lstrip("c")) for x in p.name.split("-")[1:]])
         if a.traces and (folder / "azure-conv").is_dir():
@@ -129,11 +143,12 @@ def main(argv: list[str] | None = None) -> int:
             real = measured(point)
             row = {"engine": engine, "point": point.name, **{f"vllm_{k}": real[k] for k in METRICS}}
             for clock in clocks:
-                if clock == "table" and engine != "llama8b-bf16":
+                if clock == "table" and (engine != "llama8b-bf16" or a.gpu != "H200"):
                     continue
-                if clock == "vllm-fine" and not (GRID_TABLES / f"{engine}-fine_H200.csv").exists():
+                table = grid_table(engine, clock, a.gpu)
+                if table is not None and not table.exists():
                     continue
-                sim = simulated(engine, spec, meta, clock, reqs)
+                sim = simulated(engine, spec, meta, clock, reqs, a.gpu)
                 assert sim["completed"] == real["completed"], (engine, point.name, clock)
                 for k in METRICS:
                     row[f"{clock}_{k}"] = sim[k]
@@ -144,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
                     f" {c} {100 * row[f'{c}_{k}_err']:+6.1f}%" for c in clocks if f"{c}_{k}_err" in row)
                 for k in METRICS), flush=True)
     print("\nper engine and clock, over its closed-loop points: median |error| of median TPOT, mean |error| of "
-          "mean TTFT and of mean E2E (kvsim against real vLLM 0.23.0, H200)")
+          f"mean TTFT and of mean E2E (kvsim against real vLLM 0.23.0, {a.gpu})")
     for engine in a.engines:
         mine = [r for r in rows if r["engine"] == engine and r["point"].startswith("cl-")]
         for clock in clocks:

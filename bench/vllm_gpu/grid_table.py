@@ -64,6 +64,15 @@ def grid_rows(steps_csv: Path, sizes=CAPTURE_SIZES) -> tuple[list[dict], int]:
     big = [s for s in steps if s["num_prefill_tokens"] >= 512]
     per_token = float(np.median([max(s["step_s"] - base, 0.0) / s["num_scheduled_tokens"] for s in big])) \
         if big else 0.0
+    # a lone prompt (one sequence, no decode) of a length the grid ran several times: the fastest
+    # is the engine's time; one slower than BAND[1] x it waited for the CPU (the harness sending
+    # a decode batch's prompts one by one: Qwen3-30B-A3B on the H100, 256 tokens in 27 ms once
+    # and 67-1,247 ms as a batch's prompts)
+    fastest: dict[float, float] = {}
+    for s in steps:
+        if s["num_seqs"] == 1 and s["num_decode_tokens"] == 0 and s["step_s"] > 0:
+            n = s["num_prefill_tokens"]
+            fastest[n] = min(fastest.get(n, s["step_s"]), s["step_s"])
     rows, dropped = [], 0
     for s in steps:
         if s["num_scheduled_tokens"] < 1 or s["step_s"] <= 0:
@@ -71,6 +80,10 @@ def grid_rows(steps_csv: Path, sizes=CAPTURE_SIZES) -> tuple[list[dict], int]:
             continue
         ratio = s["step_s"] / (base + per_token * s["num_scheduled_tokens"]) if per_token else 1.0
         if s["num_prefill_tokens"] >= 512 and not BAND[0] <= ratio <= BAND[1]:
+            dropped += 1
+            continue
+        if s["num_seqs"] == 1 and s["num_decode_tokens"] == 0 \
+                and s["step_s"] > BAND[1] * fastest[s["num_prefill_tokens"]]:
             dropped += 1
             continue
         n = int(s["num_seqs"])
@@ -136,7 +149,7 @@ def provenance(folder: Path, meta: dict, num_rows: int, dropped: int, knot_token
     date = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(wall)) if wall else "unknown"
     return [
         "# kvsim cost table: real vLLM's own steps (bench/vllm_gpu/grid_table.py over the harness's grid workload)",
-        "# gpu: NVIDIA H200",
+        f"# gpu: {versions.get('gpu', 'NVIDIA H200')}",   # the runs before 2026-12-05 were all on one H200
         f"# date: {date}",
         f"# versions: {', '.join(f'{k} {v}' for k, v in sorted(versions.items())) or 'unknown'}",
         f"# model: {Path(str(args.get('model', folder.name))).name}",
@@ -154,7 +167,7 @@ def provenance(folder: Path, meta: dict, num_rows: int, dropped: int, knot_token
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("engine", type=Path, help="a bench/results/vllm_h200/ENGINE folder with a grid run")
+    ap.add_argument("engine", type=Path, help="a bench/results/vllm_GPU/ENGINE folder with a grid run")
     ap.add_argument("--out", type=Path, required=True, help="the cost table (CSV)")
     a = ap.parse_args(argv)
     steps = a.engine / "grid" / "steps.csv"
