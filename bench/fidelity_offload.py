@@ -90,14 +90,20 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def tier_differences(oracle_dir: Path, kvsim_dir: Path) -> list[str]:
-    """The CPU tier's totals that differ: chunks loaded and stored, flush stall steps."""
+    """The CPU tier's totals that differ: chunks loaded and stored, flush stall steps, and
+    vLLM's connector counters (queries: num_tokens - GPU hit; hits: tokens loaded; first
+    admissions and re-admissions after preemption apart)."""
     o = json.loads((oracle_dir / "summary.json").read_text())["summary"]["offload"]
     k = json.loads((kvsim_dir / "result.json").read_text())["offload"]
     chunk = k["tiers"][0]["chunk_bytes"]
     pairs = [("loaded_chunks", k["loaded_bytes"]["cpu"] / chunk),
              ("stored_chunks", k["stored_bytes"]["cpu"] / chunk),
-             ("flush_stall_steps", k["flush_stall_s"])]
-    return [f"{name} vllm={o[name]} kvsim={value:g}" for name, value in pairs if o[name] != value]
+             ("flush_stall_steps", k["flush_stall_s"]),
+             ("connector_queries", k["query_tokens"]), ("connector_hits", k["hit_tokens"]["cpu"]),
+             ("connector_preempted_queries", k["preempted_query_tokens"]),
+             ("connector_preempted_hits", k["preempted_hit_tokens"])]
+    return [f"{name} vllm={o.get(name)} kvsim={value:g}" for name, value in pairs
+            if o.get(name) != value]
 
 
 if __name__ == "__main__":

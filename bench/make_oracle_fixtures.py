@@ -228,7 +228,19 @@ def trace_closed_loop_rate() -> list[list]:
     return rows
 
 
+def random_offload_trace(seed: int, index: int) -> list[list]:
+    """The trace of bench/fidelity_offload.py's random case ``random_s{seed}_c{index}``."""
+    from bench.fidelity_offload import random_offload_case   # here: it imports this module
+
+    rng = random.Random(seed)
+    for _ in range(index + 1):
+        rows, _ = random_offload_case(rng)
+    return rows
+
+
 TRACES = {
+    "offload_s0_c17": lambda: random_offload_trace(0, 17),
+    "offload_s1_c12": lambda: random_offload_trace(1, 12),
     "basic": trace_basic,
     "chunked": trace_chunked,
     "prefix_groups": trace_prefix_groups,
@@ -325,6 +337,34 @@ CASES = [
          "prefix_groups", {"num_gpu_blocks": 300, "max_num_seqs": 64, "prefix_caching": "off",
                            "kv_groups": "mamba,sliding:100,full"}),
 ]
+# a CPU tier (bench/offload_oracle.py: vLLM's OffloadingConnector, the worker stub completing
+# transfers in `transfer_steps_per_chunk` steps per chunk; synchronous scheduling)
+CASES += [
+    Case("offload_prefix_groups", "CPU tier under a small pool: prefixes loaded back, stores queue",
+         "prefix_groups", {"num_gpu_blocks": 200, "max_num_seqs": 64, "cpu_chunks": 400,
+                           "transfer_steps_per_chunk": 1}),
+    Case("offload_tiny_tier", "an 8-chunk tier: refused offers, offered again, evictions",
+         "prefix_groups", {"num_gpu_blocks": 300, "max_num_seqs": 64, "cpu_chunks": 8,
+                           "transfer_steps_per_chunk": 2}),
+    Case("offload_storm", "preemptions flush pending stores; instant transfers",
+         "storm", {"num_gpu_blocks": 150, "max_num_seqs": 64, "cpu_chunks": 300,
+                   "transfer_steps_per_chunk": 0}),
+    # two of bench/fidelity_offload.py's random cases, each the one that found a divergence
+    Case("offload_lpt_holding", "random_s0_c0017: a loading request counts for the long-prefill "
+         "threshold", "offload_s0_c17",
+         {"block_size": 16, "cpu_chunks": 16, "long_prefill_token_threshold": 8,
+          "max_num_batched_tokens": 2048, "max_num_seqs": 128, "num_gpu_blocks": 2358,
+          "transfer_steps_per_chunk": 5, "watermark": 0.2}),
+    Case("offload_empty_step_reschedules", "random_s1_c0012: a load found by an empty step's poll "
+         "is scheduled at once", "offload_s1_c12",
+         {"block_size": 16, "cpu_chunks": 1382, "long_prefill_token_threshold": 1,
+          "max_model_len": 601, "max_num_batched_tokens": 2048, "max_num_seqs": 2,
+          "num_gpu_blocks": 40, "transfer_steps_per_chunk": 0, "watermark": 0.05}),
+    Case("offload_long_prefill", "loads beside chunked prompts under a long-prefill threshold",
+         "prefix_groups", {"num_gpu_blocks": 250, "max_num_seqs": 64, "cpu_chunks": 600,
+                           "long_prefill_token_threshold": 64, "watermark": 0.05,
+                           "transfer_steps_per_chunk": 3}),
+]
 # vLLM's GPU default: AsyncScheduler, 2 batches in flight (EngineCore.step_with_batch_queue).
 # Each async case is a sync case above with --async-scheduling, under the name async_<case>.
 ASYNC_OF = ["basic", "chunked_prefill", "prefix_groups", "preemption_storm",
@@ -367,7 +407,11 @@ def make_case(case: Case, oracle_python: str) -> dict:
     write_trace(trace_path, TRACES[case.trace]())
     args = dict(case.oracle_args)
     script, groups = ORACLE_DIR / "oracle.py", []
-    if "kv_groups" in args:     # the oracle with a hybrid model's KV-cache groups
+    if "cpu_chunks" in args:    # the oracle with vLLM's OffloadingConnector and a worker stub
+        script = ROOT / "bench" / "offload_oracle.py"
+        groups = ["--cpu-chunks", str(args.pop("cpu_chunks")), "--transfer-steps-per-chunk",
+                  str(args.pop("transfer_steps_per_chunk", 1))]
+    elif "kv_groups" in args:   # the oracle with a hybrid model's KV-cache groups
         script, groups = ROOT / "bench" / "hybrid_oracle.py", ["--kv-groups", args.pop("kv_groups")]
     elif "max_concurrency" in args:    # the oracle driven by a closed-loop client
         script = ROOT / "bench" / "closed_loop_oracle.py"

@@ -171,9 +171,19 @@ def run(oracle, a, build) -> dict:
         sched.kv_cache_manager.block_pool
     empty = ModelRunnerOutput(req_ids=[], req_id_to_index={})
     max_running = 0
+    # vLLM's own counters over every step, empty ones included (SchedulerStats): the GPU prefix
+    # cache's, and the connector's (queries: num_tokens - GPU hit; hits: tokens loaded)
+    totals = dict.fromkeys(["queries", "hits", "preempted_queries", "preempted_hits"], 0)
+    connector_totals = dict(totals)
 
     def process(step, so, mro, row):
         for eco in sched.update_from_output(so, mro).values():
+            st = eco.scheduler_stats
+            if st is not None:
+                for mine, stats in ((totals, st.prefix_cache_stats),
+                                    (connector_totals, st.connector_prefix_cache_stats)):
+                    for key in mine if stats is not None else ():
+                        mine[key] += getattr(stats, key)
             if eco.scheduler_stats is not None and row is not None:
                 st = eco.scheduler_stats
                 row.update(running_end=st.num_running_reqs,
@@ -276,17 +286,20 @@ def run(oracle, a, build) -> dict:
         process(step, so, mro, row)
     t_end = time.perf_counter()
     return write_outputs(oracle, a, trace, rows, sched, vllm_config, worker, max_running,
-                         (t_built - t_start, t_end - t_built))
+                         (t_built - t_start, t_end - t_built), totals, connector_totals)
 
 
 def write_outputs(oracle, a, trace, rows, sched, vllm_config, worker, max_running,
-                  times) -> dict:
-    """steps.csv, requests.csv and summary.json, as oracle.py writes them."""
-    cum = dict.fromkeys(["preempted", "pc_queries", "pc_hits", "finished"], 0)
+                  times, totals: dict, connector_totals: dict) -> dict:
+    """steps.csv, requests.csv and summary.json, as oracle.py writes them; the summary's prefix
+    counters are vLLM's own over every step (a lookup in an empty step is in no step row)."""
+    cum = dict.fromkeys(["preempted", "pc_queries", "pc_hits", "finished",
+                         "pc_preempted_queries", "pc_preempted_hits"], 0)
     for row in rows:
         for key in cum:
             cum[key] += row[key]
-            row[f"cum_{'preemptions' if key == 'preempted' else key}"] = cum[key]
+            if f"cum_{key}" in oracle.STEP_COLS or key == "preempted":
+                row[f"cum_{'preemptions' if key == 'preempted' else key}"] = cum[key]
     out = Path(a.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "steps.csv", "w", newline="") as f:
@@ -312,16 +325,33 @@ def write_outputs(oracle, a, trace, rows, sched, vllm_config, worker, max_runnin
         "unfinished": sum(1 for r in trace if r.finish_step < 0),
         "total_steps": rows[-1]["step"] + 1 if rows else 0, "busy_steps": len(rows),
         "total_preemptions": cum["preempted"],
-        "prefix_queries": cum["pc_queries"], "prefix_hits": cum["pc_hits"],
+        "preempted_requests": sum(1 for r in trace
+                                  if r.request is not None and r.request.num_preemptions),
+        "prefix_queries": totals["queries"], "prefix_hits": totals["hits"],
+        "prefix_hit_rate": totals["hits"] / totals["queries"] if totals["queries"] else 0.0,
+        "preempted_prefix_queries": totals["preempted_queries"],
+        "preempted_prefix_hits": totals["preempted_hits"],
         "max_running": max_running, "setup_s": round(times[0], 2), "loop_s": round(times[1], 2),
         "offload": {"cpu_chunks": a.cpu_chunks,
                     "transfer_steps_per_chunk": a.transfer_steps_per_chunk,
                     "loaded_chunks": worker.loaded_chunks, "stored_chunks": worker.stored_chunks,
                     "flush_stall_steps": worker.flush_stall,
+                    **{f"connector_{k}": v for k, v in connector_totals.items()},
                     "manager": type(manager).__name__},
     }
+    scfg, ccfg = vllm_config.scheduler_config, vllm_config.cache_config
+    effective = {"scheduler_class": type(sched).__name__, "max_num_seqs": scfg.max_num_seqs,
+                 "max_num_batched_tokens": scfg.max_num_batched_tokens,
+                 "max_model_len": vllm_config.model_config.max_model_len,
+                 "long_prefill_token_threshold": scfg.long_prefill_token_threshold,
+                 "async_scheduling": scfg.async_scheduling, "block_size": ccfg.block_size,
+                 "num_gpu_blocks": ccfg.num_gpu_blocks,
+                 "enable_prefix_caching": ccfg.enable_prefix_caching,
+                 "kv_offloading_size": ccfg.kv_offloading_size,
+                 "kv_connector": vllm_config.kv_transfer_config.kv_connector}
     with open(out / "summary.json", "w") as f:
-        json.dump({"summary": summary, "args": vars(a)}, f, indent=2)
+        json.dump({"summary": summary, "effective_config": effective, "args": vars(a)}, f,
+                  indent=2)
     print(f"steps={summary['total_steps']} busy_steps={len(rows)} "
           f"preemptions={cum['preempted']} loaded_chunks={worker.loaded_chunks} "
           f"stored_chunks={worker.stored_chunks} unfinished={summary['unfinished']}")

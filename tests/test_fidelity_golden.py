@@ -160,3 +160,10 @@ def test_kvsim_reproduces_vllm_decisions(case, tmp_path):
     # the user-facing summary must carry vLLM's own counters too
     diffs = compare_summary(out / "result.json", FIXTURE_DIR / case / "summary.json")
     assert not diffs, f"{case}: result.json differs from vLLM's summary: {'; '.join(diffs)}"
+    if "cpu_chunks" in entry["oracle_args"]:
+        # and the CPU tier's totals: chunks loaded and stored, flush stalls (the worker stub's
+        # timing is kvsim's, so these are decisions too)
+        from bench.fidelity_offload import tier_differences
+
+        tier = tier_differences(FIXTURE_DIR / case, out)
+        assert not tier, f"{case}: the CPU tier differs from vLLM's: {'; '.join(tier)}"
