@@ -41,10 +41,9 @@ match each other.
 """
 from __future__ import annotations
 
-from itertools import islice
-
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
+from itertools import islice
 from operator import itemgetter
 
 from kvsim.workloads.keys import segment_key
@@ -572,6 +571,7 @@ class BlockPool:
         """Take a reference on prefix-hit blocks; cached ones leave the free queue."""
         ref = self.ref_cnt
         if self.handed_out is not None:
+            blocks = list(blocks)         # read twice
             self.handed_out += blocks
         for block_id in blocks:
             if ref[block_id] == 0:        # a cached block waiting in the free queue

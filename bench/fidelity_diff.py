@@ -21,6 +21,12 @@ ROOT = Path(__file__).resolve().parent.parent
 FIXTURE_DIR = ROOT / "tests" / "fixtures" / "oracle"
 ORACLE_DIR = Path(os.environ.get("KVSIM_ORACLE_DIR",
                                   ROOT.parent / "shared" / "tools" / "vllm_oracle"))
+# the oracle's environment: a fixed hash seed. vLLM 0.33's CPU tier marks a store's chunks
+# evictable in the order of a set of their keys (CPUOffloadingManager.complete_store over
+# TransferJobStatus.keys), so which of two equally old chunks it evicts first follows Python's
+# string-hash seed: trace b at 1,500 blocks, a 64-chunk tier and 4 steps per chunk stores 9,730
+# chunks with PYTHONHASHSEED=1 and 9,731 with 0, 2 and 3
+ORACLE_ENV = {**os.environ, "PYTHONHASHSEED": "0"}
 
 # columns kept from the oracle's files in the golden fixtures
 STEP_FIELDS = ["step", "sched_reqs", "sched_tokens", "running", "waiting", "kv_usage",

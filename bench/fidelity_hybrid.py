@@ -43,8 +43,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench.fidelity_diff import (REQUEST_COMPARED, ORACLE_DIR, find_oracle_python,  # noqa: E402
-                                 load_requests, oracle_cli_args)
+from bench.fidelity_diff import (REQUEST_COMPARED, ORACLE_DIR, ORACLE_ENV,  # noqa: E402
+                                 find_oracle_python, load_requests, oracle_cli_args)
 from bench.fidelity_fuzz import random_case  # noqa: E402
 from bench.fidelity_vllm import (MOONCAKE_ARGS, RUNS, compare_with_kvsim, make_trace,  # noqa: E402
                                  oracle_skip_reason)
@@ -115,6 +115,7 @@ def _cache_key(trace: Path, args: dict) -> str:
     h = hashlib.sha256()
     h.update(trace.read_bytes())
     h.update(json.dumps(args, sort_keys=True).encode())
+    h.update(f"PYTHONHASHSEED={ORACLE_ENV['PYTHONHASHSEED']}".encode())
     for src in (ORACLE_DIR / "oracle.py", ROOT / "bench" / "hybrid_oracle.py",
                 ROOT / "bench" / "offload_oracle.py"):
         h.update(src.read_bytes() if src.exists() else b"")
@@ -157,7 +158,7 @@ def run_oracle_batch(cases: list[tuple[str, Path, dict, Path]], jobs: int,
         path.write_text(json.dumps(batch))
         procs.append(subprocess.Popen([python, str(ROOT / "bench" / "oracle_batch.py"),
                                        str(ORACLE_DIR), str(path)], stdout=subprocess.DEVNULL,
-                                      stderr=subprocess.PIPE, text=True))
+                                      stderr=subprocess.PIPE, text=True, env=ORACLE_ENV))
     for proc in procs:
         _, err = proc.communicate()
         if proc.returncode:
@@ -240,18 +241,24 @@ def compare_cases(cases: list[tuple[str, Path, dict, Path]], tag: str, csv_path:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def case_parser(description: str, num_random: int, csv_path: str | None) -> argparse.ArgumentParser:
+    """The flags of a fidelity script over named and random oracle cases."""
+    ap = argparse.ArgumentParser(description=description)
     ap.add_argument("--cases", nargs="*", help="only named cases containing one of these")
-    ap.add_argument("--num-random", type=int, default=60)
+    ap.add_argument("--num-random", type=int, default=num_random)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--oracle-only", action="store_true", help="run and cache vLLM only")
-    ap.add_argument("--async-scheduling", action="store_true",
-                    help="every case under vLLM's AsyncScheduler (names end in _async)")
-    ap.add_argument("--csv")
+    ap.add_argument("--csv", default=csv_path)
     ap.add_argument("--venv")
     ap.add_argument("-v", "--verbose", action="store_true")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = case_parser(__doc__.splitlines()[0], 60, None)
+    ap.add_argument("--async-scheduling", action="store_true",
+                    help="every case under vLLM's AsyncScheduler (names end in _async)")
     a = ap.parse_args(argv)
     mode = "_async" if a.async_scheduling else ""
     extra = {"async_scheduling": True} if a.async_scheduling else {}

@@ -20,7 +20,6 @@ Usage:
 """
 from __future__ import annotations
 
-import argparse
 import json
 import random
 import sys
@@ -31,7 +30,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench.fidelity_fuzz import random_case  # noqa: E402
-from bench.fidelity_hybrid import collect_cases, compare_cases, run_oracle_batch  # noqa: E402
+from bench.fidelity_hybrid import (case_parser, collect_cases, compare_cases,  # noqa: E402
+                                   run_oracle_batch)
 from bench.fidelity_vllm import RUNS  # noqa: E402
 
 OFFLOAD = RUNS / "offload"
@@ -71,16 +71,7 @@ def random_offload_case(rng: random.Random) -> tuple[list[list], dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--cases", nargs="*", help="only named cases containing one of these")
-    ap.add_argument("--num-random", type=int, default=40)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--jobs", type=int, default=2)
-    ap.add_argument("--oracle-only", action="store_true", help="run and cache vLLM only")
-    ap.add_argument("--csv", default=str(OFFLOAD / "fidelity_offload.csv"))
-    ap.add_argument("--venv")
-    ap.add_argument("-v", "--verbose", action="store_true")
-    a = ap.parse_args(argv)
+    a = case_parser(__doc__.splitlines()[0], 40, str(OFFLOAD / "fidelity_offload.csv")).parse_args(argv)
     cases = collect_cases(named_cases(), random_offload_case, a.num_random, a.seed, OFFLOAD,
                           a.cases)
     run_oracle_batch(cases, a.jobs, a.venv, workdir=OFFLOAD)

@@ -30,6 +30,7 @@ if str(ROOT) not in sys.path:
 from bench.fidelity_diff import (  # noqa: E402
     FIXTURE_DIR,
     ORACLE_DIR,
+    ORACLE_ENV,
     REQUEST_FIELDS,
     STEP_FIELDS,
     find_oracle_python,
@@ -419,7 +420,7 @@ def make_case(case: Case, oracle_python: str) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [oracle_python, str(script), "--trace", str(trace_path),
                "--out-dir", tmp, *groups, *oracle_cli_args(args)]
-        run = subprocess.run(cmd, capture_output=True, text=True)
+        run = subprocess.run(cmd, capture_output=True, text=True, env=ORACLE_ENV)
         if run.returncode != 0:
             raise SystemExit(f"oracle failed on {case.name}: {run.stderr.strip()[-2000:]}")
         print(f"{case.name}: {run.stdout.strip()}")

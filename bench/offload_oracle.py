@@ -1,9 +1,9 @@
 """The vLLM oracle with CPU offloading: vLLM 0.33's OffloadingConnector and a worker stub.
 
 vLLM's real Scheduler and KVCacheManager (as ../shared/tools/vllm_oracle/oracle.py drives them)
-with ``kv_transfer_config`` = the ``OffloadingConnector`` (role ``kv_both``, a CPU tier of
-``--cpu-chunks`` chunks: ``cpu_bytes_to_use`` = chunks x one page, the oracle's blocks being a
-page or less). The connector's scheduler side is vLLM's own, unchanged: lookups after the GPU
+and vLLM's native CPU offloading: ``kv_offloading_size`` of ``--cpu-chunks`` pages (the oracle's
+blocks are a page or less, so a chunk is one page), which VllmConfig turns into the
+``OffloadingConnector`` (role ``kv_both``). The connector's scheduler side is vLLM's own, unchanged: lookups after the GPU
 hit, async loads into ``WAITING_FOR_REMOTE_KVS``, store jobs of every step's new prompt chunks,
 flushes, the CPU tier's LRU (``CPUOffloadingManager``).
 
@@ -20,14 +20,16 @@ shared by both sides; every decision taken with them is vLLM's.
 The engine loop is vLLM's ``EngineCore.step`` with a connector, on a clock where a forward
 takes one step: it steps while ``scheduler.has_requests()`` (unfinished requests, finished ones
 not yet signalled to the connector, or transfers pending). A step that schedules nothing takes
-no time (vLLM's ``kv_connector_no_forward``): after it the engine sleeps until the next
-transfer completes or the next request arrives, then reports the completions before anything
-else (an empty step's poll) and schedules again. Sync scheduling only.
+no time (vLLM's ``kv_connector_no_forward``): when its poll found a completion, the engine
+schedules again at once; else it sleeps until the next transfer completes or the next request
+arrives, then reports the completions before anything else (an empty step's poll) and schedules
+again. Sync scheduling only.
 
 Same trace format, arguments and outputs as oracle.py (steps.csv, requests.csv, summary.json),
 plus ``--cpu-chunks N`` and ``--transfer-steps-per-chunk K``; summary.json adds the connector's
-``offload`` counters. kvsim's equivalent: ``--cpu-offload-gib N*4096/2**30
---offload-bandwidth-gbps 4.096e-6/K`` (no model: one 4,096-byte page per block).
+``offload`` counters (the tier's totals and vLLM's connector counters). kvsim's equivalent
+flags: ``bench/fidelity_diff.offload_argv`` (N chunks of one Llama-3.1-8B block, a link moving
+one chunk per K steps).
 
     ../oracle-venv/bin/python bench/offload_oracle.py --cpu-chunks 64 --trace t.csv \\
         --out-dir out --num-gpu-blocks 200
@@ -98,7 +100,7 @@ class Worker:
             self._submit(job_id, t)
             stall = max(stall, self.done[job_id] - t)
         self.flush_stall += stall
-        found = self._poll(t + stall)
+        found = self.poll(t + stall)
         for job_id in self.new_loads + self.deferred:
             self._submit(job_id, t + stall + forward)
         self.new_loads, self.deferred, self.new_stores = [], self.new_stores, []
@@ -121,7 +123,8 @@ class Worker:
         self.free[kind] = self.done[job_id] = start + self.size[job_id] * self.steps_per_chunk
         heapq.heappush(self.inflight, (self.done[job_id], job_id))
 
-    def _poll(self, t: int) -> list[int]:
+    def poll(self, t: int) -> list[int]:
+        """The submitted jobs done by ``t`` (taken off the in-flight heap)."""
         found = []
         while self.inflight and self.inflight[0][0] <= t:
             found.append(heapq.heappop(self.inflight)[1])
@@ -184,8 +187,7 @@ def run(oracle, a, build) -> dict:
                                     (connector_totals, st.connector_prefix_cache_stats)):
                     for key in mine if stats is not None else ():
                         mine[key] += getattr(stats, key)
-            if eco.scheduler_stats is not None and row is not None:
-                st = eco.scheduler_stats
+            if st is not None and row is not None:
                 row.update(running_end=st.num_running_reqs,
                            waiting_end=st.num_waiting_reqs + st.num_skipped_waiting_reqs,
                            kv_usage_end=round(st.kv_cache_usage, 6))
@@ -240,7 +242,7 @@ def run(oracle, a, build) -> dict:
                 continue
             if min(wake) > t:
                 t = min(wake)
-                found = worker._poll(t)
+                found = worker.poll(t)
                 if found:      # an empty step's schedule, then its output reports them
                     process(-1, sched.schedule(), report(found), None)
             continue
