@@ -61,6 +61,7 @@ engine() {  # name -> "model_dir plan flags..."
     # the fine grid alone (plans.py --size fine --only grid > fine.json)
     llama8b-bf16-fine)    echo "Llama-3.1-8B fine" ;;
     qwen3-30b-a3b-fine)   echo "Qwen3-30B-A3B fine" ;;
+    gpt-oss-20b-fine)     echo "gpt-oss-20b fine" ;;
     *) return 1 ;;
   esac
 }
