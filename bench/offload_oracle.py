@@ -23,7 +23,14 @@ not yet signalled to the connector, or transfers pending). A step that schedules
 no time (vLLM's ``kv_connector_no_forward``): when its poll found a completion, the engine
 schedules again at once; else it sleeps until the next transfer completes or the next request
 arrives, then reports the completions before anything else (an empty step's poll) and schedules
-again. Sync scheduling only.
+again.
+
+With ``--async-scheduling`` (vLLM's AsyncScheduler, two batches in flight), the loop is
+oracle.py's: a step is scheduled before the output of the step in flight is processed, so a
+completion that step's poll found reaches the scheduler one step later; an empty schedule while
+a batch is in flight polls, then that batch is processed and the engine schedules again. vLLM
+itself then defers freeing a preempted request's blocks until the step in flight is processed
+(``defer_block_free``: the OffloadingConnector is a KV consumer).
 
 Same trace format, arguments and outputs as oracle.py (steps.csv, requests.csv, summary.json),
 plus ``--cpu-chunks N`` and ``--transfer-steps-per-chunk K``; summary.json adds the connector's
@@ -43,6 +50,7 @@ import heapq
 import json
 import sys
 import time
+from collections import deque
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -157,7 +165,8 @@ def run(oracle, a, build) -> dict:
     t_start = time.perf_counter()
     trace = oracle.read_trace(a.trace)
     sched, block_hasher, vllm_config = build(a)
-    assert not vllm_config.scheduler_config.async_scheduling, "sync scheduling only"
+    is_async = bool(vllm_config.scheduler_config.async_scheduling)
+    depth = vllm_config.max_concurrent_batches    # batches in flight (2 with async scheduling)
     t_built = time.perf_counter()
     from vllm.sampling_params import SamplingParams
     from vllm.v1.outputs import ModelRunnerOutput
@@ -174,6 +183,7 @@ def run(oracle, a, build) -> dict:
         sched.kv_cache_manager.block_pool
     empty = ModelRunnerOutput(req_ids=[], req_id_to_index={})
     max_running = 0
+    queue: deque = deque()    # batches in flight: (step, scheduler output, its output, row)
     # vLLM's own counters over every step, empty ones included (SchedulerStats): the GPU prefix
     # cache's, and the connector's (queries: num_tokens - GPU hit; hits: tokens loaded)
     totals = dict.fromkeys(["queries", "hits", "preempted_queries", "preempted_hits"], 0)
@@ -220,10 +230,13 @@ def run(oracle, a, build) -> dict:
                                 block_hasher=block_hasher)
             sched.add_request(r.request)
             arrived += 1
-        if not sched.has_requests():
+        if not sched.has_requests() and not queue:
             if p >= n:
                 break
             t = order[p].arrival_step
+            continue
+        if not sched.has_requests():
+            process(*queue.pop())      # async: the last batch in flight
             continue
         so = sched.schedule()
         if so.total_num_scheduled_tokens == 0:
@@ -231,6 +244,9 @@ def run(oracle, a, build) -> dict:
             # steps poll until a transfer completes or a request arrives
             _, found = worker.step(t, so.kv_connector_metadata, 0)
             process(-1, so, report(found), None)
+            if queue:
+                process(*queue.pop())  # async: the batch in flight, then schedule again
+                continue
             if found:
                 continue       # what completed may be scheduled: the engine steps again at once
             worker.submit_all(t)
@@ -260,16 +276,19 @@ def run(oracle, a, build) -> dict:
         sampled, prefill_tokens, decode_reqs = [], 0, 0
         for rid in req_ids:
             req, k = sched.requests[rid], so.num_scheduled_tokens[rid]
-            if k == 1 and req.num_computed_tokens - k == req.num_tokens - 1 \
-                    and req.num_output_tokens >= 1:
+            samples = not req.is_prefill_chunk
+            # tokens known before this step (async: the output placeholders included)
+            ph = req.num_output_placeholders - (1 if is_async and samples else 0)
+            if k == 1 and req.num_computed_tokens - k == req.num_tokens + ph - 1 \
+                    and req.num_output_tokens + ph >= 1:
                 decode_reqs += 1
             else:
                 prefill_tokens += k
-            if req.is_prefill_chunk:
-                sampled.append([])
-            else:
+            if samples:
                 sampled.append([oracle.sampled_token(by_id[rid], fab[rid], lo, hi)])
                 fab[rid] += 1
+            else:
+                sampled.append([])
         kv_out = worker.output(found)
         mro = ModelRunnerOutput(req_ids=req_ids,
                                 req_id_to_index={rid: i for i, rid in enumerate(req_ids)},
@@ -285,7 +304,9 @@ def run(oracle, a, build) -> dict:
                "pc_preempted_queries": dpq, "pc_preempted_hits": dph, "finished": 0,
                "running_end": "", "waiting_end": "", "kv_usage_end": ""}
         rows.append(row)
-        process(step, so, mro, row)
+        queue.appendleft((step, so, mro, row))
+        if len(queue) >= depth:
+            process(*queue.pop())      # sync: at once; async: the batch before this one
     t_end = time.perf_counter()
     return write_outputs(oracle, a, trace, rows, sched, vllm_config, worker, max_running,
                          (t_built - t_start, t_end - t_built), totals, connector_totals)
