@@ -11,12 +11,13 @@ Cases: the oracle's example trace b (half the requests share a 512-token prefix)
 CPU tiers chosen to load, evict and flush, at 0, 1 and 4 steps per chunk; and --num-random
 random traces (fidelity_fuzz's generator, then prefix groups that come back after the GPU has
 evicted them, a CPU tier from a few chunks to more than the workload, 0-5 steps per chunk).
-Synchronous scheduling, one KV-cache group (what kvsim runs with a tier). Outputs are cached
+One KV-cache group (what kvsim runs with a tier); synchronous scheduling, or vLLM's
+AsyncScheduler with --async-scheduling (case names end in _async). Outputs are cached
 under runs/fidelity/offload/ (git-ignored).
 
 Usage:
     python bench/fidelity_offload.py [--cases NAME ...] [--num-random 40] [--seed 0]
-                                     [--oracle-only] [--jobs 2] [-v]
+                                     [--async-scheduling] [--oracle-only] [--jobs 2] [-v]
 """
 from __future__ import annotations
 
@@ -71,9 +72,15 @@ def random_offload_case(rng: random.Random) -> tuple[list[list], dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    a = case_parser(__doc__.splitlines()[0], 40, str(OFFLOAD / "fidelity_offload.csv")).parse_args(argv)
+    ap = case_parser(__doc__.splitlines()[0], 40, None)
+    ap.add_argument("--async-scheduling", action="store_true",
+                    help="every case under vLLM's AsyncScheduler (names end in _async)")
+    a = ap.parse_args(argv)
+    mode = "_async" if a.async_scheduling else ""
+    extra = {"async_scheduling": True} if a.async_scheduling else {}
+    a.csv = a.csv or str(OFFLOAD / f"fidelity_offload{mode}.csv")
     cases = collect_cases(named_cases(), random_offload_case, a.num_random, a.seed, OFFLOAD,
-                          a.cases)
+                          a.cases, mode, extra)
     run_oracle_batch(cases, a.jobs, a.venv, workdir=OFFLOAD)
     if a.oracle_only:
         return 0

@@ -376,7 +376,10 @@ ASYNC_OF = ["basic", "chunked_prefill", "prefix_groups", "preemption_storm",
             # async scheduling over KV-cache groups (vLLM's default for a hybrid model on a GPU)
             "hybrid_sliding_prefix", "hybrid_sliding_storm", "hybrid_gemma_like",
             "hybrid_mamba_prefix", "hybrid_mamba_storm", "hybrid_gdn_block64",
-            "hybrid_mamba_pc_off"]
+            "hybrid_mamba_pc_off",
+            # async scheduling with a CPU tier (AsyncOffloadScheduler)
+            "offload_prefix_groups", "offload_tiny_tier", "offload_storm", "offload_lpt_holding",
+            "offload_empty_step_reschedules", "offload_long_prefill"]
 CASES += [Case(f"async_{c.name}", f"async scheduling: {c.description}", c.trace,
                {**c.oracle_args, "async_scheduling": True})
           for c in CASES if c.name in ASYNC_OF]

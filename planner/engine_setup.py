@@ -49,7 +49,7 @@ preset's PCIe link, planner.tiers), and behind it optionally ``disk_offload_gib`
 simulator takes (``simulate(..., offload=setup.offload)``); chunks are one GPU block on every
 rank (an MLA latent once, as vLLM's replicated layout). The tiers run on the synchronous v1
 scheduler with one KV-cache group (OffloadScheduler): ``async_scheduling`` None is off with
-tiers; async, v0 or KV-cache groups with tiers are an InputError.
+tiers; async on runs AsyncOffloadScheduler; v0 or KV-cache groups with tiers are an InputError.
 
 Defaults a caller leaves as None: model and GPU (``DEFAULT_MODEL`` on ``DEFAULT_GPU``, resolved
 only when sizing or the roofline needs them; a name given is always resolved, so a typo is an
@@ -388,9 +388,11 @@ def _engine_config(s: EngineSettings, pool: _Pool) -> EngineConfig:
     synchronous scheduler)."""
     async_scheduling = s.async_scheduling
     if async_scheduling is None:
+        # with tiers, async is not the default yet: AsyncOffloadScheduler is checked against
+        # vLLM's oracle case by case (bench/fidelity_offload.py --async-scheduling)
         async_scheduling = default_async_scheduling(s.step_s, s.allocator, s.scheduler) and \
-            MODES[Mode(s.scheduler, "grouped" if pool.kv_cache_groups else "paged",
-                       ("async", "offload") if s.offloaded else ("async",))].runs is not None
+            not s.offloaded and MODES[Mode(s.scheduler, "grouped" if pool.kv_cache_groups
+                                           else "paged", ("async",))].runs is not None
     paged = s.allocator == "paged"
     # the one null-block rule: a contiguous pool gets the paged pool's usable blocks
     usable_blocks = pool.num_gpu_blocks - int(s.null_block)

@@ -41,8 +41,8 @@ class AsyncScheduler(Scheduler):
 
     defers_retire = True
 
-    def __init__(self, config, allocator, seed: int = 0):
-        super().__init__(config, allocator, seed)
+    def __init__(self, config, allocator, seed: int = 0, **features):
+        super().__init__(config, allocator, seed, **features)   # features: a feature's class
         self.done_in_flight: list[SeqState] = []
         self.num_sched_steps = 0   # steps scheduled so far: the next one gets this number
         # the last schedule() scheduled tokens: its step is in flight at the next schedule (an

@@ -40,7 +40,7 @@ from kvsim.simulator.footprint import check_simulation
 from kvsim.simulator.in_the_loop import IN_THE_LOOP_COLUMNS, scheduled_step
 from kvsim.simulator.modes import check_mode
 from kvsim.simulator.offload import OffloadConnector, TierConfig
-from kvsim.simulator.offload_scheduler import OffloadScheduler
+from kvsim.simulator.offload_scheduler import AsyncOffloadScheduler, OffloadScheduler
 from kvsim.simulator.recorder import DECODE_RUN, NUM_CLASSES, Recorder, scheduled_arrival_ns
 from kvsim.simulator.result import Result
 from kvsim.simulator.async_scheduling import AsyncScheduler
@@ -56,7 +56,8 @@ __all__ = ["ROUTERS", "Simulation", "make_allocator", "simulate"]
 _NEVER = 1 << 62
 # the schedulers simulator/modes.py's table names
 SCHEDULERS = {cls.__name__: cls for cls in (Scheduler, AsyncScheduler, HybridScheduler,
-                                            AsyncHybridScheduler, V0Scheduler, OffloadScheduler)}
+                                            AsyncHybridScheduler, V0Scheduler, OffloadScheduler,
+                                            AsyncOffloadScheduler)}
 
 
 def _urgent_timeout(env: simpy.Environment, delay_ns: int) -> simpy.Event:
@@ -114,6 +115,9 @@ class _Replica:
         extra = {} if self.offload is None else {"connector": self.offload}
         self.sched = SCHEDULERS[name](config, self.allocator, seed=seed + index, **extra)
         self.rec = recorder.replica(index, self.sched, self.allocator, step_clock)
+        # async scheduling with a connector: a step's completions are applied once it is
+        # processed, after the next schedule (OffloadConnector.hold / apply_held)
+        self.held = self.offload is not None and self.sched.defers_retire
         self.wake: simpy.Event | None = None
         self.num_steps = 0
 
@@ -438,6 +442,8 @@ class Simulation:
         env, sched, conn = self.env, rep.sched, rep.offload
         if now > env.now:
             yield _urgent_timeout(env, now - env.now)
+        if rep.held:
+            conn.apply_held(now)     # the last step in flight is processed
         rep.rec.boundary(now)
         while conn is not None and conn.busy and not sched.has_unfinished():
             sched.empty_step()
@@ -510,7 +516,9 @@ class Simulation:
         if self.token_log is not None:
             self.token_log.run(now, [now + self.timer.run_ns(run.b0, j) for j in range(1, k + 1)],
                                (sched.num_generated_tokens - tokens0) // k)
-        if rep.offload is not None:
+        if rep.held:
+            rep.offload.hold()
+        elif rep.offload is not None:
             rep.offload.apply(end)
         rec.last_step = DECODE_RUN
         if self.record_steps:
@@ -529,14 +537,20 @@ class Simulation:
         t = now
         for j in range(run.k if run is not None else 1):
             idx = step_index + j
+            in_flight = rep.held and sched.batch_in_flight
             out = sched.schedule(t, idx)
-            if sched.done_in_flight and not out.num_scheduled_tokens:
+            if not out.num_scheduled_tokens and (sched.done_in_flight or in_flight):
                 # async scheduling: nothing to schedule while a batch is in flight. vLLM
                 # waits for it, processes it and schedules again, at the same step
+                if in_flight:     # the empty step polls; its output is processed first
+                    rep.offload.step(t, 0)
+                    rep.offload.apply(t)
                 for seq in sched.retire_done():
                     rec.on_finished(seq)
+                if in_flight:
+                    rep.offload.apply_held(t)
                 out = sched.schedule(t, idx)
-                if not out.num_scheduled_tokens and not sched.running and not sched.waiting:
+                if not out.num_scheduled_tokens and not sched.has_unfinished():
                     break   # everything finished: idle
             if run is not None:
                 assert out.num_decode_seqs == run.n and out.num_scheduled_tokens == run.n \
@@ -553,7 +567,7 @@ class Simulation:
                 self.num_rejected += 1
                 self.recorder.record_rejected(rep.index, seq.req, seq.arrival_ns)
             row_state = rec.row_state() if self.record_steps else None
-            if sched.done_in_flight:
+            if sched.done_in_flight or rep.held:
                 # async scheduling: the batch in flight is processed now that this step is
                 # scheduled; what finished in it is freed
                 if run is not None and j == 0:
@@ -561,6 +575,8 @@ class Simulation:
                                                                            run.usage_start)
                 else:
                     self._retire_in_flight(rep, None, 0.0)
+                if rep.held:     # then the connector's completions its poll found
+                    rep.offload.apply_held(t)
             end, step = self._price_step(rep, out, t, idx, now, j, run)
             if not ran:
                 # nothing ran (everyone running preempted itself away, or the head was
@@ -639,7 +655,9 @@ class Simulation:
         if self.token_log is not None:
             tokens = sched.num_generated_tokens - tokens0
             self.token_log.step(end, end - t, tokens, tokens - (sched.num_first_tokens - first0))
-        if rep.offload is not None:
+        if rep.held:
+            rep.offload.hold()       # applied when this step is processed (after the next one)
+        elif rep.offload is not None:
             rep.offload.apply(end)   # the completions this step's poll found
         rec.last_step = out
         assert not finished or last, "a request finished inside a decode run"

@@ -80,7 +80,8 @@ def _support(policy: str, kv: str, features: tuple[str, ...]) -> ModeSupport:
         if missing:
             return ModeSupport(_NOT_V0.format(", ".join(missing)), None)
         return ModeSupport(ALLOWED, "V0Scheduler")
-    runs = {(): "Scheduler", ("async",): "AsyncScheduler", ("offload",): "OffloadScheduler"}
+    runs = {(): "Scheduler", ("async",): "AsyncScheduler", ("offload",): "OffloadScheduler",
+            ("async", "offload"): "AsyncOffloadScheduler"}
     if kv == "grouped":
         runs = {(): "HybridScheduler", ("async",): "AsyncHybridScheduler"}
     return ModeSupport(ALLOWED, runs.get(features))

@@ -145,6 +145,7 @@ class OffloadConnector:
         self._promoting: dict[Hashable, int] = {}     # request -> its read in this schedule
         self._inflight: list[tuple[int, int]] = []   # heap of (done_ns, job id)
         self._found: list[int] = []            # completions polled this step, applied at its end
+        self._held: list[int] = []             # async: found by the step in flight (``hold``)
         self._flush: list[int] = []            # jobs the next step must wait for
         self._being_loaded: dict[Hashable, int] = {}  # key -> loads reading it (CPU to GPU)
         self._finished_stores: list[int] = []  # stores of finished requests (flush if reused)
@@ -450,6 +451,24 @@ class OffloadConnector:
                 self.stats.hit_tokens["disk"] += len(job.keys) * self.block_size
             if state is not None and state.finished and not state.jobs:
                 del self._requests[job.request_id]
+
+    def hold(self) -> None:
+        """Async scheduling, at a step's end: what its poll found is applied when the step is
+        processed, after the next step is scheduled (``apply_held``)."""
+        self._held += self._found
+        self._found = []
+
+    def apply_held(self, now_ns: int) -> None:
+        """Async scheduling: the step in flight is processed; apply what its poll found."""
+        if self._held:
+            found, self._found, self._held = self._found, self._held, []
+            self.apply(now_ns)
+            self._found = found
+
+    @property
+    def has_held(self) -> bool:
+        """Async scheduling: completions of the step in flight, not applied yet."""
+        return bool(self._held)
 
     def _cascade(self, store: _Job, now_ns: int) -> None:
         """A completed CPU store is copied on to the disk tier at once (vLLM's tiering manager,

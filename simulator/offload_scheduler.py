@@ -27,6 +27,7 @@ from __future__ import annotations
 from collections import deque
 
 from kvsim.errors import InputError
+from kvsim.simulator.async_scheduling import AsyncScheduler
 from kvsim.simulator.admission import ADMIT, PROMOTE, SKIP, WAIT, Admission
 from kvsim.simulator.kv_slots import cdiv
 from kvsim.simulator.modes import check_mode
@@ -312,3 +313,36 @@ class OffloadScheduler(Scheduler):
             if fit is not SKIP:
                 return fit is not WAIT     # admitted, a load started, or a disk promotion
         return False
+
+
+class AsyncOffloadScheduler(AsyncScheduler, OffloadScheduler):
+    """vLLM's AsyncScheduler with the offloading connector (vLLM's default on a GPU with
+    ``--kv-offloading-size``): the two compose (async_scheduling.py's three rules, this
+    module's hooks), plus what vLLM does differently with both:
+
+    * The connector's completions that a step's poll found reach the scheduler when that step
+      is processed, after the next step is scheduled (the engine holds them,
+      ``OffloadConnector.hold`` / ``apply_held``).
+    * A request scheduled in the step in flight is not preempted: vLLM would defer freeing its
+      blocks until that step is processed (``defer_block_free``: the OffloadingConnector is a
+      KV consumer, and a load could land in blocks still being written), and "a deferred free
+      will not help with immediate allocation", so the request that needs blocks is not
+      scheduled and the running loop stops.
+    """
+
+    def __init__(self, config, allocator, seed: int = 0, *, connector: OffloadConnector):
+        super().__init__(config, allocator, seed, connector=connector)
+
+    def _frees_now(self, seq: SeqState) -> bool:
+        last = self.num_sched_steps - 1     # computed or sampled in the step in flight
+        return not (self.batch_in_flight and (seq.sched_seq == last or seq.sampled_seq == last))
+
+    def advance_decode_run(self, k: int) -> None:
+        super().advance_decode_run(k)
+        self.batch_in_flight = True          # the run's last step is in flight
+
+    def plan_decode_run(self, max_steps: int) -> int:
+        # the step in flight's completions are applied after the next step's schedule
+        if self.offload.has_held:
+            return 0
+        return super().plan_decode_run(max_steps)

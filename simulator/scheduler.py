@@ -228,6 +228,9 @@ class Scheduler(DecodeRuns, Forks, DecodeClock, KVSlots):
             # ``running[-1]`` and retry, until it fits or the request preempted itself
             ok = True
             while not self._grow(seq, n):
+                if not self._frees_now(running[-1]):
+                    ok = False           # vLLM: a deferred free will not help now
+                    break
                 victim = running.pop()
                 self._preempt(victim, now_ns)
                 out.num_preempted += 1
@@ -251,6 +254,12 @@ class Scheduler(DecodeRuns, Forks, DecodeClock, KVSlots):
         seq.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.appendleft(seq)
+
+    def _frees_now(self, seq: SeqState) -> bool:
+        """Would preempting this request free its blocks at once (vLLM
+        ``_request_blocks_can_be_freed``; only with a KV connector and two batches in flight
+        can it not)?"""
+        return True
 
     def _hashed_on_preemption(self, seq: SeqState) -> int | None:
         """Tokens of a preempted request whose blocks have a hash (None: all; the synchronous

@@ -131,7 +131,13 @@ def test_offload_tiers_run_on_the_synchronous_scheduler(tmp_path, capsys):
     assert main(["replay", SPEC, *POOL, "--out", str(base)]) == 0
     assert json.loads(base.read_text())["config"]["engine"]["async_scheduling"] is True
     capsys.readouterr()
-    for extra in (["--async-scheduling"], ["--scheduler", "v0", "--max-model-len", "2048"],
+    # async runs with tiers when asked (AsyncOffloadScheduler), not yet by default
+    asked = tmp_path / "async.json"
+    assert main(["replay", SPEC, *POOL, "--cpu-offload-gib", "2", "--async-scheduling",
+                 "--out", str(asked)]) == 0
+    assert json.loads(asked.read_text())["config"]["engine"]["async_scheduling"] is True
+    capsys.readouterr()
+    for extra in (["--scheduler", "v0", "--max-model-len", "2048"],
                   ["--kv-groups", "sliding:128,full"]):
         assert main(["replay", SPEC, *POOL, "--cpu-offload-gib", "2", *extra]) == 2
         err = capsys.readouterr().err.strip().splitlines()
