@@ -334,8 +334,11 @@ class AsyncOffloadScheduler(AsyncScheduler, OffloadScheduler):
         super().__init__(config, allocator, seed, connector=connector)
 
     def _frees_now(self, seq: SeqState) -> bool:
-        last = self.num_sched_steps - 1     # computed or sampled in the step in flight
-        return not (self.batch_in_flight and (seq.sched_seq == last or seq.sampled_seq == last))
+        # scheduled in the step in flight: computed, sampled or (a request that finished on
+        # the decode clock) decoded in it
+        last = self.num_sched_steps - 1
+        return not (self.batch_in_flight and last in (seq.sched_seq, seq.sampled_seq,
+                                                      seq.inflight_seq))
 
     def advance_decode_run(self, k: int) -> None:
         super().advance_decode_run(k)
