@@ -36,8 +36,8 @@ the model's groups and block size.
 Scheduling: ``scheduler`` "v1" (vLLM 0.33) or "v0" (vLLM 0.2-0.5, prompt-only steps;
 simulator/scheduler_v0.py). ``async_scheduling`` left None follows vLLM, which turns
 AsyncScheduler on by default for generation on a GPU: on when the step time comes from a GPU (the
-roofline or a measured ``cost_table``) for vLLM 0.33's scheduler (KV-cache groups included; offload
-tiers not yet, simulator/modes.py), off with a fixed ``step_s`` (the step clock included: there
+roofline or a measured ``cost_table``) for vLLM 0.33's scheduler (KV-cache groups and offload
+tiers included, simulator/modes.py), off with a fixed ``step_s`` (the step clock included: there
 the caller chooses), a contiguous allocator or v0. vLLM v0's own
 defaults apply with ``scheduler="v0"``: max_num_seqs 256 and max_num_batched_tokens
 max(max_model_len, 2048) when left None (vLLM 0.4 ``SchedulerConfig``).
@@ -47,9 +47,10 @@ over tensor-parallel ranks; 0 is no tier) with the host link's ``offload_bandwid
 preset's PCIe link, planner.tiers), and behind it optionally ``disk_offload_gib`` with
 ``disk_bandwidth_gbps`` and ``disk_latency_ms``. ``EngineSetup.offload`` then holds the tiers the
 simulator takes (``simulate(..., offload=setup.offload)``); chunks are one GPU block on every
-rank (an MLA latent once, as vLLM's replicated layout). The tiers run on the synchronous v1
-scheduler with one KV-cache group (OffloadScheduler): ``async_scheduling`` None is off with
-tiers; async on runs AsyncOffloadScheduler; v0 or KV-cache groups with tiers are an InputError.
+rank (an MLA latent once, as vLLM's replicated layout). The tiers run on the v1
+scheduler with one KV-cache group: OffloadScheduler, or AsyncOffloadScheduler with async
+scheduling (vLLM's default on a GPU, as without tiers); v0 or KV-cache groups with tiers are an
+InputError.
 
 Defaults a caller leaves as None: model and GPU (``DEFAULT_MODEL`` on ``DEFAULT_GPU``, resolved
 only when sizing or the roofline needs them; a name given is always resolved, so a typo is an
@@ -384,15 +385,12 @@ def _size_pool(s: EngineSettings, model: ModelSpec | None, gpu: GpuSpec | None,
 
 def _engine_config(s: EngineSettings, pool: _Pool) -> EngineConfig:
     """The simulator's EngineConfig; async scheduling left None is vLLM's default where kvsim
-    runs that mode (simulator/modes.py: not yet with offload tiers, which then follow the
-    synchronous scheduler)."""
+    runs that mode (simulator/modes.py)."""
     async_scheduling = s.async_scheduling
     if async_scheduling is None:
-        # with tiers, async is not the default yet: AsyncOffloadScheduler is checked against
-        # vLLM's oracle case by case (bench/fidelity_offload.py --async-scheduling)
         async_scheduling = default_async_scheduling(s.step_s, s.allocator, s.scheduler) and \
-            not s.offloaded and MODES[Mode(s.scheduler, "grouped" if pool.kv_cache_groups
-                                           else "paged", ("async",))].runs is not None
+            MODES[Mode(s.scheduler, "grouped" if pool.kv_cache_groups else "paged",
+                       ("async", "offload") if s.offloaded else ("async",))].runs is not None
     paged = s.allocator == "paged"
     # the one null-block rule: a contiguous pool gets the paged pool's usable blocks
     usable_blocks = pool.num_gpu_blocks - int(s.null_block)

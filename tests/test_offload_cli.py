@@ -122,20 +122,16 @@ def test_a_model_folder_sizes_the_pool_and_the_chunks(tmp_path, capsys):
     assert (tier["num_chunks"], tier["bandwidth_gbps"]) == (32768, 25.0)
 
 
-def test_offload_tiers_run_on_the_synchronous_scheduler(tmp_path, capsys):
-    # the roofline's default is async (vLLM on a GPU); OffloadScheduler is the synchronous one
+def test_offload_tiers_follow_vllms_async_default(tmp_path, capsys):
+    # the roofline's default is async (vLLM on a GPU), with tiers too (AsyncOffloadScheduler);
+    # --no-async-scheduling gives the synchronous OffloadScheduler
     out = tmp_path / "r.json"
     assert main(["replay", SPEC, *POOL, "--cpu-offload-gib", "2", "--out", str(out)]) == 0
-    assert not json.loads(out.read_text())["config"]["engine"].get("async_scheduling")
-    base = tmp_path / "base.json"
-    assert main(["replay", SPEC, *POOL, "--out", str(base)]) == 0
-    assert json.loads(base.read_text())["config"]["engine"]["async_scheduling"] is True
-    capsys.readouterr()
-    # async runs with tiers when asked (AsyncOffloadScheduler), not yet by default
-    asked = tmp_path / "async.json"
-    assert main(["replay", SPEC, *POOL, "--cpu-offload-gib", "2", "--async-scheduling",
-                 "--out", str(asked)]) == 0
-    assert json.loads(asked.read_text())["config"]["engine"]["async_scheduling"] is True
+    assert json.loads(out.read_text())["config"]["engine"]["async_scheduling"] is True
+    sync = tmp_path / "sync.json"
+    assert main(["replay", SPEC, *POOL, "--cpu-offload-gib", "2", "--no-async-scheduling",
+                 "--out", str(sync)]) == 0
+    assert not json.loads(sync.read_text())["config"]["engine"].get("async_scheduling")
     capsys.readouterr()
     for extra in (["--scheduler", "v0", "--max-model-len", "2048"],
                   ["--kv-groups", "sliding:128,full"]):
@@ -145,8 +141,10 @@ def test_offload_tiers_run_on_the_synchronous_scheduler(tmp_path, capsys):
         assert len(err) == 1 and "--cpu-offload-gib" in err[0] and "docs/SIMULATOR.md" in err[0], err
 
 
-def test_compare_with_a_tier_runs_every_column_synchronously(tmp_path):
-    assert main(["compare", SPEC, *POOL, "--allocators", "paged,max", "--cpu-offload-gib", "2",
-                 "--json", str(tmp_path / "c.json")]) == 0
-    both = json.loads((tmp_path / "c.json").read_text())
-    assert not any(s["config"]["engine"].get("async_scheduling") for s in both.values())
+def test_compare_with_a_tier_runs_every_column_in_one_scheduling_mode(tmp_path):
+    for flag, want in (([], True), (["--no-async-scheduling"], None)):
+        assert main(["compare", SPEC, *POOL, "--allocators", "paged,max", "--cpu-offload-gib",
+                     "2", *flag, "--json", str(tmp_path / "c.json")]) == 0
+        both = json.loads((tmp_path / "c.json").read_text())
+        assert [s["config"]["engine"].get("async_scheduling") or None
+                for s in both.values()] == [want, want]
