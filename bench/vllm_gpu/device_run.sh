@@ -62,6 +62,7 @@ engine() {  # name -> "model_dir plan flags..."
     llama8b-bf16-fine)    echo "Llama-3.1-8B fine" ;;
     qwen3-30b-a3b-fine)   echo "Qwen3-30B-A3B fine" ;;
     gpt-oss-20b-fine)     echo "gpt-oss-20b fine" ;;
+    llama8b-fp8-fine)     echo "Llama-3.1-8B fine --quantization fp8 --kv-cache-dtype fp8" ;;
     *) return 1 ;;
   esac
 }
