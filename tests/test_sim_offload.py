@@ -322,3 +322,22 @@ def test_same_seed_same_output_with_tiers_and_a_step_clock():
 def test_tiers_need_prefix_caching():
     with pytest.raises(ValueError, match="prefix caching"):
         simulate(iter(()), _config(enable_prefix_caching=False), ROOFLINE, offload=(CPU,))
+
+
+@pytest.mark.parametrize("stamp", ["sched_seq", "sampled_seq", "inflight_seq"])
+def test_async_tier_never_preempts_a_request_of_the_step_in_flight(stamp):
+    # vLLM's defer_block_free: a request scheduled in the step in flight (computed, sampled, or
+    # finished on the decode clock in it: each leaves one of the three stamps) would have its
+    # blocks freed only once that step is processed, so it is not a victim
+    from kvsim.simulator.engine import make_allocator
+    from kvsim.simulator.offload_scheduler import AsyncOffloadScheduler
+    from kvsim.simulator.seq_state import SeqState
+    config = _config(async_scheduling=True)
+    sched = AsyncOffloadScheduler(config, make_allocator(config), connector=connector())
+    seq = SeqState(seq_id=0, req=None, num_prompt_tokens=8, max_output_tokens=4, arrival_ns=0)
+    sched.num_sched_steps, sched.batch_in_flight = 5, True
+    assert sched._frees_now(seq)                 # not scheduled in step 4
+    setattr(seq, stamp, 4)
+    assert not sched._frees_now(seq)
+    sched.batch_in_flight = False                # step 4 was processed (an empty schedule)
+    assert sched._frees_now(seq)
