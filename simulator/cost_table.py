@@ -32,7 +32,10 @@ fits it the way the executor spends time:
   + c_seq * num_seqs [+ c_tail * max(0, max_context_tokens - attn_token_pairs / num_scheduled_tokens)]``
   (the tail term where the table has longest contexts: one long decode beside a chunk is a
   program per KV head over its whole context that the chunk's work does not hide; ``_tail_tokens``),
-  ``f`` piecewise linear between the measured token counts (linear beyond them), all fitted at once by least squares in relative error (each row weighted by 1/t, since
+  ``f`` piecewise linear between the measured token counts (linear beyond them, never below 0)
+  and non-decreasing (its unknowns are its first value and its rises from knot to knot, each
+  kept >= 0: left free, the other terms absorb f on real vLLM's noisy rows, down to 0 s for a
+  lone 1,024-token prompt), all fitted at once by least squares in relative error (each row weighted by 1/t, since
   errors are judged relative) with the coefficients kept >= 0, and kept only where their share of
   some measured step is at least ``TERM_REL_TOL`` (a smaller one is rounding noise: set to 0 and
   named in ``negligible_terms``; the same rule holds for the decode lines' slopes).
@@ -161,24 +164,32 @@ def _tail_tokens(longest: float, pairs: float, tokens: float) -> float:
 
 
 def _nonneg_lstsq(a: np.ndarray, y: np.ndarray, free: int,
-                  negligible: list[int] | None = None) -> np.ndarray:
+                  negligible: list[int] | None = None, checked_from: int | None = None) -> np.ndarray:
     """Least squares of rows weighted by 1/t (``y`` all ones, so ``a[i, j] * coef[j]`` is column
     j's share of row i's step time) with the last columns (all but the first ``free``) kept >= 0
     and kept only where they matter: columns whose coefficient comes out negative, then columns
-    whose share of every row is below TERM_REL_TOL, are dropped (set to exactly 0) and the fit is
-    redone (an active set, enough for the few physically non-negative terms here). The dropped
-    negligible columns are appended to ``negligible``."""
+    whose share of every row is below TERM_REL_TOL, are dropped (set to exactly 0; a negative one
+    below the tolerance is rounding noise too) and the fit is redone (an active set, enough for the few physically non-negative terms here). The dropped
+    negligible columns are appended to ``negligible``; only columns from ``checked_from``
+    (default ``free``) are checked for that."""
+    checked_from = free if checked_from is None else checked_from
     keep = list(range(a.shape[1]))
+    tol = TERM_REL_TOL * float(np.max(np.abs(y)))
+
+    def share(j):           # column j's largest share of a row's time
+        return float(np.max(np.abs(a[:, j] * coef[j]), initial=0.0))
     while True:
         coef = np.zeros(a.shape[1])
         sol, *_ = np.linalg.lstsq(a[:, keep], y, rcond=None)
         coef[keep] = sol
         neg = [j for j in keep if j >= free and coef[j] < 0]
         if neg:
-            keep.remove(min(neg, key=lambda j: coef[j]))
+            j = min(neg, key=lambda j: coef[j])
+            keep.remove(j)
+            if negligible is not None and j >= checked_from and share(j) < tol:
+                negligible.append(j)        # rounding noise of either sign is no term
             continue
-        small = [j for j in keep if j >= free
-                 and float(np.max(np.abs(a[:, j] * coef[j]), initial=0.0)) < TERM_REL_TOL * float(np.max(np.abs(y)))]
+        small = [j for j in keep if j >= checked_from and share(j) < tol]
         if not small:
             return coef
         for j in small:
@@ -276,6 +287,14 @@ class StepShapeCost:
         w = (1.0 / t)[:, None]
         dropped: list[int] = []
         coef = _nonneg_lstsq(np.hstack([basis, extra / scale]) * w, np.ones_like(t), free=k, negligible=dropped)
+        if coef[0] < 0 or np.any(np.diff(coef[:k]) < 0):
+            # f must be non-decreasing and >= 0: refit with f's first value and its rises from
+            # knot to knot as the unknowns, each >= 0 (f at knot i is the sum of the first i + 1)
+            # (a free fit that already is keeps its figures to the last bit)
+            rises, dropped = np.tril(np.ones((k, k))), []
+            coef = _nonneg_lstsq(np.hstack([basis @ rises, extra / scale]) * w, np.ones_like(t), free=0,
+                                 negligible=dropped, checked_from=k)
+            coef[:k] = rises @ coef[:k]
         self.negligible_terms = [EAGER_TERMS[j - k] for j in sorted(dropped)]
         self.knots_s = coef[:k]
         coef = coef[k:] / scale
@@ -410,7 +429,8 @@ class StepShapeCost:
             return float(ys[0]) * tokens / xs[0] if tokens > xs[0] else float(ys[0])
         i, _ = self._segment(xs, tokens)
         x0, x1 = xs[i], xs[i + 1]
-        return float(ys[i] + (ys[i + 1] - ys[i]) * (tokens - x0) / (x1 - x0))
+        # below the first knot the first segment's line, down to 0 (f never falls, never < 0)
+        return max(0.0, float(ys[i] + (ys[i + 1] - ys[i]) * (tokens - x0) / (x1 - x0)))
 
     def _graph_index(self, batch: StepBatch) -> int | None:
         # one token per sequence is a uniform decode batch for the executor (a prompt's last

@@ -2,6 +2,7 @@
 table was made from, prices runs in closed form, and bad tables fail with file, line and column."""
 import json
 import math
+from pathlib import Path
 
 import pytest
 
@@ -338,3 +339,22 @@ def test_a_table_measured_for_another_setup_is_an_error_unless_forced(tmp_path, 
     model = StepShapeCost(table)
     assert model.mismatches(model="Llama-3.1-8B", gpu="H200") == []
     assert model.mismatches(gpu="A100-80GB") and model.mismatches(model="Llama-3.1-70B")
+
+
+VLLM_TABLES = sorted((Path(__file__).resolve().parent.parent / "tables" / "vllm").glob("*.csv"))
+
+
+@pytest.mark.parametrize("path", VLLM_TABLES, ids=lambda p: p.stem)
+def test_the_eager_token_curve_never_falls(path):
+    # f (the eager steps' time by scheduled tokens) is fitted with the KV, pair and sequence terms
+    # at once; left free, real vLLM's noisy rows let those terms absorb f, down to 0 s for a lone
+    # 1,024-token prompt of Qwen3-30B-A3B (priced below a 512-token one). f is non-decreasing and
+    # >= 0, so a longer lone prompt never costs less than a shorter one
+    model = StepShapeCost(path)
+    assert model.knots_s[0] >= 0 and all(b >= a for a, b in zip(model.knots_s, model.knots_s[1:]))
+
+    def lone_prompt(n):
+        return model.step_time_s(StepBatch(num_seqs=1, num_prefill_tokens=n, num_scheduled_tokens=n,
+                                           kv_read_tokens=n, attn_token_pairs=n * n, max_context_tokens=n))
+    times = [lone_prompt(n) for n in (128, 256, 512, 1024, 2048, 4096, 8192)]
+    assert times[0] > 0 and all(b >= a for a, b in zip(times, times[1:]))
