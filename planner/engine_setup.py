@@ -418,7 +418,8 @@ def _step_cost(s: EngineSettings, model: ModelSpec | None, gpu: GpuSpec | None) 
         cost = load_cost_table(s.cost_table)
         wrong = cost.mismatches(model=model.name if model is not None else None,
                                 gpu=gpu.name if s.sized and gpu is not None else None,
-                                tp=s.tensor_parallel_size, kv_dtype=s.kv_cache_dtype) \
+                                tp=s.tensor_parallel_size, kv_dtype=s.kv_cache_dtype,
+                                weights=_weight_method(model)) \
             if hasattr(cost, "mismatches") and not s.force_cost_table else []
         if wrong:
             raise InputError(f"{s.cost_table} was measured for another setup than this run's: "
@@ -432,6 +433,12 @@ def _step_cost(s: EngineSettings, model: ModelSpec | None, gpu: GpuSpec | None) 
     if s.step_time_scale != 1.0:
         cost = ScaledCost(cost, s.step_time_scale)
     return cost
+
+
+def _weight_method(model: ModelSpec | None) -> str | None:
+    """How the model's weights are served (``WeightFormat.method``), None when not known."""
+    fmt = getattr(getattr(model, "weights", None), "format", None)
+    return fmt.method if fmt is not None else None
 
 
 def _offload_tiers(model: ModelSpec | None, gpu: GpuSpec | None, tp: int, kv_dtype: str,

@@ -490,11 +490,14 @@ class StepShapeCost:
         return total
 
     def mismatches(self, *, model: str | None = None, gpu: str | None = None, tp: int = 1,
-                   kv_dtype: str = "auto") -> list[str]:
+                   kv_dtype: str = "auto", weights: str | None = None) -> list[str]:
         """How a run differs from what this table measured (its ``# model``, ``# gpu`` and
         ``# executor`` lines; one GPU): one phrase each, [] when it fits or the table does not
         say. A GPU preset fits a table's GPU when its family (the name before the first '-')
-        is a word of it: H200 and "NVIDIA H200", A100-80GB and "NVIDIA A100-SXM4-80GB"."""
+        is a word of it: H200 and "NVIDIA H200", A100-80GB and "NVIDIA A100-SXM4-80GB".
+        ``weights``: the run's weight format (``WeightFormat.method``: "fp8", "mxfp4", "dtype"
+        ...; None: not checked); a table whose executor dtype is fp8 measured fp8 weights
+        (vLLM's ``--quantization fp8``), any other measured the checkpoint's own format."""
         p, out = self.provenance, []
         if model and p.get("model") and p["model"] != model:
             out.append(f"model {model} (the table's is {p['model']})")
@@ -507,6 +510,9 @@ class StepShapeCost:
         measured = re.search(r"dtype (\w+)", p.get("executor", ""))
         if kv_dtype == "fp8" and measured and "fp8" not in measured.group(1):
             out.append(f"KV dtype fp8 (the table's is {measured.group(1)})")
+        if weights is not None and measured and (weights == "fp8") != ("fp8" in measured.group(1)):
+            out.append(f"{weights if weights != 'dtype' else 'unquantized'} weights (the table's "
+                       f"dtype is {measured.group(1)})")
         return out
 
     def describe(self) -> str:

@@ -326,7 +326,8 @@ def test_a_table_measured_for_another_setup_is_an_error_unless_forced(tmp_path, 
     for extra, words in ((["--num-blocks", "500", "--model", "Qwen2.5-7B"], ["model Qwen2.5-7B"]),
                          (["--gpu", "h100"], ["GPU H100-80GB-SXM", "NVIDIA H200"]),
                          (["--gpu", "h200", "--tp", "2", "--kv-dtype", "fp8"],
-                          ["tensor parallel size 2", "KV dtype fp8"])):
+                          ["tensor parallel size 2", "KV dtype fp8"]),
+                         (["--gpu", "h200", "--weight-dtype", "fp8"], ["fp8 weights"])):
         assert main(base + extra) == 2
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and "--force-cost-table" in err
@@ -339,6 +340,13 @@ def test_a_table_measured_for_another_setup_is_an_error_unless_forced(tmp_path, 
     model = StepShapeCost(table)
     assert model.mismatches(model="Llama-3.1-8B", gpu="H200") == []
     assert model.mismatches(gpu="A100-80GB") and model.mismatches(model="Llama-3.1-70B")
+    # real vLLM's fp8 table (--quantization fp8) is not unquantized weights' clock, nor the reverse;
+    # a checkpoint's own format (gpt-oss's MXFP4) is what a bf16-dtype table measured
+    fp8 = StepShapeCost(Path(__file__).resolve().parent.parent / "tables" / "vllm" / "llama8b-fp8_H100.csv")
+    assert fp8.mismatches(weights="fp8", kv_dtype="fp8") == []
+    assert fp8.mismatches(weights="dtype") == ["unquantized weights (the table's dtype is fp8)"]
+    assert model.mismatches(weights="fp8") == ["fp8 weights (the table's dtype is bfloat16)"]
+    assert model.mismatches(weights="mxfp4") == model.mismatches(weights="dtype") == []
 
 
 VLLM_TABLES = sorted((Path(__file__).resolve().parent.parent / "tables" / "vllm").glob("*.csv"))
