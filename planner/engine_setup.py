@@ -73,6 +73,7 @@ from kvsim.planner.roofline import DEFAULT_STEP_OVERHEAD_S, RooflineCost
 from kvsim.planner.specs import GpuSpec, ModelSpec
 from kvsim.planner.tiers import block_bytes, build_tiers
 from kvsim.planner.weights import serve_weights_as
+from kvsim.planner.vllm_tables import VLLM, vllm_table_for
 from kvsim.simulator.config import EngineConfig, parse_kv_groups
 from kvsim.simulator.modes import MODES, Mode
 from kvsim.simulator.cost import CostModel, FixedStepCost, ScaledCost
@@ -156,7 +157,8 @@ class EngineSettings:
         the module docstring).
     step_s: fixed step time in seconds (1.0 = step clock).
     cost_table: a measured step-time CSV (simulator.cost_table.load_cost_table: a ``kvsim
-        profile`` table, or the older TableCost columns). A profile table measured for another
+        profile`` table, or the older TableCost columns), or "vllm": the shipped table of real
+        vLLM's steps for the model, GPU, weights and KV dtype (planner.vllm_tables). A profile table measured for another
         model, GPU (when the GPU sizes the pool), tensor parallel size or KV dtype is an
         InputError naming each difference, unless ``force_cost_table``.
     step_overhead_s, bandwidth_efficiency, flops_efficiency: roofline parameters.
@@ -254,17 +256,22 @@ def build_engine(settings: EngineSettings | None = None, /, **kwargs) -> EngineS
         raise TypeError("give EngineSettings or keywords, not both")
     model, gpu = _specs(s)
     s = _checked(s)
-    if s.sized or s.roofline or s.offloaded:      # the tiers' chunk size is the model's block
+    vllm_clock = s.cost_table == VLLM     # real vLLM's table for the model on the GPU
+    if s.sized or s.roofline or s.offloaded or vllm_clock:   # the tiers' chunk size: the model's block
         model = model or get_model(DEFAULT_MODEL)
     if model is not None:
         model = serve_weights_as(model, s.weight_dtype)
-    if s.sized or s.roofline or s.offloaded or s.max_num_seqs is None or \
+    if s.sized or s.roofline or s.offloaded or vllm_clock or s.max_num_seqs is None or \
             s.max_num_batched_tokens is None:
         gpu = gpu or get_gpu(DEFAULT_GPU)
     v0_tokens = s.scheduler == "v0" and s.max_num_batched_tokens is None
     s = _batch_limits(s, gpu)
     pool = _size_pool(s, model, gpu, v0_tokens)
     config = _engine_config(s, pool)
+    if vllm_clock:
+        s = replace(s, cost_table=str(vllm_table_for(
+            model=model.name, gpu=gpu.name, tp=s.tensor_parallel_size, kv_dtype=s.kv_cache_dtype,
+            weights=_weight_method(model), async_scheduling=config.async_scheduling)))
     cost = _step_cost(s, model, gpu)
     offload = _offload_tiers(
         model, gpu, s.tensor_parallel_size, s.kv_cache_dtype, pool.block_size,

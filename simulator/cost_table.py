@@ -198,6 +198,39 @@ def _nonneg_lstsq(a: np.ndarray, y: np.ndarray, free: int,
                 negligible.append(j)
 
 
+def _model_key(name: str) -> str:
+    """A model's name without its hub owner, any case: Qwen/Qwen3-32B and Qwen3-32B are one."""
+    return name.rsplit("/", 1)[-1].lower()
+
+
+def provenance_mismatches(p: dict[str, str], *, model: str | None = None, gpu: str | None = None,
+                          tp: int = 1, kv_dtype: str = "auto", weights: str | None = None) -> list[str]:
+    """How a run differs from what a table measured (its ``# model``, ``# gpu`` and ``# executor``
+    lines ``p``; one GPU): one phrase each, [] when it fits or the table does not say. A model
+    fits by its name without the hub owner (Qwen/Qwen3-32B and Qwen3-32B). A GPU
+    preset fits a table's GPU when its family (the name before the first '-') is a word of it:
+    H200 and "NVIDIA H200", A100-80GB and "NVIDIA A100-SXM4-80GB". ``weights``: the run's weight
+    format (``WeightFormat.method``: "fp8", "mxfp4", "dtype" ...; None: not checked); a table
+    whose executor dtype is fp8 measured fp8 weights (vLLM's ``--quantization fp8``), any other
+    measured the checkpoint's own format."""
+    out = []
+    if model and p.get("model") and _model_key(p["model"]) != _model_key(model):
+        out.append(f"model {model} (the table's is {p['model']})")
+    if gpu and p.get("gpu"):
+        family = gpu.split("-")[0].lower()
+        if family not in re.split(r"[\s\-_/]+", p["gpu"].lower()):
+            out.append(f"GPU {gpu} (the table's is {p['gpu']})")
+    if tp != 1:
+        out.append(f"tensor parallel size {tp} (the table measured one GPU)")
+    measured = re.search(r"dtype (\w+)", p.get("executor", ""))
+    if kv_dtype == "fp8" and measured and "fp8" not in measured.group(1):
+        out.append(f"KV dtype fp8 (the table's is {measured.group(1)})")
+    if weights is not None and measured and (weights == "fp8") != ("fp8" in measured.group(1)):
+        out.append(f"{weights if weights != 'dtype' else 'unquantized'} weights (the table's "
+                   f"dtype is {measured.group(1)})")
+    return out
+
+
 class StepShapeCost:
     """Step times fitted to a ``kvsim profile`` table (module docstring).
 
@@ -491,29 +524,9 @@ class StepShapeCost:
 
     def mismatches(self, *, model: str | None = None, gpu: str | None = None, tp: int = 1,
                    kv_dtype: str = "auto", weights: str | None = None) -> list[str]:
-        """How a run differs from what this table measured (its ``# model``, ``# gpu`` and
-        ``# executor`` lines; one GPU): one phrase each, [] when it fits or the table does not
-        say. A GPU preset fits a table's GPU when its family (the name before the first '-')
-        is a word of it: H200 and "NVIDIA H200", A100-80GB and "NVIDIA A100-SXM4-80GB".
-        ``weights``: the run's weight format (``WeightFormat.method``: "fp8", "mxfp4", "dtype"
-        ...; None: not checked); a table whose executor dtype is fp8 measured fp8 weights
-        (vLLM's ``--quantization fp8``), any other measured the checkpoint's own format."""
-        p, out = self.provenance, []
-        if model and p.get("model") and p["model"] != model:
-            out.append(f"model {model} (the table's is {p['model']})")
-        if gpu and p.get("gpu"):
-            family = gpu.split("-")[0].lower()
-            if family not in re.split(r"[\s\-_/]+", p["gpu"].lower()):
-                out.append(f"GPU {gpu} (the table's is {p['gpu']})")
-        if tp != 1:
-            out.append(f"tensor parallel size {tp} (the table measured one GPU)")
-        measured = re.search(r"dtype (\w+)", p.get("executor", ""))
-        if kv_dtype == "fp8" and measured and "fp8" not in measured.group(1):
-            out.append(f"KV dtype fp8 (the table's is {measured.group(1)})")
-        if weights is not None and measured and (weights == "fp8") != ("fp8" in measured.group(1)):
-            out.append(f"{weights if weights != 'dtype' else 'unquantized'} weights (the table's "
-                       f"dtype is {measured.group(1)})")
-        return out
+        """How a run differs from what this table measured (``provenance_mismatches``)."""
+        return provenance_mismatches(self.provenance, model=model, gpu=gpu, tp=tp, kv_dtype=kv_dtype,
+                                     weights=weights)
 
     def describe(self) -> str:
         """The clock's source: this table and its provenance."""

@@ -207,7 +207,9 @@ def add_step_time_args(p: argparse.ArgumentParser) -> None:
     cost.add_argument("--step-clock", action="store_true",
                       help="one step = one time unit (vLLM's step index)")
     cost.add_argument("--step-s", type=positive_float, metavar="S", help="fixed step time in seconds")
-    cost.add_argument("--cost-table", metavar="CSV", help="measured step times (TableCost)")
+    cost.add_argument("--cost-table", metavar="CSV",
+                      help="measured step times (a kvsim profile table), or 'vllm': real vLLM's steps "
+                           "measured for --model on --gpu (tables/vllm/; an error where none was)")
     g.add_argument("--force-cost-table", action="store_true",
                    help="use --cost-table's times although it was measured for another model, GPU, TP or KV "
                         "dtype (otherwise an error)")
