@@ -13,7 +13,9 @@ fits it the way the executor spends time:
 
 * **decode-only steps** replay a CUDA graph captured at a padded batch size, so the time is a
   step function of the batch plus the KV read: per measured graph size ``s``,
-  ``t = a_s + b_s * kv_read_tokens`` (least squares over that size's rows of equal contexts); a
+  ``t = a_s + b_s * kv_read_tokens`` (least squares over that size's rows of equal contexts; a
+  size whose rows hardly differ in KV read takes b_s between the sizes that were measured over
+  contexts, ``_lines``); a
   batch of ``n`` sequences is priced at the smallest measured size >= n (the size it pads to when
   the table measured every capture size, as the default grid does).
 * **the longest context's floor** (tables with ``max_context_tokens`` and a ``context buckets``
@@ -163,6 +165,14 @@ def _tail_tokens(longest: float, pairs: float, tokens: float) -> float:
 
 
 
+SLOPE_SPAN = 2.0     # a graph size's rows tell its KV slope when their KV reads span this ratio
+
+
+def _kv_span(points: list[tuple[float, float]]) -> float:
+    kv = [p[0] for p in points]
+    return max(kv) / max(min(kv), 1.0)
+
+
 def _nonneg_lstsq(a: np.ndarray, y: np.ndarray, free: int,
                   negligible: list[int] | None = None, checked_from: int | None = None) -> np.ndarray:
     """Least squares of rows weighted by 1/t (``y`` all ones, so ``a[i, j] * coef[j]`` is column
@@ -281,9 +291,30 @@ class StepShapeCost:
             else:
                 eager.append(v)
         self.graph_sizes = sorted(decode)
-        self.decode_lines = [self._line(decode[s]) for s in self.graph_sizes]
+        self.decode_lines = self._lines(decode)
         self._fit_eager(eager, path)
         self._fit_floor(skewed, path, context_floor)
+
+    def _lines(self, decode: dict[int, list[tuple[float, float]]]) -> list[tuple[float, float]]:
+        """Each graph size's (a_s, b_s). A size measured only at nearly one KV length (its
+        longest read under SLOPE_SPAN x its shortest: real vLLM's grid runs most sizes at one
+        context) cannot tell its slope: it takes b_s interpolated in the batch size between the
+        sizes that can (the KV read is bandwidth, much the same per token at any size), and a_s
+        fitted to its rows with that slope."""
+        lines = [self._line(decode[s]) for s in self.graph_sizes]
+        wide = [i for i, s in enumerate(self.graph_sizes) if _kv_span(decode[s]) >= SLOPE_SPAN]
+        if not wide or len(wide) == len(lines):
+            return lines
+        for i, size in enumerate(self.graph_sizes):
+            if i in wide:
+                continue
+            b = float(np.interp(size, [self.graph_sizes[j] for j in wide], [lines[j][1] for j in wide]))
+            kv = np.array([p[0] for p in decode[size]])
+            t = np.array([p[1] for p in decode[size]])
+            # a minimizes the relative error sum(((a + b kv) / t - 1)^2) with b fixed
+            a = float(np.sum((1.0 - b * kv / t) / t) / np.sum(1.0 / t ** 2))
+            lines[i] = (a, b)
+        return lines
 
     @staticmethod
     def _line(points: list[tuple[float, float]]) -> tuple[float, float]:

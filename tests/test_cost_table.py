@@ -366,3 +366,19 @@ def test_the_eager_token_curve_never_falls(path):
                                            kv_read_tokens=n, attn_token_pairs=n * n, max_context_tokens=n))
     times = [lone_prompt(n) for n in (128, 256, 512, 1024, 2048, 4096, 8192)]
     assert times[0] > 0 and all(b >= a for a, b in zip(times, times[1:]))
+
+
+def test_a_graph_size_measured_at_one_context_borrows_its_kv_slope():
+    # real vLLM's fine grid runs 2 sequences only at 256 tokens of context: their rows cannot tell
+    # the KV slope (least squares gave 16 ms for two 2,000-token decodes, against 4.4 ms measured
+    # on the Azure excerpt). The size takes its slope between the sizes measured at 256 and 2,048
+    # tokens (1 and 4), and its own level, so it prices between them at any context
+    model = StepShapeCost(Path(__file__).resolve().parent.parent / "tables" / "vllm" / "llama8b-fp8-fine_H100.csv")
+    sizes = model.graph_sizes
+    (a1, b1), (a2, b2), (a4, b4) = (model.decode_lines[sizes.index(s)] for s in (1, 2, 4))
+    assert min(b1, b4) <= b2 <= max(b1, b4)
+
+    def decode(n, context):
+        return model.step_time_s(StepBatch(n, 0, n, n, n * context, n * context, context))
+    for context in (300, 2000, 6000):
+        assert decode(1, context) * 0.95 <= decode(2, context) <= decode(4, context) * 1.05, context
