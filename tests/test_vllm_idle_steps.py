@@ -1,0 +1,33 @@
+"""bench/vllm_idle_steps.py: real vLLM's prefill steps that start an idle engine, against a table."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from bench.vllm_idle_steps import idle_residuals, main, slow_steps
+
+ROOT = Path(__file__).resolve().parent.parent
+RUNS = ROOT / "bench" / "results" / "vllm_h100"
+
+
+def test_idle_start_prefills_cost_more_than_the_table_says():
+    # Llama-3.1-8B fp8 on the H100, the Azure excerpt (held out): a prompt that starts an idle
+    # engine is slower than its shape's price, one beside a batch in flight slightly faster
+    res = idle_residuals(RUNS / "llama8b-fp8" / "azure-conv", ROOT / "tables" / "vllm" / "llama8b-fp8-fine_H100.csv",
+                         gap_s=0.0005)
+    assert len(res[True]) >= 10 and len(res[False]) >= 50
+    assert np.median(res[True]) > 0.005 > 0 > np.median(res[False])
+    # the first step of a run always starts an idle engine; a larger gap rule finds fewer
+    fewer = idle_residuals(RUNS / "llama8b-fp8" / "azure-conv", ROOT / "tables" / "vllm" / "llama8b-fp8-fine_H100.csv",
+                           gap_s=10.0)
+    assert len(fewer[True]) == 1 and len(fewer[True]) + len(fewer[False]) == len(res[True]) + len(res[False])
+
+
+def test_gpt_oss_runs_hold_second_long_steps_and_the_cli_lists_them(capsys):
+    slow = slow_steps(RUNS / "gpt-oss-120b" / "azure-conv", 0.3)
+    assert len(slow) >= 5 and sum(s for *_, s in slow) > 10
+    assert not slow_steps(RUNS / "qwen3-32b" / "azure-conv", 1.0)
+    assert main([str(RUNS / "gpt-oss-120b" / "azure-conv"), str(ROOT / "tables" / "vllm" / "gpt-oss-120b_H100.csv")]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("idle start:") and out[1].startswith("in flight") and out[2].startswith("steps over 0.3 s: 11")
