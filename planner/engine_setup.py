@@ -158,9 +158,10 @@ class EngineSettings:
     step_s: fixed step time in seconds (1.0 = step clock).
     cost_table: a measured step-time CSV (simulator.cost_table.load_cost_table: a ``kvsim
         profile`` table, or the older TableCost columns), or "vllm": the shipped table of real
-        vLLM's steps for the model, GPU, weights and KV dtype (planner.vllm_tables). A profile table measured for another
-        model, GPU (when the GPU sizes the pool), tensor parallel size or KV dtype is an
-        InputError naming each difference, unless ``force_cost_table``.
+        vLLM's steps for the model, GPU, weights and KV dtype (planner.vllm_tables). A profile
+        table measured for another model, GPU (when the GPU sizes the pool), tensor parallel
+        size, KV dtype or weight format is an InputError naming each difference, unless
+        ``force_cost_table``.
     step_overhead_s, bandwidth_efficiency, flops_efficiency: roofline parameters.
     step_time_scale: multiplies every step time (sensitivity checks).
     cpu_offload_gib, offload_bandwidth_gbps, disk_offload_gib, disk_bandwidth_gbps,

@@ -179,9 +179,9 @@ def _nonneg_lstsq(a: np.ndarray, y: np.ndarray, free: int,
     j's share of row i's step time) with the last columns (all but the first ``free``) kept >= 0
     and kept only where they matter: columns whose coefficient comes out negative, then columns
     whose share of every row is below TERM_REL_TOL, are dropped (set to exactly 0; a negative one
-    below the tolerance is rounding noise too) and the fit is redone (an active set, enough for the few physically non-negative terms here). The dropped
-    negligible columns are appended to ``negligible``; only columns from ``checked_from``
-    (default ``free``) are checked for that."""
+    below the tolerance is rounding noise too) and the fit is redone (an active set, enough for
+    the few physically non-negative terms here). The dropped negligible columns are appended to
+    ``negligible``; only columns from ``checked_from`` (default ``free``) are checked for that."""
     checked_from = free if checked_from is None else checked_from
     keep = list(range(a.shape[1]))
     tol = TERM_REL_TOL * float(np.max(np.abs(y)))
@@ -213,16 +213,24 @@ def _model_key(name: str) -> str:
     return name.rsplit("/", 1)[-1].lower()
 
 
+def measured_dtype(p: dict[str, str]) -> str | None:
+    """The dtype a table's ``# executor`` line names (None: it names none)."""
+    m = re.search(r"dtype (\w+)", p.get("executor", ""))
+    return m.group(1) if m else None
+
+
 def provenance_mismatches(p: dict[str, str], *, model: str | None = None, gpu: str | None = None,
-                          tp: int = 1, kv_dtype: str = "auto", weights: str | None = None) -> list[str]:
+                          tp: int = 1, kv_dtype: str = "auto", weights: str | None = None,
+                          async_scheduling: bool | None = None) -> list[str]:
     """How a run differs from what a table measured (its ``# model``, ``# gpu`` and ``# executor``
     lines ``p``; one GPU): one phrase each, [] when it fits or the table does not say. A model
-    fits by its name without the hub owner (Qwen/Qwen3-32B and Qwen3-32B). A GPU
-    preset fits a table's GPU when its family (the name before the first '-') is a word of it:
-    H200 and "NVIDIA H200", A100-80GB and "NVIDIA A100-SXM4-80GB". ``weights``: the run's weight
-    format (``WeightFormat.method``: "fp8", "mxfp4", "dtype" ...; None: not checked); a table
-    whose executor dtype is fp8 measured fp8 weights (vLLM's ``--quantization fp8``), any other
-    measured the checkpoint's own format."""
+    fits by its name without the hub owner (Qwen/Qwen3-32B and Qwen3-32B). A GPU preset fits a
+    table's GPU when its family (the name before the first '-') is a word of it: H200 and
+    "NVIDIA H200", A100-80GB and "NVIDIA A100-SXM4-80GB". An executor dtype of fp8 is real vLLM's
+    fp8 run: fp8 weights (``--quantization fp8``) and an fp8 KV cache; any other dtype measured
+    the checkpoint's own weights. ``weights``: the run's weight format (``WeightFormat.method``:
+    "fp8", "mxfp4", "dtype" ...) and ``async_scheduling``: None, not checked (a table measured
+    with async scheduling on hides CPU work a synchronous run shows)."""
     out = []
     if model and p.get("model") and _model_key(p["model"]) != _model_key(model):
         out.append(f"model {model} (the table's is {p['model']})")
@@ -232,12 +240,14 @@ def provenance_mismatches(p: dict[str, str], *, model: str | None = None, gpu: s
             out.append(f"GPU {gpu} (the table's is {p['gpu']})")
     if tp != 1:
         out.append(f"tensor parallel size {tp} (the table measured one GPU)")
-    measured = re.search(r"dtype (\w+)", p.get("executor", ""))
-    if kv_dtype == "fp8" and measured and "fp8" not in measured.group(1):
-        out.append(f"KV dtype fp8 (the table's is {measured.group(1)})")
-    if weights is not None and measured and (weights == "fp8") != ("fp8" in measured.group(1)):
+    dtype = measured_dtype(p)
+    if dtype is not None and ("fp8" in kv_dtype) != ("fp8" in dtype):
+        out.append(f"KV dtype {kv_dtype} (the table's is {dtype})")
+    if weights is not None and dtype is not None and (weights == "fp8") != ("fp8" in dtype):
         out.append(f"{weights if weights != 'dtype' else 'unquantized'} weights (the table's "
-                   f"dtype is {measured.group(1)})")
+                   f"dtype is {dtype})")
+    if async_scheduling is False and "async scheduling True" in p.get("executor", ""):
+        out.append("async scheduling off (the table measured it on)")
     return out
 
 

@@ -344,7 +344,8 @@ def test_a_table_measured_for_another_setup_is_an_error_unless_forced(tmp_path, 
     # a checkpoint's own format (gpt-oss's MXFP4) is what a bf16-dtype table measured
     fp8 = StepShapeCost(Path(__file__).resolve().parent.parent / "tables" / "vllm" / "llama8b-fp8_H100.csv")
     assert fp8.mismatches(weights="fp8", kv_dtype="fp8") == []
-    assert fp8.mismatches(weights="dtype") == ["unquantized weights (the table's dtype is fp8)"]
+    assert fp8.mismatches(weights="dtype") == ["KV dtype auto (the table's is fp8)",
+                                               "unquantized weights (the table's dtype is fp8)"]
     assert model.mismatches(weights="fp8") == ["fp8 weights (the table's dtype is bfloat16)"]
     assert model.mismatches(weights="mxfp4") == model.mismatches(weights="dtype") == []
 

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
-import re
 
 import pytest
 
 from kvsim.cli import main
 from kvsim.errors import InputError
 from kvsim.planner.vllm_tables import TABLES_DIR, measured_tables, vllm_table_for
+from kvsim.simulator.cost_table import measured_dtype
 
 H100 = "H100-80GB-SXM"
 
@@ -23,7 +23,7 @@ def _setup(**over):
 
 def test_each_measured_setup_finds_a_table_that_fits_it_and_the_finest_grid_wins():
     for path, provenance, _ in measured_tables():
-        dtype = re.search(r"dtype (\w+)", provenance["executor"]).group(1)
+        dtype = measured_dtype(provenance)
         gpu = "H100-80GB-SXM" if "H100" in provenance["gpu"] else "H200"
         fp8 = dtype == "fp8"
         found = vllm_table_for(**_setup(model=provenance["model"], gpu=gpu, kv_dtype="fp8" if fp8 else "auto",

@@ -211,8 +211,8 @@ def add_step_time_args(p: argparse.ArgumentParser) -> None:
                       help="measured step times (a kvsim profile table), or 'vllm': real vLLM's steps "
                            "measured for --model on --gpu (tables/vllm/; an error where none was)")
     g.add_argument("--force-cost-table", action="store_true",
-                   help="use --cost-table's times although it was measured for another model, GPU, TP or KV "
-                        "dtype (otherwise an error)")
+                   help="use --cost-table's times although it was measured for another model, GPU, TP, KV "
+                        "dtype or weight format (otherwise an error)")
     g.add_argument("--bandwidth-efficiency", type=fraction, default=1.0, metavar="FRACTION",
                    help="roofline: the share of the GPU's datasheet memory bandwidth a step reaches "
                         "(default 1.0; (0, 1])")
