@@ -63,6 +63,11 @@ engine() {  # name -> "model_dir plan flags..."
     qwen3-30b-a3b-fine)   echo "Qwen3-30B-A3B fine" ;;
     gpt-oss-20b-fine)     echo "gpt-oss-20b fine" ;;
     llama8b-fp8-fine)     echo "Llama-3.1-8B fine --quantization fp8 --kv-cache-dtype fp8" ;;
+    # lone prompts at an idle engine and C = 1 closed loops (plans.py --size idle > idle.json)
+    llama8b-bf16-idle)    echo "Llama-3.1-8B idle" ;;
+    llama8b-fp8-idle)     echo "Llama-3.1-8B idle --quantization fp8 --kv-cache-dtype fp8" ;;
+    qwen3-30b-a3b-idle)   echo "Qwen3-30B-A3B idle" ;;
+    qwen3-32b-idle)       echo "Qwen3-32B idle" ;;
     *) return 1 ;;
   esac
 }

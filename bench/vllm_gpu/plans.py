@@ -10,6 +10,10 @@ Three kinds of workload per engine (harness.py's docstring defines them):
   out: never fitted to.
 * ``azure-conv`` / ``mooncake-conv``: trace excerpts at their own arrival times. Held out.
 
+* ``idle``: lone prompts at an idle engine (``--size idle``): the fit set of the idle-start term
+  (a step that starts an idle engine hides none of its CPU work behind a step in flight), with
+  C = 1 closed loops of 8 requests held out beside it.
+
 ``--size`` scales the plan to the model (a 70B model's prefill costs 9x an 8B's): ``small``
 (<= 30B total or <= 5B active parameters), ``large`` (the rest); ``fine`` is a denser grid (every
 CUDA-graph size, more prefills, prompts beside decodes) for a grid-only run (``--only grid``). The excerpts are the first
@@ -21,6 +25,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import random
 from datetime import datetime
 from pathlib import Path
 
@@ -39,6 +44,12 @@ GRID = {
              "mixed": [(16, 1024, 512), (16, 1024, 2048), (64, 1024, 512), (64, 1024, 2048),
                        (64, 1024, 8192), (128, 1024, 1024), (128, 1024, 4096)]},
 }
+# the idle plan: lone prompts of these lengths, each IDLE_REPEATS times in an interleaved order,
+# IDLE_GAPS_S apart, drawn in turn by a seeded draw (the engine idle between them: 2 output
+# tokens take one decode step)
+IDLE_PROMPTS = (64, 256, 512, 1024, 2048, 4096)
+IDLE_REPEATS = 8
+IDLE_GAPS_S = (0.15, 0.4)
 # (isl, osl, concurrencies): the first pair is the full sweep
 SWEEPS = {
     "small": [(1024, 128, (1, 4, 16, 64, 128)), (4096, 128, (1, 16, 64)), (256, 512, (1, 16, 128))],
@@ -53,6 +64,20 @@ def closed_points(size: str) -> list[dict]:
             out.append({"name": f"cl-{isl}-{osl}-c{c}", "kind": "closed", "isl": isl, "osl": osl,
                         "n": max(2, 2 * c), "concurrency": c, "isl_range": 0.0, "osl_range": 0.0,
                         "seed": c})
+    return out
+
+
+def idle_points() -> list[dict]:
+    """The idle plan: lone prompts spaced apart (a trace workload), then C = 1 closed loops."""
+    rng, reqs, t = random.Random(4), [], 0.0
+    for _ in range(IDLE_REPEATS):
+        for p in rng.sample(IDLE_PROMPTS, len(IDLE_PROMPTS)):
+            reqs.append([round(t, 6), p, 2])
+            t += rng.choice(IDLE_GAPS_S)
+    out = [{"name": "idle-prefill", "kind": "trace", "seed": 4, "requests": reqs}]
+    for isl, osl in ((1024, 128), (256, 512)):
+        out.append({"name": f"cl-{isl}-{osl}-c1-n8", "kind": "closed", "isl": isl, "osl": osl, "n": 8,
+                    "concurrency": 1, "isl_range": 0.0, "osl_range": 0.0, "seed": 11})
     return out
 
 
@@ -86,6 +111,8 @@ def mooncake_excerpt(path: Path, seconds: float, max_model_len: int) -> list[lis
 
 def build_plan(size: str, traces: Path | None, trace_s: float, max_model_len: int,
                mooncake: bool) -> list[dict]:
+    if size == "idle":
+        return idle_points()
     grid = GRID[size]
     plan = [{"name": "grid", "kind": "grid", "decode": [list(d) for d in grid["decode"]],
              "prefill": grid["prefill"], "mixed": [list(m) for m in grid.get("mixed", [])], "seed": 1}]
@@ -106,7 +133,7 @@ def build_plan(size: str, traces: Path | None, trace_s: float, max_model_len: in
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--size", choices=sorted(GRID), required=True)
+    p.add_argument("--size", choices=sorted(GRID) + ["idle"], required=True)
     p.add_argument("--traces", type=Path)
     p.add_argument("--trace-s", type=float, default=40.0)
     p.add_argument("--max-model-len", type=int, default=10240)

@@ -1,0 +1,40 @@
+"""The real-vLLM measurement plans (bench/vllm_gpu/plans.py): the idle plan's lone prompts reach
+an idle engine (each one's prefill and single decode step done well before the next arrives),
+every length as often, in a seeded order, and the harness builds them as requests."""
+from __future__ import annotations
+
+import importlib.util
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(f"vllm_{name}", ROOT / "bench" / "vllm_gpu" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+plans = _load("plans")
+harness = _load("harness")
+
+
+def test_the_idle_plans_prompts_arrive_apart_every_length_as_often():
+    plan = plans.build_plan("idle", None, 40.0, 10240, False)
+    idle, *closed = plan
+    reqs = idle["requests"]
+    assert idle["kind"] == "trace" and len(reqs) == len(plans.IDLE_PROMPTS) * plans.IDLE_REPEATS
+    assert Counter(p for _, p, _ in reqs) == {p: plans.IDLE_REPEATS for p in plans.IDLE_PROMPTS}
+    gaps = [b[0] - a[0] for a, b in zip(reqs, reqs[1:])]
+    assert min(gaps) >= min(plans.IDLE_GAPS_S) - 1e-9      # apart: a 4,096-token prefill is < 0.1 s
+    assert set(round(g, 6) for g in gaps) == set(plans.IDLE_GAPS_S)   # both gaps drawn
+    assert all(o == 2 for _, _, o in reqs)
+    # not one fixed order: the lengths are shuffled per round, reproducibly
+    rounds = [tuple(p for _, p, _ in reqs[i:i + 6]) for i in range(0, len(reqs), 6)]
+    assert len(set(rounds)) > 1 and plans.build_plan("idle", None, 40.0, 10240, False) == plan
+    assert [c["concurrency"] for c in closed] == [1, 1] and all(c["n"] == 8 for c in closed)
+    built = harness.build_requests(idle, vocab_size=32000)
+    assert [len(r["ids"]) for r in built] == [p for _, p, _ in reqs]
+    assert [r["arrival_s"] for r in built] == [t for t, _, _ in reqs]
