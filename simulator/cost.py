@@ -241,6 +241,7 @@ class ScaledCost:
         self.inner = inner
         self.scale = float(scale)
         self.uses_max_context_tokens = uses_max_context_tokens(inner)
+        self.idle_start_s = self.scale * getattr(inner, "idle_start_s", 0.0)
 
     def step_time_s(self, batch: StepBatch) -> float:
         return self.scale * self.inner.step_time_s(batch)

@@ -251,6 +251,21 @@ def provenance_mismatches(p: dict[str, str], *, model: str | None = None, gpu: s
     return out
 
 
+def _idle_start(provenance: dict, path: str) -> float:
+    """A table's ``# idle_start_s:`` line: what a step that starts an idle engine costs over its
+    batch's price (seconds, >= 0; 0 without the line)."""
+    text = provenance.get("idle_start_s")
+    if text is None:
+        return 0.0
+    try:
+        value = float(text.split()[0])
+    except (ValueError, IndexError):
+        value = math.nan
+    if not (value >= 0 and math.isfinite(value)):
+        raise InputError(f"'# idle_start_s:' must be seconds >= 0, got {text!r}", file=path)
+    return value
+
+
 class StepShapeCost:
     """Step times fitted to a ``kvsim profile`` table (module docstring).
 
@@ -262,6 +277,8 @@ class StepShapeCost:
         provenance: the table's ``#`` header (GPU, date, versions, model, command).
         graph_sizes: measured CUDA-graph batch sizes; ``decode_lines[i]`` = (a_s, b_s) of size i.
         knots_tokens, knots_s: f of the eager model; coef: c_pairs, c_kv, c_seq; c_tail.
+        idle_start_s: what a step that starts an idle engine costs over its batch's price (the
+            table's ``# idle_start_s:`` line, measured on lone prompts; 0 without it).
         negligible_terms: the eager terms the fit found but set to 0, their share of every
             measured step below TERM_REL_TOL (rounding noise, not a term of the data).
         min_bucket_tokens: the smallest context bucket; floors[bucket][size] = (start, [(L, floor_s)]).
@@ -304,6 +321,7 @@ class StepShapeCost:
         self.decode_lines = self._lines(decode)
         self._fit_eager(eager, path)
         self._fit_floor(skewed, path, context_floor)
+        self.idle_start_s = _idle_start(self.provenance, path)
 
     def _lines(self, decode: dict[int, list[tuple[float, float]]]) -> list[tuple[float, float]]:
         """Each graph size's (a_s, b_s). A size measured only at nearly one KV length (its
@@ -574,6 +592,8 @@ class StepShapeCost:
         p = self.provenance
         what = ", ".join(f"{k} {p[k]}" for k in ("gpu", "model", "date") if p.get(k))
         dropped = f"; terms at rounding noise set to 0: {', '.join(self.negligible_terms)}" if self.negligible_terms else ""
+        if self.idle_start_s:
+            dropped += f"; a step that starts an idle engine +{self.idle_start_s * 1e3:.2f} ms"
         return f"measured table {self.path} ({what or 'no provenance'}){dropped}"
 
     def __repr__(self) -> str:

@@ -120,6 +120,7 @@ class _Replica:
         self.held = self.offload is not None and self.sched.defers_retire
         self.wake: simpy.Event | None = None
         self.num_steps = 0
+        self.idle_start = True    # the next priced step starts the replica from idle
 
 
 def _check_arguments(config, cost_model, replicas, max_concurrency) -> None:
@@ -182,6 +183,9 @@ class Simulation:
         self.config = config
         self.cost = cost_model
         self.timer = StepTimer(cost_model)
+        # a step that starts an idle engine: what it costs over its batch's price (a measured
+        # table's ``# idle_start_s:``; with async scheduling nothing in flight hides its CPU work)
+        self.idle_start_ns = to_ns(getattr(cost_model, "idle_start_s", 0.0))
         # hardware in the loop (simulator.in_the_loop): every step is executed and timed
         self.in_the_loop = getattr(cost_model, "in_the_loop", False)
         if self.in_the_loop:
@@ -415,6 +419,7 @@ class Simulation:
         while True:
             if not sched.has_unfinished():
                 now = yield from self._idle(rep, now)
+                rep.idle_start = True
             if self.next_arrival_ns == now:
                 yield env.timeout(0)   # arrivals due now land before this step is scheduled
             bd_start = rec.boundary(now)
@@ -622,6 +627,7 @@ class Simulation:
         executed step or None)."""
         sched, rec, conn = rep.sched, rep.rec, rep.offload
         step = None
+        idle_start, rep.idle_start = rep.idle_start, False
         if run is None:
             batch = StepBatch(out.num_seqs, out.num_prefill_tokens, out.num_decode_seqs,
                               out.num_scheduled_tokens, out.kv_read_tokens, out.attn_token_pairs,
@@ -631,6 +637,8 @@ class Simulation:
                 end = t + max(1, to_ns(self.cost.timed_step_s(batch, step)))
             else:
                 end = t + max(1, self.timer.step_ns(batch))
+            if idle_start:
+                end += self.idle_start_ns
             if conn is not None:   # flushed stores delay the forward
                 end += conn.step(t, end - t)
             bd_step = rec.breakdown()

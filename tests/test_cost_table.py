@@ -383,3 +383,35 @@ def test_a_graph_size_measured_at_one_context_borrows_its_kv_slope():
         return model.step_time_s(StepBatch(n, 0, n, n, n * context, n * context, context))
     for context in (300, 2000, 6000):
         assert decode(1, context) * 0.95 <= decode(2, context) <= decode(4, context) * 1.05, context
+
+
+def test_a_step_that_starts_an_idle_engine_costs_the_tables_idle_start(tmp_path):
+    """``# idle_start_s:`` prices the step that starts an idle engine above its batch: a lone
+    request finishes exactly that much later, each of two lone requests does, and a request
+    that arrives while another runs adds nothing of its own (it moves with the run it joins)."""
+    from kvsim.simulator import EngineConfig, simulate
+    from kvsim.workloads import Request
+    def with_line(folder, line):
+        folder.mkdir(exist_ok=True)
+        path = make_table(folder)
+        path.write_text(f"{line}\n{path.read_text()}")
+        return path
+
+    plain = StepShapeCost(make_table(tmp_path))
+    idle = StepShapeCost(with_line(tmp_path / "idle", "# idle_start_s: 0.008"))
+    assert plain.idle_start_s == 0.0 and idle.idle_start_s == 0.008
+    assert "+8.00 ms" in idle.describe() and "idle" not in plain.describe()
+    cfg = EngineConfig(num_blocks=900, block_size=16, max_num_seqs=32, max_num_batched_tokens=1024,
+                       max_model_len=4096, async_scheduling=True)
+
+    def finish(reqs):
+        res = [simulate(reqs, cfg, m).requests.set_index("request_id") for m in (plain, idle)]
+        return (res[1]["finish_s"] - res[0]["finish_s"]).round(9).tolist()
+
+    assert finish([Request(0, 0.0, 300, 20)]) == [0.008]
+    assert finish([Request(0, 0.0, 300, 20), Request(1, 5.0, 300, 20)]) == [0.008, 0.008]
+    first, second = finish([Request(0, 0.0, 300, 20), Request(1, 0.05, 300, 20)])
+    assert abs(first - 0.008) < 0.002 and -0.002 < second < 0.010   # steps moved, no second term
+    for bad in ("-0.001", "fast", "nan"):
+        with pytest.raises(InputError, match="idle_start_s"):
+            StepShapeCost(with_line(tmp_path / bad, f"# idle_start_s: {bad}"))
