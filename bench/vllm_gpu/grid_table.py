@@ -13,6 +13,13 @@ decode-only steps as CUDA-graph rows padded to vLLM's capture sizes, the others 
 Nothing of the closed-loop or trace runs is read: those stay held out (bench/vllm_compare.py
 ``--clocks vllm-grid``).
 
+Where the engine also ran the idle plan (``ENGINE-idle/idle-prefill``, plans.py ``--size idle``:
+lone prompts at an idle engine), the table gets an ``# idle_start_s:`` line: the median over those
+prompts of their TTFT at the client less the table's own price of their prefill step. A step that
+starts an idle engine hides none of its CPU work (async scheduling overlaps it only with a step in
+flight), and the request's way in and its first token's way out are in it too; kvsim adds it to
+the first step after an idle wait (simulator/engine.py).
+
 Prefill steps whose ``step_s`` is outside ``BAND`` times what they should take (a one-sequence
 decode step plus their tokens at the grid's median rate per token) are dropped and counted in the provenance: under async scheduling a step's
 result can come back with another's, and its share is then near zero while a neighbour (one or
@@ -23,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import gzip
 import json
 import sys
 import time
@@ -43,6 +51,8 @@ BAND = (0.6, 1.6)
 # request finishing, the next arriving) have nearly one KV length, so their line's slope is noise
 # (Qwen3-30B-A3B, size 96: -64 s + 1.3 ms per token): such a batch is priced by the next size up
 MIN_DECODE_STEPS = 8
+IDLE_FIELDS = ("num_seqs", "num_prefill_tokens", "num_decode_tokens", "num_scheduled_tokens", "kv_read_tokens",
+               "attn_token_pairs", "max_context_tokens")
 COLUMNS = ("kind", "num_seqs", "num_prefill_seqs", "num_prefill_tokens", "num_decode_tokens",
            "num_scheduled_tokens", "kv_read_tokens", "attn_token_pairs", "max_context_tokens",
            "padded_num_seqs", "graph", "step_s", "step_s_min", "step_s_max", "repeats")
@@ -132,6 +142,33 @@ def knots(rows: list[dict]) -> list[int]:
     return out if len(out) >= 2 else [1, *out]
 
 
+def idle_run(engine: Path) -> Path | None:
+    """The idle-plan run beside an engine's folder (``llama8b-fp8-fine`` -> ``llama8b-fp8-idle``)."""
+    base = engine.name.removesuffix("-fine")
+    run = engine.parent / f"{base}-idle" / "idle-prefill"
+    return run if (run / "steps.csv").is_file() else None
+
+
+def idle_start(run: Path, model) -> tuple[float, int]:
+    """(median seconds, prompts): each lone prompt's TTFT at the client (from its send) less
+    ``model``'s price of its prefill step. The run's one-sequence prefill steps are its prompts'
+    in arrival order (each arrives at an idle engine and is one step: IDLE_PROMPTS fit one)."""
+    from kvsim.simulator.cost import StepBatch
+
+    with open(run / "steps.csv", newline="") as f:
+        steps = [r for r in csv.DictReader(f) if int(r["num_prefill_tokens"]) > 0]
+    with gzip.open(run / "requests.jsonl.gz", "rt") as f:
+        reqs = sorted((json.loads(line) for line in f), key=lambda r: r["arrival_s"])
+    if len(steps) != len(reqs) or any(int(s["num_seqs"]) != 1 for s in steps):
+        raise ValueError(f"{run}: {len(steps)} prefill steps for {len(reqs)} lone prompts: not an idle plan's run")
+    res = []
+    for s, r in zip(steps, reqs):
+        assert int(s["num_prefill_tokens"]) == r["prompt_tokens"], (run, s, r)
+        batch = StepBatch(**{k: int(s[k]) for k in IDLE_FIELDS})
+        res.append(r["first_token_s"] - r["sent_s"] - model.step_time_s(batch))
+    return max(0.0, float(np.median(res))), len(res)
+
+
 def _from_root(folder: Path) -> str:
     """The folder as the repository names it (the same table from any working directory)."""
     try:
@@ -177,12 +214,26 @@ def main(argv: list[str] | None = None) -> int:
     meta = json.loads((a.engine / "meta.json").read_text())
     rows, dropped = grid_rows(steps, meta.get("engine_core", {}).get("cudagraph_capture_sizes") or CAPTURE_SIZES)
     a.out.parent.mkdir(parents=True, exist_ok=True)
-    with open(a.out, "w", newline="") as f:
-        f.write("\n".join(provenance(a.engine, meta, len(rows), dropped, knots(rows))) + "\n")
-        w = csv.DictWriter(f, fieldnames=COLUMNS, lineterminator="\n")
-        w.writeheader()
-        w.writerows(rows)
-    print(f"{a.out}: {len(rows)} rows from {steps} ({dropped} dropped)")
+    lines = provenance(a.engine, meta, len(rows), dropped, knots(rows))
+
+    def write() -> None:
+        with open(a.out, "w", newline="") as f:
+            f.write("\n".join(lines) + "\n")
+            w = csv.DictWriter(f, fieldnames=COLUMNS, lineterminator="\n")
+            w.writeheader()
+            w.writerows(rows)
+
+    write()
+    idle = idle_run(a.engine)
+    if idle is not None:   # priced by the table just written
+        from kvsim.simulator.cost_table import StepShapeCost
+
+        seconds, n = idle_start(idle, StepShapeCost(a.out))
+        lines.insert(-1, f"# idle_start_s: {seconds:.6f} (median over {n} lone prompts at an idle engine of "
+                         f"TTFT at the client less this table's price of their prefill step; {_from_root(idle)})")
+        write()
+    print(f"{a.out}: {len(rows)} rows from {steps} ({dropped} dropped)"
+          + (f", idle start +{seconds * 1e3:.2f} ms" if idle is not None else ""))
     return 0
 
 
