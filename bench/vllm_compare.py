@@ -14,7 +14,8 @@ table of kvsim's executor, Llama-3.1-8B bf16 only), ``vllm-grid`` (the engine's 
 real vLLM's steps of its ``grid`` workload, tables/vllm/ENGINE_GPU.csv, bench/vllm_gpu/grid_table.py)
 and ``vllm-fine`` (the same from the engine's ``fine`` grid run, ENGINE-fine_GPU.csv, where one was
 made). Each GPU's runs are priced with that GPU's preset and tables. Nothing here is fitted to these
-runs.
+runs. An engine's idle-plan run (``ENGINE-idle``: C = 1 closed loops of 8 requests) is priced with
+the engine's settings and tables.
 """
 from __future__ import annotations
 
@@ -45,6 +46,11 @@ ENGINES = {
     "llama70b-fp8": ("Llama-3.1-70B", "fp8", "fp8"),
     "gpt-oss-120b": ("gpt-oss-120b", "auto", "auto"),
 }
+
+
+def base_engine(engine: str) -> str:
+    """The engine an idle-plan run served (``llama8b-fp8-idle``: llama8b-fp8's settings and tables)."""
+    return engine.removesuffix("-idle")
 
 
 def measured(folder: Path) -> dict:
@@ -80,7 +86,7 @@ def simulated(engine: str, spec: dict, meta: dict, clock: str, requests: list | 
     from kvsim.simulator import simulate
     from kvsim.simulator.serve_metrics import serve_metrics
 
-    config, weight_dtype, kv_dtype = ENGINES[engine]
+    config, weight_dtype, kv_dtype = ENGINES[base_engine(engine)]
     core = meta["engine_core"]
     kwargs = dict(model=load_hf_config(str(CONFIGS / config / "config.json"), name=config), gpu=GPUS[gpu][1],
                   weight_dtype=weight_dtype, kv_cache_dtype=kv_dtype,
@@ -106,7 +112,7 @@ def grid_table(engine: str, clock: str, gpu: str) -> Path | None:
     """The engine's table of real vLLM's steps for ``vllm-grid`` / ``vllm-fine`` (None: another
     clock)."""
     suffix = {"vllm-grid": "", "vllm-fine": "-fine"}.get(clock)
-    return None if suffix is None else GRID_TABLES / f"{engine}{suffix}_{gpu}.csv"
+    return None if suffix is None else GRID_TABLES / f"{base_engine(engine)}{suffix}_{gpu}.csv"
 
 
 def _median_tpot(requests) -> float:
@@ -129,12 +135,12 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     clocks = [c for c in a.clocks.split(",") if c]
     results = GPUS[a.gpu][0]
-    a.engines = a.engines or [e for e in ENGINES if (results / e / "meta.json").exists()]
+    a.engines = a.engines or [e for b in ENGINES for e in (b, f"{b}-idle") if (results / e / "meta.json").exists()]
     rows = []
     for engine in a.engines:
         folder = results / engine
         meta = json.loads((folder / "meta.json").read_text())
-        points = sorted(folder.glob("cl-*"), key=lambda p: [int(x.lstrip("c")) for x in p.name.split("-")[1:]])
+        points = sorted(folder.glob("cl-*"), key=lambda p: [int(x.lstrip("cn")) for x in p.name.split("-")[1:]])
         if a.traces and (folder / "azure-conv").is_dir():
             points.append(folder / "azure-conv")
         for point in points:
