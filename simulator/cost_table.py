@@ -34,6 +34,9 @@ fits it the way the executor spends time:
   + c_seq * num_seqs [+ c_tail * max(0, max_context_tokens - attn_token_pairs / num_scheduled_tokens)]``
   (the tail term where the table has longest contexts: one long decode beside a chunk is a
   program per KV head over its whole context that the chunk's work does not hide; ``_tail_tokens``),
+  and ``c_idle`` where the table's ``idle_before`` column marks steps that started an idle engine
+  (with async scheduling such a step hides none of its CPU work): fitted with the rest, it is not
+  part of a batch's price, the engine adds it to the first step after an idle wait (``idle_start_s``),
   ``f`` piecewise linear between the measured token counts (linear beyond them, never below 0)
   and non-decreasing (its unknowns are its first value and its rises from knot to knot, each
   kept >= 0: left free, the other terms absorb f on real vLLM's noisy rows, down to 0 s for a
@@ -62,7 +65,9 @@ from kvsim.simulator.cost import TERM_REL_TOL, StepBatch, TableCost
 SHAPE_COLUMNS = ("kind", "num_seqs", "num_prefill_tokens", "num_decode_tokens", "num_scheduled_tokens",
                  "kv_read_tokens", "attn_token_pairs", "padded_num_seqs", "graph", "step_s")
 KINDS = ("decode", "mixed")
-EAGER_TERMS = ("c_pairs", "c_kv", "c_seq", "c_tail")   # the eager model's terms beside f, in fit order
+EAGER_TERMS = ("c_pairs", "c_kv", "c_seq", "c_tail", "c_idle")   # the eager model's terms beside f, in fit order
+# c_idle is fitted where at least this many rows started an idle engine (``idle_before``)
+MIN_IDLE_ROWS = 8
 
 
 def read_table(path: str | Path) -> tuple[dict[str, str], list[str], list[tuple[int, dict[str, str]]]]:
@@ -251,21 +256,6 @@ def provenance_mismatches(p: dict[str, str], *, model: str | None = None, gpu: s
     return out
 
 
-def _idle_start(provenance: dict, path: str) -> float:
-    """A table's ``# idle_start_s:`` line: what a step that starts an idle engine costs over its
-    batch's price (seconds, >= 0; 0 without the line)."""
-    text = provenance.get("idle_start_s")
-    if text is None:
-        return 0.0
-    try:
-        value = float(text.split()[0])
-    except (ValueError, IndexError):
-        value = math.nan
-    if not (value >= 0 and math.isfinite(value)):
-        raise InputError(f"'# idle_start_s:' must be seconds >= 0, got {text!r}", file=path)
-    return value
-
-
 class StepShapeCost:
     """Step times fitted to a ``kvsim profile`` table (module docstring).
 
@@ -277,8 +267,8 @@ class StepShapeCost:
         provenance: the table's ``#`` header (GPU, date, versions, model, command).
         graph_sizes: measured CUDA-graph batch sizes; ``decode_lines[i]`` = (a_s, b_s) of size i.
         knots_tokens, knots_s: f of the eager model; coef: c_pairs, c_kv, c_seq; c_tail.
-        idle_start_s: what a step that starts an idle engine costs over its batch's price (the
-            table's ``# idle_start_s:`` line, measured on lone prompts; 0 without it).
+        idle_start_s: c_idle, what a step that starts an idle engine costs over its batch's
+            price (fitted where the table's ``idle_before`` column marks such steps; else 0).
         negligible_terms: the eager terms the fit found but set to 0, their share of every
             measured step below TERM_REL_TOL (rounding noise, not a term of the data).
         min_bucket_tokens: the smallest context bucket; floors[bucket][size] = (start, [(L, floor_s)]).
@@ -305,6 +295,11 @@ class StepShapeCost:
                  for name in SHAPE_COLUMNS if name != "kind"}
             if row.get("max_context_tokens"):
                 v["max_context_tokens"] = _number(row, "max_context_tokens", path, line)
+            if row.get("idle_before"):
+                v["idle_before"] = _number(row, "idle_before", path, line)
+                if v["idle_before"] not in (0, 1):
+                    raise InputError(f"must be 0 or 1, got {row['idle_before']!r}", file=path, line=line,
+                                     field="idle_before")
             if v["num_scheduled_tokens"] == 0 or v["num_seqs"] == 0:
                 raise InputError("a measured step schedules at least one token of one sequence", file=path,
                                  line=line, field="num_scheduled_tokens")
@@ -321,7 +316,6 @@ class StepShapeCost:
         self.decode_lines = self._lines(decode)
         self._fit_eager(eager, path)
         self._fit_floor(skewed, path, context_floor)
-        self.idle_start_s = _idle_start(self.provenance, path)
 
     def _lines(self, decode: dict[int, list[tuple[float, float]]]) -> list[tuple[float, float]]:
         """Each graph size's (a_s, b_s). A size measured only at nearly one KV length (its
@@ -372,9 +366,14 @@ class StepShapeCost:
                 basis[row, i + 1] += w
         extra = np.array([[r["attn_token_pairs"], r["kv_read_tokens"], r["num_seqs"],
                            _tail_tokens(r["max_context_tokens"], r["attn_token_pairs"], r["num_scheduled_tokens"])
-                           if r.get("max_context_tokens") else 0.0] for r in rows])
-        if not extra[:, 3].any():      # no longest contexts in the table (or no tails): no tail term
-            extra = extra[:, :3]
+                           if r.get("max_context_tokens") else 0.0, r.get("idle_before", 0.0)] for r in rows])
+        # the optional terms where the table has them: tails (longest contexts beside chunks),
+        # steps that start an idle engine (MIN_IDLE_ROWS of them or more: fewer, such as a coarse
+        # grid's few prefills, and c_idle would take one row's whole residual)
+        if extra[:, 4].sum() < MIN_IDLE_ROWS:
+            extra[:, 4] = 0.0
+        terms = [j for j in range(len(EAGER_TERMS)) if j < 3 or extra[:, j].any()]
+        extra = extra[:, terms]
         scale = np.maximum(extra.max(axis=0), 1.0)      # conditioning: columns of order 1
         w = (1.0 / t)[:, None]
         dropped: list[int] = []
@@ -387,11 +386,12 @@ class StepShapeCost:
             coef = _nonneg_lstsq(np.hstack([basis @ rises, extra / scale]) * w, np.ones_like(t), free=0,
                                  negligible=dropped, checked_from=k)
             coef[:k] = rises @ coef[:k]
-        self.negligible_terms = [EAGER_TERMS[j - k] for j in sorted(dropped)]
+        self.negligible_terms = [EAGER_TERMS[terms[j - k]] for j in sorted(dropped)]
         self.knots_s = coef[:k]
-        coef = coef[k:] / scale
-        self.coef = coef[:3]                             # c_pairs, c_kv, c_seq
-        self.c_tail = float(coef[3]) if len(coef) > 3 else 0.0
+        fitted = dict(zip((EAGER_TERMS[j] for j in terms), coef[k:] / scale))
+        self.coef = np.array([fitted[name] for name in EAGER_TERMS[:3]])   # c_pairs, c_kv, c_seq
+        self.c_tail = float(fitted.get("c_tail", 0.0))
+        self.idle_start_s = float(fitted.get("c_idle", 0.0))
 
     def _knots(self, tokens: np.ndarray, path: str) -> np.ndarray:
         """f's knots: the table's ``# knots:`` line (token counts; a table of many distinct,

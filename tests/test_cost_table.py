@@ -386,32 +386,41 @@ def test_a_graph_size_measured_at_one_context_borrows_its_kv_slope():
 
 
 def test_a_step_that_starts_an_idle_engine_costs_the_tables_idle_start(tmp_path):
-    """``# idle_start_s:`` prices the step that starts an idle engine above its batch: a lone
-    request finishes exactly that much later, each of two lone requests does, and a request
-    that arrives while another runs adds nothing of its own (it moves with the run it joins)."""
+    """An ``idle_before`` column marks steps that started an idle engine: their extra cost is
+    fitted as c_idle (here lone prompts at their truth + 8 ms) and not put in a batch's price; the
+    engine adds it to the first step after an idle wait. A lone request finishes exactly that
+    much later, each of two lone requests does, and a request that arrives while another runs
+    adds nothing of its own (it moves with the run it joins)."""
     from kvsim.simulator import EngineConfig, simulate
     from kvsim.workloads import Request
-    def with_line(folder, line):
-        folder.mkdir(exist_ok=True)
-        path = make_table(folder)
-        path.write_text(f"{line}\n{path.read_text()}")
-        return path
-
     plain = StepShapeCost(make_table(tmp_path))
-    idle = StepShapeCost(with_line(tmp_path / "idle", "# idle_start_s: 0.008"))
-    assert plain.idle_start_s == 0.0 and idle.idle_start_s == 0.008
+    (tmp_path / "idle").mkdir()
+    path = make_table(tmp_path / "idle")
+    lines = path.read_text().splitlines()
+    head = lines.index(HEADER)
+    idle_rows = [row("mixed", 1, t, 0, t, t * t, 1, 0, eager_truth(t, t * t, t, 1) + 0.008) + ",1"
+                 for t in (16, 64, 256, 512, 1024, 2048, 16, 1024)]   # MIN_IDLE_ROWS of them
+    path.write_text("\n".join(lines[:head] + [HEADER + ",idle_before"] + [ln + ",0" for ln in lines[head + 1:]]
+                              + idle_rows) + "\n")
+    idle = StepShapeCost(path)
+    assert plain.idle_start_s == 0.0 and idle.idle_start_s == pytest.approx(0.008, rel=1e-6)
+    few = tmp_path / "few.csv"     # under MIN_IDLE_ROWS marked steps: no term (one would take a row's residual)
+    few.write_text("\n".join(path.read_text().splitlines()[:-5]) + "\n")
+    assert StepShapeCost(few).idle_start_s == 0.0
+    b = StepBatch(1, 1024, 0, 1024, 1024, 1024 * 1024, 0)
+    assert idle.step_time_s(b) == pytest.approx(plain.step_time_s(b), rel=1e-6)   # not in the price
     assert "+8.00 ms" in idle.describe() and "idle" not in plain.describe()
     cfg = EngineConfig(num_blocks=900, block_size=16, max_num_seqs=32, max_num_batched_tokens=1024,
                        max_model_len=4096, async_scheduling=True)
 
     def finish(reqs):
         res = [simulate(reqs, cfg, m).requests.set_index("request_id") for m in (plain, idle)]
-        return (res[1]["finish_s"] - res[0]["finish_s"]).round(9).tolist()
+        return (res[1]["finish_s"] - res[0]["finish_s"]).round(6).tolist()
 
     assert finish([Request(0, 0.0, 300, 20)]) == [0.008]
     assert finish([Request(0, 0.0, 300, 20), Request(1, 5.0, 300, 20)]) == [0.008, 0.008]
     first, second = finish([Request(0, 0.0, 300, 20), Request(1, 0.05, 300, 20)])
     assert abs(first - 0.008) < 0.002 and -0.002 < second < 0.010   # steps moved, no second term
-    for bad in ("-0.001", "fast", "nan"):
-        with pytest.raises(InputError, match="idle_start_s"):
-            StepShapeCost(with_line(tmp_path / bad, f"# idle_start_s: {bad}"))
+    path.write_text(path.read_text().replace(",1\n", ",2\n", 1))
+    with pytest.raises(InputError, match="idle_before"):
+        StepShapeCost(path)

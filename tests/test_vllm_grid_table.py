@@ -12,7 +12,7 @@ import pytest
 
 from kvsim.errors import InputError
 from kvsim.planner.engine_setup import build_engine
-from kvsim.simulator.cost_table import StepShapeCost
+from kvsim.simulator.cost_table import StepShapeCost, read_table
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results" / "vllm_h200"
@@ -70,11 +70,10 @@ def test_a_lone_prompt_slower_than_the_fastest_of_its_length_is_dropped():
 
 
 def test_an_idle_runs_lone_prompts_give_the_tables_idle_start(tmp_path):
-    """Beside ENGINE-idle/idle-prefill (plans.py --size idle), the table gets '# idle_start_s:',
-    the median of each lone prompt's client TTFT less the table's price of its prefill step; the
-    rows are the same as without it. Here the prompts take their price + 7.5 ms +- 1 ms."""
-    import gzip
-
+    """Beside ENGINE-idle/idle-prefill (plans.py --size idle), the table takes the run's prefill
+    steps as rows and marks every step that started an idle engine (``idle_before``); without
+    such a run the table is the grid's alone, without the column. Here the lone prompts take the
+    grid table's price + 7.5 ms (+- 1 ms): StepShapeCost fits that as c_idle."""
     engine = tmp_path / "llama8b-fp8-fine"
     engine.mkdir()
     src = ROOT / "bench" / "results" / "vllm_h100" / "llama8b-fp8-fine"
@@ -83,31 +82,30 @@ def test_an_idle_runs_lone_prompts_give_the_tables_idle_start(tmp_path):
     (engine / "grid" / "steps.csv").write_bytes((src / "grid" / "steps.csv").read_bytes())
     plain = tmp_path / "plain.csv"
     assert grid_table.main([str(engine), "--out", str(plain)]) == 0
+    shipped = (ROOT / "tables" / "vllm" / "llama8b-fp8-fine_H100.csv").read_text().splitlines()
+    assert [ln for ln in plain.read_text().splitlines() if not ln.startswith("# source:")] == \
+        [ln for ln in shipped if not ln.startswith("# source:")]       # no idle run: the grid alone
     model = StepShapeCost(plain)
     assert model.idle_start_s == 0.0
     idle = tmp_path / "llama8b-fp8-idle" / "idle-prefill"
     idle.mkdir(parents=True)
     from kvsim.simulator.cost import StepBatch
-    steps, reqs = [], []
-    for i, p in enumerate([64, 256, 512, 1024, 2048, 4096] * 3):
-        b = StepBatch(1, p, 0, p, p, p * (p + 1) // 2, p)
-        ttft = model.step_time_s(b) + 0.0075 + (0.001, -0.001, 0.0)[i % 3] + (0.05 if i == 4 else 0.0)
-        steps.append(",".join(map(str, [1, 1, p, 0, p, p, p * (p + 1) // 2, p, 0.01, 0, 0, i])))
-        reqs.append({"arrival_s": i * 0.2, "sent_s": i * 0.2 + 1e-4, "first_token_s": i * 0.2 + 1e-4 + ttft,
-                     "prompt_tokens": p, "output_tokens": 2})
     header = ("num_seqs,num_prefill_seqs,num_prefill_tokens,num_decode_tokens,num_scheduled_tokens,kv_read_tokens,"
               "attn_token_pairs,max_context_tokens,step_s,sched_cpu_s,update_cpu_s,t_done_s")
-    (idle / "steps.csv").write_text(header + "\n" + "\n".join(steps) + "\n")
-    with gzip.open(idle / "requests.jsonl.gz", "wt") as f:
-        f.writelines(json.dumps(r) + "\n" for r in reversed(reqs))     # matched by arrival, not file order
+    steps = [header]
+    for i, p in enumerate([64, 256, 512, 1024, 2048, 4096] * 3):
+        t0, pairs = i * 0.25, p * (p + 1) // 2
+        step = model.step_time_s(StepBatch(1, p, 0, p, p, pairs, p)) + 0.0075 + (0.001, -0.001, 0.0)[i % 3]
+        decode = model.step_time_s(StepBatch(1, 0, 1, 1, p + 1, p + 1, p + 1))
+        steps.append(f"1,1,{p},0,{p},{p},{pairs},{p},{step},0,0,{t0 + step}")
+        steps.append(f"1,0,0,1,1,{p + 1},{p + 1},{p + 1},{decode},0,0,{t0 + step + decode}")
+    (idle / "steps.csv").write_text("\n".join(steps) + "\n")
     out = tmp_path / "idle.csv"
     assert grid_table.main([str(engine), "--out", str(out)]) == 0
     with_idle = StepShapeCost(out)
-    assert abs(with_idle.idle_start_s - 0.0075) < 2e-6       # the median: the outlier does not move it
-    assert "llama8b-fp8-idle/idle-prefill" in with_idle.provenance["idle_start_s"]
-    strip = [ln for ln in out.read_text().splitlines() if not ln.startswith("# idle_start_s:")]
-    assert strip == plain.read_text().splitlines()
-    # a run that is not the idle plan's (a decode batch among its prompts) is refused
-    (idle / "steps.csv").write_text((idle / "steps.csv").read_text().replace("\n1,1,64,", "\n2,1,64,", 1))
-    with pytest.raises(ValueError, match="not an idle plan"):
-        grid_table.main([str(engine), "--out", str(out)])
+    _, _, rows = read_table(out)
+    marked = [r for _, r in rows if r["idle_before"] == "1"]
+    assert len(marked) >= 18 and all(r["kind"] == "mixed" for r in marked)
+    assert sum(r["num_seqs"] == "1" and r["idle_before"] == "1" for _, r in rows[-18:]) == 18   # the run's prompts
+    assert 0.005 < with_idle.idle_start_s < 0.010
+    assert "llama8b-fp8-idle/idle-prefill" in with_idle.provenance["source"]

@@ -14,11 +14,12 @@ Nothing of the closed-loop or trace runs is read: those stay held out (bench/vll
 ``--clocks vllm-grid``).
 
 Where the engine also ran the idle plan (``ENGINE-idle/idle-prefill``, plans.py ``--size idle``:
-lone prompts at an idle engine), the table gets an ``# idle_start_s:`` line: the median over those
-prompts of their TTFT at the client less the table's own price of their prefill step. A step that
-starts an idle engine hides none of its CPU work (async scheduling overlaps it only with a step in
-flight), and the request's way in and its first token's way out are in it too; kvsim adds it to
-the first step after an idle wait (simulator/engine.py).
+48 lone prompts of 64 to 4,096 tokens at an idle engine), its prefill steps are rows too, and
+every row says whether its step started an idle engine (``idle_before``: the step before it ended
+more than IDLE_GAP_S before it began). Such a step hides none of its CPU work (async scheduling
+overlaps it only with a step in flight): StepShapeCost fits that as its own term, c_idle, which
+the engine adds to the first step after an idle wait, instead of letting lone prompts' prices
+bend f (the grid's lone prefills all start an idle engine).
 
 Prefill steps whose ``step_s`` is outside ``BAND`` times what they should take (a one-sequence
 decode step plus their tokens at the grid's median rate per token) are dropped and counted in the provenance: under async scheduling a step's
@@ -30,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import gzip
 import json
 import sys
 import time
@@ -51,11 +51,11 @@ BAND = (0.6, 1.6)
 # request finishing, the next arriving) have nearly one KV length, so their line's slope is noise
 # (Qwen3-30B-A3B, size 96: -64 s + 1.3 ms per token): such a batch is priced by the next size up
 MIN_DECODE_STEPS = 8
-IDLE_FIELDS = ("num_seqs", "num_prefill_tokens", "num_decode_tokens", "num_scheduled_tokens", "kv_read_tokens",
-               "attn_token_pairs", "max_context_tokens")
+# a step that began this long after the previous one ended started an idle engine
+IDLE_GAP_S = 0.0005
 COLUMNS = ("kind", "num_seqs", "num_prefill_seqs", "num_prefill_tokens", "num_decode_tokens",
            "num_scheduled_tokens", "kv_read_tokens", "attn_token_pairs", "max_context_tokens",
-           "padded_num_seqs", "graph", "step_s", "step_s_min", "step_s_max", "repeats")
+           "padded_num_seqs", "graph", "step_s", "step_s_min", "step_s_max", "repeats", "idle_before")
 
 
 def padded(num_seqs: int, sizes=CAPTURE_SIZES) -> int | None:
@@ -83,8 +83,10 @@ def grid_rows(steps_csv: Path, sizes=CAPTURE_SIZES) -> tuple[list[dict], int]:
         if s["num_seqs"] == 1 and s["num_decode_tokens"] == 0 and s["step_s"] > 0:
             n = s["num_prefill_tokens"]
             fastest[n] = min(fastest.get(n, s["step_s"]), s["step_s"])
-    rows, dropped = [], 0
+    rows, dropped, prev_done = [], 0, None
     for s in steps:
+        idle = prev_done is None or s["t_done_s"] - s["step_s"] - prev_done > IDLE_GAP_S
+        prev_done = s["t_done_s"]
         if s["num_scheduled_tokens"] < 1 or s["step_s"] <= 0:
             dropped += 1
             continue
@@ -105,7 +107,8 @@ def grid_rows(steps_csv: Path, sizes=CAPTURE_SIZES) -> tuple[list[dict], int]:
             "num_scheduled_tokens": int(s["num_scheduled_tokens"]), "kv_read_tokens": int(s["kv_read_tokens"]),
             "attn_token_pairs": int(s["attn_token_pairs"]), "max_context_tokens": int(s["max_context_tokens"]),
             "padded_num_seqs": size or n, "graph": int(size is not None), "step_s": f"{s['step_s']:.9f}",
-            "step_s_min": f"{s['step_s']:.9f}", "step_s_max": f"{s['step_s']:.9f}", "repeats": 1})
+            "step_s_min": f"{s['step_s']:.9f}", "step_s_max": f"{s['step_s']:.9f}", "repeats": 1,
+            "idle_before": int(idle and not decode)})
     # a decode batch's neighbours: the same graph size at about the same KV length (a size the grid
     # ran at 512 and at 4,096 tokens of context has two such groups, 3x apart in time)
     groups: dict[tuple[int, int], list[float]] = {}
@@ -149,26 +152,6 @@ def idle_run(engine: Path) -> Path | None:
     return run if (run / "steps.csv").is_file() else None
 
 
-def idle_start(run: Path, model) -> tuple[float, int]:
-    """(median seconds, prompts): each lone prompt's TTFT at the client (from its send) less
-    ``model``'s price of its prefill step. The run's one-sequence prefill steps are its prompts'
-    in arrival order (each arrives at an idle engine and is one step: IDLE_PROMPTS fit one)."""
-    from kvsim.simulator.cost import StepBatch
-
-    with open(run / "steps.csv", newline="") as f:
-        steps = [r for r in csv.DictReader(f) if int(r["num_prefill_tokens"]) > 0]
-    with gzip.open(run / "requests.jsonl.gz", "rt") as f:
-        reqs = sorted((json.loads(line) for line in f), key=lambda r: r["arrival_s"])
-    if len(steps) != len(reqs) or any(int(s["num_seqs"]) != 1 for s in steps):
-        raise ValueError(f"{run}: {len(steps)} prefill steps for {len(reqs)} lone prompts: not an idle plan's run")
-    res = []
-    for s, r in zip(steps, reqs):
-        assert int(s["num_prefill_tokens"]) == r["prompt_tokens"], (run, s, r)
-        batch = StepBatch(**{k: int(s[k]) for k in IDLE_FIELDS})
-        res.append(r["first_token_s"] - r["sent_s"] - model.step_time_s(batch))
-    return max(0.0, float(np.median(res))), len(res)
-
-
 def _from_root(folder: Path) -> str:
     """The folder as the repository names it (the same table from any working directory)."""
     try:
@@ -177,7 +160,8 @@ def _from_root(folder: Path) -> str:
         return folder.resolve().as_posix()
 
 
-def provenance(folder: Path, meta: dict, num_rows: int, dropped: int, knot_tokens: list[int]) -> list[str]:
+def provenance(folder: Path, meta: dict, num_rows: int, dropped: int, knot_tokens: list[int],
+               idle: Path | None = None) -> list[str]:
     """The table's ``#`` lines: what kvsim's table readers and ``mismatches`` look for."""
     args, core = meta.get("engine_args", {}), meta.get("engine_core", {})
     versions = meta.get("versions", {})
@@ -198,7 +182,8 @@ def provenance(folder: Path, meta: dict, num_rows: int, dropped: int, knot_token
         f"plus their tokens at the grid's median rate: async attribution artefacts; decode batches held under {MIN_DECODE_STEPS} steps, or "
         f"outside {BAND[0]}-{BAND[1]}x the median of their size at their KV length)",
         f"# knots: {','.join(map(str, knot_tokens))}",
-        f"# source: {_from_root(folder)}/grid (held out: every closed-loop and trace run of the same engine)",
+        f"# source: {_from_root(folder)}/grid" + (f" and {_from_root(idle)}" if idle else "")
+        + " (held out: every closed-loop and trace run of the same engine)",
     ]
 
 
@@ -212,28 +197,24 @@ def main(argv: list[str] | None = None) -> int:
         print(f"grid_table: {steps} does not exist", file=sys.stderr)
         return 2
     meta = json.loads((a.engine / "meta.json").read_text())
-    rows, dropped = grid_rows(steps, meta.get("engine_core", {}).get("cudagraph_capture_sizes") or CAPTURE_SIZES)
-    a.out.parent.mkdir(parents=True, exist_ok=True)
-    lines = provenance(a.engine, meta, len(rows), dropped, knots(rows))
-
-    def write() -> None:
-        with open(a.out, "w", newline="") as f:
-            f.write("\n".join(lines) + "\n")
-            w = csv.DictWriter(f, fieldnames=COLUMNS, lineterminator="\n")
-            w.writeheader()
-            w.writerows(rows)
-
-    write()
+    sizes = meta.get("engine_core", {}).get("cudagraph_capture_sizes") or CAPTURE_SIZES
+    rows, dropped = grid_rows(steps, sizes)
     idle = idle_run(a.engine)
-    if idle is not None:   # priced by the table just written
-        from kvsim.simulator.cost_table import StepShapeCost
-
-        seconds, n = idle_start(idle, StepShapeCost(a.out))
-        lines.insert(-1, f"# idle_start_s: {seconds:.6f} (median over {n} lone prompts at an idle engine of "
-                         f"TTFT at the client less this table's price of their prefill step; {_from_root(idle)})")
-        write()
-    print(f"{a.out}: {len(rows)} rows from {steps} ({dropped} dropped)"
-          + (f", idle start +{seconds * 1e3:.2f} ms" if idle is not None else ""))
+    if idle is not None:   # the idle plan's lone prompts (its decode steps are the grid's business)
+        more, more_dropped = grid_rows(idle / "steps.csv", sizes)
+        rows += [r for r in more if r["kind"] == "mixed"]
+        dropped += more_dropped
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+    with open(a.out, "w", newline="") as f:
+        f.write("\n".join(provenance(a.engine, meta, len(rows), dropped, knots(rows), idle)) + "\n")
+        # the idle-start column where the idle plan measured lone prompts cleanly; the grid's own
+        # idle starts alone are too few and carry the harness's waits (a decode point's prompts
+        # sent one by one: Llama-3.1-8B bf16 H100, a lone 4,096-token prompt at 98.6-133.8 ms)
+        columns = COLUMNS if idle is not None else COLUMNS[:-1]
+        w = csv.DictWriter(f, fieldnames=columns, lineterminator="\n", extrasaction="ignore")
+        w.writeheader()
+        w.writerows(rows)
+    print(f"{a.out}: {len(rows)} rows from {steps}{f' and {idle}' if idle else ''} ({dropped} dropped)")
     return 0
 
 
