@@ -85,8 +85,9 @@ if len(bad):
 
 st.subheader("Simulated what-if")
 st.caption("Replays the sidebar's workload on this model and GPU: the pool is vLLM's "
-           "num_gpu_blocks from above, each step costs what the roofline model says (weights and "
-           "KV bytes over memory bandwidth, FLOPs over peak). One line per sidebar allocator.")
+           "num_gpu_blocks from above, each step costs what kvsim's default clock says: real vLLM's "
+           "steps measured for this model on this GPU where tables/vllm/ has them, else the roofline "
+           "(weights and KV bytes over memory bandwidth, FLOPs over peak). One line per sidebar allocator.")
 S.defaults(k_plan_sim_on=False, k_plan_sim_param="rate")
 simulate = st.toggle("Simulate the sweep (a few seconds)", key="k_plan_sim_on")
 if simulate and scenario is not None:
@@ -121,7 +122,8 @@ st.subheader("Throughput against interactivity")
 st.caption("vllm bench serve's random dataset replayed as a closed loop at each client concurrency "
            "(at most C requests in flight, the next sent as one finishes) on each GPU: output "
            "throughput per GPU against tokens per second for each user (1000 / mean TPOT), the "
-           "Pareto front ringed, as InferenceMAX draws it. The step times are the roofline's.")
+           "Pareto front ringed, as InferenceMAX draws it. The step times are kvsim's default clock's "
+           "(real vLLM's measured steps where a table fits the model and GPU, else the roofline).")
 S.defaults(k_plan_bench_on=False, k_plan_bench_isl=1024, k_plan_bench_osl=1024,
            k_plan_bench_gpus=[gpu], k_plan_bench_conc=list(BENCH_CONCURRENCIES))
 if st.toggle("Simulate the concurrency sweep", key="k_plan_bench_on"):

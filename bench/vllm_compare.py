@@ -8,8 +8,9 @@ For every closed-loop point a real-vLLM run measured (``cl-ISL-OSL-cC``: ``vllm 
 (``random:isl=ISL,osl=OSL,n=N,concurrency=C``) on the engine vLLM resolved (its num_gpu_blocks,
 max_num_seqs, max_num_batched_tokens, block size, async scheduling; the model's config.json from
 bench/vllm_gpu/configs/) and computes vllm bench serve's figures for both sides
-(simulator.serve_metrics's formulas): mean TTFT, median TPOT, mean E2E. Clocks: ``roofline``
-(kvsim's default, planner.roofline at the datasheet peaks), ``table`` (the shipped H200 cost
+(simulator.serve_metrics's formulas): mean TTFT, median TPOT, mean E2E. Clocks: ``default``
+(kvsim's default: the shipped real-vLLM table that fits the engine, else the roofline),
+``roofline`` (planner.roofline at the datasheet peaks), ``table`` (the shipped H200 cost
 table of kvsim's executor, Llama-3.1-8B bf16 only), ``vllm-grid`` (the engine's own table from
 real vLLM's steps of its ``grid`` workload, tables/vllm/ENGINE_GPU.csv, bench/vllm_gpu/grid_table.py)
 and ``vllm-fine`` (the same from the engine's ``fine`` grid run, ENGINE-fine_GPU.csv, where one was
@@ -93,7 +94,7 @@ def simulated(engine: str, spec: dict, meta: dict, clock: str, requests: list | 
                   num_gpu_blocks=core["num_gpu_blocks"], block_size=core["block_size"],
                   max_model_len=meta["engine_args"]["max_model_len"], max_num_seqs=core["max_num_seqs"],
                   max_num_batched_tokens=core["max_num_batched_tokens"],
-                  cost_table=str(TABLE) if clock == "table" else grid_table(engine, clock, gpu))
+                  cost_table=clock_table(engine, clock, gpu))
     setup = build_engine(async_scheduling=core["async_scheduling"], **kwargs)
     if requests is None:   # a closed-loop point
         text = (f"random:isl={spec['isl']},osl={spec['osl']},n={spec['n']},concurrency={spec['concurrency']},"
@@ -106,6 +107,14 @@ def simulated(engine: str, spec: dict, meta: dict, clock: str, requests: list | 
     m = serve_metrics(res.requests, res.token_times, percentiles=[50])
     return {"mean_ttft_ms": m["mean_ttft_ms"], "median_tpot_ms": _median_tpot(res.requests),
             "mean_e2el_ms": m["mean_e2el_ms"], "completed": m["completed"]}
+
+
+def clock_table(engine: str, clock: str, gpu: str) -> str | None:
+    """build_engine's cost_table for a clock: the roofline by name, kvsim's default (None: the
+    shipped real-vLLM table that fits the engine, else the roofline), or a table."""
+    if clock in ("roofline", "default"):
+        return "roofline" if clock == "roofline" else None
+    return str(TABLE) if clock == "table" else str(grid_table(engine, clock, gpu))
 
 
 def grid_table(engine: str, clock: str, gpu: str) -> Path | None:

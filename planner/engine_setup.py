@@ -22,8 +22,11 @@ a pool with no reserved block: every block is usable (vLLM 0.1, which the paper 
 simulates, had none; the dashboard's teaching pools).
 
 Step time, the first that applies: ``step_s`` (fixed; 1.0 is the step clock, simulated time =
-vLLM's step index), ``cost_table`` (a measured CSV, simulator.cost_table), else the roofline of
-``model`` on ``gpu`` (planner.roofline). ``step_time_scale`` multiplies whichever it is.
+vLLM's step index), ``cost_table`` (a measured CSV, simulator.cost_table), else real vLLM's own
+steps measured for this model, GPU, weights, KV dtype, TP and scheduling mode where one of the
+shipped tables fits (planner.vllm_tables.fitting_table), else the roofline of ``model`` on ``gpu``
+(planner.roofline; ``cost_table="roofline"``, or a roofline parameter given, keeps it where a table
+would fit). ``step_time_scale`` multiplies whichever it is.
 
 Hybrid models (per-layer shapes: sliding windows, Mamba state; the hybrid presets and
 ``--hf-config`` imports): when the model sizes the pool, vLLM's KV-cache groups come with it
@@ -73,7 +76,7 @@ from kvsim.planner.roofline import DEFAULT_STEP_OVERHEAD_S, RooflineCost
 from kvsim.planner.specs import GpuSpec, ModelSpec
 from kvsim.planner.tiers import block_bytes, build_tiers
 from kvsim.planner.weights import serve_weights_as
-from kvsim.planner.vllm_tables import VLLM, vllm_table_for
+from kvsim.planner.vllm_tables import ROOFLINE, VLLM, fitting_table, vllm_table_for
 from kvsim.simulator.config import EngineConfig, parse_kv_groups
 from kvsim.simulator.modes import MODES, Mode
 from kvsim.simulator.cost import CostModel, FixedStepCost, ScaledCost
@@ -157,8 +160,10 @@ class EngineSettings:
         the module docstring).
     step_s: fixed step time in seconds (1.0 = step clock).
     cost_table: a measured step-time CSV (simulator.cost_table.load_cost_table: a ``kvsim
-        profile`` table, or the older TableCost columns), or "vllm": the shipped table of real
-        vLLM's steps for the model, GPU, weights and KV dtype (planner.vllm_tables). A profile
+        profile`` table, or the older TableCost columns), "vllm": the shipped table of real
+        vLLM's steps for the model, GPU, weights and KV dtype (planner.vllm_tables; an error
+        where none fits), "roofline": the roofline although a table fits; None: the shipped
+        table where one fits, else the roofline. A profile
         table measured for another model, GPU (when the GPU sizes the pool), tensor parallel
         size, KV dtype or weight format is an InputError naming each difference, unless
         ``force_cost_table``.
@@ -255,6 +260,12 @@ def build_engine(settings: EngineSettings | None = None, /, **kwargs) -> EngineS
     s = settings if settings is not None else EngineSettings(**kwargs)
     if settings is not None and kwargs:
         raise TypeError("give EngineSettings or keywords, not both")
+    # the default clock: real vLLM's table where one fits, unless the roofline is asked for (by
+    # name or by its own parameters)
+    default_clock = s.roofline and (s.step_overhead_s, s.bandwidth_efficiency, s.flops_efficiency) == \
+        (DEFAULT_STEP_OVERHEAD_S, 1.0, 1.0)
+    if s.cost_table == ROOFLINE:
+        s = replace(s, cost_table=None)
     model, gpu = _specs(s)
     s = _checked(s)
     vllm_clock = s.cost_table == VLLM     # real vLLM's table for the model on the GPU
@@ -269,10 +280,12 @@ def build_engine(settings: EngineSettings | None = None, /, **kwargs) -> EngineS
     s = _batch_limits(s, gpu)
     pool = _size_pool(s, model, gpu, v0_tokens)
     config = _engine_config(s, pool)
-    if vllm_clock:
-        s = replace(s, cost_table=str(vllm_table_for(
-            model=model.name, gpu=gpu.name, tp=s.tensor_parallel_size, kv_dtype=s.kv_cache_dtype,
-            weights=_weight_method(model), async_scheduling=config.async_scheduling)))
+    if vllm_clock or default_clock:
+        setup = dict(model=model.name, gpu=gpu.name, tp=s.tensor_parallel_size, kv_dtype=s.kv_cache_dtype,
+                     weights=_weight_method(model), async_scheduling=config.async_scheduling)
+        table = vllm_table_for(**setup) if vllm_clock else fitting_table(**setup)
+        if table is not None:
+            s = replace(s, cost_table=str(table))
     cost = _step_cost(s, model, gpu)
     offload = _offload_tiers(
         model, gpu, s.tensor_parallel_size, s.kv_cache_dtype, pool.block_size,

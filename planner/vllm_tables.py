@@ -1,6 +1,8 @@
 """Real vLLM's measured step tables shipped in ``tables/vllm/``, and the one for a setup.
 
-``--cost-table vllm`` (``EngineSettings.cost_table = VLLM``) asks for the clock of real vLLM's own
+kvsim's default clock is such a table wherever one fits the run (``fitting_table``; else the
+roofline, or ``--cost-table roofline`` to keep it). ``--cost-table vllm`` (``EngineSettings.cost_table
+= VLLM``) insists on one: the clock of real vLLM's own
 steps measured for the run's model, GPU, weight format and KV dtype (bench/vllm_gpu/: vLLM 0.23.0
 serving dummy weights, one GPU, async scheduling on; each table's ``#`` lines say what it
 measured). Of the tables that fit, the one with the most measured steps is taken (a ``fine`` grid
@@ -16,6 +18,7 @@ from kvsim.errors import InputError
 
 TABLES_DIR = Path(__file__).resolve().parent.parent / "tables" / "vllm"
 VLLM = "vllm"      # the --cost-table value that picks a table here
+ROOFLINE = "roofline"   # the --cost-table value that keeps the roofline where a table would fit
 
 
 @functools.lru_cache(maxsize=1)
@@ -31,6 +34,17 @@ def measured_tables() -> tuple[tuple[Path, dict[str, str], int], ...]:
     return tuple(out)
 
 
+def fitting_table(*, model: str, gpu: str, tp: int, kv_dtype: str, weights: str | None,
+                  async_scheduling: bool) -> Path | None:
+    """The shipped table of real vLLM's steps for this setup (module doc), or None."""
+    from kvsim.simulator.cost_table import provenance_mismatches
+
+    fits = [(num_rows, path) for path, provenance, num_rows in measured_tables()
+            if not provenance_mismatches(provenance, model=model, gpu=gpu, tp=tp, kv_dtype=kv_dtype,
+                                         weights=weights, async_scheduling=async_scheduling)]
+    return max(fits, key=lambda f: (f[0], f[1].name))[1] if fits else None
+
+
 def vllm_table_for(*, model: str, gpu: str, tp: int, kv_dtype: str, weights: str | None,
                    async_scheduling: bool) -> Path:
     """The shipped table of real vLLM's steps for this setup (module doc).
@@ -38,14 +52,13 @@ def vllm_table_for(*, model: str, gpu: str, tp: int, kv_dtype: str, weights: str
     Raises:
         InputError: no table fits; the message names the setup and every measured one.
     """
-    from kvsim.simulator.cost_table import measured_dtype, provenance_mismatches
+    from kvsim.simulator.cost_table import measured_dtype
 
+    found = fitting_table(model=model, gpu=gpu, tp=tp, kv_dtype=kv_dtype, weights=weights,
+                          async_scheduling=async_scheduling)
+    if found is not None:
+        return found
     tables = measured_tables()
-    fits = [(num_rows, path) for path, provenance, num_rows in tables
-            if not provenance_mismatches(provenance, model=model, gpu=gpu, tp=tp, kv_dtype=kv_dtype,
-                                         weights=weights, async_scheduling=async_scheduling)]
-    if fits:
-        return max(fits, key=lambda f: (f[0], f[1].name))[1]
     what = "fp8" if weights == "fp8" else "unquantized" if weights == "dtype" else weights or "?"
     measured_ones = "; ".join(sorted({f"{p.get('model', '?')} {measured_dtype(p) or '?'} on {p.get('gpu', '?')}"
                                       for _, p, _ in tables}))

@@ -256,6 +256,18 @@ def provenance_mismatches(p: dict[str, str], *, model: str | None = None, gpu: s
     return out
 
 
+_REPO = Path(__file__).resolve().parent.parent
+
+
+def _shown(path: str) -> str:
+    """A table's path as the clock line shows it: a shipped table relative to the repository (the
+    same line from any checkout), any other as given."""
+    try:
+        return Path(path).resolve().relative_to(_REPO).as_posix()
+    except ValueError:
+        return path
+
+
 class StepShapeCost:
     """Step times fitted to a ``kvsim profile`` table (module docstring).
 
@@ -594,7 +606,7 @@ class StepShapeCost:
         dropped = f"; terms at rounding noise set to 0: {', '.join(self.negligible_terms)}" if self.negligible_terms else ""
         if self.idle_start_s:
             dropped += f"; a step that starts an idle engine +{self.idle_start_s * 1e3:.2f} ms"
-        return f"measured table {self.path} ({what or 'no provenance'}){dropped}"
+        return f"measured table {_shown(self.path)} ({what or 'no provenance'}){dropped}"
 
     def __repr__(self) -> str:
         dropped = f", negligible={'+'.join(self.negligible_terms)}" if self.negligible_terms else ""

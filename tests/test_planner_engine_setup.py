@@ -9,6 +9,7 @@ from kvsim.planner.engine_setup import DEFAULT_MAX_MODEL_LEN, build_engine
 from kvsim.planner.presets import custom_gpu, get_gpu, get_model
 from kvsim.planner.roofline import RooflineCost
 from kvsim.simulator.cost import FixedStepCost, ScaledCost, StepBatch, TableCost
+from kvsim.simulator.cost_table import StepShapeCost
 
 PREFILL = StepBatch(num_seqs=2, num_prefill_tokens=600, num_scheduled_tokens=600,
                     kv_read_tokens=900, attn_token_pairs=200_000)
@@ -44,7 +45,24 @@ def test_model_and_gpu_size_the_pool_with_vllms_formula():
     # batch limits left as None are vLLM's `vllm serve` defaults for the GPU, as in the report
     assert (setup.config.max_num_seqs, setup.config.max_num_batched_tokens) == \
         vllm_batch_defaults(get_gpu("h100")) == (expected.max_num_seqs, expected.max_num_batched_tokens)
-    assert isinstance(setup.cost, RooflineCost) and setup.gpu.name == "H100-80GB-SXM"
+    assert setup.gpu.name == "H100-80GB-SXM"
+    # the default clock: real vLLM's steps measured for Llama-3.1-8B bf16 on an H100 (the finest grid)
+    assert isinstance(setup.cost, StepShapeCost) and setup.cost.path.endswith("llama8b-bf16-fine_H100.csv")
+
+
+def test_the_default_clock_is_a_fitting_vllm_table_else_the_roofline():
+    """Where a shipped real-vLLM table fits the run (model, GPU, weights, KV dtype, TP, async
+    scheduling) it is the clock; the roofline otherwise, or when asked for by name or by one of its
+    own parameters."""
+    def clock(**kw):
+        return build_engine(model="Llama-3.1-8B", gpu="h100", max_model_len=8192, **kw).cost
+
+    assert clock(kv_cache_dtype="fp8", weight_dtype="fp8").path.endswith("llama8b-fp8-fine_H100.csv")
+    for kw in (dict(cost_table="roofline"), dict(bandwidth_efficiency=0.8), dict(step_overhead_s=0.004),
+               dict(async_scheduling=False), dict(kv_cache_dtype="fp8"), dict(tensor_parallel_size=2)):
+        assert isinstance(clock(**kw), RooflineCost), kw     # asked for, or no table measured this setup
+    assert isinstance(build_engine(model="Qwen2.5-7B", gpu="h100", max_model_len=8192).cost, RooflineCost)
+    assert isinstance(clock(gpu_memory_utilization=0.5), StepShapeCost)      # the pool is not the clock
 
 
 def test_max_model_len_defaults_to_the_models_context_only_when_the_model_sizes_the_pool():
@@ -110,10 +128,13 @@ def test_step_time_models_in_order(tmp_path):
                         kv_cache_dtype="fp8", num_gpu_blocks=100).cost
     ref = RooflineCost(get_model("Llama-3.1-70B"), get_gpu("h200"), tp=4, kv_dtype="fp8")
     assert roof.step_time_s(PREFILL) == ref.step_time_s(PREFILL)
-    scaled = build_engine(num_gpu_blocks=100, step_time_scale=2.5).cost
+    scaled = build_engine(num_gpu_blocks=100, step_time_scale=2.5, cost_table="roofline").cost
     assert isinstance(scaled, ScaledCost)
     assert scaled.step_time_s(PREFILL) == 2.5 * RooflineCost(get_model("Llama-3.1-8B"),
                                                              get_gpu("h100")).step_time_s(PREFILL)
+    measured = build_engine(num_gpu_blocks=100, step_time_scale=2.5).cost      # the default clock, scaled
+    assert measured.step_time_s(PREFILL) == 2.5 * measured.inner.step_time_s(PREFILL)
+    assert isinstance(measured.inner, StepShapeCost)
     assert scaled.run_time_s(PREFILL, 3) == 2.5 * scaled.inner.run_time_s(PREFILL, 3)
 
 

@@ -10,6 +10,7 @@ import kvsim.planner.sweep as sweep
 from kvsim.planner.slo import Constraint, parse_slo, resolve_metric
 from kvsim.planner.sweep import PlanBase, cheapest, expand_grid, mark_slo, parse_sweep, run_sweep
 from kvsim.errors import InputError
+from kvsim.simulator.cost import StepBatch
 
 
 # --- grid ----------------------------------------------------------------------------------------
@@ -87,8 +88,8 @@ def fake_simulate(requests, config, cost_model, *, replicas=1, router="round-rob
                   max_concurrency=None, record_token_times=False):
     """Stands in for simulator.simulate: a pure function of the pool and the cost model."""
     blocks = config.num_blocks
-    prefill = type("B", (), dict(num_seqs=1, num_scheduled_tokens=1000, kv_read_tokens=1000,
-                                 attn_token_pairs=500_000))()
+    prefill = StepBatch(num_seqs=1, num_prefill_tokens=1000, num_scheduled_tokens=1000, kv_read_tokens=1000,
+                        attn_token_pairs=500_000)
     return FakeResult({"ttft_p99_s": cost_model.step_time_s(prefill) * 1e5 / blocks,
                        "num_preemptions": max(0, 20_000 - blocks) // 1000,
                        "mean_running_requests": blocks / 1000, "nested": {"x": len(requests)},

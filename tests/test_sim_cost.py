@@ -50,7 +50,10 @@ def test_every_run_says_which_clock_ran(tmp_path, capsys):
     from kvsim.cli import main
 
     table = Path(__file__).resolve().parent.parent / "tables" / "Llama-3.1-8B_H200.csv"
-    cases = [([], "roofline of Llama-3.1-8B on H100-80GB-SXM"), (["--step-s", "0.02"], "fixed step time 0.02 s"),
+    cases = [([], "measured table tables/vllm/llama8b-bf16-fine_H100.csv (gpu NVIDIA H100 80GB HBM3"),
+             (["--cost-table", "roofline"], "roofline of Llama-3.1-8B on H100-80GB-SXM"),
+             (["--bandwidth-efficiency", "0.9"], "roofline of Llama-3.1-8B on H100-80GB-SXM"),
+             (["--step-s", "0.02"], "fixed step time 0.02 s"),
              (["--step-clock"], "step clock"), (["--cost-table", str(table)], "gpu NVIDIA H200, model Llama-3.1-8B")]
     for extra, want in cases:
         out = tmp_path / "r.json"

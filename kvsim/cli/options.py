@@ -202,14 +202,16 @@ def add_scheduler_args(p: argparse.ArgumentParser, *, batch_defaults: tuple[int,
 # --------------------------------------------------------------------------------- step time
 def add_step_time_args(p: argparse.ArgumentParser) -> None:
     """How long a step takes: the step clock, a fixed time, a measured table, or the roofline."""
-    g = p.add_argument_group("step time (default: the roofline of --model on --gpu)")
+    g = p.add_argument_group("step time (default: real vLLM's steps measured for --model on --gpu where "
+                                 "tables/vllm/ has them, else the roofline)")
     cost = g.add_mutually_exclusive_group()
     cost.add_argument("--step-clock", action="store_true",
                       help="one step = one time unit (vLLM's step index)")
     cost.add_argument("--step-s", type=positive_float, metavar="S", help="fixed step time in seconds")
     cost.add_argument("--cost-table", metavar="CSV",
-                      help="measured step times (a kvsim profile table), or 'vllm': real vLLM's steps "
-                           "measured for --model on --gpu (tables/vllm/; an error where none was)")
+                      help="measured step times (a kvsim profile table); 'vllm': real vLLM's steps "
+                           "measured for --model on --gpu (tables/vllm/; an error where none was); "
+                           "'roofline': the roofline although such a table exists")
     g.add_argument("--force-cost-table", action="store_true",
                    help="use --cost-table's times although it was measured for another model, GPU, TP, KV "
                         "dtype or weight format (otherwise an error)")
