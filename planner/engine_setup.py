@@ -76,7 +76,7 @@ from kvsim.planner.roofline import DEFAULT_STEP_OVERHEAD_S, RooflineCost
 from kvsim.planner.specs import GpuSpec, ModelSpec
 from kvsim.planner.tiers import block_bytes, build_tiers
 from kvsim.planner.weights import serve_weights_as
-from kvsim.planner.vllm_tables import ROOFLINE, VLLM, fitting_table, vllm_table_for
+from kvsim.planner.vllm_tables import ROOFLINE, VLLM, fitting_table, shipped_cost, vllm_table_for
 from kvsim.simulator.config import EngineConfig, parse_kv_groups
 from kvsim.simulator.modes import MODES, Mode
 from kvsim.simulator.cost import CostModel, FixedStepCost, ScaledCost
@@ -435,8 +435,7 @@ def _step_cost(s: EngineSettings, model: ModelSpec | None, gpu: GpuSpec | None) 
         cost: CostModel = FixedStepCost(s.step_s)
     elif s.cost_table is not None:
         # here, not at the top: it imports numpy, which `kvsim replay --help` does not need
-        from kvsim.simulator.cost_table import load_cost_table
-        cost = load_cost_table(s.cost_table)
+        cost = shipped_cost(s.cost_table)
         wrong = cost.mismatches(model=model.name if model is not None else None,
                                 gpu=gpu.name if s.sized and gpu is not None else None,
                                 tp=s.tensor_parallel_size, kv_dtype=s.kv_cache_dtype,

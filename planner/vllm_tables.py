@@ -34,6 +34,22 @@ def measured_tables() -> tuple[tuple[Path, dict[str, str], int], ...]:
     return tuple(out)
 
 
+def shipped_cost(path):
+    """The cost model of a table (simulator.cost_table.load_cost_table); a shipped one is read and
+    fitted once per process (the default clock of a sweep's every point)."""
+    from kvsim.simulator.cost_table import load_cost_table
+
+    resolved = Path(path).resolve()
+    return _shipped(resolved) if resolved.parent == TABLES_DIR else load_cost_table(path)
+
+
+@functools.lru_cache(maxsize=None)
+def _shipped(path: Path):
+    from kvsim.simulator.cost_table import load_cost_table
+
+    return load_cost_table(path)
+
+
 def fitting_table(*, model: str, gpu: str, tp: int, kv_dtype: str, weights: str | None,
                   async_scheduling: bool) -> Path | None:
     """The shipped table of real vLLM's steps for this setup (module doc), or None."""

@@ -63,6 +63,7 @@ def test_the_default_clock_is_a_fitting_vllm_table_else_the_roofline():
         assert isinstance(clock(**kw), RooflineCost), kw     # asked for, or no table measured this setup
     assert isinstance(build_engine(model="Qwen2.5-7B", gpu="h100", max_model_len=8192).cost, RooflineCost)
     assert isinstance(clock(gpu_memory_utilization=0.5), StepShapeCost)      # the pool is not the clock
+    assert clock() is clock(max_num_seqs=64)      # a shipped table is read and fitted once per process
 
 
 def test_max_model_len_defaults_to_the_models_context_only_when_the_model_sizes_the_pool():
