@@ -286,7 +286,7 @@ def build_engine(settings: EngineSettings | None = None, /, **kwargs) -> EngineS
         table = vllm_table_for(**setup) if vllm_clock else fitting_table(**setup)
         if table is not None:
             s = replace(s, cost_table=str(table))
-    cost = _step_cost(s, model, gpu)
+    cost = _step_cost(s, model, gpu, config.async_scheduling)
     offload = _offload_tiers(
         model, gpu, s.tensor_parallel_size, s.kv_cache_dtype, pool.block_size,
         cpu_offload_gib=s.cpu_offload_gib, offload_bandwidth_gbps=s.offload_bandwidth_gbps,
@@ -428,7 +428,8 @@ def _engine_config(s: EngineSettings, pool: _Pool) -> EngineConfig:
         kv_cache_groups=pool.kv_cache_groups)
 
 
-def _step_cost(s: EngineSettings, model: ModelSpec | None, gpu: GpuSpec | None) -> CostModel:
+def _step_cost(s: EngineSettings, model: ModelSpec | None, gpu: GpuSpec | None,
+               async_scheduling: bool) -> CostModel:
     """The step-time model: a fixed step, a measured table (checked against this setup unless
     forced), else the roofline; scaled by ``step_time_scale``."""
     if s.step_s is not None:
@@ -439,7 +440,7 @@ def _step_cost(s: EngineSettings, model: ModelSpec | None, gpu: GpuSpec | None) 
         wrong = cost.mismatches(model=model.name if model is not None else None,
                                 gpu=gpu.name if s.sized and gpu is not None else None,
                                 tp=s.tensor_parallel_size, kv_dtype=s.kv_cache_dtype,
-                                weights=_weight_method(model)) \
+                                weights=_weight_method(model), async_scheduling=async_scheduling) \
             if hasattr(cost, "mismatches") and not s.force_cost_table else []
         if wrong:
             raise InputError(f"{s.cost_table} was measured for another setup than this run's: "

@@ -594,10 +594,11 @@ class StepShapeCost:
         return total
 
     def mismatches(self, *, model: str | None = None, gpu: str | None = None, tp: int = 1,
-                   kv_dtype: str = "auto", weights: str | None = None) -> list[str]:
+                   kv_dtype: str = "auto", weights: str | None = None,
+                   async_scheduling: bool | None = None) -> list[str]:
         """How a run differs from what this table measured (``provenance_mismatches``)."""
         return provenance_mismatches(self.provenance, model=model, gpu=gpu, tp=tp, kv_dtype=kv_dtype,
-                                     weights=weights)
+                                     weights=weights, async_scheduling=async_scheduling)
 
     def describe(self) -> str:
         """The clock's source: this table and its provenance."""

@@ -173,3 +173,15 @@ def test_the_paper_reproduction_counts_the_pool_without_vllms_null_block():
     assert not vllm.enable_prefix_caching and not orca.enable_prefix_caching
     slow = system_engine("vllm", cfg, step_time_scale=2.0).cost
     assert slow.step_time_s(PREFILL) == 2.0 * system_engine("vllm", cfg).cost.step_time_s(PREFILL)
+
+
+def test_a_table_measured_with_async_scheduling_is_no_clock_for_a_synchronous_run():
+    """A table given by path is checked for the scheduling mode too (a table measured with async
+    scheduling on hides CPU work that a synchronous run shows), unless forced."""
+    from pathlib import Path
+    table = str(Path(__file__).resolve().parent.parent / "tables" / "vllm" / "llama8b-bf16-fine_H100.csv")
+    kw = dict(model="Llama-3.1-8B", gpu="h100", max_model_len=8192, cost_table=table)
+    assert isinstance(build_engine(**kw).cost, StepShapeCost)
+    with pytest.raises(InputError, match="async scheduling off"):
+        build_engine(async_scheduling=False, **kw)
+    assert isinstance(build_engine(async_scheduling=False, force_cost_table=True, **kw).cost, StepShapeCost)
