@@ -235,7 +235,8 @@ def provenance_mismatches(p: dict[str, str], *, model: str | None = None, gpu: s
     fp8 run: fp8 weights (``--quantization fp8``) and an fp8 KV cache; any other dtype measured
     the checkpoint's own weights. ``weights``: the run's weight format (``WeightFormat.method``:
     "fp8", "mxfp4", "dtype" ...) and ``async_scheduling``: None, not checked (a table measured
-    with async scheduling on hides CPU work a synchronous run shows)."""
+    with async scheduling on hides CPU work a synchronous run shows; one measured with it off
+    shows the CPU work an asynchronous run hides)."""
     out = []
     if model and p.get("model") and _model_key(p["model"]) != _model_key(model):
         out.append(f"model {model} (the table's is {p['model']})")
@@ -253,6 +254,8 @@ def provenance_mismatches(p: dict[str, str], *, model: str | None = None, gpu: s
                    f"dtype is {dtype})")
     if async_scheduling is False and "async scheduling True" in p.get("executor", ""):
         out.append("async scheduling off (the table measured it on)")
+    if async_scheduling and "async scheduling False" in p.get("executor", ""):
+        out.append("async scheduling on (the table measured it off: its steps show the CPU work)")
     return out
 
 

@@ -69,3 +69,14 @@ def test_the_cli_runs_the_table_it_names_and_refuses_an_unmeasured_setup(tmp_pat
     assert main(base + ["--cost-table", "vllm", "--model", "Qwen2.5-7B"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "no table of real vLLM's steps for Qwen2.5-7B" in err
+
+
+def test_the_scheduling_mode_must_match_both_ways():
+    """A table measured with async scheduling on is no clock for a synchronous run, nor one
+    measured with it off for an asynchronous run; a table that does not say fits either."""
+    from kvsim.simulator.cost_table import provenance_mismatches
+    on, off = ({"executor": f"vllm, dtype bfloat16, async scheduling {v}"} for v in (True, False))
+    assert provenance_mismatches(on, async_scheduling=True) == provenance_mismatches(off, async_scheduling=False) == []
+    assert provenance_mismatches(on, async_scheduling=False) == ["async scheduling off (the table measured it on)"]
+    assert provenance_mismatches(off, async_scheduling=True)[0].startswith("async scheduling on")
+    assert provenance_mismatches({"executor": "kvsim"}, async_scheduling=True) == []
