@@ -77,7 +77,7 @@ def run_case(name: str, profile: bool = False, mode: str = "sync") -> dict:
                             **CASE_SETUP.get(name, {})},
                          max_num_seqs=256, max_num_batched_tokens=8192,
                          enable_prefix_caching=not name.endswith(NO_PREFIX_CACHING),
-                         async_scheduling=mode == "async")
+                         async_scheduling=mode == "async", cost_table="roofline")   # its figures' clock
     config, cost, report = setup.config, setup.cost, setup.capacity
     requests = workloads.load(CASES[name])
     cpu0 = time.process_time()

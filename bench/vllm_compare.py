@@ -10,7 +10,9 @@ max_num_seqs, max_num_batched_tokens, block size, async scheduling; the model's 
 bench/vllm_gpu/configs/) and computes vllm bench serve's figures for both sides
 (simulator.serve_metrics's formulas): mean TTFT, median TPOT, mean E2E. Clocks: ``default``
 (kvsim's default: the shipped real-vLLM table that fits the engine, else the roofline),
-``roofline`` (planner.roofline at the datasheet peaks), ``table`` (the shipped H200 cost
+``roofline`` (planner.roofline at the datasheet peaks), ``carried-h100`` / ``carried-h200`` (the
+engine's table of the other GPU carried to this one: the default clock's rule for a GPU without a
+table, planner.engine_setup.carried), ``table`` (the shipped H200 cost
 table of kvsim's executor, Llama-3.1-8B bf16 only), ``vllm-grid`` (the engine's own table from
 real vLLM's steps of its ``grid`` workload, tables/vllm/ENGINE_GPU.csv, bench/vllm_gpu/grid_table.py)
 and ``vllm-fine`` (the same from the engine's ``fine`` grid run, ENGINE-fine_GPU.csv, where one was
@@ -96,6 +98,8 @@ def simulated(engine: str, spec: dict, meta: dict, clock: str, requests: list | 
                   max_num_batched_tokens=core["max_num_batched_tokens"],
                   cost_table=clock_table(engine, clock, gpu))
     setup = build_engine(async_scheduling=core["async_scheduling"], **kwargs)
+    if clock.startswith("carried-"):     # the engine's table of another GPU, carried by the rooflines' ratio
+        setup = carried_setup(setup, engine, clock.removeprefix("carried-").upper())
     if requests is None:   # a closed-loop point
         text = (f"random:isl={spec['isl']},osl={spec['osl']},n={spec['n']},concurrency={spec['concurrency']},"
                 f"seed={spec['seed']}")
@@ -109,9 +113,27 @@ def simulated(engine: str, spec: dict, meta: dict, clock: str, requests: list | 
             "mean_e2el_ms": m["mean_e2el_ms"], "completed": m["completed"]}
 
 
+def carried_setup(setup, engine: str, source_gpu: str):
+    """``setup`` with its clock replaced by the engine's table measured on ``source_gpu`` carried to
+    this run's GPU (planner.engine_setup.carried, the default clock's rule for an unmeasured GPU)."""
+    from dataclasses import replace
+
+    from kvsim.planner.engine_setup import carried
+    from kvsim.planner.presets import get_gpu
+    from kvsim.simulator.cost_table import load_cost_table
+
+    table = grid_table(engine, "vllm-fine", source_gpu)
+    table = table if table.exists() else grid_table(engine, "vllm-grid", source_gpu)
+    kv = ENGINES[base_engine(engine)][2]
+    return replace(setup, cost=carried(load_cost_table(table), setup.model, get_gpu(source_gpu.lower()),
+                                       setup.gpu, kv_dtype=kv))
+
+
 def clock_table(engine: str, clock: str, gpu: str) -> str | None:
     """build_engine's cost_table for a clock: the roofline by name, kvsim's default (None: the
     shipped real-vLLM table that fits the engine, else the roofline), or a table."""
+    if clock.startswith("carried-"):
+        return "roofline"       # replaced by the carried table (carried())
     if clock in ("roofline", "default"):
         return "roofline" if clock == "roofline" else None
     return str(TABLE) if clock == "table" else str(grid_table(engine, clock, gpu))

@@ -76,10 +76,10 @@ from kvsim.planner.roofline import DEFAULT_STEP_OVERHEAD_S, RooflineCost
 from kvsim.planner.specs import GpuSpec, ModelSpec
 from kvsim.planner.tiers import block_bytes, build_tiers
 from kvsim.planner.weights import serve_weights_as
-from kvsim.planner.vllm_tables import ROOFLINE, VLLM, fitting_table, shipped_cost, vllm_table_for
+from kvsim.planner.vllm_tables import ROOFLINE, VLLM, fitting_table, shipped_cost, table_gpu, vllm_table_for
 from kvsim.simulator.config import EngineConfig, parse_kv_groups
 from kvsim.simulator.modes import MODES, Mode
-from kvsim.simulator.cost import CostModel, FixedStepCost, ScaledCost
+from kvsim.simulator.cost import CarriedCost, CostModel, FixedStepCost, ScaledCost
 
 if TYPE_CHECKING:
     from kvsim.simulator.offload import TierConfig
@@ -280,13 +280,10 @@ def build_engine(settings: EngineSettings | None = None, /, **kwargs) -> EngineS
     s = _batch_limits(s, gpu)
     pool = _size_pool(s, model, gpu, v0_tokens)
     config = _engine_config(s, pool)
+    carry_from = None
     if vllm_clock or default_clock:
-        setup = dict(model=model.name, gpu=gpu.name, tp=s.tensor_parallel_size, kv_dtype=s.kv_cache_dtype,
-                     weights=_weight_method(model), async_scheduling=config.async_scheduling)
-        table = vllm_table_for(**setup) if vllm_clock else fitting_table(**setup)
-        if table is not None:
-            s = replace(s, cost_table=str(table))
-    cost = _step_cost(s, model, gpu, config.async_scheduling)
+        s, carry_from = _vllm_clock(s, model, gpu, config.async_scheduling, required=vllm_clock)
+    cost = _step_cost(s, model, gpu, config.async_scheduling, carry_from)
     offload = _offload_tiers(
         model, gpu, s.tensor_parallel_size, s.kv_cache_dtype, pool.block_size,
         cpu_offload_gib=s.cpu_offload_gib, offload_bandwidth_gbps=s.offload_bandwidth_gbps,
@@ -428,17 +425,46 @@ def _engine_config(s: EngineSettings, pool: _Pool) -> EngineConfig:
         kv_cache_groups=pool.kv_cache_groups)
 
 
+def carried(cost: CostModel, model: ModelSpec, source: GpuSpec, target: GpuSpec, tp: int = 1,
+            kv_dtype: str = "auto") -> CarriedCost:
+    """A table measured on ``source`` carried to ``target``: each step times the ratio of the two
+    GPUs' rooflines of the same step (datasheet bandwidth and peak FLOPs, the same fixed part).
+    Measured: the H100 tables carried to the H200 and back beat the roofline on every real-vLLM
+    engine (docs/ACCURACY.md); to any other GPU it is an extrapolation, which the clock says."""
+    roofs = [RooflineCost(model, g, tp=tp, kv_dtype=kv_dtype) for g in (source, target)]
+    return CarriedCost(cost, *roofs, f"carried from {source.name} to {target.name} by their rooflines' "
+                                     "ratio (extrapolated: not measured on this GPU)")
+
+
+def _vllm_clock(s: EngineSettings, model: ModelSpec, gpu: GpuSpec, async_scheduling: bool,
+                required: bool) -> tuple[EngineSettings, GpuSpec | None]:
+    """Real vLLM's table for the run (planner.vllm_tables): the one measured for its model, GPU,
+    weights, KV dtype, TP and scheduling mode; else (the default clock, not ``required``) one
+    measured for all of it on another GPU, carried to this one by the two GPUs' rooflines (the
+    GPU it was measured on is returned); else the settings unchanged (the roofline)."""
+    setup = dict(model=model.name, gpu=gpu.name, tp=s.tensor_parallel_size, kv_dtype=s.kv_cache_dtype,
+                 weights=_weight_method(model), async_scheduling=async_scheduling)
+    table = vllm_table_for(**setup) if required else fitting_table(**setup)
+    if table is not None:
+        return replace(s, cost_table=str(table)), None
+    table = fitting_table(**{**setup, "gpu": None})
+    if table is None:
+        return s, None
+    return replace(s, cost_table=str(table)), table_gpu(table)
+
+
 def _step_cost(s: EngineSettings, model: ModelSpec | None, gpu: GpuSpec | None,
-               async_scheduling: bool) -> CostModel:
+               async_scheduling: bool, carry_from: GpuSpec | None = None) -> CostModel:
     """The step-time model: a fixed step, a measured table (checked against this setup unless
-    forced), else the roofline; scaled by ``step_time_scale``."""
+    forced; ``carry_from``: measured on that GPU, carried to ``gpu``), else the roofline; scaled by
+    ``step_time_scale``."""
     if s.step_s is not None:
         cost: CostModel = FixedStepCost(s.step_s)
     elif s.cost_table is not None:
         # here, not at the top: it imports numpy, which `kvsim replay --help` does not need
         cost = shipped_cost(s.cost_table)
         wrong = cost.mismatches(model=model.name if model is not None else None,
-                                gpu=gpu.name if s.sized and gpu is not None else None,
+                                gpu=gpu.name if s.sized and gpu is not None and carry_from is None else None,
                                 tp=s.tensor_parallel_size, kv_dtype=s.kv_cache_dtype,
                                 weights=_weight_method(model), async_scheduling=async_scheduling) \
             if hasattr(cost, "mismatches") and not s.force_cost_table else []
@@ -446,6 +472,8 @@ def _step_cost(s: EngineSettings, model: ModelSpec | None, gpu: GpuSpec | None,
             raise InputError(f"{s.cost_table} was measured for another setup than this run's: "
                              f"{'; '.join(wrong)}. Match it, or pass --force-cost-table to use "
                              "its times anyway", field="cost_table")
+        if carry_from is not None:
+            cost = carried(cost, model, carry_from, gpu, s.tensor_parallel_size, s.kv_cache_dtype)
     else:
         cost = RooflineCost(model, gpu, tp=s.tensor_parallel_size, kv_dtype=s.kv_cache_dtype,
                             step_overhead_s=s.step_overhead_s,

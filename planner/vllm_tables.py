@@ -1,7 +1,9 @@
 """Real vLLM's measured step tables shipped in ``tables/vllm/``, and the one for a setup.
 
-kvsim's default clock is such a table wherever one fits the run (``fitting_table``; else the
-roofline, or ``--cost-table roofline`` to keep it). ``--cost-table vllm`` (``EngineSettings.cost_table
+kvsim's default clock is such a table wherever one fits the run (``fitting_table``); where one
+fits all but the GPU, that table carried to the run's GPU by the two GPUs' rooflines
+(simulator.cost.CarriedCost; the clock line says it is extrapolated); else the roofline
+(``--cost-table roofline`` keeps it in either case). ``--cost-table vllm`` (``EngineSettings.cost_table
 = VLLM``) insists on one: the clock of real vLLM's own
 steps measured for the run's model, GPU, weight format and KV dtype (bench/vllm_gpu/: vLLM 0.23.0
 serving dummy weights, one GPU, async scheduling on; each table's ``#`` lines say what it
@@ -13,8 +15,12 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from kvsim.errors import InputError
+
+if TYPE_CHECKING:
+    from kvsim.planner.specs import GpuSpec
 
 TABLES_DIR = Path(__file__).resolve().parent.parent / "tables" / "vllm"
 VLLM = "vllm"      # the --cost-table value that picks a table here
@@ -50,9 +56,23 @@ def _shipped(path: Path):
     return load_cost_table(path)
 
 
-def fitting_table(*, model: str, gpu: str, tp: int, kv_dtype: str, weights: str | None,
+def table_gpu(path) -> GpuSpec:
+    """The GPU preset a shipped table was measured on: the one whose family (its name before the
+    first '-') is a word of the table's ``# gpu`` line (H100-80GB-SXM for "NVIDIA H100 80GB HBM3")."""
+    import re
+
+    from kvsim.planner.presets import GPU_PRESETS
+
+    resolved = Path(path).resolve()
+    provenance = next(p for t, p, _ in measured_tables() if t == resolved)
+    words = re.split(r"[\s\-_/]+", provenance.get("gpu", "").lower())
+    return next(g for g in GPU_PRESETS.values() if g.name.split("-")[0].lower() in words)
+
+
+def fitting_table(*, model: str, gpu: str | None, tp: int, kv_dtype: str, weights: str | None,
                   async_scheduling: bool) -> Path | None:
-    """The shipped table of real vLLM's steps for this setup (module doc), or None."""
+    """The shipped table of real vLLM's steps for this setup (module doc), or None. ``gpu``
+    None: measured on any GPU (the default clock carries it to the run's)."""
     from kvsim.simulator.cost_table import provenance_mismatches
 
     fits = [(num_rows, path) for path, provenance, num_rows in measured_tables()

@@ -7,6 +7,9 @@ same protocol from a model and a GPU (the simulator never imports it).
   clock: simulated time is vLLM's step index (used to diff against the vLLM oracle).
 * ``TableCost(csv_path)``: measured step times, interpolated (see its docstring).
 * ``ScaledCost(inner, scale)``: another model's step times times ``scale`` (sensitivity checks).
+* ``CarriedCost(inner, source, target, note)``: a model measured on one GPU carried to another:
+  each step's time times ``target / source`` of two models of the same step on the two GPUs (the
+  planner's rooflines): an extrapolation, which its ``describe()`` says.
 
 ``StepTimer`` turns a cost model's seconds into the engine's integer nanoseconds (so that runs of
 steps add up exactly) and finds how many decode steps reach a given time.
@@ -251,6 +254,33 @@ class ScaledCost:
 
     def run_time_s(self, batch: StepBatch, num_steps: int) -> float:
         return self.scale * self.inner.run_time_s(batch, num_steps)
+
+
+class CarriedCost:
+    """``inner`` (measured on one GPU) carried to another: a step costs ``inner``'s time times
+    ``target``'s over ``source``'s for the same batch (two models of the step on the two GPUs,
+    e.g. rooflines: memory-bound steps move with the bandwidths, compute-bound ones with the peaks,
+    a fixed part of neither). A run of decode steps is carried at its first step's ratio (the
+    ratio moves little over a run, a token of context a step; one ratio keeps a run O(1) and its
+    prefixes consistent). ``note`` ends the clock line (what was carried, from where to where)."""
+
+    def __init__(self, inner: CostModel, source: CostModel, target: CostModel, note: str):
+        self.inner, self.source, self.target, self.note = inner, source, target, note
+        self.uses_max_context_tokens = uses_max_context_tokens(inner)
+        self.idle_start_s = getattr(inner, "idle_start_s", 0.0)
+
+    def _ratio(self, batch: StepBatch) -> float:
+        src = self.source.step_time_s(batch)
+        return self.target.step_time_s(batch) / src if src > 0 else 1.0
+
+    def step_time_s(self, batch: StepBatch) -> float:
+        return self.inner.step_time_s(batch) * self._ratio(batch)
+
+    def run_time_s(self, batch: StepBatch, num_steps: int) -> float:
+        return self.inner.run_time_s(batch, num_steps) * self._ratio(batch)
+
+    def describe(self) -> str:
+        return f"{clock_source(self.inner)}, {self.note}"
 
 
 class StepTimer:

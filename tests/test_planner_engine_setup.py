@@ -8,7 +8,7 @@ from kvsim.planner.capacity import compute_capacity, vllm_batch_defaults
 from kvsim.planner.engine_setup import DEFAULT_MAX_MODEL_LEN, build_engine
 from kvsim.planner.presets import custom_gpu, get_gpu, get_model
 from kvsim.planner.roofline import RooflineCost
-from kvsim.simulator.cost import FixedStepCost, ScaledCost, StepBatch, TableCost
+from kvsim.simulator.cost import CarriedCost, FixedStepCost, ScaledCost, StepBatch, TableCost
 from kvsim.simulator.cost_table import StepShapeCost
 
 PREFILL = StepBatch(num_seqs=2, num_prefill_tokens=600, num_scheduled_tokens=600,
@@ -64,6 +64,14 @@ def test_the_default_clock_is_a_fitting_vllm_table_else_the_roofline():
     assert isinstance(build_engine(model="Qwen2.5-7B", gpu="h100", max_model_len=8192).cost, RooflineCost)
     assert isinstance(clock(gpu_memory_utilization=0.5), StepShapeCost)      # the pool is not the clock
     assert clock() is clock(max_num_seqs=64)      # a shipped table is read and fitted once per process
+    # a GPU nobody measured: the same setup's table carried there by the two GPUs' rooflines, said so
+    a100 = build_engine(model="Llama-3.1-8B", gpu="a100", max_model_len=8192).cost
+    assert isinstance(a100, CarriedCost) and a100.inner is clock()
+    assert "carried from H100-80GB-SXM to A100-80GB" in a100.describe() and "extrapolated" in a100.describe()
+    assert isinstance(build_engine(model="Llama-3.1-8B", gpu="a100", max_model_len=8192,
+                                   cost_table="roofline").cost, RooflineCost)
+    with pytest.raises(InputError, match="no table of real vLLM's steps"):    # vllm: measured there, or nothing
+        build_engine(model="Llama-3.1-8B", gpu="a100", max_model_len=8192, cost_table="vllm")
 
 
 def test_max_model_len_defaults_to_the_models_context_only_when_the_model_sizes_the_pool():

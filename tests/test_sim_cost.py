@@ -62,3 +62,25 @@ def test_every_run_says_which_clock_ran(tmp_path, capsys):
         first = capsys.readouterr().out.splitlines()[0]
         assert first.startswith("clock: ") and want in first, first
         assert json.loads(out.read_text())["config"]["clock"] == first[len("clock: "):]
+
+
+def test_a_carried_clock_scales_each_step_by_the_two_gpus_ratio():
+    """CarriedCost: a step costs the measured time times target / source of the same batch; a run
+    of decode steps is carried at its first step's ratio; the clock line ends with the note."""
+    from kvsim.simulator.cost import CarriedCost, FixedStepCost, StepBatch
+
+    class Linear:       # a stand-in for a roofline: time grows with the KV read
+        def __init__(self, per_kv):
+            self.per_kv = per_kv
+
+        def step_time_s(self, b):
+            return 0.002 + self.per_kv * b.kv_read_tokens
+
+    inner = FixedStepCost(0.01)
+    carried = CarriedCost(inner, Linear(1e-6), Linear(5e-7), "carried from A to B")
+    b = StepBatch(4, 0, 4, 4, 8000, 8000, 0)
+    ratio = (0.002 + 5e-7 * 8000) / (0.002 + 1e-6 * 8000)
+    assert carried.step_time_s(b) == 0.01 * ratio
+    assert carried.run_time_s(b, 50) == inner.run_time_s(b, 50) * ratio
+    assert carried.describe() == f"{inner.describe()}, carried from A to B"
+    assert carried.idle_start_s == 0.0 and not carried.uses_max_context_tokens
