@@ -25,7 +25,8 @@ FIELDS = ("num_seqs", "num_prefill_tokens", "num_decode_tokens", "num_scheduled_
 
 
 def idle_residuals(run: Path, table: Path, gap_s: float) -> dict[bool, list[float]]:
-    """measured - priced (seconds) of the run's steps with prompt tokens, by idle start."""
+    """measured - priced (seconds) of the run's steps with prompt tokens, by idle start (an idle
+    start priced with the table's c_idle, as the engine adds it)."""
     model = load_cost_table(table)
     out: dict[bool, list[float]] = {True: [], False: []}
     prev_done = None
@@ -36,8 +37,8 @@ def idle_residuals(run: Path, table: Path, gap_s: float) -> dict[bool, list[floa
             prev_done = done
             if int(r["num_prefill_tokens"]) == 0:
                 continue
-            batch = StepBatch(**{k: int(r.get(k) or 0) for k in FIELDS})
-            out[idle].append(step - model.step_time_s(batch))
+            batch = StepBatch(**{k: int(r.get(k) or 0) for k in FIELDS})   # the engine's price of it:
+            out[idle].append(step - model.step_time_s(batch) - (model.idle_start_s if idle else 0.0))
     return out
 
 

@@ -12,12 +12,13 @@ RUNS = ROOT / "bench" / "results" / "vllm_h100"
 
 
 def test_idle_start_prefills_cost_more_than_the_table_says():
-    # Llama-3.1-8B fp8 on the H100, the Azure excerpt (held out): a prompt that starts an idle
-    # engine is slower than its shape's price, one beside a batch in flight slightly faster
+    # Llama-3.1-8B fp8 on the H100, the Azure excerpt (held out), priced as the engine prices it
+    # (an idle start with the table's c_idle, fitted on the idle plan's lone prompts): idle starts
+    # are still a few ms slower (before c_idle: +8.5 ms), prompts in flight within 2 ms
     res = idle_residuals(RUNS / "llama8b-fp8" / "azure-conv", ROOT / "tables" / "vllm" / "llama8b-fp8-fine_H100.csv",
                          gap_s=0.0005)
     assert len(res[True]) >= 10 and len(res[False]) >= 50
-    assert np.median(res[True]) > 0.005 > 0 > np.median(res[False])
+    assert 0.005 > np.median(res[True]) > 0 and abs(np.median(res[False])) < 0.002
     # the first step of a run always starts an idle engine; a larger gap rule finds fewer
     fewer = idle_residuals(RUNS / "llama8b-fp8" / "azure-conv", ROOT / "tables" / "vllm" / "llama8b-fp8-fine_H100.csv",
                            gap_s=10.0)
