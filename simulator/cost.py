@@ -245,6 +245,7 @@ class ScaledCost:
         self.scale = float(scale)
         self.uses_max_context_tokens = uses_max_context_tokens(inner)
         self.idle_start_s = self.scale * getattr(inner, "idle_start_s", 0.0)
+        self.frontend_s = getattr(inner, "frontend_s", (0.0, 0.0, 0.0))   # not steps: not scaled
 
     def step_time_s(self, batch: StepBatch) -> float:
         return self.scale * self.inner.step_time_s(batch)
@@ -268,6 +269,7 @@ class CarriedCost:
         self.inner, self.source, self.target, self.note = inner, source, target, note
         self.uses_max_context_tokens = uses_max_context_tokens(inner)
         self.idle_start_s = getattr(inner, "idle_start_s", 0.0)
+        self.frontend_s = getattr(inner, "frontend_s", (0.0, 0.0, 0.0))   # CPU and IPC, not the GPU
 
     def _ratio(self, batch: StepBatch) -> float:
         src = self.source.step_time_s(batch)

@@ -260,6 +260,25 @@ def provenance_mismatches(p: dict[str, str], *, model: str | None = None, gpu: s
 
 
 _REPO = Path(__file__).resolve().parent.parent
+_FRONTEND = re.compile(r"in_s (\S+) \+ (\S+) per prompt token, out_s (\S+)")
+
+
+def _frontend(provenance: dict, path: str) -> tuple[float, float, float]:
+    """A table's ``# frontend:`` line (``in_s A + B per prompt token, out_s C``, seconds): a
+    request's way in (send -> schedulable) and a token's way out (step end -> client); zeros
+    without the line."""
+    text = provenance.get("frontend")
+    if text is None:
+        return 0.0, 0.0, 0.0
+    m = _FRONTEND.match(text)
+    try:
+        values = tuple(float(v) for v in m.groups()) if m else ()
+    except ValueError:
+        values = ()
+    if len(values) != 3 or not all(v >= 0 and math.isfinite(v) for v in values):
+        raise InputError("'# frontend:' must read 'in_s A + B per prompt token, out_s C' (seconds >= 0), "
+                         f"got {text!r}", file=path)
+    return values
 
 
 def _shown(path: str) -> str:
@@ -284,6 +303,8 @@ class StepShapeCost:
         knots_tokens, knots_s: f of the eager model; coef: c_pairs, c_kv, c_seq; c_tail.
         idle_start_s: c_idle, what a step that starts an idle engine costs over its batch's
             price (fitted where the table's ``idle_before`` column marks such steps; else 0).
+        frontend_s: (in_s, in_s per prompt token, out_s) of the ``# frontend:`` line: a
+            request's way in and a token's way out, outside the steps (the engine adds them).
         negligible_terms: the eager terms the fit found but set to 0, their share of every
             measured step below TERM_REL_TOL (rounding noise, not a term of the data).
         min_bucket_tokens: the smallest context bucket; floors[bucket][size] = (start, [(L, floor_s)]).
@@ -331,6 +352,7 @@ class StepShapeCost:
         self.decode_lines = self._lines(decode)
         self._fit_eager(eager, path)
         self._fit_floor(skewed, path, context_floor)
+        self.frontend_s = _frontend(self.provenance, path)
 
     def _lines(self, decode: dict[int, list[tuple[float, float]]]) -> list[tuple[float, float]]:
         """Each graph size's (a_s, b_s). A size measured only at nearly one KV length (its
@@ -610,6 +632,10 @@ class StepShapeCost:
         dropped = f"; terms at rounding noise set to 0: {', '.join(self.negligible_terms)}" if self.negligible_terms else ""
         if self.idle_start_s:
             dropped += f"; a step that starts an idle engine +{self.idle_start_s * 1e3:.2f} ms"
+        if any(self.frontend_s):
+            a, b, c = self.frontend_s
+            dropped += (f"; a request's way in {a * 1e3:.2f} ms + {b * 1e6:.2f} us per prompt token, "
+                        f"a token's way out {c * 1e3:.2f} ms")
         return f"measured table {_shown(self.path)} ({what or 'no provenance'}){dropped}"
 
     def __repr__(self) -> str:

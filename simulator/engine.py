@@ -4,7 +4,10 @@ Processes (SimPy, time in integer nanoseconds so that runs of steps add up exact
 
 * ``_arrivals``: pulls requests lazily from the iterator (memory follows live requests, not the
   trace), hands each to the router (router.py) at its arrival time, rejects the ones that can
-  never be served, and wakes an idle replica.
+  never be served, and wakes an idle replica. With a measured table's frontend (``frontend_s``:
+  a request's way in and a token's way out, outside the steps) a request is sent at its arrival
+  time and reaches the router the way in later (``_deliver``, in the order sent), and the client
+  sees each token, and a freed concurrency slot, the way out after its step.
 * ``_engine`` (one per replica), the step loop: at each step boundary it records, then either
   applies a run of identical decode steps at once (``Scheduler.plan_decode_run`` /
   ``advance_decode_run``) or schedules steps in detail (``Scheduler.schedule`` /
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -178,14 +182,13 @@ class Simulation:
         self.max_concurrency = max_concurrency
         self.token_log = TokenLog() if record_token_times else None
         self.in_flight = 0            # requests sent and not yet finished or rejected
+        self.slot_freed_ns = -1       # when a request last left the engine under the limit
         self.slot_free = None         # the event a request waiting for a slot waits on
         self.router = Router(router)
         self.config = config
         self.cost = cost_model
         self.timer = StepTimer(cost_model)
-        # a step that starts an idle engine: what it costs over its batch's price (a measured
-        # table's ``# idle_start_s:``; with async scheduling nothing in flight hides its CPU work)
-        self.idle_start_ns = to_ns(getattr(cost_model, "idle_start_s", 0.0))
+        self._outside_steps(cost_model)
         # hardware in the loop (simulator.in_the_loop): every step is executed and timed
         self.in_the_loop = getattr(cost_model, "in_the_loop", False)
         if self.in_the_loop:
@@ -217,6 +220,8 @@ class Simulation:
         self.offload = offload
         self.replicas = [_Replica(i, config, seed, self.recorder, self.step_clock, self.offload)
                          for i in range(replicas)]
+        for rep in self.replicas:
+            rep.rec.way_out_ns = self.way_out_ns
         if max_concurrency is not None:
             self.recorder.on_request_done = self._request_done
         # the longest context of each step, for a cost model that prices it (kept by the decode
@@ -244,6 +249,18 @@ class Simulation:
         self.env.process(self._arrivals())
         for rep in self.replicas:
             self.env.process(self._engine(rep))
+
+    def _outside_steps(self, cost_model) -> None:
+        """What a measured table prices outside its steps' batches: a step that starts an idle
+        engine (``idle_start_s``, c_idle: with async scheduling nothing in flight hides its CPU
+        work), a request's way in (send -> schedulable: a + b per prompt token) and a token's way
+        out (its step's end -> the client) (``frontend_s``); none for other clocks."""
+        self.idle_start_ns = to_ns(getattr(cost_model, "idle_start_s", 0.0))
+        self.way_in_s, self.way_in_per_token_s, way_out_s = getattr(cost_model, "frontend_s", (0.0, 0.0, 0.0))
+        self.way_out_ns = to_ns(way_out_s)
+        self._client_due_ns = _NEVER
+        self.deliveries: deque[int] = deque()   # requests on their way in: when each arrives
+        self.sending_done = False
 
     # ------------------------------------------------------------------ public stepping API
     @property
@@ -318,9 +335,13 @@ class Simulation:
 
     # ------------------------------------------------------------------ arrivals
     def _arrivals(self):
+        """The client: sends each request at its arrival time (under a concurrency limit, once
+        a slot frees: the way out after the request that held it finished); it reaches the
+        scheduler the way in later (``_deliver``; at once without a frontend)."""
         env = self.env
         it = self._iter
         step_clock = self.step_clock
+        frontend = bool(self.way_in_s or self.way_in_per_token_s or self.way_out_ns)
         last_ns = -1
         pending = next(it, None)
         count = 0
@@ -333,42 +354,76 @@ class Simulation:
                                  f"the previous request's {last_ns / NS_PER_S} s (sort the trace)",
                                  field="arrival")
             last_ns = t_ns
-            self.next_arrival_ns = t_ns
+            self._due(t_ns + self._way_in_ns(req))
             if t_ns > env.now:
                 yield env.timeout(t_ns - env.now)
             if limit is not None:
                 while self.in_flight >= limit:
                     # closed loop: sent when a request leaves the engine (_request_done), at
                     # that step end; until then no arrival is due
-                    self.next_arrival_ns = _NEVER
+                    self._due(_NEVER)
                     self.slot_free = env.event()
                     yield self.slot_free
                     self.slot_free = None
-                t_ns = env.now
-            self._arrive(req, t_ns)
+                # with a frontend, a freed slot is seen at the client the way out after it frees
+                t_ns = max(env.now, self.slot_freed_ns + self.way_out_ns) \
+                    if frontend and self.slot_freed_ns >= 0 else env.now
+            if frontend:
+                self.in_flight += 1       # sent: its slot is taken
+                engine_ns = max(t_ns + self._way_in_ns(req), self.deliveries[-1] if self.deliveries else -1)
+                self.deliveries.append(engine_ns)
+                self._due(_NEVER)
+                env.process(self._deliver(req, t_ns, engine_ns))
+            else:
+                self._arrive(req, t_ns)
             count += 1
             if self._progress is not None and count % 1000 == 0:
                 self._progress.update(1000)
             pending = next(it, None)
-        self.next_arrival_ns = _NEVER
-        self.arrivals_done = True
+        self._due(_NEVER)
+        self.sending_done = True
+        self.arrivals_done = not self.deliveries
         if self._progress is not None:
             self._progress.update(count % 1000)
             self._progress.close()
+
+    def _way_in_ns(self, req) -> int:
+        if not (self.way_in_s or self.way_in_per_token_s):
+            return 0
+        return to_ns(self.way_in_s + self.way_in_per_token_s * req.prompt_tokens)
+
+    def _due(self, client_ns: int) -> None:
+        """The next arrival at the scheduler: the first request on its way in, or ``client_ns``
+        (the client's next one, reached the way in after it is sent; _NEVER: none due)."""
+        self._client_due_ns = client_ns
+        self.next_arrival_ns = min(self.deliveries[0], client_ns) if self.deliveries else client_ns
+
+    def _deliver(self, req, sent_ns: int, engine_ns: int):
+        """A request on its way in reaches the scheduler (in the order they were sent)."""
+        if engine_ns > self.env.now:
+            yield self.env.timeout(engine_ns - self.env.now)
+        self.deliveries.popleft()
+        self._arrive(req, sent_ns, sent=True)
+        self._due(self._client_due_ns)
+        if self.sending_done and not self.deliveries:
+            self.arrivals_done = True
 
     def _request_done(self) -> None:
         """A request left the engine (finished or rejected) under a concurrency limit: its slot
         frees, and a request waiting for one is sent now, before the next step is scheduled
         (the engine loop yields to arrivals due at its time)."""
         self.in_flight -= 1
+        self.slot_freed_ns = self.env.now
         if self.slot_free is not None and not self.slot_free.triggered:
             self.slot_free.succeed()
             self.next_arrival_ns = self.env.now
 
-    def _arrive(self, req, t_ns: int) -> None:
-        """A request arrives: the router picks its replica, which queues it (or it is rejected)."""
+    def _arrive(self, req, t_ns: int, sent: bool = False) -> None:
+        """A request arrives: the router picks its replica, which queues it (or it is rejected).
+        ``t_ns``: when it was sent; ``sent``: its slot was taken then (a frontend's way in)."""
         self.num_arrived += 1
-        self.in_flight += 1
+        if not sent:
+            self.in_flight += 1
         rep = self.router.pick(req, self.replicas)
         if self._unfit(req):
             self.num_rejected += 1

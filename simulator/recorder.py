@@ -239,6 +239,7 @@ class ReplicaRecorder:
         self.sched = sched
         self.allocator = allocator
         self.step_clock = step_clock
+        self.way_out_ns = 0                    # a step's end -> its token at the client (the engine sets it)
         self.end_ns = 0                        # the latest boundary seen
         self.last_t = 0                        # end of the last integrated segment
         self.bd_area = [0] * NUM_CLASSES       # trapezoid areas x2 (slot-ns)
@@ -545,6 +546,8 @@ class ReplicaRecorder:
             first_token_step = min(m.first_token_step for m in members)
             finish_step = max(m.finish_step for m in members)
         num_output = head.num_output_tokens
+        first_token += self.way_out_ns         # as the client sees them
+        finish += self.way_out_ns
         if self.tables.on_request_done is not None:
             self.tables.on_request_done()
         ttft = (first_token - arrival) / NS_PER_S

@@ -424,3 +424,33 @@ def test_a_step_that_starts_an_idle_engine_costs_the_tables_idle_start(tmp_path)
     path.write_text(path.read_text().replace(",1\n", ",2\n", 1))
     with pytest.raises(InputError, match="idle_before"):
         StepShapeCost(path)
+
+
+def test_a_tables_frontend_delays_each_request_on_its_way_in_and_out(tmp_path):
+    """'# frontend: in_s A + B per prompt token, out_s C': a request reaches the scheduler A + B x
+    its prompt after it is sent, and the client sees each token C after its step: a lone request's
+    TTFT and E2E grow by exactly A + B x prompt + C; under a concurrency limit the next request is
+    sent C after the one before it finished."""
+    from kvsim.simulator import EngineConfig, simulate
+    from kvsim.workloads import Request
+    plain = StepShapeCost(make_table(tmp_path))
+    (tmp_path / "f").mkdir()
+    path = make_table(tmp_path / "f")
+    path.write_text("# frontend: in_s 0.001 + 2e-06 per prompt token, out_s 0.0005 (test)\n" + path.read_text())
+    way = StepShapeCost(path)
+    assert way.frontend_s == (0.001, 2e-06, 0.0005) and "way in 1.00 ms" in way.describe()
+    cfg = EngineConfig(num_blocks=900, block_size=16, max_num_seqs=32, max_num_batched_tokens=1024,
+                       max_model_len=4096, async_scheduling=True)
+    reqs = [Request(0, 0.0, 300, 20), Request(1, 5.0, 300, 20)]
+    a, b = (simulate(reqs, cfg, m).requests.set_index("request_id") for m in (plain, way))
+    extra = 0.001 + 2e-06 * 300 + 0.0005
+    assert ((b["ttft_s"] - a["ttft_s"]).round(9) == extra).all() and ((b["e2e_s"] - a["e2e_s"]).round(9) == extra).all()
+    assert (b["arrival_s"] == a["arrival_s"]).all()                  # measured from the send, as a client does
+    closed = [Request(i, 0.0, 300, 20) for i in range(2)]
+    a, b = (simulate(closed, cfg, m, max_concurrency=1).requests.set_index("request_id") for m in (plain, way))
+    assert round(b.loc[1, "arrival_s"] - (b.loc[0, "finish_s"]), 9) == 0.0        # sent when the client saw it
+    assert round(b.loc[1, "arrival_s"] - a.loc[1, "arrival_s"], 9) == round(extra, 9)
+    for bad in ("in_s 1 + 2", "in_s -1 + 0 per prompt token, out_s 0"):
+        path.write_text(f"# frontend: {bad}\n" + "\n".join(path.read_text().splitlines()[1:]) + "\n")
+        with pytest.raises(InputError, match="frontend"):
+            StepShapeCost(path)

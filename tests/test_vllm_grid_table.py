@@ -73,7 +73,10 @@ def test_an_idle_runs_lone_prompts_give_the_tables_idle_start(tmp_path):
     """Beside ENGINE-idle/idle-prefill (plans.py --size idle), the table takes the run's prefill
     steps as rows and marks every step that started an idle engine (``idle_before``); without
     such a run the table is the grid's alone, without the column. Here the lone prompts take the
-    grid table's price + 7.5 ms (+- 1 ms): StepShapeCost fits that as c_idle."""
+    grid table's price + 7.5 ms (+- 1 ms): StepShapeCost fits that as c_idle; they were sent 1 ms
+    + 0.25 us per prompt token before their steps and seen 0.9 ms after: the '# frontend:' line."""
+    import gzip
+
     engine = tmp_path / "llama8b-fp8-fine"
     engine.mkdir()
     src = ROOT / "bench" / "results" / "vllm_h100" / "llama8b-fp8-fine"
@@ -91,14 +94,20 @@ def test_an_idle_runs_lone_prompts_give_the_tables_idle_start(tmp_path):
     from kvsim.simulator.cost import StepBatch
     header = ("num_seqs,num_prefill_seqs,num_prefill_tokens,num_decode_tokens,num_scheduled_tokens,kv_read_tokens,"
               "attn_token_pairs,max_context_tokens,step_s,sched_cpu_s,update_cpu_s,t_done_s")
-    steps = [header]
+    steps, reqs = [header], []
     for i, p in enumerate([64, 256, 512, 1024, 2048, 4096] * 3):
         t0, pairs = i * 0.25, p * (p + 1) // 2
         step = model.step_time_s(StepBatch(1, p, 0, p, p, pairs, p)) + 0.0075 + (0.001, -0.001, 0.0)[i % 3]
         decode = model.step_time_s(StepBatch(1, 0, 1, 1, p + 1, p + 1, p + 1))
         steps.append(f"1,1,{p},0,{p},{p},{pairs},{p},{step},0,0,{t0 + step}")
         steps.append(f"1,0,0,1,1,{p + 1},{p + 1},{p + 1},{decode},0,0,{t0 + step + decode}")
+        # sent 1 ms + 0.25 us per prompt token before its step, its first token 0.9 ms after it
+        sent = t0 - 0.001 - 2.5e-7 * p
+        reqs.append({"arrival_s": sent, "sent_s": sent, "first_token_s": t0 + step + 0.0009, "prompt_tokens": p,
+                     "output_tokens": 2})
     (idle / "steps.csv").write_text("\n".join(steps) + "\n")
+    with gzip.open(idle / "requests.jsonl.gz", "wt") as f:
+        f.writelines(json.dumps(r) + "\n" for r in reqs)
     out = tmp_path / "idle.csv"
     assert grid_table.main([str(engine), "--out", str(out)]) == 0
     with_idle = StepShapeCost(out)
@@ -108,3 +117,5 @@ def test_an_idle_runs_lone_prompts_give_the_tables_idle_start(tmp_path):
     assert sum(r["num_seqs"] == "1" and r["idle_before"] == "1" for _, r in rows[-18:]) == 18   # the run's prompts
     assert 0.005 < with_idle.idle_start_s < 0.010
     assert "llama8b-fp8-idle/idle-prefill" in with_idle.provenance["source"]
+    way_in, per_token, way_out = with_idle.frontend_s     # the '# frontend:' line, read back
+    assert abs(way_in - 0.001) < 2e-6 and abs(per_token - 2.5e-7) < 1e-9 and abs(way_out - 0.0009) < 2e-6

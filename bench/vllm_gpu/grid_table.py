@@ -14,7 +14,9 @@ Nothing of the closed-loop or trace runs is read: those stay held out (bench/vll
 ``--clocks vllm-grid``).
 
 Where the engine also ran the idle plan (``ENGINE-idle/idle-prefill``, plans.py ``--size idle``:
-48 lone prompts of 64 to 4,096 tokens at an idle engine), its prefill steps are rows too, and
+48 lone prompts of 64 to 4,096 tokens at an idle engine), its prefill steps are rows too, its
+prompts give the ``# frontend:`` line (a request's way in, send -> its step's start, a line in the
+prompt's length; a token's way out, step end -> client), and
 every row says whether its step started an idle engine (``idle_before``: the step before it ended
 more than IDLE_GAP_S before it began). Such a step hides none of its CPU work (async scheduling
 overlaps it only with a step in flight): StepShapeCost fits that as its own term, c_idle, which
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import gzip
 import json
 import sys
 import time
@@ -152,6 +155,31 @@ def idle_run(engine: Path) -> Path | None:
     return run if (run / "steps.csv").is_file() else None
 
 
+def frontend(run: Path) -> tuple[float, float, float, int]:
+    """(in_s, in_s per prompt token, out_s, prompts) of an idle run's lone prompts (sent while no
+    step ran): the way in is the send to the start of the prompt's step (the first lone prefill of
+    its length that starts after it), a line in the prompt's length through the medians of each
+    length; the way out is the step's end to the first token at the client, the median."""
+    with open(run / "steps.csv", newline="") as f:
+        every = [(float(r["t_done_s"]) - float(r["step_s"]), float(r["t_done_s"]), int(r["num_prefill_tokens"]),
+                  r["num_seqs"]) for r in csv.DictReader(f)]
+    steps = [s for s in every if s[3] == "1" and s[2] > 0]
+    busy = [(s[0], s[1]) for s in every]
+    with gzip.open(run / "requests.jsonl.gz", "rt") as f:
+        reqs = [json.loads(line) for line in f]
+    ins: dict[int, list[float]] = {}
+    outs = []
+    for r in reqs:
+        step = next((s for s in steps if s[2] == r["prompt_tokens"] and s[0] >= r["sent_s"]), None)
+        if step is None or step[1] > r["first_token_s"] or any(a <= r["sent_s"] <= b for a, b in busy):
+            continue      # sent while a step ran (a long prompt before it), or not a step of its own
+        ins.setdefault(r["prompt_tokens"], []).append(step[0] - r["sent_s"])
+        outs.append(r["first_token_s"] - step[1])
+    lengths = sorted(ins)
+    slope, level = np.polyfit(lengths, [float(np.median(ins[p])) for p in lengths], 1)
+    return max(float(level), 0.0), max(float(slope), 0.0), float(np.median(outs)), len(outs)
+
+
 def _from_root(folder: Path) -> str:
     """The folder as the repository names it (the same table from any working directory)."""
     try:
@@ -164,6 +192,7 @@ def provenance(folder: Path, meta: dict, num_rows: int, dropped: int, knot_token
                idle: Path | None = None) -> list[str]:
     """The table's ``#`` lines: what kvsim's table readers and ``mismatches`` look for."""
     args, core = meta.get("engine_args", {}), meta.get("engine_core", {})
+    way = frontend(idle) if idle else None
     versions = meta.get("versions", {})
     kv = args.get("kv_cache_dtype") or "auto"
     wall = meta.get("clock_pair", {}).get("wall")
@@ -182,6 +211,9 @@ def provenance(folder: Path, meta: dict, num_rows: int, dropped: int, knot_token
         f"plus their tokens at the grid's median rate: async attribution artefacts; decode batches held under {MIN_DECODE_STEPS} steps, or "
         f"outside {BAND[0]}-{BAND[1]}x the median of their size at their KV length)",
         f"# knots: {','.join(map(str, knot_tokens))}",
+        *([f"# frontend: in_s {way[0]:.6f} + {way[1]:.3e} per prompt token, out_s {way[2]:.6f} (over {way[3]} "
+           f"lone prompts of {_from_root(idle)}: send -> step start, step end -> first token at the client)"]
+          if idle else []),
         f"# source: {_from_root(folder)}/grid" + (f" and {_from_root(idle)}" if idle else "")
         + " (held out: every closed-loop and trace run of the same engine)",
     ]
