@@ -38,3 +38,10 @@ def test_the_idle_plans_prompts_arrive_apart_every_length_as_often():
     built = harness.build_requests(idle, vocab_size=32000)
     assert [len(r["ids"]) for r in built] == [p for _, p, _ in reqs]
     assert [r["arrival_s"] for r in built] == [t for t, _, _ in reqs]
+
+
+def test_the_idle_plans_gaps_can_be_widened_for_a_large_model():
+    wide = plans.build_plan("idle", None, 40.0, 10240, False, (0.6, 1.2))[0]["requests"]
+    gaps = {round(b[0] - a[0], 6) for a, b in zip(wide, wide[1:])}
+    assert gaps == {0.6, 1.2}
+    assert [p for _, p, _ in wide] == [p for _, p, _ in plans.build_plan("idle", None, 40.0, 10240, False)[0]["requests"]]

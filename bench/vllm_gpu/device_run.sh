@@ -68,6 +68,7 @@ engine() {  # name -> "model_dir plan flags..."
     llama8b-fp8-idle)     echo "Llama-3.1-8B idle --quantization fp8 --kv-cache-dtype fp8" ;;
     qwen3-30b-a3b-idle)   echo "Qwen3-30B-A3B idle" ;;
     qwen3-32b-idle)       echo "Qwen3-32B idle" ;;
+    gpt-oss-20b-idle)     echo "gpt-oss-20b idle" ;;
     *) return 1 ;;
   esac
 }

@@ -67,13 +67,15 @@ def closed_points(size: str) -> list[dict]:
     return out
 
 
-def idle_points() -> list[dict]:
-    """The idle plan: lone prompts spaced apart (a trace workload), then C = 1 closed loops."""
+def idle_points(gaps_s: tuple[float, ...] = IDLE_GAPS_S) -> list[dict]:
+    """The idle plan: lone prompts spaced apart (a trace workload), then C = 1 closed loops.
+    ``gaps_s`` must exceed the model's longest lone prefill (Qwen3-32B's 4,096 tokens: 0.41 s on
+    an H100, so ``--idle-gaps 0.6,1.2`` for the large models)."""
     rng, reqs, t = random.Random(4), [], 0.0
     for _ in range(IDLE_REPEATS):
         for p in rng.sample(IDLE_PROMPTS, len(IDLE_PROMPTS)):
             reqs.append([round(t, 6), p, 2])
-            t += rng.choice(IDLE_GAPS_S)
+            t += rng.choice(gaps_s)
     out = [{"name": "idle-prefill", "kind": "trace", "seed": 4, "requests": reqs}]
     for isl, osl in ((1024, 128), (256, 512)):
         out.append({"name": f"cl-{isl}-{osl}-c1-n8", "kind": "closed", "isl": isl, "osl": osl, "n": 8,
@@ -110,9 +112,9 @@ def mooncake_excerpt(path: Path, seconds: float, max_model_len: int) -> list[lis
 
 
 def build_plan(size: str, traces: Path | None, trace_s: float, max_model_len: int,
-               mooncake: bool) -> list[dict]:
+               mooncake: bool, idle_gaps_s: tuple[float, ...] = IDLE_GAPS_S) -> list[dict]:
     if size == "idle":
-        return idle_points()
+        return idle_points(idle_gaps_s)
     grid = GRID[size]
     plan = [{"name": "grid", "kind": "grid", "decode": [list(d) for d in grid["decode"]],
              "prefill": grid["prefill"], "mixed": [list(m) for m in grid.get("mixed", [])], "seed": 1}]
@@ -139,9 +141,12 @@ def main() -> None:
     p.add_argument("--max-model-len", type=int, default=10240)
     p.add_argument("--mooncake", action="store_true")
     p.add_argument("--only", help="comma-separated workload names to keep")
+    p.add_argument("--idle-gaps", default=",".join(map(str, IDLE_GAPS_S)),
+                   help="--size idle: seconds between lone prompts, drawn in turn (more than the longest prefill)")
     p.add_argument("--out", type=Path, required=True)
     a = p.parse_args()
-    plan = build_plan(a.size, a.traces, a.trace_s, a.max_model_len, a.mooncake)
+    plan = build_plan(a.size, a.traces, a.trace_s, a.max_model_len, a.mooncake,
+                      tuple(float(g) for g in a.idle_gaps.split(",")))
     if a.only:
         keep = set(a.only.split(","))
         plan = [e for e in plan if e["name"] in keep]
