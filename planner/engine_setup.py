@@ -448,9 +448,10 @@ def _vllm_clock(s: EngineSettings, model: ModelSpec, gpu: GpuSpec, async_schedul
     if table is not None:
         return replace(s, cost_table=str(table)), None
     table = fitting_table(**{**setup, "gpu": None})
-    if table is None:
+    source = table_gpu(table) if table is not None else None
+    if source is None:
         return s, None
-    return replace(s, cost_table=str(table)), table_gpu(table)
+    return replace(s, cost_table=str(table)), source
 
 
 def _step_cost(s: EngineSettings, model: ModelSpec | None, gpu: GpuSpec | None,

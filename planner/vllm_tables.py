@@ -56,9 +56,10 @@ def _shipped(path: Path):
     return load_cost_table(path)
 
 
-def table_gpu(path) -> GpuSpec:
+def table_gpu(path) -> GpuSpec | None:
     """The GPU preset a shipped table was measured on: the one whose family (its name before the
-    first '-') is a word of the table's ``# gpu`` line (H100-80GB-SXM for "NVIDIA H100 80GB HBM3")."""
+    first '-') is a word of the table's ``# gpu`` line (H100-80GB-SXM for "NVIDIA H100 80GB HBM3");
+    None when no preset is (the table cannot be carried)."""
     import re
 
     from kvsim.planner.presets import GPU_PRESETS
@@ -66,7 +67,7 @@ def table_gpu(path) -> GpuSpec:
     resolved = Path(path).resolve()
     provenance = next(p for t, p, _ in measured_tables() if t == resolved)
     words = re.split(r"[\s\-_/]+", provenance.get("gpu", "").lower())
-    return next(g for g in GPU_PRESETS.values() if g.name.split("-")[0].lower() in words)
+    return next((g for g in GPU_PRESETS.values() if g.name.split("-")[0].lower() in words), None)
 
 
 def fitting_table(*, model: str, gpu: str | None, tp: int, kv_dtype: str, weights: str | None,
