@@ -45,3 +45,18 @@ def test_the_idle_plans_gaps_can_be_widened_for_a_large_model():
     gaps = {round(b[0] - a[0], 6) for a, b in zip(wide, wide[1:])}
     assert gaps == {0.6, 1.2}
     assert [p for _, p, _ in wide] == [p for _, p, _ in plans.build_plan("idle", None, 40.0, 10240, False)[0]["requests"]]
+
+
+def test_a_plan_served_again_repeats_each_workload_under_its_own_name():
+    plan = plans.build_plan("small", None, 40.0, 10240, False)
+    again = plans.served_again(plan)
+    served = [e for e in plan if e["kind"] != "grid"]
+    assert again[:len(plan)] == plan and len(again) == len(plan) + len(served)
+    for first, second in zip(served, again[len(plan):]):
+        assert second["name"] == first["name"] + "-again"
+        assert {k: v for k, v in second.items() if k != "name"} == {k: v for k, v in first.items() if k != "name"}
+        built = [harness.build_requests(e, vocab_size=32000) for e in (first, second)]
+        ids = [[r.pop("request_id") for r in b] for b in built]
+        assert ids[1] == [f"{first['name']}-again-{i}" for i in range(len(ids[0]))]
+        assert built[0] == built[1]     # the same prompts (the harness resets the prefix cache between)
+    assert len({e["name"] for e in again}) == len(again)

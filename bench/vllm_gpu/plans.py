@@ -133,6 +133,11 @@ def build_plan(size: str, traces: Path | None, trace_s: float, max_model_len: in
     return plan
 
 
+def served_again(plan: list[dict]) -> list[dict]:
+    """The plan, then each of its workloads again (same requests, same seed) named NAME-again."""
+    return plan + [dict(e, name=f"{e['name']}-again") for e in plan if e["kind"] != "grid"]
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--size", choices=sorted(GRID) + ["idle"], required=True)
@@ -143,6 +148,10 @@ def main() -> None:
     p.add_argument("--only", help="comma-separated workload names to keep")
     p.add_argument("--idle-gaps", default=",".join(map(str, IDLE_GAPS_S)),
                    help="--size idle: seconds between lone prompts, drawn in turn (more than the longest prefill)")
+    p.add_argument("--again", action="store_true",
+                   help="serve every workload a second time, as NAME-again, in the same engine: what a "
+                        "kernel compiled on its first use (vLLM's 'Triton kernel JIT compilation during "
+                        "inference') costs shows as the difference")
     p.add_argument("--out", type=Path, required=True)
     a = p.parse_args()
     plan = build_plan(a.size, a.traces, a.trace_s, a.max_model_len, a.mooncake,
@@ -150,6 +159,8 @@ def main() -> None:
     if a.only:
         keep = set(a.only.split(","))
         plan = [e for e in plan if e["name"] in keep]
+    if a.again:
+        plan = served_again(plan)
     a.out.write_text(json.dumps(plan))
     print(f"{a.out}: {len(plan)} workloads, "
           f"{sum(len(e.get('requests', [])) or e.get('n', 0) for e in plan)} requests")
