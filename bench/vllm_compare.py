@@ -52,8 +52,25 @@ ENGINES = {
 
 
 def base_engine(engine: str) -> str:
-    """The engine an idle-plan run served (``llama8b-fp8-idle``: llama8b-fp8's settings and tables)."""
-    return engine.removesuffix("-idle")
+    """The engine an idle-plan or twice-served run served (``llama8b-fp8-idle``, ``gpt-oss-20b-twice``:
+    llama8b-fp8's and gpt-oss-20b's settings and tables)."""
+    return engine.removesuffix("-idle").removesuffix("-twice").removesuffix("-warm")
+
+
+AGAIN = "-again"
+
+
+def point_key(name: str) -> tuple:
+    """Closed-loop points in order of ISL, OSL, C (and n), each workload's second serving
+    (plans.py --again: NAME-again) after every first one."""
+    again = name.endswith(AGAIN)
+    return again, [int(x.lstrip("cn")) for x in name.removesuffix(AGAIN).split("-")[1:]]
+
+
+def serving(point: str) -> str:
+    """'again' for a workload served a second time in its engine (kernels compiled on first use
+    are compiled by then), '' for a first serving."""
+    return "again" if point.endswith(AGAIN) else ""
 
 
 def measured(folder: Path) -> dict:
@@ -166,14 +183,15 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     clocks = [c for c in a.clocks.split(",") if c]
     results = GPUS[a.gpu][0]
-    a.engines = a.engines or [e for b in ENGINES for e in (b, f"{b}-idle") if (results / e / "meta.json").exists()]
+    a.engines = a.engines or [e for b in ENGINES for e in (b, f"{b}-idle", f"{b}-twice", f"{b}-warm")
+                              if (results / e / "meta.json").exists()]
     rows = []
     for engine in a.engines:
         folder = results / engine
         meta = json.loads((folder / "meta.json").read_text())
-        points = sorted(folder.glob("cl-*"), key=lambda p: [int(x.lstrip("cn")) for x in p.name.split("-")[1:]])
-        if a.traces and (folder / "azure-conv").is_dir():
-            points.append(folder / "azure-conv")
+        points = sorted(folder.glob("cl-*"), key=lambda p: point_key(p.name))
+        if a.traces:
+            points += [folder / t for t in ("azure-conv", "azure-conv" + AGAIN) if (folder / t).is_dir()]
         for point in points:
             spec = json.loads((point / "workload.json").read_text())
             reqs = trace_requests(point) if spec["kind"] == "trace" else None
@@ -197,22 +215,24 @@ def main(argv: list[str] | None = None) -> int:
                 for k in METRICS), flush=True)
     print("\nper engine and clock, over its closed-loop points: median |error| of median TPOT, mean |error| of "
           f"mean TTFT and of mean E2E (kvsim against real vLLM 0.23.0, {a.gpu})")
-    for engine in a.engines:
-        mine = [r for r in rows if r["engine"] == engine and r["point"].startswith("cl-")]
+    for engine, again in ((e, s) for e in a.engines for s in ("", "again")):
+        mine = [r for r in rows if r["engine"] == engine and r["point"].startswith("cl-")
+                and serving(r["point"]) == again]
+        label = f"{engine} {again}".strip()
         for clock in clocks:
-            if f"{clock}_mean_ttft_ms_err" not in mine[0]:
+            if not mine or f"{clock}_mean_ttft_ms_err" not in mine[0]:
                 continue
             tpot = np.median([abs(r[f"{clock}_median_tpot_ms_err"]) for r in mine])
             ttft = np.mean([abs(r[f"{clock}_mean_ttft_ms_err"]) for r in mine])
             e2e = np.mean([abs(r[f"{clock}_mean_e2el_ms_err"]) for r in mine])
             signed = np.mean([r[f"{clock}_mean_e2el_ms_err"] for r in mine])
-            print(f"  {engine:<14} {clock:<9} TPOT {100 * tpot:5.1f} %  TTFT {100 * ttft:5.1f} %  "
+            print(f"  {label:<14} {clock:<9} TPOT {100 * tpot:5.1f} %  TTFT {100 * ttft:5.1f} %  "
                   f"E2E {100 * e2e:5.1f} % (signed {100 * signed:+.1f} %)  {len(mine)} points")
     if a.traces:
         print("\nthe Azure trace excerpt at its arrival times (first 40 s, open loop): error of mean TTFT, "
               "median TPOT, mean E2E")
-        for r in (r for r in rows if r["point"] == "azure-conv"):
-            print(f"  {r['engine']:<14} " + "  ".join(
+        for r in (r for r in rows if r["point"].startswith("azure-conv")):
+            print(f"  {(r['engine'] + ' ' + serving(r['point'])).strip():<14} " + "  ".join(
                 f"{c} {100 * r[f'{c}_mean_ttft_ms_err']:+6.1f} / {100 * r[f'{c}_median_tpot_ms_err']:+6.1f} / "
                 f"{100 * r[f'{c}_mean_e2el_ms_err']:+6.1f} %" for c in clocks if f"{c}_mean_ttft_ms_err" in r))
     if a.csv:

@@ -63,3 +63,15 @@ def test_a_mixed_points_prompt_follows_its_decodes_first_tokens(monkeypatch):
     assert sent[prompt] < max(log.index(("first", d)) for d in decodes) + 5   # and at once
     # phases in order: the prefill point's request is sent after the decode point's finished
     assert sent[reqs[2]["request_id"]] > first[reqs[1]["request_id"]]
+
+
+def test_the_lengths_warm_up_covers_every_prompt_length_band_to_the_step_budget():
+    c1, c8 = harness.warmup_lengths_entries(max_tokens=8192, per_octave=4)
+    lengths = [p for _, p, _ in c1["requests"]]
+    assert lengths[0] == 16 and lengths[-1] == 8192 and lengths == sorted(set(lengths))
+    ratios = [b / a for a, b in zip(lengths, lengths[1:])]
+    assert all(abs(r - 2 ** 0.25) < 0.05 for r in ratios)          # 4 a doubling, no gap wider
+    assert (c1["max_concurrency"], c8["max_concurrency"]) == (1, 8) and c8["requests"] == c1["requests"]
+    built = harness.build_requests(c8, vocab_size=32000)
+    assert [len(r["ids"]) for r in built] == lengths and all(r["output_tokens"] == 2 for r in built)
+    assert [p for _, p, _ in harness.warmup_lengths_entries(1000, 1)[0]["requests"]] == [16, 32, 64, 128, 256, 512]

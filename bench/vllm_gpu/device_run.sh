@@ -72,6 +72,9 @@ engine() {  # name -> "model_dir plan flags..."
     # each workload served twice in one engine (plans.py --again > twice.json)
     gpt-oss-20b-twice)    echo "gpt-oss-20b twice" ;;
     gpt-oss-120b-twice)   echo "gpt-oss-120b twice" ;;
+    # the same after a warm-up over prompt lengths (harness.py --warmup-lengths)
+    gpt-oss-20b-warm)     echo "gpt-oss-20b twice --warmup-lengths" ;;
+    gpt-oss-120b-warm)    echo "gpt-oss-120b twice --warmup-lengths" ;;
     *) return 1 ;;
   esac
 }

@@ -148,6 +148,21 @@ def build_requests(entry: dict, vocab_size: int) -> list[dict]:
     return reqs
 
 
+def warmup_lengths_entries(max_tokens: int = 8192, per_octave: int = 4) -> list[dict]:
+    """A warm-up beyond vLLM's own (``--warmup-lengths``): lone prompts of 16 to ``max_tokens``
+    tokens, ``per_octave`` lengths per doubling, one at a time and then 8 at a time. Kernels that
+    pick their tiles by the step's token count (gpt-oss's MXFP4 MoE and its routing, Triton) are
+    compiled on their first use, 0.6-1.3 s each on the H100; vLLM's start-up runs only its CUDA-graph
+    sizes and the largest step, so a measured run would pay the rest inside its steps."""
+    lengths, k = [], 0
+    while (n := int(round(16 * 2 ** (k / per_octave)))) <= max_tokens:
+        lengths.append(n)
+        k += 1
+    reqs = [[0.0, n, 2] for n in lengths]
+    return [{"name": f"warmup-lengths-c{c}", "kind": "trace", "seed": 5, "max_concurrency": c, "requests": reqs}
+            for c in (1, 8)]
+
+
 # ---------------------------------------------------------------- steps (pure, tested on CPU)
 def step_rows(lines: list[dict], t0: float, t1: float) -> list[dict]:
     """The probe's step records whose tokens came back in [t0, t1], as kvsim StepBatch rows.
@@ -328,6 +343,12 @@ async def main_async(args) -> None:
     # warm-up: every batch path once, outside the measured workloads
     warm = {"name": "warmup", "kind": "closed", "isl": 600, "osl": 24, "n": 8, "concurrency": 8}
     await run_workload(engine, warm, build_requests(warm, vocab), SamplingParams, RequestOutputKind.DELTA)
+    for entry in warmup_lengths_entries() if args.warmup_lengths else []:
+        t0 = time.monotonic()
+        await run_workload(engine, entry, build_requests(entry, vocab), SamplingParams, RequestOutputKind.DELTA)
+        print(f"[harness] {args.name} {entry['name']}: {len(entry['requests'])} prompts in "
+              f"{time.monotonic() - t0:.1f} s (not recorded)", flush=True)
+    meta["warmup_lengths"] = bool(args.warmup_lengths)
     for entry in plan:
         await engine.reset_prefix_cache()
         reqs = build_requests(entry, vocab)
@@ -396,6 +417,8 @@ def main() -> None:
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     p.add_argument("--no-async", action="store_true")
     p.add_argument("--no-prefix-caching", action="store_true")
+    p.add_argument("--warmup-lengths", action="store_true",
+                   help="before the plan, serve prompts of 16-8,192 tokens (warmup_lengths_entries), unrecorded")
     p.add_argument("--finish-only", action="store_true", help="only post-process an existing --out")
     args = p.parse_args()
     out = Path(args.out)
