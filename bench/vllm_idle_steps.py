@@ -17,8 +17,12 @@ from pathlib import Path
 
 import numpy as np
 
-from kvsim.simulator.cost import StepBatch
-from kvsim.simulator.cost_table import load_cost_table
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+from bench.vllm_gpu.grid_table import IDLE_GAP_S, starts_idle  # noqa: E402
+from kvsim.simulator.cost import StepBatch  # noqa: E402
+from kvsim.simulator.cost_table import load_cost_table  # noqa: E402
 
 FIELDS = ("num_seqs", "num_prefill_tokens", "num_decode_tokens", "num_scheduled_tokens", "kv_read_tokens",
           "attn_token_pairs", "max_context_tokens")
@@ -33,7 +37,7 @@ def idle_residuals(run: Path, table: Path, gap_s: float) -> dict[bool, list[floa
     with open(run / "steps.csv", newline="") as f:
         for r in csv.DictReader(f):
             done, step = float(r["t_done_s"]), float(r["step_s"])
-            idle = prev_done is None or done - step - prev_done > gap_s
+            idle = starts_idle(prev_done, done, step, gap_s)
             prev_done = done
             if int(r["num_prefill_tokens"]) == 0:
                 continue
@@ -53,7 +57,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("run", type=Path, help="a run folder of bench/results/vllm_*/ENGINE/ (its steps.csv)")
     ap.add_argument("table", type=Path, help="the cost table to price its steps with")
-    ap.add_argument("--gap-ms", type=float, default=0.5, help="an idle engine: this long between steps")
+    ap.add_argument("--gap-ms", type=float, default=IDLE_GAP_S * 1e3,
+                    help="an idle engine: this long between steps (default: grid_table.py's rule)")
     ap.add_argument("--slow-s", type=float, default=0.3, help="list the steps longer than this")
     a = ap.parse_args(argv)
     res = idle_residuals(a.run, a.table, a.gap_ms / 1e3)

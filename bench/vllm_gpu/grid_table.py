@@ -61,6 +61,12 @@ COLUMNS = ("kind", "num_seqs", "num_prefill_seqs", "num_prefill_tokens", "num_de
            "padded_num_seqs", "graph", "step_s", "step_s_min", "step_s_max", "repeats", "idle_before")
 
 
+def starts_idle(prev_done_s: float | None, done_s: float, step_s: float, gap_s: float = IDLE_GAP_S) -> bool:
+    """Whether a step started an idle engine: the step before it (done at ``prev_done_s``; None:
+    none) ended more than ``gap_s`` before this one began, so nothing was in flight."""
+    return prev_done_s is None or done_s - step_s - prev_done_s > gap_s
+
+
 def padded(num_seqs: int, sizes=CAPTURE_SIZES) -> int | None:
     """The capture size a decode batch of ``num_seqs`` runs at; None above the largest (eager)."""
     return next((s for s in sizes if s >= num_seqs), None)
@@ -88,7 +94,7 @@ def grid_rows(steps_csv: Path, sizes=CAPTURE_SIZES) -> tuple[list[dict], int]:
             fastest[n] = min(fastest.get(n, s["step_s"]), s["step_s"])
     rows, dropped, prev_done = [], 0, None
     for s in steps:
-        idle = prev_done is None or s["t_done_s"] - s["step_s"] - prev_done > IDLE_GAP_S
+        idle = starts_idle(prev_done, s["t_done_s"], s["step_s"])
         prev_done = s["t_done_s"]
         if s["num_scheduled_tokens"] < 1 or s["step_s"] <= 0:
             dropped += 1
