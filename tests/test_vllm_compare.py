@@ -43,3 +43,21 @@ def test_the_h100_runs_are_priced_with_the_h100_preset_and_tables(tmp_path):
     by_point = {r["point"]: r for r in csv.DictReader(h200.open())}
     row = next(r for r in rows if r["point"] == "cl-1024-128-c64")
     assert float(row["roofline_median_tpot_ms"]) > float(by_point["cl-1024-128-c64"]["roofline_median_tpot_ms"])
+
+
+def test_a_workload_served_twice_is_reported_per_serving(tmp_path, capsys):
+    from bench.vllm_compare import base_engine, point_key, serving
+
+    assert [base_engine(e) for e in ("gpt-oss-20b-twice", "gpt-oss-20b-warm", "llama8b-fp8-idle")] == \
+        ["gpt-oss-20b", "gpt-oss-20b", "llama8b-fp8"]
+    names = ["cl-1024-128-c64-again", "cl-256-512-c16", "cl-1024-128-c16-again", "cl-1024-128-c16"]
+    assert sorted(names, key=point_key) == ["cl-256-512-c16", "cl-1024-128-c16", "cl-1024-128-c16-again",
+                                            "cl-1024-128-c64-again"]
+    assert [serving(n) for n in ("azure-conv", "azure-conv-again")] == ["", "again"]
+    out = tmp_path / "points.csv"
+    assert main(["--gpu", "H100", "--engines", "gpt-oss-20b-twice", "--clocks", "default", "--csv", str(out)]) == 0
+    rows = list(csv.DictReader(out.open()))
+    assert [r["point"] for r in rows][-4:] == [n + "-again" for n in [r["point"] for r in rows][:4]]
+    summary = [line for line in capsys.readouterr().out.splitlines() if line.endswith(" points")]
+    assert [line.split()[:2] for line in summary] == [["gpt-oss-20b-twice", "default"],
+                                                       ["gpt-oss-20b-twice", "again"]]
