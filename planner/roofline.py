@@ -7,12 +7,14 @@ and a GpuSpec, per tensor-parallel rank (all ranks work in parallel on equal sha
              (read the cached context, write the new tokens' K/V)
     flops  = 2 * active_params / tp * num_scheduled_tokens
              + attn_flops_per_token_pair / tp * attn_token_pairs   (4 * layers * heads * head_dim)
-    time_s = max(bytes / bandwidth, flops / peak) + step_overhead_s
+    time_s = max(bytes / bandwidth, flops / peak) + allreduce_s + step_overhead_s
+    allreduce_s = 2 * num_layers * t(num_scheduled_tokens * hidden_size * activation bytes, tp)
+                  (tp > 1: planner.allreduce's time of one all-reduce, from published figures)
 
 Weights are the bytes as served (a checkpoint's fp8 / MXFP4 / int4 quantization; fp8 weights use
 the GPU's fp8 peak). With per-layer shapes, KV bytes per token count the attention layers only (a
 sliding window's context read as if kept: an upper bound); Mamba state reads are not modelled.
-Not modelled: all-reduce time under tp, activation traffic, kernel efficiency below the peaks
+The all-reduces are not overlapped with compute. Not modelled: activation traffic, kernel efficiency below the peaks
 (use ``bandwidth_efficiency`` / ``flops_efficiency``, or a measured ``TableCost``). MoE weights
 are all counted as read each step (true once a batch touches every expert).
 """
@@ -21,8 +23,9 @@ from __future__ import annotations
 import math
 
 from kvsim.errors import InputError
+from kvsim.planner.allreduce import allreduce_link
 from kvsim.planner.capacity import kv_bytes_per_token
-from kvsim.planner.specs import GpuSpec, ModelSpec
+from kvsim.planner.specs import GpuSpec, ModelSpec, dtype_bytes
 
 # per-step CPU work of a serving engine (scheduling, input preparation, sampling, launch); vLLM v1
 # spends on the order of milliseconds per step. Calibrate with a measured table where it matters.
@@ -62,14 +65,37 @@ class RooflineCost:
         self.peak_flops_per_s = gpu.peak_flops_per_s(compute_dtype) * flops_efficiency
         self.flops_efficiency = flops_efficiency
         self._last_lines = (None, None)
+        # tensor parallelism: two all-reduces a layer of each token's activations
+        self.allreduce = allreduce_link(gpu.name) if tp > 1 else None
+        self.allreduce_bytes_per_token = model.hidden_size * max(2, dtype_bytes(model.dtype))
+        self._last_allreduce = (None, 0.0)
 
     def describe(self) -> str:
         """The clock's source: the roofline, its model and GPU, and the peaks it assumes."""
         return (f"roofline of {self.model.name} on {self.gpu.name} (tp {self.tp}): "
                 f"{self.bandwidth_bytes_per_s / 1e12:.2f} TB/s and {self.peak_flops_per_s / 1e12:.0f} TFLOP/s "
                 f"({self.bandwidth_bytes_per_s / self.gpu.memory_bandwidth_bytes_per_s:.0%} and "
-                f"{self.flops_efficiency:.0%} of the datasheet), {self.step_overhead_s * 1e3:g} ms a step; "
-                "not measured: --cost-table for a measured clock")
+                f"{self.flops_efficiency:.0%} of the datasheet), {self.step_overhead_s * 1e3:g} ms a step"
+                f"{self._describe_allreduce()}; not measured: --cost-table for a measured clock")
+
+    def _describe_allreduce(self) -> str:
+        if self.tp <= 1:
+            return ""
+        if self.allreduce is None:
+            return f", no all-reduce time (no link figures for {self.gpu.name})"
+        return (f", {2 * self.model.num_layers} all-reduces a step over {self.allreduce.name} "
+                f"({self.allreduce.source} figures, not measured)")
+
+    def allreduce_s(self, num_tokens: int) -> float:
+        """The step's all-reduce time (0 at tp 1 or without link figures)."""
+        if self.allreduce is None or num_tokens <= 0:
+            return 0.0
+        if self._last_allreduce[0] == num_tokens:
+            return self._last_allreduce[1]
+        t = 2 * self.model.num_layers * self.allreduce.seconds(num_tokens * self.allreduce_bytes_per_token,
+                                                                self.tp)
+        self._last_allreduce = (num_tokens, t)
+        return t
 
     def __repr__(self) -> str:
         return (f"RooflineCost({self.model.name}, {self.gpu.name}, tp={self.tp}, "
@@ -99,7 +125,7 @@ class RooflineCost:
         if batch.num_scheduled_tokens <= 0:
             return 0.0
         mem0, _, comp0, _ = self._lines(batch)
-        return max(mem0, comp0) + self.step_overhead_s
+        return max(mem0, comp0) + self.allreduce_s(batch.num_scheduled_tokens) + self.step_overhead_s
 
     def run_time_s(self, batch, num_steps: int) -> float:
         """Total duration of num_steps decode steps, step j having every context j tokens longer.
@@ -123,7 +149,7 @@ class RooflineCost:
             else:
                 split = min(max(math.floor(cross) + 1, 0), num_steps)  # first j where compute dominates
                 total = _line_sum(a, b, 0, split - 1) + _line_sum(c, d, split, last)
-        return total + num_steps * self.step_overhead_s
+        return total + num_steps * (self.step_overhead_s + self.allreduce_s(batch.num_scheduled_tokens))
 
 
 def _line_sum(intercept: float, slope: float, lo: int, hi: int) -> float:
