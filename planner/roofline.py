@@ -125,6 +125,8 @@ class RooflineCost:
         if batch.num_scheduled_tokens <= 0:
             return 0.0
         mem0, _, comp0, _ = self._lines(batch)
+        if self.allreduce is None:
+            return max(mem0, comp0) + self.step_overhead_s
         return max(mem0, comp0) + self.allreduce_s(batch.num_scheduled_tokens) + self.step_overhead_s
 
     def run_time_s(self, batch, num_steps: int) -> float:
