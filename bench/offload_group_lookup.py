@@ -67,12 +67,17 @@ def random_case(rng: random.Random) -> dict:
     return case
 
 
+def letter(case: dict, key: str) -> str:
+    """The case's answer letter for a key ``group:chunk``."""
+    group, chunk = map(int, key.split(":"))
+    return case["answers"][group][chunk]
+
+
 def answer(case: dict, key: str) -> str:
     """kvsim's tier answer (allocator.offload's HIT / PENDING / MISS) for a key ``group:chunk``."""
     from kvsim.allocator.offload import HIT, MISS, PENDING
 
-    group, chunk = map(int, key.split(":"))
-    return {"h": HIT, "p": PENDING, "m": MISS}[case["answers"][group][chunk]]
+    return {"h": HIT, "p": PENDING, "m": MISS}[letter(case, key)]
 
 
 def kvsim_answer(case: dict) -> int | None:
@@ -121,9 +126,7 @@ def vllm_answer(case: dict) -> int | None:
     full = tuple(i for i, c in enumerate(configs) if c.sliding_window_size_in_chunks is None)
     windowed = sorted((i for i, c in enumerate(configs) if c.sliding_window_size_in_chunks is not None),
                       key=lambda i: configs[i].sliding_window_size_in_chunks, reverse=True)
-    manager = types.SimpleNamespace(
-        lookup=lambda key, ctx: getattr(LookupResult, ANSWER[case["answers"][int(key[:key.index(":")])]
-                                                             [int(key[key.index(":") + 1:])]]))
+    manager = types.SimpleNamespace(lookup=lambda key, ctx: getattr(LookupResult, ANSWER[letter(case, key)]))
     me = types.SimpleNamespace(
         manager=manager, config=types.SimpleNamespace(kv_group_configs=configs),
         _lookup_groups=full + tuple(windowed), _sliding_window_groups=tuple(windowed),

@@ -33,11 +33,8 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Hashable, Sequence
 from dataclasses import dataclass
 
-from kvsim.allocator.offload import HIT, MISS, PENDING
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
+from kvsim.allocator.offload import MISS, PENDING
+from kvsim.simulator.kv_slots import cdiv
 
 
 @dataclass(frozen=True)
@@ -63,13 +60,13 @@ class GroupChunks:
         if self.reach_tokens is None:
             return self.window_chunks
         padding = -end_tokens % self.tokens_per_chunk
-        return max(self.window_chunks, _cdiv(self.reach_tokens + padding, self.tokens_per_chunk))
+        return max(self.window_chunks, cdiv(self.reach_tokens + padding, self.tokens_per_chunk))
 
 
 def sliding_window_chunks(sliding_window: int, tokens_per_chunk: int, extra_retained_tokens: int = 0) -> int:
     """A sliding-window group's window in chunks (vLLM's ``get_sliding_window_size_in_chunks``)."""
-    return max(_cdiv(sliding_window, tokens_per_chunk),
-               _cdiv(sliding_window - 1 + extra_retained_tokens, tokens_per_chunk))
+    return max(cdiv(sliding_window, tokens_per_chunk),
+               cdiv(sliding_window - 1 + extra_retained_tokens, tokens_per_chunk))
 
 
 def lookup_order(groups: Sequence[GroupChunks]) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -145,7 +142,7 @@ def hit_tokens(groups: Sequence[GroupChunks], keys: Sequence[Sequence[Hashable]]
             max_hit = min(max_hit, len(group_keys) * size)
             if max_hit - num_computed_tokens < size:
                 return 0
-            num_chunks = min(_cdiv(max_hit, size), len(group_keys))
+            num_chunks = min(cdiv(max_hit, size), len(group_keys))
             start = num_computed_tokens // size
             window = group_keys[start:num_chunks]
             if group.window_chunks is None:
@@ -183,7 +180,7 @@ def _any_being_loaded(groups: Sequence[GroupChunks], keys: Sequence[Sequence[Has
     end = num_computed_tokens + found_tokens
     for group, group_keys in zip(groups, keys):
         size = group.tokens_per_chunk
-        read = group_keys[num_computed_tokens // size:_cdiv(end, size)]
+        read = group_keys[num_computed_tokens // size:cdiv(end, size)]
         window = group.load_window(end)
         if window is not None:
             read = read[-window:]

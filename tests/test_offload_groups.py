@@ -5,6 +5,7 @@ worked by hand from vLLM's rules."""
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -32,14 +33,11 @@ def lookup(groups, letters, num_computed, num_tokens, **kw):
 def test_every_recorded_case_answers_as_vllm_does():
     cases = json.loads(FIXTURE.read_text())
     assert len(cases) == 400
-    kinds = {None: 0, 0: 0}
     for i, case in enumerate(cases):
-        got = kvsim_answer(case)
-        assert got == case["vllm"], (i, case)
-        kinds[case["vllm"] if case["vllm"] in (None, 0) else "hit"] = kinds.get(
-            case["vllm"] if case["vllm"] in (None, 0) else "hit", 0) + 1
-    # the cases reach every outcome often, windowed and Mamba groups among them
-    assert min(kinds.values()) > 50
+        assert kvsim_answer(case) == case["vllm"], (i, case)
+    # the cases reach every outcome often (defer, nothing, a load), windowed and Mamba groups among them
+    outcomes = Counter("defer" if c["vllm"] is None else "load" if c["vllm"] else "none" for c in cases)
+    assert len(outcomes) == 3 and min(outcomes.values()) > 50
     assert sum(any(g["kind"] == "sliding" for g in c["groups"]) for c in cases) > 100
     assert sum(any(g["kind"] == "mamba" for g in c["groups"]) for c in cases) > 50
 

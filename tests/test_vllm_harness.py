@@ -74,4 +74,7 @@ def test_the_lengths_warm_up_covers_every_prompt_length_band_to_the_step_budget(
     assert (c1["max_concurrency"], c8["max_concurrency"]) == (1, 8) and c8["requests"] == c1["requests"]
     built = harness.build_requests(c8, vocab_size=32000)
     assert [len(r["ids"]) for r in built] == lengths and all(r["output_tokens"] == 2 for r in built)
+    # eight at a time are other prompts than the lone ones (not prefix-cache hits of them)
+    lone = harness.build_requests(c1, vocab_size=32000)
+    assert all(a["ids"][:16] != b["ids"][:16] for a, b in zip(lone, built))
     assert [p for _, p, _ in harness.warmup_lengths_entries(1000, 1)[0]["requests"]] == [16, 32, 64, 128, 256, 512]

@@ -159,8 +159,9 @@ def warmup_lengths_entries(max_tokens: int = 8192, per_octave: int = 4) -> list[
         lengths.append(n)
         k += 1
     reqs = [[0.0, n, 2] for n in lengths]
-    return [{"name": f"warmup-lengths-c{c}", "kind": "trace", "seed": 5, "max_concurrency": c, "requests": reqs}
-            for c in (1, 8)]
+    # each its own prompts (seeds 6 and 13): the same ones again would be prefix-cache hits
+    return [{"name": f"warmup-lengths-c{c}", "kind": "trace", "seed": 5 + c, "max_concurrency": c,
+             "requests": reqs} for c in (1, 8)]
 
 
 # ---------------------------------------------------------------- steps (pure, tested on CPU)
