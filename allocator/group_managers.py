@@ -149,15 +149,30 @@ class GroupManager:
         ref = self.pool.ref_cnt
         return num_new + sum(1 for b in hit[skip_hits:] if b != NULL and ref[b] == 0)
 
-    def add_hit_blocks(self, seq_id, hit: Sequence[int], num_local_computed_tokens: int) -> None:
-        """Adopt a new request's prefix-hit blocks (vLLM's ``add_local_computed_blocks``)."""
-        num_skipped = max(self.num_skipped_tokens(num_local_computed_tokens), 0) // self.block_size
+    def add_hit_blocks(self, seq_id, hit: Sequence[int], num_computed_tokens: int) -> None:
+        """Adopt a new request's prefix-hit blocks (vLLM's ``add_local_computed_blocks``);
+        ``num_computed_tokens``: the hit and what a connector loads after it."""
+        num_skipped = max(self.num_skipped_tokens(num_computed_tokens), 0) // self.block_size
         hit = list(hit[num_skipped:])
         if self.enable_caching:
             self._touch(hit)
         blocks = [NULL] * num_skipped + hit
         self.req_blocks[seq_id] = blocks
         self.num_cached_block[seq_id] = len(blocks)
+
+    def allocate_external(self, seq_id, num_local_computed_tokens: int,
+                          num_external_tokens: int) -> None:
+        """Blocks for the tokens a connector loads after the hit, those the group keeps (vLLM's
+        ``allocate_external_computed_blocks``)."""
+        total = num_local_computed_tokens + num_external_tokens
+        if self.num_skipped_tokens(total) > 0:
+            num_external_tokens = min(total - self.num_skipped_tokens(total), num_external_tokens)
+        if num_external_tokens <= 0:
+            return
+        blocks = self.req_blocks[seq_id]
+        num_new = cdiv(total, self.block_size) - len(blocks)
+        if num_new > 0:
+            blocks += self._pop(num_new)
 
     def allocate_new(self, seq_id, num_tokens: int, num_tokens_main: int) -> None:
         blocks = self.req_blocks.setdefault(seq_id, [])

@@ -225,7 +225,8 @@ class GroupedPagedAllocator(PoolQueries):
                        num_tokens: int, num_prompt_tokens: int,
                        block_hashes: Sequence[int] | None = None, hit: CacheHit | None = None,
                        full_sequence_must_fit: bool = False, watermark_blocks: int = 0,
-                       num_in_flight_tokens: int = 0) -> bool:
+                       num_in_flight_tokens: int = 0, num_external_computed_tokens: int = 0,
+                       delay_cache_blocks: bool = False, reserved_blocks: int = 0) -> bool:
         """Slots for ``num_new_tokens`` more tokens of a request (vLLM's ``allocate_slots``).
 
         Args:
@@ -239,6 +240,12 @@ class GroupedPagedAllocator(PoolQueries):
             full_sequence_must_fit: admission gate: blocks for all ``num_tokens`` must fit.
             watermark_blocks: free blocks to leave (waiting requests, something running).
             num_in_flight_tokens: scheduled tokens whose output is not back (async).
+            num_external_computed_tokens: an admission's tokens after ``hit`` that a KV
+                connector loads (vLLM's ``ext_comp``): each group gets blocks for those it
+                keeps (a sliding window: the window; below it, NULL).
+            delay_cache_blocks: cache nothing now (an async load: ``cache_blocks`` once done).
+            reserved_blocks: free blocks the allocation must leave (vLLM's reservation for the
+                requests still prefilling or loading, when a load is admitted).
         Returns:
             False, with nothing allocated, if the free blocks do not suffice (blocks that left
             a sliding window are freed even then, as in vLLM).
@@ -257,12 +264,15 @@ class GroupedPagedAllocator(PoolQueries):
         else:
             req.num_tokens = num_tokens
         hit_tokens = hit.num_tokens if hit is not None and admission else 0
-        if num_new_tokens == 0 and hit_tokens == 0:
+        ext = num_external_computed_tokens if admission else 0
+        if ext and any(g.kind == "mamba" for g in self.groups):
+            raise ValueError("tokens loaded by a connector with Mamba groups are not modelled")
+        if num_new_tokens == 0 and hit_tokens == 0 and ext == 0:
             raise ValueError(f"sequence {seq_id}: num_new_tokens must be > 0 without a hit")
         hit_blocks = hit.blocks if hit is not None and admission and not hit.is_empty else None
         no_hits = tuple(() for _ in self.groups)
         local_computed = num_computed_tokens + hit_tokens
-        total_computed = min(local_computed, self.max_model_len)
+        total_computed = min(local_computed + ext, self.max_model_len)
         prefill_end = max(num_prompt_tokens, num_tokens - 1)
         managers, pool = self.managers, self.pool
         if full_sequence_must_fit:
@@ -280,22 +290,27 @@ class GroupedPagedAllocator(PoolQueries):
         if not admission:
             self._processed[seq_id] = processed
         need = sum(m.blocks_to_allocate(seq_id, need_slot, (hit_blocks or no_hits)[i],
-                                        local_computed, main, False, prefill_end)
+                                        local_computed + ext, main, False, prefill_end)
                    for i, m in enumerate(managers))
-        if need + watermark_blocks > pool.num_free_blocks:
+        if need + watermark_blocks > pool.num_free_blocks - reserved_blocks:
             return False
         if admission:
             self._reqs[seq_id] = req
-            if hit_blocks is not None:
+            if hit_blocks is not None or ext:
+                # vLLM: every group's hit blocks first, then the external blocks (a group's
+                # new blocks must not evict another group's hit)
                 for i, m in enumerate(managers):
-                    m.add_hit_blocks(seq_id, hit_blocks[i], local_computed)
+                    m.add_hit_blocks(seq_id, (hit_blocks or no_hits)[i], local_computed + ext)
+                if ext:
+                    for m in managers:
+                        m.allocate_external(seq_id, local_computed, ext)
             if self.enable_prefix_caching:
                 self._count_query(seq_id, num_tokens, hit_tokens)
         for m in managers:
             m.allocate_new(seq_id, need_slot, main)
         self._set_slot_tokens(seq_id, need_slot)
         self._processed[seq_id] = processed
-        if self.enable_prefix_caching:
+        if self.enable_prefix_caching and not delay_cache_blocks:
             cacheable = min(total_computed + num_new_tokens, num_tokens)
             cacheable -= cacheable % self.block_size
             for m in managers:
@@ -303,6 +318,16 @@ class GroupedPagedAllocator(PoolQueries):
             if cacheable > self._cached_upto.get(seq_id, 0):
                 self._cached_upto[seq_id] = cacheable
         return True
+
+    def blocks_to_finish(self, seq_id: Hashable, num_tokens: int, num_computed_tokens: int,
+                         num_prompt_tokens: int) -> int:
+        """Free blocks a live request still needs to hold all of its ``num_tokens`` (vLLM's
+        ``_request_remaining_blocks``: a sliding window capped at its admission blocks)."""
+        require_live(seq_id, self._reqs)
+        full = min(num_tokens, self.max_model_len)
+        prefill_end = max(num_prompt_tokens, num_tokens - 1)
+        return sum(m.blocks_to_allocate(seq_id, full, (), num_computed_tokens, full, True,
+                                        prefill_end) for m in self.managers)
 
     def cache_blocks(self, seq_id: Hashable, num_tokens: int) -> None:
         """Cache the request's full blocks among its first ``num_tokens`` tokens, in every group

@@ -148,3 +148,59 @@ def test_bad_calls_raise():
                              block_hashes=[])
     with pytest.raises(ValueError, match="unknown seq_id"):
         alloc.free(3)
+
+
+def test_a_connector_load_gets_blocks_only_inside_each_groups_window_and_caches_later():
+    # vLLM allocate_slots(num_external_computed_tokens=36, delay_cache_blocks=True): full
+    # attention gets a block for each of the 9 loaded blocks; the window (8 tokens, blocks of 4)
+    # of token 36 reaches back to token 29: 7 blocks skipped (NULL), 2 allocated
+    alloc = make([FULL, SLIDING], num_blocks=40)
+    prompt = list(range(40))
+    keys = hash_token_blocks(prompt, 4)
+    empty = alloc.find_cache_hit(keys, 40)
+    free = alloc.num_free_blocks
+    assert alloc.allocate_slots(0, 0, num_computed_tokens=0, num_tokens=40, num_prompt_tokens=40,
+                                block_hashes=keys, hit=empty, num_external_computed_tokens=36,
+                                delay_cache_blocks=True)
+    full, sliding = alloc.block_tables(0)
+    assert len(full) == 9 and NULL not in full
+    assert sliding[:7] == [NULL] * 7 and len(sliding) == 9 and NULL not in sliding[7:]
+    assert alloc.num_free_blocks == free - 11
+    assert alloc.find_cache_hit(keys, 40).num_tokens == 0          # nothing cached yet
+    # the load is done: cache what it wrote; a second request with the prompt hits 36 tokens
+    alloc.cache_blocks(0, 36)
+    hit = alloc.find_cache_hit(keys, 40)
+    assert hit.num_tokens == 36 and hit.blocks[1][7:] == tuple(sliding[7:])
+    # the request runs its last prompt block: one more block in each group
+    assert alloc.allocate_slots(0, 4, num_computed_tokens=36, num_tokens=40,
+                                num_prompt_tokens=40, full_sequence_must_fit=True)
+    full, sliding = alloc.block_tables(0)
+    assert len(full) == len(sliding) == 10 and sliding.count(NULL) == 7
+    alloc.check_invariants()
+
+
+def test_a_load_after_a_gpu_hit_and_the_blocks_it_must_leave_free():
+    alloc = make([FULL, SLIDING], num_blocks=40)
+    prompt = list(range(40))
+    keys = hash_token_blocks(prompt, 4)
+    assert alloc.allocate_slots(0, 16, num_computed_tokens=0, num_tokens=16,
+                                num_prompt_tokens=16, block_hashes=keys[:4])
+    alloc.free(0)
+    hit = alloc.find_cache_hit(keys, 40)
+    assert hit.num_tokens == 12        # the window was cached only below token 15
+    free = alloc.num_free_blocks
+    # 12 GPU-hit tokens, 24 loaded: full attention takes its 3 cached hit blocks out of the
+    # free queue and 6 new ones, the window 2 (blocks 7 and 8; below them NULL, its hit blocks
+    # included): 11 free blocks, which fit only if 11 + reserved <= free
+    args = dict(num_computed_tokens=0, num_tokens=40, num_prompt_tokens=40, block_hashes=keys,
+                hit=hit, num_external_computed_tokens=24, delay_cache_blocks=True)
+    assert not alloc.allocate_slots(1, 0, reserved_blocks=free - 10, **args)
+    assert alloc.num_free_blocks == free and 1 not in alloc.seq_ids
+    assert alloc.allocate_slots(1, 0, reserved_blocks=free - 11, **args)
+    assert alloc.num_free_blocks == free - 11
+    full, sliding = alloc.block_tables(1)
+    assert full[:3] == list(hit.blocks[0]) and len(full) == 9
+    assert sliding[:7] == [NULL] * 7 and len(sliding) == 9 and NULL not in sliding[7:]
+    # what it still needs to hold its whole sequence (vLLM's reservation for it)
+    assert alloc.blocks_to_finish(1, 40, 36, 40) == 2
+    alloc.check_invariants()

@@ -23,3 +23,15 @@ def test_skipping_decodes_that_change_nothing_keeps_the_decisions():
     assert stdout.count("equal over 200 steps") == 2 * 2 * len(CONFIGS), stdout
     skipped = [int(w.split("=")[1]) for w in stdout.split() if w.startswith("skipped=")]
     assert sum(skipped) > 1000, skipped           # the skipping was exercised
+
+
+@pytest.mark.slow
+def test_tokens_loaded_by_a_connector_get_vllms_blocks_in_every_group():
+    # allocate_slots(num_external_computed_tokens=..., delay_cache_blocks=True,
+    # reserved_blocks=...), the load's cache_blocks, then the loaded request's own chunk
+    stdout = run_vllm_driver("vllm_hybrid_driver.py", "--seeds", "2", "--steps", "200",
+                             "--external", "--configs", "full_sliding", "gemma_like",
+                             "sliding_only", timeout_s=900)
+    assert stdout.count("equal over 200 steps") == 2 * 2 * 3, stdout
+    loads = [int(w.split("=")[1]) for w in stdout.split() if w.startswith("loads=")]
+    assert sum(loads) > 50, loads                 # loads were exercised

@@ -101,9 +101,12 @@ def mamba_chunk(start: int, num_new: int, prefill_end: int, block_size: int, bud
 
 
 def run(config: str, seed: int, steps: int, caching: bool, log: list | None = None,
-        lazy: bool = False) -> dict:
+        lazy: bool = False, external: bool = False) -> dict:
     """One random run; returns counters. ``log`` collects the golden calls and answers.
-    ``lazy``: kvsim is not told the decodes ``decode_changes_state`` says change nothing."""
+    ``lazy``: kvsim is not told the decodes ``decode_changes_state`` says change nothing.
+    ``external``: some admissions load tokens after their hit, as from a KV connector (blocks
+    allocated uncached, the request waits 1-3 steps, then its loaded blocks are cached and it
+    is scheduled before the waiting queue, vLLM's order)."""
     rng = random.Random(seed * 7919 + len(config))
     groups = make_groups(CONFIGS[config])
     block_size = rng.choice([2, 4])
@@ -134,7 +137,9 @@ def run(config: str, seed: int, steps: int, caching: bool, log: list | None = No
     reqs: dict[int, Req] = {}
     waiting: list[Req] = []
     running: list[Req] = []
-    stats = dict(hits=0, failed=0, preempted=0, finished=0, swa_frees=0, skipped=0)
+    stats = dict(hits=0, failed=0, preempted=0, finished=0, swa_frees=0, skipped=0, loads=0)
+    holding: list[list] = []      # [request, the step its load is done, cached yet]
+    loads = external and caching and not has_mamba
 
     def allocate(r: Req, num_new: int, hit=None, hit_v=None, admission=False) -> bool:
         free_before = vllm.block_pool.get_num_free_blocks()
@@ -225,7 +230,36 @@ def run(config: str, seed: int, steps: int, caching: bool, log: list | None = No
             scheduled.append((r, num_new))
             token_budget -= num_new
             i += 1
-        while not preempted_any and token_budget > 0 and waiting and len(running) < max_num_seqs:
+        blocked = False
+        for entry in list(holding):       # vLLM drains the requests holding blocks first
+            if preempted_any or token_budget <= 0 or len(running) >= max_num_seqs:
+                break
+            r, done, cached = entry
+            if done > step:
+                continue
+            if not cached:                # _update_waiting_for_remote_kv
+                vllm.cache_blocks(r.request, r.num_computed)
+                kvsim.cache_blocks(r.seq_id, r.num_computed)
+                entry[2] = True
+            num_new = min(r.num_tokens - r.num_computed, token_budget)
+            ok_v = vllm.allocate_slots(r.request, num_new, full_sequence_must_fit=True,
+                                       has_scheduled_reqs=bool(running)) is not None
+            ok_k = kvsim.allocate_slots(r.seq_id, num_new, num_computed_tokens=r.num_computed,
+                                        num_tokens=r.num_tokens,
+                                        num_prompt_tokens=r.num_prompt_tokens,
+                                        full_sequence_must_fit=True,
+                                        watermark_blocks=watermark_blocks if running else 0)
+            assert ok_v == ok_k, f"step {step}: loaded seq {r.seq_id} vLLM {ok_v} kvsim {ok_k}"
+            if not ok_v:
+                blocked = True
+                break
+            holding.remove(entry)
+            running.append(r)
+            r.request.status = RequestStatus.RUNNING
+            scheduled.append((r, num_new))
+            token_budget -= num_new
+        while not preempted_any and not blocked and token_budget > 0 and waiting and \
+                len(running) < max_num_seqs:
             r = waiting[0]
             hit_v, hit_tokens_v, boundary = vllm.get_computed_blocks(r.request)
             r.request.shared_prefix_boundary = boundary
@@ -239,6 +273,33 @@ def run(config: str, seed: int, steps: int, caching: bool, log: list | None = No
                 log.append(["hit", r.seq_id, r.num_tokens, hit.num_tokens,
                             [list(b) for b in hit.blocks], boundary])
             stats["hits"] += hit.num_tokens > 0
+            first_block, last_block = hit.num_tokens // block_size + 1, \
+                (r.num_tokens - 1) // block_size
+            if loads and first_block <= last_block and rng.random() < 0.35:
+                ext = rng.randint(first_block, last_block) * block_size - hit.num_tokens
+                reserved = rng.choice([0, 0, 1, 3])
+                ok_v = vllm.allocate_slots(
+                    r.request, 0, num_new_computed_tokens=hit.num_tokens,
+                    new_computed_blocks=hit_v, num_external_computed_tokens=ext,
+                    delay_cache_blocks=True, full_sequence_must_fit=True,
+                    reserved_blocks=reserved, has_scheduled_reqs=bool(running)) is not None
+                ok_k = kvsim.allocate_slots(
+                    r.seq_id, 0, num_computed_tokens=0, num_tokens=r.num_tokens,
+                    num_prompt_tokens=r.num_prompt_tokens, block_hashes=r.keys, hit=hit,
+                    full_sequence_must_fit=True,
+                    watermark_blocks=watermark_blocks if running else 0,
+                    num_external_computed_tokens=ext, delay_cache_blocks=True,
+                    reserved_blocks=reserved)
+                assert ok_v == ok_k, f"step {step}: load of seq {r.seq_id} vLLM {ok_v} {ok_k}"
+                if not ok_v:
+                    stats["failed"] += 1
+                    break
+                vllm.record_prefix_cache_stats(r.request, hit.num_tokens)
+                waiting.pop(0)
+                r.num_computed = r.request.num_computed_tokens = hit.num_tokens + ext
+                holding.append([r, step + rng.randint(1, 3), False])
+                stats["loads"] += 1
+                continue
             num_new = min(r.num_tokens - hit.num_tokens, token_budget)
             if has_mamba and caching:
                 num_new = mamba_chunk(hit.num_tokens, num_new,
@@ -311,6 +372,8 @@ def main() -> int:
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--configs", nargs="*", default=list(CONFIGS))
+    parser.add_argument("--external", action="store_true",
+                        help="some admissions load tokens after their hit (a KV connector)")
     parser.add_argument("--lazy", action="store_true",
                         help="skip kvsim's decode calls that decode_changes_state rules out")
     parser.add_argument("--write-golden", metavar="DIR",
@@ -319,7 +382,8 @@ def main() -> int:
     for config in args.configs:
         for caching in (True, False):
             for seed in range(args.seeds):
-                stats = run(config, seed, args.steps, caching, lazy=args.lazy)
+                stats = run(config, seed, args.steps, caching, lazy=args.lazy,
+                            external=args.external)
                 print(f"{config} caching={caching} seed {seed}: equal over {args.steps} steps "
                       + " ".join(f"{k}={v}" for k, v in stats.items()), flush=True)
     if args.write_golden:
