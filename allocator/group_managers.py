@@ -102,6 +102,14 @@ class RequestKeys:
     num_tokens: int                      # current length (prompt + outputs so far)
     shared_prefix_boundary: int = 0      # set at the request's last prefix lookup
 
+    def replay_boundaries(self) -> list[int]:
+        """Token positions a later hit can end at (vLLM's ``reachable_boundaries``): the
+        prompt's last token and the shared-prefix junction, if any."""
+        boundaries = [self.num_prompt_tokens - 1]
+        if self.shared_prefix_boundary:
+            boundaries.append(self.shared_prefix_boundary)
+        return boundaries
+
 
 class GroupManager:
     """Block tables of one group; the hooks vLLM's KVCacheCoordinator calls, in its order.
@@ -213,10 +221,7 @@ class GroupManager:
         num_full = min(num_tokens, len(req.block_hashes) * self.block_size) // self.block_size
         if num_cached >= num_full:
             return
-        boundaries = [req.num_prompt_tokens - 1]
-        if req.shared_prefix_boundary:
-            boundaries.append(req.shared_prefix_boundary)
-        mask = self.reachable_mask(num_cached, num_full, boundaries)
+        mask = self.reachable_mask(num_cached, num_full, req.replay_boundaries())
         blocks, hashes, key_of, salt = (self.req_blocks[seq_id], req.block_hashes,
                                         self.pool.block_key, self.salt)
         ids, keys = [], []

@@ -319,6 +319,11 @@ class GroupedPagedAllocator(PoolQueries):
                 self._cached_upto[seq_id] = cacheable
         return True
 
+    def replay_boundaries(self, seq_id: Hashable) -> list[int]:
+        """Token positions a later hit of a live request can end at
+        (``RequestKeys.replay_boundaries``)."""
+        return require_live(seq_id, self._reqs).replay_boundaries()
+
     def blocks_to_finish(self, seq_id: Hashable, num_tokens: int, num_computed_tokens: int,
                          num_prompt_tokens: int) -> int:
         """Free blocks a live request still needs to hold all of its ``num_tokens`` (vLLM's

@@ -49,11 +49,12 @@ class OffloadTier:
         name: for messages (``cpu``, ``disk``).
     """
 
-    def __init__(self, num_chunks: int, name: str = "cpu"):
+    def __init__(self, num_chunks: int, name: str = "cpu", ties_by_key: bool = False):
         if type(num_chunks) is not int or num_chunks < 0:
             raise ValueError(f"num_chunks must be an integer >= 0, got {num_chunks!r}")
         self.num_chunks = num_chunks
         self.name = name
+        self.ties_by_key = ties_by_key
         self._ref: dict[Hashable, int] = {}        # -1 pending, 0 ready, k > 0 read by k loads
         self._rank: dict[Hashable, int] = {}      # _rank(r, position), vLLM's (r, -position)
         self._evictable: set[Hashable] = set()
@@ -176,7 +177,11 @@ class OffloadTier:
         state = self._requests.pop(request_id, None)
         if state is None:
             return
-        order = sorted(state.seen, key=state.seen.__getitem__)    # head to tail
+        seen = state.seen
+        # head to tail; KV-cache groups key one position once per group: vLLM orders those by
+        # group (the key's second part) when the request finishes
+        order = sorted(seen, key=(lambda k: (seen[k], k)) if self.ties_by_key
+                       else seen.__getitem__)
         for key in reversed(order):
             if key in self._ref:
                 self._next_rank += 1

@@ -365,6 +365,19 @@ CASES += [
          "prefix_groups", {"num_gpu_blocks": 250, "max_num_seqs": 64, "cpu_chunks": 600,
                            "long_prefill_token_threshold": 64, "watermark": 0.05,
                            "transfer_steps_per_chunk": 3}),
+    # KV-cache groups with a CPU tier (HybridOffloadScheduler)
+    Case("offload_hybrid_sliding", "window 128 + full with a CPU tier: windows' last blocks "
+         "stored, loads into both groups, sliding-window flushes",
+         "prefix_groups", {"num_gpu_blocks": 320, "max_num_seqs": 64, "cpu_chunks": 300,
+                           "transfer_steps_per_chunk": 1, "kv_groups": "sliding:128,full"}),
+    Case("offload_hybrid_gemma_like", "three windows of 64 + full, a small tier: refused offers",
+         "prefix_groups", {"num_gpu_blocks": 420, "max_num_seqs": 64, "cpu_chunks": 120,
+                           "transfer_steps_per_chunk": 2,
+                           "kv_groups": "sliding:64,sliding:64,sliding:64,full"}),
+    Case("offload_hybrid_storm", "window 32 + full in a tiny pool with a tier: preemptions "
+         "flush stores, loads reserve blocks", "storm",
+         {"num_gpu_blocks": 150, "max_num_seqs": 64, "cpu_chunks": 400,
+          "transfer_steps_per_chunk": 0, "kv_groups": "sliding:32,full"}),
 ]
 # vLLM's GPU default: AsyncScheduler, 2 batches in flight (EngineCore.step_with_batch_queue).
 # Each async case is a sync case above with --async-scheduling, under the name async_<case>.
@@ -415,6 +428,8 @@ def make_case(case: Case, oracle_python: str) -> dict:
         script = ROOT / "bench" / "offload_oracle.py"
         groups = ["--cpu-chunks", str(args.pop("cpu_chunks")), "--transfer-steps-per-chunk",
                   str(args.pop("transfer_steps_per_chunk", 1))]
+        if "kv_groups" in args:
+            groups += ["--kv-groups", args.pop("kv_groups")]
     elif "kv_groups" in args:   # the oracle with a hybrid model's KV-cache groups
         script, groups = ROOT / "bench" / "hybrid_oracle.py", ["--kv-groups", args.pop("kv_groups")]
     elif "max_concurrency" in args:    # the oracle driven by a closed-loop client

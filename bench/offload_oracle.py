@@ -124,8 +124,8 @@ class Worker:
         return self.inflight[0][0] if self.inflight else None
 
     def _submit(self, job_id: int, ready: int) -> None:
-        if job_id in self.done:
-            return                              # submitted early by a flush
+        if job_id in self.done or job_id not in self.kind:
+            return                              # submitted early by a flush (or reported)
         kind = self.kind[job_id]
         start = max(ready, self.free[kind])
         self.free[kind] = self.done[job_id] = start + self.size[job_id] * self.steps_per_chunk

@@ -43,7 +43,9 @@ from kvsim.simulator.cost import (NS_PER_S, CostModel, FixedStepCost, StepBatch,
 from kvsim.simulator.footprint import check_simulation
 from kvsim.simulator.in_the_loop import IN_THE_LOOP_COLUMNS, scheduled_step
 from kvsim.simulator.modes import check_mode
-from kvsim.simulator.offload import OffloadConnector, TierConfig
+from kvsim.simulator.hybrid_offload import HybridOffloadScheduler
+from kvsim.simulator.offload import TierConfig
+from kvsim.simulator.offload_grouped import make_connector
 from kvsim.simulator.offload_scheduler import AsyncOffloadScheduler, OffloadScheduler
 from kvsim.simulator.recorder import DECODE_RUN, NUM_CLASSES, Recorder, scheduled_arrival_ns
 from kvsim.simulator.result import Result
@@ -61,7 +63,7 @@ _NEVER = 1 << 62
 # the schedulers simulator/modes.py's table names
 SCHEDULERS = {cls.__name__: cls for cls in (Scheduler, AsyncScheduler, HybridScheduler,
                                             AsyncHybridScheduler, V0Scheduler, OffloadScheduler,
-                                            AsyncOffloadScheduler)}
+                                            AsyncOffloadScheduler, HybridOffloadScheduler)}
 
 
 def _urgent_timeout(env: simpy.Environment, delay_ns: int) -> simpy.Event:
@@ -113,7 +115,7 @@ class _Replica:
                  step_clock: bool, offload: Sequence[TierConfig] = ()):
         self.index = index
         self.allocator = make_allocator(config)
-        self.offload = OffloadConnector(offload, config.block_size) if offload else None
+        self.offload = make_connector(config, offload, self.allocator) if offload else None
         # the scheduler the declared table names for this combination (simulator/modes.py)
         name = check_mode(config, offload=self.offload is not None)
         extra = {} if self.offload is None else {"connector": self.offload}

@@ -83,7 +83,8 @@ def _support(policy: str, kv: str, features: tuple[str, ...]) -> ModeSupport:
     runs = {(): "Scheduler", ("async",): "AsyncScheduler", ("offload",): "OffloadScheduler",
             ("async", "offload"): "AsyncOffloadScheduler"}
     if kv == "grouped":
-        runs = {(): "HybridScheduler", ("async",): "AsyncHybridScheduler"}
+        runs = {(): "HybridScheduler", ("async",): "AsyncHybridScheduler",
+                ("offload",): "HybridOffloadScheduler"}
     return ModeSupport(ALLOWED, runs.get(features))
 
 

@@ -248,7 +248,17 @@ class OffloadConnector:
         B = self.block_size
         first, stop = num_gpu_hit_tokens // B, (num_gpu_hit_tokens + num_external_tokens) // B
         chunk_keys = self._chunk_keys(request_id, keys, stop)[first:stop]
-        self.cpu.prepare_load(request_id, chunk_keys, list(range(first, stop)))
+        self._queue_load(request_id, chunk_keys, list(range(first, stop)), num_gpu_hit_tokens,
+                         num_external_tokens, num_tokens, preempted)
+        state = self._requests[request_id]
+        state.next_stored = -(-(num_gpu_hit_tokens + num_external_tokens) // B)   # chunk level
+
+    def _queue_load(self, request_id: Hashable, chunk_keys: list, positions: list[int],
+                    num_gpu_hit_tokens: int, num_external_tokens: int, num_tokens: int,
+                    preempted: bool) -> None:
+        """Pin ``chunk_keys`` (at ``positions`` of the request's chain) and queue one load of
+        them; the connector's counters."""
+        self.cpu.prepare_load(request_id, chunk_keys, positions)
         for key in chunk_keys:
             self._being_loaded[key] = self._being_loaded.get(key, 0) + 1
         self._loading_version += 1
@@ -256,7 +266,6 @@ class OffloadConnector:
         state.loading = self._add_job(_Job(LOAD, request_id, chunk_keys,
                                            len(chunk_keys) * self.chunk_bytes), self._new_loads)
         state.loaded = False
-        state.next_stored = -(-(num_gpu_hit_tokens + num_external_tokens) // B)   # chunk level
         self.stats.num_loads += 1
         if preempted:   # vLLM counts re-admissions apart (connector_prefix_cache_stats)
             self.stats.preempted_hit_tokens += num_external_tokens

@@ -47,6 +47,9 @@ def check_offload_config(config) -> None:
     if not config.enable_prefix_caching:
         raise InputError("offload tiers need the paged allocator with prefix caching",
                          field="--cpu-offload-gib")
+    if config.kv_cache_groups:
+        from kvsim.simulator.offload_grouped import connector_groups
+        connector_groups(config.kv_cache_groups, config.block_size)   # what is modelled
 
 
 class OffloadScheduler(Scheduler):
@@ -161,10 +164,11 @@ class OffloadScheduler(Scheduler):
                 continue
             if not fit.admitted:
                 break
-            queue.popleft()
             hit, n, ext = fit.num_hit_tokens, fit.num_new_tokens, fit.num_external_tokens
             if ext:
-                self._start_load(seq, hit, ext, out)
+                if not self._start_load(seq, hit, ext, out):
+                    break                   # the allocator's own check (KV-cache groups)
+                queue.popleft()
                 self._inflight[seq.seq_id] = seq
                 skipped_holding.append(seq)
                 continue
@@ -173,7 +177,11 @@ class OffloadScheduler(Scheduler):
                 n = self._admit_loaded(seq, n, out, now_ns, step_index)
             else:
                 n = self._admit(seq, fit, out, now_ns, step_index)
-                conn.count_query(seq.num_tokens, hit, preempted=seq.num_preemptions > 0)
+                if n is not None:
+                    conn.count_query(seq.num_tokens, hit, preempted=seq.num_preemptions > 0)
+            if n is None:
+                break                       # the allocator's own check (KV-cache groups)
+            queue.popleft()
             if hit + n < seq.num_tokens:
                 self._inflight[seq.seq_id] = seq
             else:
@@ -244,9 +252,10 @@ class OffloadScheduler(Scheduler):
         return sum(max(0, cdiv(min(seq.num_tokens, mml), B) - cdiv(seq.num_alloc_tokens, B))
                    for seq in self._inflight.values())
 
-    def _start_load(self, seq: SeqState, hit: int, ext: int, out: StepOutput) -> None:
+    def _start_load(self, seq: SeqState, hit: int, ext: int, out: StepOutput) -> bool:
         """allocate_slots(..., num_external_computed_tokens=ext, delay_cache_blocks=True) and
-        update_state_after_alloc: blocks for the hit, the load queued."""
+        update_state_after_alloc: blocks for the hit, the load queued (True: ``_admission``
+        checked that they fit)."""
         keys = seq.keys
         ok = self.allocator.allocate(seq.seq_id, hit + ext, block_hashes=keys,
                                      delay_cache_blocks=True)
@@ -258,6 +267,7 @@ class OffloadScheduler(Scheduler):
         # vLLM records the prefix-cache query (GPU hits) at this admission
         self._count_prefix_query(seq, hit, out)
         self._load_hit[seq.seq_id] = hit + ext
+        return True
 
     def _loaded(self, seq: SeqState) -> None:
         """_update_waiting_for_remote_kv: the loaded blocks are cached; the request has its hit
@@ -266,7 +276,7 @@ class OffloadScheduler(Scheduler):
         seq.num_computed_tokens = min(self._load_hit.pop(seq.seq_id), seq.num_tokens - 1)
 
     def _admit_loaded(self, seq: SeqState, n: int, out: StepOutput, now_ns: int,
-                      step_index: int) -> int:
+                      step_index: int) -> int | None:
         """Start a request whose hit was loaded: blocks for its first chunk, RUNNING."""
         c = seq.num_computed_tokens
         if self.allocator.pool.handed_out is not None:   # vLLM sends a new request's table

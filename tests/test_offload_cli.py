@@ -133,8 +133,14 @@ def test_offload_tiers_follow_vllms_async_default(tmp_path, capsys):
                  "--out", str(sync)]) == 0
     assert not json.loads(sync.read_text())["config"]["engine"].get("async_scheduling")
     capsys.readouterr()
+    # KV-cache groups with a tier run synchronously (async x groups x a tier is not modelled)
+    groups = tmp_path / "groups.json"
+    assert main(["replay", SPEC, *POOL, "--cpu-offload-gib", "2", "--kv-groups",
+                 "sliding:128,full", "--out", str(groups)]) == 0
+    assert not json.loads(groups.read_text())["config"]["engine"].get("async_scheduling")
+    capsys.readouterr()
     for extra in (["--scheduler", "v0", "--max-model-len", "2048"],
-                  ["--kv-groups", "sliding:128,full"]):
+                  ["--kv-groups", "sliding:128,full", "--async-scheduling"]):
         assert main(["replay", SPEC, *POOL, "--cpu-offload-gib", "2", *extra]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         # the declared modes table refuses them (simulator/modes.py)
