@@ -11,13 +11,15 @@ Cases: the oracle's example trace b (half the requests share a 512-token prefix)
 CPU tiers chosen to load, evict and flush, at 0, 1 and 4 steps per chunk; and --num-random
 random traces (fidelity_fuzz's generator, then prefix groups that come back after the GPU has
 evicted them, a CPU tier from a few chunks to more than the workload, 0-5 steps per chunk).
-One KV-cache group (what kvsim runs with a tier); synchronous scheduling, or vLLM's
-AsyncScheduler with --async-scheduling (case names end in _async). Outputs are cached
+One KV-cache group; with --kv-groups, random cases over random groups (sliding windows of one
+token to several blocks, with or without full attention; names end in _groups). Synchronous
+scheduling, or vLLM's AsyncScheduler with --async-scheduling (case names end in _async). Outputs are cached
 under runs/fidelity/offload/ (git-ignored).
 
 Usage:
     python bench/fidelity_offload.py [--cases NAME ...] [--num-random 40] [--seed 0]
-                                     [--async-scheduling] [--oracle-only] [--jobs 2] [-v]
+                                     [--async-scheduling] [--kv-groups] [--oracle-only]
+                                     [--jobs 2] [-v]
 """
 from __future__ import annotations
 
@@ -71,16 +73,36 @@ def random_offload_case(rng: random.Random) -> tuple[list[list], dict]:
     return rows, args
 
 
+def random_grouped_offload_case(rng: random.Random) -> tuple[list[list], dict]:
+    """A random case with a CPU tier (``random_offload_case``) over random KV-cache groups: one
+    to three sliding windows (from one token to several blocks), with full attention or not;
+    the pool and the tier scaled by the number of groups (each group takes a block a block)."""
+    rows, args = random_offload_case(rng)
+    block = args["block_size"]
+    groups = [f"sliding:{rng.choice([1, block - 1, block, 3 * block + 5, 128, 700])}"
+              for _ in range(rng.choice([1, 1, 2, 3]))]
+    if rng.random() < 0.85:
+        groups.insert(rng.randrange(len(groups) + 1), "full")
+    args["kv_groups"] = ",".join(groups)
+    args["num_gpu_blocks"] = (args["num_gpu_blocks"] - 1) * len(groups) + 1
+    args["cpu_chunks"] *= len(groups)
+    return rows, args
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = case_parser(__doc__.splitlines()[0], 40, None)
     ap.add_argument("--async-scheduling", action="store_true",
                     help="every case under vLLM's AsyncScheduler (names end in _async)")
+    ap.add_argument("--kv-groups", action="store_true",
+                    help="random cases over random KV-cache groups (sliding windows, full "
+                         "attention; names end in _groups); no named cases")
     a = ap.parse_args(argv)
-    mode = "_async" if a.async_scheduling else ""
+    mode = ("_groups" if a.kv_groups else "") + ("_async" if a.async_scheduling else "")
     extra = {"async_scheduling": True} if a.async_scheduling else {}
     a.csv = a.csv or str(OFFLOAD / f"fidelity_offload{mode}.csv")
-    cases = collect_cases(named_cases(), random_offload_case, a.num_random, a.seed, OFFLOAD,
-                          a.cases, mode, extra)
+    cases = collect_cases([] if a.kv_groups else named_cases(),
+                          random_grouped_offload_case if a.kv_groups else random_offload_case,
+                          a.num_random, a.seed, OFFLOAD, a.cases, mode, extra)
     run_oracle_batch(cases, a.jobs, a.venv, workdir=OFFLOAD)
     if a.oracle_only:
         return 0

@@ -286,6 +286,7 @@ def build_engine(settings: EngineSettings | None = None, /, **kwargs) -> EngineS
     cost = _step_cost(s, model, gpu, config.async_scheduling, carry_from)
     offload = _offload_tiers(
         model, gpu, s.tensor_parallel_size, s.kv_cache_dtype, pool.block_size,
+        pool.kv_cache_groups,
         cpu_offload_gib=s.cpu_offload_gib, offload_bandwidth_gbps=s.offload_bandwidth_gbps,
         disk_offload_gib=s.disk_offload_gib, disk_bandwidth_gbps=s.disk_bandwidth_gbps,
         disk_latency_ms=s.disk_latency_ms)
@@ -492,9 +493,15 @@ def _weight_method(model: ModelSpec | None) -> str | None:
 
 
 def _offload_tiers(model: ModelSpec | None, gpu: GpuSpec | None, tp: int, kv_dtype: str,
-                   block_size: int, **flags) -> tuple[TierConfig, ...]:
-    """The simulator's tiers for the flags (planner.tiers checks them, one-line errors)."""
+                   block_size: int, groups: tuple = (), **flags) -> tuple[TierConfig, ...]:
+    """The simulator's tiers for the flags (planner.tiers checks them, one-line errors). A
+    chunk is one GPU block of the model; with a hybrid model's KV-cache groups, one block of
+    one group (vLLM: the worker's KV bytes per block, the largest group's page over its
+    layers), so that every group's chunk fills one slot. Groups given by hand
+    (``--kv-groups``) say nothing of bytes: a chunk is then the model's whole block."""
     per_rank, copies = block_bytes(model, kv_dtype, tp, block_size) if model else (1, tp)
+    if groups and all(g.page_size_bytes for g in groups):
+        per_rank = max(g.page_size_bytes * g.num_layers for g in groups)
     tiers = build_tiers(gpu_name=gpu.name if gpu else None, bytes_per_block=per_rank, tp=copies,
                         **flags)
     # here, not at the top: the offload module loads the allocator package (numpy), which

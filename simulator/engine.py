@@ -507,6 +507,13 @@ class Simulation:
         if rep.held:
             conn.apply_held(now)     # the last step in flight is processed
         rep.rec.boundary(now)
+        if conn is not None and sched.idles_as_vllm:
+            if self.next_arrival_ns == now:
+                yield env.timeout(0)   # a request arriving now is scheduled, no empty step
+                if sched.has_unfinished():
+                    return now
+            if sched.has_finished_to_signal:
+                sched.empty_step()     # vLLM steps once more to tell the connector
         while conn is not None and conn.busy and not sched.has_unfinished():
             sched.empty_step()
             done_ns = conn.idle_until(now)

@@ -47,6 +47,8 @@ class HybridOffloadScheduler(OffloadScheduler, HybridScheduler):
         self._commit_finished()
         return out
 
+    idles_as_vllm = True
+
     def _commit_finished(self) -> None:
         """The finished requests' last stores, then their recency (vLLM's
         on_request_finished, after every store of the step)."""

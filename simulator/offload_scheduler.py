@@ -109,6 +109,17 @@ class OffloadScheduler(Scheduler):
             pool.handed_out = None
         return out
 
+    # Whether the engine goes idle as vLLM's does: a request arriving at that instant is
+    # scheduled before any empty step, and an empty step tells the connector which requests
+    # finished (vLLM's ``has_requests`` counts them until then). One group: kvsim signals
+    # them at the next schedule and takes empty steps only for transfers (its fidelity cases
+    # agree with vLLM's; the grouped connector's do not without it).
+    idles_as_vllm = False
+
+    @property
+    def has_finished_to_signal(self) -> bool:
+        return bool(self._just_finished)
+
     def empty_step(self) -> None:
         """What vLLM's schedule() does when it schedules nothing (the engine keeps stepping
         while transfers are pending): the connector still learns who finished."""

@@ -154,3 +154,22 @@ def test_compare_with_a_tier_runs_every_column_in_one_scheduling_mode(tmp_path):
         both = json.loads((tmp_path / "c.json").read_text())
         assert [s["config"]["engine"].get("async_scheduling") or None
                 for s in both.values()] == [want, want]
+
+
+def test_a_hybrid_models_cpu_chunk_is_one_groups_block(tmp_path):
+    # vLLM's CPU slot is the worker's KV bytes per block: with KV-cache groups one group's
+    # block (gpt-oss-20b: 12 sliding-window and 12 full-attention layers, half the model's
+    # block), for a dense model the whole block
+    from kvsim.planner.presets import get_model
+    from kvsim.planner.tiers import block_bytes
+
+    for model, groups in (("gpt-oss-20b", 2), ("Llama-3.1-8B", 1)):
+        out = tmp_path / f"{model}.json"
+        assert main(["replay", "random:n=6,isl=300,osl=8", "--model", model, "--gpu", "H100",
+                     "--cpu-offload-gib", "1", "--quiet", "--out", str(out)]) == 0
+        result = json.loads(out.read_text())
+        tier = result["offload"]["tiers"][0]
+        whole, _ = block_bytes(get_model(model), "auto", 1, 16)
+        assert tier["chunk_bytes"] * groups == whole
+        assert tier["num_chunks"] == 2**30 // tier["chunk_bytes"]
+        assert bool(result["config"]["engine"].get("kv_cache_groups")) == (groups > 1)

@@ -69,6 +69,7 @@ engine() {  # name -> "model_dir plan flags..."
     qwen3-30b-a3b-idle)   echo "Qwen3-30B-A3B idle" ;;
     qwen3-32b-idle)       echo "Qwen3-32B idle" ;;
     gpt-oss-20b-idle)     echo "gpt-oss-20b idle" ;;
+    gpt-oss-120b-idle)    echo "gpt-oss-120b idle" ;;
     # each workload served twice in one engine (plans.py --again > twice.json)
     gpt-oss-20b-twice)    echo "gpt-oss-20b twice" ;;
     gpt-oss-120b-twice)   echo "gpt-oss-120b twice" ;;
