@@ -392,7 +392,9 @@ ASYNC_OF = ["basic", "chunked_prefill", "prefix_groups", "preemption_storm",
             "hybrid_mamba_pc_off",
             # async scheduling with a CPU tier (AsyncOffloadScheduler)
             "offload_prefix_groups", "offload_tiny_tier", "offload_storm", "offload_lpt_holding",
-            "offload_empty_step_reschedules", "offload_long_prefill"]
+            "offload_empty_step_reschedules", "offload_long_prefill",
+            # async scheduling over KV-cache groups with a CPU tier (AsyncHybridOffloadScheduler)
+            "offload_hybrid_sliding", "offload_hybrid_gemma_like", "offload_hybrid_storm"]
 CASES += [Case(f"async_{c.name}", f"async scheduling: {c.description}", c.trace,
                {**c.oracle_args, "async_scheduling": True})
           for c in CASES if c.name in ASYNC_OF]

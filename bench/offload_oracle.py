@@ -63,6 +63,40 @@ if sys.path and Path(sys.path[0]).resolve() == ROOT:
 PAGE_BYTES = 4096     # the CPU tier aligns a chunk to this (the oracle's blocks are smaller)
 
 
+class _FinishOrder(set):
+    """The scheduler's ``finished_req_ids`` iterated in the order the requests finished. vLLM's
+    is a plain set of request-id strings, so the connector signals (``on_request_finished``,
+    which commits each request's CPU-tier recency) and offers finished requests in an order
+    that follows the process's string-hash seed (random per process unless PYTHONHASHSEED is
+    set): any order is vLLM's. The oracle takes the finish order, kvsim's."""
+
+    def __init__(self):
+        super().__init__()
+        self._order: list = []
+
+    def add(self, item) -> None:
+        if item not in self:
+            self._order.append(item)
+        super().add(item)
+
+    def __iter__(self):
+        return iter([item for item in self._order if item in self])
+
+
+def _finish_in_order(sched) -> None:
+    """Every ``finished_req_ids`` of ``sched`` a _FinishOrder (it makes a new one after each
+    schedule)."""
+    schedule = sched.schedule
+
+    def ordered_schedule(*args, **kwargs):
+        out = schedule(*args, **kwargs)
+        sched.finished_req_ids = _FinishOrder()
+        return out
+
+    sched.finished_req_ids = _FinishOrder()
+    sched.schedule = ordered_schedule
+
+
 class Worker:
     """The GPU worker's transfers, as kvsim's connector times them (module doc). Times are in
     steps (one forward = 1); a job's duration is its chunks x ``steps_per_chunk``."""
@@ -165,6 +199,7 @@ def run(oracle, a, build) -> dict:
     t_start = time.perf_counter()
     trace = oracle.read_trace(a.trace)
     sched, block_hasher, vllm_config = build(a)
+    _finish_in_order(sched)
     is_async = bool(vllm_config.scheduler_config.async_scheduling)
     depth = vllm_config.max_concurrent_batches    # batches in flight (2 with async scheduling)
     t_built = time.perf_counter()

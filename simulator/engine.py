@@ -43,7 +43,7 @@ from kvsim.simulator.cost import (NS_PER_S, CostModel, FixedStepCost, StepBatch,
 from kvsim.simulator.footprint import check_simulation
 from kvsim.simulator.in_the_loop import IN_THE_LOOP_COLUMNS, scheduled_step
 from kvsim.simulator.modes import check_mode
-from kvsim.simulator.hybrid_offload import HybridOffloadScheduler
+from kvsim.simulator.hybrid_offload import AsyncHybridOffloadScheduler, HybridOffloadScheduler
 from kvsim.simulator.offload import TierConfig
 from kvsim.simulator.offload_grouped import make_connector
 from kvsim.simulator.offload_scheduler import AsyncOffloadScheduler, OffloadScheduler
@@ -63,7 +63,8 @@ _NEVER = 1 << 62
 # the schedulers simulator/modes.py's table names
 SCHEDULERS = {cls.__name__: cls for cls in (Scheduler, AsyncScheduler, HybridScheduler,
                                             AsyncHybridScheduler, V0Scheduler, OffloadScheduler,
-                                            AsyncOffloadScheduler, HybridOffloadScheduler)}
+                                            AsyncOffloadScheduler, HybridOffloadScheduler,
+                                            AsyncHybridOffloadScheduler)}
 
 
 def _urgent_timeout(env: simpy.Environment, delay_ns: int) -> simpy.Event:

@@ -18,8 +18,8 @@ yet (the declared table, modes.py).
 from __future__ import annotations
 
 from kvsim.simulator.admission import ADMIT, SKIP, WAIT, Admission
-from kvsim.simulator.hybrid_scheduler import HybridScheduler
-from kvsim.simulator.offload_scheduler import OffloadScheduler
+from kvsim.simulator.hybrid_scheduler import AsyncHybridScheduler, HybridScheduler
+from kvsim.simulator.offload_scheduler import AsyncOffloadScheduler, OffloadScheduler
 from kvsim.simulator.seq_state import SeqState
 from kvsim.simulator.step_output import StepOutput
 
@@ -150,3 +150,12 @@ class HybridOffloadScheduler(OffloadScheduler, HybridScheduler):
         seq.num_alloc_tokens = c + n
         self.offload.note_allocated(alloc.block_tables(seq.seq_id))
         return self._start_running(seq, c, n, out, now_ns, step_index)
+
+
+class AsyncHybridOffloadScheduler(AsyncHybridScheduler, HybridOffloadScheduler):
+    """vLLM's AsyncScheduler over KV-cache groups with the offloading connector (vLLM's default
+    on a GPU for a hybrid model with ``--kv-offloading-size``): AsyncHybridScheduler's rules
+    with this module's hooks, and AsyncOffloadScheduler's: a request scheduled in the step in
+    flight is not preempted (vLLM defers freeing its blocks, ``defer_block_free``)."""
+
+    _frees_now = AsyncOffloadScheduler._frees_now

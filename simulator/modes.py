@@ -84,7 +84,8 @@ def _support(policy: str, kv: str, features: tuple[str, ...]) -> ModeSupport:
             ("async", "offload"): "AsyncOffloadScheduler"}
     if kv == "grouped":
         runs = {(): "HybridScheduler", ("async",): "AsyncHybridScheduler",
-                ("offload",): "HybridOffloadScheduler"}
+                ("offload",): "HybridOffloadScheduler",
+                ("async", "offload"): "AsyncHybridOffloadScheduler"}
     return ModeSupport(ALLOWED, runs.get(features))
 
 

@@ -84,7 +84,6 @@ def test_a_mode_kvsim_does_not_run_is_one_line_naming_it(mode):
 
 
 @pytest.mark.parametrize("argv", [
-    ["--cpu-offload-gib", "1", "--kv-groups", "sliding:128,full", "--async-scheduling"],
     ["--scheduler", "v0", "--async-scheduling", "--max-model-len", "2048"],
     ["--allocator", "max", "--cpu-offload-gib", "1"],
     ["--scheduler", "v0", "--kv-groups", "sliding:128,full", "--max-model-len", "2048"],

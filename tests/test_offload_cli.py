@@ -133,14 +133,14 @@ def test_offload_tiers_follow_vllms_async_default(tmp_path, capsys):
                  "--out", str(sync)]) == 0
     assert not json.loads(sync.read_text())["config"]["engine"].get("async_scheduling")
     capsys.readouterr()
-    # KV-cache groups with a tier run synchronously (async x groups x a tier is not modelled)
-    groups = tmp_path / "groups.json"
-    assert main(["replay", SPEC, *POOL, "--cpu-offload-gib", "2", "--kv-groups",
-                 "sliding:128,full", "--out", str(groups)]) == 0
-    assert not json.loads(groups.read_text())["config"]["engine"].get("async_scheduling")
+    # KV-cache groups with a tier: async too (AsyncHybridOffloadScheduler), sync when asked
+    for flag, want in (([], True), (["--no-async-scheduling"], None)):
+        groups = tmp_path / "groups.json"
+        assert main(["replay", SPEC, *POOL, "--cpu-offload-gib", "2", "--kv-groups",
+                     "sliding:128,full", *flag, "--out", str(groups)]) == 0
+        assert json.loads(groups.read_text())["config"]["engine"].get("async_scheduling") == want
     capsys.readouterr()
-    for extra in (["--scheduler", "v0", "--max-model-len", "2048"],
-                  ["--kv-groups", "sliding:128,full", "--async-scheduling"]):
+    for extra in (["--scheduler", "v0", "--max-model-len", "2048"],):
         assert main(["replay", SPEC, *POOL, "--cpu-offload-gib", "2", *extra]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         # the declared modes table refuses them (simulator/modes.py)
@@ -173,3 +173,13 @@ def test_a_hybrid_models_cpu_chunk_is_one_groups_block(tmp_path):
         assert tier["chunk_bytes"] * groups == whole
         assert tier["num_chunks"] == 2**30 // tier["chunk_bytes"]
         assert bool(result["config"]["engine"].get("kv_cache_groups")) == (groups > 1)
+
+
+@pytest.mark.parametrize("extra", [
+    ["--kv-groups", "mamba,full"],
+    ["--kv-groups", "sliding:128,full", "--disk-offload-gib", "4", "--disk-bandwidth-gbps", "2"],
+])
+def test_what_groups_with_a_tier_do_not_model_yet_is_one_line(extra, capsys):
+    assert main(["replay", SPEC, *POOL, "--cpu-offload-gib", "2", *extra, "--quiet"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "not modelled yet" in err[0], err
