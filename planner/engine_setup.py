@@ -50,10 +50,11 @@ over tensor-parallel ranks; 0 is no tier) with the host link's ``offload_bandwid
 preset's PCIe link, planner.tiers), and behind it optionally ``disk_offload_gib`` with
 ``disk_bandwidth_gbps`` and ``disk_latency_ms``. ``EngineSetup.offload`` then holds the tiers the
 simulator takes (``simulate(..., offload=setup.offload)``); chunks are one GPU block on every
-rank (an MLA latent once, as vLLM's replicated layout). The tiers run on the v1
-scheduler with one KV-cache group: OffloadScheduler, or AsyncOffloadScheduler with async
-scheduling (vLLM's default on a GPU, as without tiers); v0 or KV-cache groups with tiers are an
-InputError.
+rank (an MLA latent once, as vLLM's replicated layout), with a hybrid model's KV-cache groups
+one group's block. The tiers run on the v1 scheduler: OffloadScheduler, or
+AsyncOffloadScheduler with async scheduling (vLLM's default on a GPU, as without tiers), over
+KV-cache groups (Hybrid / AsyncHybridOffloadScheduler, sliding windows and full attention); v0,
+Mamba groups with a tier and a disk tier behind groups are an InputError.
 
 Defaults a caller leaves as None: model and GPU (``DEFAULT_MODEL`` on ``DEFAULT_GPU``, resolved
 only when sizing or the roofline needs them; a name given is always resolved, so a typo is an
