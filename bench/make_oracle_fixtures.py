@@ -229,19 +229,23 @@ def trace_closed_loop_rate() -> list[list]:
     return rows
 
 
-def random_offload_trace(seed: int, index: int) -> list[list]:
-    """The trace of bench/fidelity_offload.py's random case ``random_s{seed}_c{index}``."""
-    from bench.fidelity_offload import random_offload_case   # here: it imports this module
+def random_offload_trace(seed: int, index: int, kv_groups: bool = False) -> list[list]:
+    """The trace of bench/fidelity_offload.py's random case ``random_s{seed}_c{index}`` (with
+    ``kv_groups``: of ``--kv-groups``, ``random_s{seed}_c{index}_groups``)."""
+    # here: it imports this module
+    from bench.fidelity_offload import random_grouped_offload_case, random_offload_case
 
+    draw = random_grouped_offload_case if kv_groups else random_offload_case
     rng = random.Random(seed)
     for _ in range(index + 1):
-        rows, _ = random_offload_case(rng)
+        rows, _ = draw(rng)
     return rows
 
 
 TRACES = {
     "offload_s0_c17": lambda: random_offload_trace(0, 17),
     "offload_s1_c12": lambda: random_offload_trace(1, 12),
+    "offload_groups_s0_c18": lambda: random_offload_trace(0, 18, kv_groups=True),
     "basic": trace_basic,
     "chunked": trace_chunked,
     "prefix_groups": trace_prefix_groups,
@@ -378,6 +382,12 @@ CASES += [
          "flush stores, loads reserve blocks", "storm",
          {"num_gpu_blocks": 150, "max_num_seqs": 64, "cpu_chunks": 400,
           "transfer_steps_per_chunk": 0, "kv_groups": "sliding:32,full"}),
+    Case("offload_hybrid_idle_arrival", "random_s0_c0018_groups: a request arriving as the "
+         "engine goes idle is scheduled before the empty step that signals who finished",
+         "offload_groups_s0_c18",
+         {"block_size": 32, "cpu_chunks": 32, "kv_groups": "full,sliding:32",
+          "max_model_len": 8192, "max_num_batched_tokens": 8192, "max_num_seqs": 128,
+          "num_gpu_blocks": 943, "transfer_steps_per_chunk": 0}),
 ]
 # vLLM's GPU default: AsyncScheduler, 2 batches in flight (EngineCore.step_with_batch_queue).
 # Each async case is a sync case above with --async-scheduling, under the name async_<case>.
