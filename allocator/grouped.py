@@ -319,6 +319,14 @@ class GroupedPagedAllocator(PoolQueries):
                 self._cached_upto[seq_id] = cacheable
         return True
 
+    def remove_skipped(self, seq_id: Hashable, num_processed_tokens: int) -> None:
+        """Free the blocks no group needs after ``num_processed_tokens`` (a sliding window's
+        blocks below it; vLLM's ``remove_skipped_blocks``, which a KV connector's finish calls
+        before the request's blocks are freed)."""
+        require_live(seq_id, self._reqs)
+        for m in self.managers:
+            m.remove_skipped(seq_id, num_processed_tokens)
+
     def replay_boundaries(self, seq_id: Hashable) -> list[int]:
         """Token positions a later hit of a live request can end at
         (``RequestKeys.replay_boundaries``)."""

@@ -246,6 +246,7 @@ TRACES = {
     "offload_s0_c17": lambda: random_offload_trace(0, 17),
     "offload_s1_c12": lambda: random_offload_trace(1, 12),
     "offload_groups_s0_c18": lambda: random_offload_trace(0, 18, kv_groups=True),
+    "offload_groups_s1_c44": lambda: random_offload_trace(1, 44, kv_groups=True),
     "basic": trace_basic,
     "chunked": trace_chunked,
     "prefix_groups": trace_prefix_groups,
@@ -388,6 +389,12 @@ CASES += [
          {"block_size": 32, "cpu_chunks": 32, "kv_groups": "full,sliding:32",
           "max_model_len": 8192, "max_num_batched_tokens": 8192, "max_num_seqs": 128,
           "num_gpu_blocks": 943, "transfer_steps_per_chunk": 0}),
+    Case("async_offload_hybrid_finish_window", "random_s1_c0044_groups_async: a finished "
+         "request frees its window's old blocks before the rest (vLLM's _connector_finished), "
+         "so block ids, and the stores that read them, follow vLLM's", "offload_groups_s1_c44",
+         {"async_scheduling": True, "block_size": 8, "cpu_chunks": 32,
+          "kv_groups": "full,sliding:29", "max_model_len": 467, "max_num_batched_tokens": 256,
+          "max_num_seqs": 16, "num_gpu_blocks": 121, "transfer_steps_per_chunk": 2}),
 ]
 # vLLM's GPU default: AsyncScheduler, 2 batches in flight (EngineCore.step_with_batch_queue).
 # Each async case is a sync case above with --async-scheduling, under the name async_<case>.

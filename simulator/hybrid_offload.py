@@ -73,6 +73,14 @@ class HybridOffloadScheduler(OffloadScheduler, HybridScheduler):
     def plan_decode_run(self, max_steps: int) -> int:
         return 0
 
+    def _free(self, seq: SeqState, preempted: bool, num_hashed_tokens: int | None = None) -> None:
+        """A finished request first frees the window blocks it no longer needs, on the tokens
+        processed (vLLM's ``_connector_finished``, before it hands the table to the connector),
+        then all of its blocks; block ids then come back to the pool in vLLM's order."""
+        if not preempted:
+            self.allocator.remove_skipped(seq.seq_id, seq.num_computed_tokens)
+        super()._free(seq, preempted, num_hashed_tokens)
+
     # ------------------------------------------------------------------ admissions
     def _admission(self, seq: SeqState, token_budget: int, lpt: int, num_blocks_taken: int = 0,
                    verdict_only: bool = False) -> Admission:
