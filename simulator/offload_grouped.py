@@ -85,6 +85,15 @@ def connector_groups(specs: Sequence, block_size: int) -> tuple[GroupChunks, ...
     return tuple(groups)
 
 
+def check_grouped_tiers(config, num_tiers: int) -> None:
+    """What the grouped connector models of an EngineConfig's groups and the tiers (one-line
+    InputErrors): no Mamba group, no disk tier."""
+    connector_groups(config.kv_cache_groups, config.block_size)
+    if num_tiers > 1:
+        raise InputError("a disk tier with KV-cache groups is not modelled yet",
+                         field="--disk-offload-gib")
+
+
 class GroupedOffloadConnector(OffloadConnector):
     """The offloading connector of one replica whose model has KV-cache groups (module doc).
 
@@ -97,8 +106,7 @@ class GroupedOffloadConnector(OffloadConnector):
     def __init__(self, tiers: Sequence[TierConfig], block_size: int,
                  groups: Sequence[GroupChunks], reachable: Sequence[Callable]):
         if len(tiers) > 1:
-            raise InputError("a disk tier with KV-cache groups is not modelled yet",
-                             field="--disk-offload-gib")
+            raise ValueError("one CPU tier with KV-cache groups (check_grouped_tiers)")
         super().__init__(tiers, block_size)
         self.cpu = OffloadTier(tiers[0].num_chunks, "cpu", ties_by_key=True)
         self.groups = tuple(groups)
@@ -305,6 +313,7 @@ def make_connector(config, tiers: Sequence[TierConfig], allocator) -> OffloadCon
     """The replica's connector for an EngineConfig: over its KV-cache groups if it has them
     (``allocator``: the replica's GroupedPagedAllocator then)."""
     if config.kv_cache_groups:
+        check_grouped_tiers(config, len(tiers))
         return GroupedOffloadConnector(
             tiers, config.block_size, connector_groups(config.kv_cache_groups, config.block_size),
             [m.reachable_mask for m in allocator.managers])
