@@ -288,6 +288,12 @@ def run(oracle, a, build) -> dict:
             wake = [x for x in (worker.next_done(),
                                 order[p].arrival_step if p < n else None) if x is not None]
             if not wake:
+                if so.preempted_req_ids:
+                    # a preemption emptied the batch (vLLM admits nothing in a step that
+                    # preempts): not a stall; the engine steps again, a step later (as oracle.py
+                    # counts an empty schedule with nothing in flight)
+                    t += 1
+                    continue
                 if sched.get_num_unfinished_requests():
                     sys.exit(f"stalled at step {t}: nothing schedulable, nothing in flight")
                 continue
