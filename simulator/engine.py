@@ -47,6 +47,7 @@ from kvsim.simulator.hybrid_offload import AsyncHybridOffloadScheduler, HybridOf
 from kvsim.simulator.offload import TierConfig
 from kvsim.simulator.offload_grouped import make_connector
 from kvsim.simulator.offload_scheduler import AsyncOffloadScheduler, OffloadScheduler
+from kvsim.simulator.transfer_hooks import transfer_hooks
 from kvsim.simulator.recorder import DECODE_RUN, NUM_CLASSES, Recorder, scheduled_arrival_ns
 from kvsim.simulator.result import Result
 from kvsim.simulator.async_scheduling import AsyncScheduler
@@ -122,9 +123,8 @@ class _Replica:
         extra = {} if self.offload is None else {"connector": self.offload}
         self.sched = SCHEDULERS[name](config, self.allocator, seed=seed + index, **extra)
         self.rec = recorder.replica(index, self.sched, self.allocator, step_clock)
-        # async scheduling with a connector: a step's completions are applied once it is
-        # processed, after the next schedule (OffloadConnector.hold / apply_held)
-        self.held = self.offload is not None and self.sched.defers_retire
+        # what the connector does at each moment of the loop (nothing without one)
+        self.io = transfer_hooks(self.offload, self.sched)
         self.wake: simpy.Event | None = None
         self.num_steps = 0
         self.idle_start = True    # the next priced step starts the replica from idle
@@ -502,28 +502,26 @@ class Simulation:
         """Nothing to run: close the step boundary and wait for an arrival (vLLM keeps taking
         empty steps while transfers are pending: they complete, and are polled, on time, or an
         arrival comes first; no step boundary). Returns the replica's time then."""
-        env, sched, conn = self.env, rep.sched, rep.offload
+        env, sched, io = self.env, rep.sched, rep.io
         if now > env.now:
             yield _urgent_timeout(env, now - env.now)
-        if rep.held:
-            conn.apply_held(now)     # the last step in flight is processed
+        io.batch_processed(now)     # the last step in flight is processed
         rep.rec.boundary(now)
-        if conn is not None and sched.idles_as_vllm:
+        if io.idles_as_vllm:
             if self.next_arrival_ns == now:
                 yield env.timeout(0)   # a request arriving now is scheduled, no empty step
                 if sched.has_unfinished():
                     return now
-            if sched.has_finished_to_signal:
-                sched.empty_step()     # vLLM steps once more to tell the connector
-        while conn is not None and conn.busy and not sched.has_unfinished():
-            sched.empty_step()
-            done_ns = conn.idle_until(now)
+            io.signal_finished()       # vLLM steps once more to tell the connector
+        while io.busy and not sched.has_unfinished():
+            io.empty_step()
+            done_ns = io.wait_until(now)
             rep.wake = env.event()
             yield rep.wake if done_ns is None else \
                 rep.wake | env.timeout(max(0, done_ns - env.now))
             rep.wake = None
             now = env.now
-            conn.poll(now)
+            io.poll(now)
         if not sched.has_unfinished():
             rep.wake = env.event()
             yield rep.wake
@@ -536,7 +534,7 @@ class Simulation:
         the next moment anything can observe the replica (the connector's next transfer
         included: the run's first step polls and submits what waits, and a completion found
         now lands after step 1)."""
-        sched, rec, conn, timer = rep.sched, rep.rec, rep.offload, self.timer
+        sched, rec, io, timer = rep.sched, rep.rec, rep.io, self.timer
         if bd_start is None:
             bd_start = rec.breakdown()
         usage_start = rep.allocator.usage
@@ -545,13 +543,13 @@ class Simulation:
         kv = sched.decode_run_batch()[0]
         b0 = StepBatch(n, 0, n, n, kv, kv, sched.run_max_context() if self.track_max_context else 0)
         bound = min(self.next_arrival_ns, rec.next_record_ns, self.stop_ns)
-        polled = conn is not None
+        polled = io.active
         if polled:
-            conn.step(now, timer.run_ns(b0, 1))
-            if conn.has_found:
+            found, next_event_ns = io.poll_run(now, timer.run_ns(b0, 1))
+            if found:
                 k = 1
-            if conn.next_event_ns is not None:
-                bound = min(bound, conn.next_event_ns)
+            if next_event_ns is not None:
+                bound = min(bound, next_event_ns)
         if bound < _NEVER and now + timer.run_ns(b0, k) >= bound:
             k = min(k, timer.steps_to_reach(b0, now, bound, k))
         return _Run(b0, k, n, num_running, bd_start, usage_start, polled)
@@ -586,10 +584,7 @@ class Simulation:
         if self.token_log is not None:
             self.token_log.run(now, [now + self.timer.run_ns(run.b0, j) for j in range(1, k + 1)],
                                (sched.num_generated_tokens - tokens0) // k)
-        if rep.held:
-            rep.offload.hold()
-        elif rep.offload is not None:
-            rep.offload.apply(end)
+        rep.io.step_end(end)
         rec.last_step = DECODE_RUN
         if self.record_steps:
             rec.decode_rows(step_index, k, run.n, hist, used0, finished)
@@ -607,18 +602,17 @@ class Simulation:
         t = now
         for j in range(run.k if run is not None else 1):
             idx = step_index + j
-            in_flight = rep.held and sched.batch_in_flight
+            in_flight = rep.io.held and sched.batch_in_flight
             out = sched.schedule(t, idx)
             if not out.num_scheduled_tokens and (sched.done_in_flight or in_flight):
                 # async scheduling: nothing to schedule while a batch is in flight. vLLM
                 # waits for it, processes it and schedules again, at the same step
                 if in_flight:     # the empty step polls; its output is processed first
-                    rep.offload.step(t, 0)
-                    rep.offload.apply(t)
+                    rep.io.poll_empty(t)
                 for seq in sched.retire_done():
                     rec.on_finished(seq)
                 if in_flight:
-                    rep.offload.apply_held(t)
+                    rep.io.batch_processed(t)
                 out = sched.schedule(t, idx)
                 if not out.num_scheduled_tokens and not sched.has_unfinished():
                     break   # everything finished: idle
@@ -628,7 +622,7 @@ class Simulation:
                     "a planned decode step was not a pure decode step"
             rec.scheduled(len(sched.running), sched.num_waiting, out.num_scheduled_tokens)
             ran = out.num_scheduled_tokens > 0
-            if not ran and rep.offload is not None and rep.offload.busy and not sched.running:
+            if not ran and rep.io.busy and not sched.running:
                 t = yield from self._wait_for_transfers(rep, t)
                 break
             if not ran and not out.num_preempted and not sched.running and sched.waiting:
@@ -637,7 +631,7 @@ class Simulation:
                 self.num_rejected += 1
                 self.recorder.record_rejected(rep.index, seq.req, seq.arrival_ns)
             row_state = rec.row_state() if self.record_steps else None
-            if sched.done_in_flight or rep.held:
+            if sched.done_in_flight or rep.io.held:
                 # async scheduling: the batch in flight is processed now that this step is
                 # scheduled; what finished in it is freed
                 if run is not None and j == 0:
@@ -645,8 +639,7 @@ class Simulation:
                                                                            run.usage_start)
                 else:
                     self._retire_in_flight(rep, None, 0.0)
-                if rep.held:     # then the connector's completions its poll found
-                    rep.offload.apply_held(t)
+                rep.io.batch_processed(t)     # then the completions its poll found
             end, step = self._price_step(rep, out, t, idx, now, j, run)
             if not ran:
                 # nothing ran (everyone running preempted itself away, or the head was
@@ -665,23 +658,21 @@ class Simulation:
         """Nothing to run until a transfer completes (loads, deferred lookups): vLLM's empty
         steps poll until then; an arrival may come first. Not an idle gap: requests wait (for
         their loads) while nothing runs. Returns the time it ends."""
-        env, rec, conn = self.env, rep.rec, rep.offload
-        conn.step(t, 0)
-        if conn.has_found:      # the empty step's poll found completions: schedule again now
-            conn.apply(t)
+        env, rec, io = self.env, rep.rec, rep.io
+        if io.poll_empty(t):    # the empty step's poll found completions: schedule again now
             return t
         if t > env.now:
             yield _urgent_timeout(env, t - env.now)
         bd_wait, usage_wait = rec.breakdown(), rep.allocator.usage
         rep.wake = env.event()
-        done_ns = conn.idle_until(t)
+        done_ns = io.wait_until(t)
         yield rep.wake if done_ns is None else \
             rep.wake | env.timeout(max(0, done_ns - env.now))
         rep.wake = None
         rec.last_batch_tokens = 0
         rec.integrate(bd_wait, bd_wait, usage_wait, usage_wait, t, env.now)
         t = env.now
-        conn.poll(t)
+        io.poll(t)
         return t
 
     def _price_step(self, rep: _Replica, out, t: int, idx: int, now: int, j: int,
@@ -690,7 +681,7 @@ class Simulation:
         flushed before the forward) with the pool integrated over it; a run's step is priced
         and integrated as the run (trapezoid), exactly as when batched. Returns (end, the
         executed step or None)."""
-        sched, rec, conn = rep.sched, rep.rec, rep.offload
+        sched, rec, io = rep.sched, rep.rec, rep.io
         step = None
         idle_start, rep.idle_start = rep.idle_start, False
         if run is None:
@@ -704,15 +695,14 @@ class Simulation:
                 end = t + max(1, self.timer.step_ns(batch))
             if idle_start:
                 end += self.idle_start_ns
-            if conn is not None:   # flushed stores delay the forward
-                end += conn.step(t, end - t)
+            end += io.forward_stall_ns(t, end - t)   # flushed stores delay the forward
             bd_step = rec.breakdown()
             usage = rep.allocator.usage
             rec.integrate(bd_step, bd_step, usage, usage, t, end)
             return end, step
         end = now + self.timer.run_ns(run.b0, j + 1)
-        if conn is not None and not (j == 0 and run.polled):
-            conn.step(t, end - t)
+        if not (j == 0 and run.polled):
+            io.forward_stall_ns(t, end - t)
         if j == run.k - 1:
             rec.integrate(run.bd_start, rec.breakdown(), run.usage_start, rep.allocator.usage,
                           now, end)
@@ -728,10 +718,7 @@ class Simulation:
         if self.token_log is not None:
             tokens = sched.num_generated_tokens - tokens0
             self.token_log.step(end, end - t, tokens, tokens - (sched.num_first_tokens - first0))
-        if rep.held:
-            rep.offload.hold()       # applied when this step is processed (after the next one)
-        elif rep.offload is not None:
-            rep.offload.apply(end)   # the completions this step's poll found
+        rep.io.step_end(end)
         rec.last_step = out
         assert not finished or last, "a request finished inside a decode run"
         rep.num_steps += 1

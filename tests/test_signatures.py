@@ -10,6 +10,7 @@ from kvsim.allocator.block_pool import BlockPool
 from kvsim.allocator.grouped import _GroupCountingPool
 from kvsim.allocator.group_managers import MANAGER_OF_KIND
 from kvsim.simulator.engine import SCHEDULERS
+from kvsim.simulator.transfer_hooks import ConnectorHooks
 
 
 def overrides(cls) -> list[tuple[str, type]]:
@@ -24,7 +25,8 @@ def overrides(cls) -> list[tuple[str, type]]:
     return out
 
 
-CLASSES = sorted({k for cls in [*SCHEDULERS.values(), _GroupCountingPool, *MANAGER_OF_KIND.values()]
+CLASSES = sorted({k for cls in [*SCHEDULERS.values(), _GroupCountingPool, *MANAGER_OF_KIND.values(),
+                              ConnectorHooks]
                   for k in cls.__mro__ if k.__module__.startswith("kvsim")},
                  key=lambda k: (k.__module__, k.__qualname__))
 
@@ -45,3 +47,21 @@ def test_the_check_sees_the_overrides_it_guards():
     # the admission rule, the slot growth, the frees and the pool's queue hooks are overridden
     assert {"_admission", "_admit", "_grow", "_free", "schedule", "free", "touch"} <= names
     assert any(cls is _GroupCountingPool for cls in CLASSES) and BlockPool in CLASSES
+
+
+def test_the_engine_loop_reaches_the_connector_only_through_its_hooks():
+    """engine.py builds a replica's connector and hands it to the scheduler and the transfer
+    hooks; the loop itself calls hooks (simulator/transfer_hooks.py) and never the connector,
+    whose moments it would otherwise have to know per mode."""
+    import ast
+    from pathlib import Path
+
+    import kvsim.simulator.engine as engine
+
+    tree = ast.parse(Path(engine.__file__).read_text())
+    loop = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Simulation")
+    used = {f"{ast.unparse(n.value)}.{n.attr}" for n in ast.walk(loop)
+            if isinstance(n, ast.Attribute) and isinstance(n.value, (ast.Name, ast.Attribute))}
+    assert not {u for u in used if u.startswith(("rep.offload", "conn."))}, used
+    hook_calls = {u.split(".", 2)[-1] for u in used if u.startswith(("rep.io.", "io."))}
+    assert hook_calls and hook_calls <= {n for n in dir(ConnectorHooks) if not n.startswith("_")}
