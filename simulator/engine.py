@@ -602,7 +602,7 @@ class Simulation:
         t = now
         for j in range(run.k if run is not None else 1):
             idx = step_index + j
-            in_flight = rep.io.held and sched.batch_in_flight
+            in_flight = rep.io.batch_in_flight
             out = sched.schedule(t, idx)
             if not out.num_scheduled_tokens and (sched.done_in_flight or in_flight):
                 # async scheduling: nothing to schedule while a batch is in flight. vLLM

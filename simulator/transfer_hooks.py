@@ -38,6 +38,11 @@ class NoTransfers:
     def batch_processed(self, now_ns: int) -> None:
         pass
 
+    @property
+    def batch_in_flight(self) -> bool:
+        """A step whose completions are held is in flight (async scheduling)."""
+        return False
+
     def poll_run(self, now_ns: int, first_step_ns: int) -> tuple[bool, int | None]:
         return False, None
 
@@ -94,6 +99,10 @@ class ConnectorHooks(NoTransfers):
     def batch_processed(self, now_ns: int) -> None:
         if self.held:
             self.conn.apply_held(now_ns)
+
+    @property
+    def batch_in_flight(self) -> bool:
+        return self.held and self.sched.batch_in_flight
 
     def poll_run(self, now_ns: int, first_step_ns: int) -> tuple[bool, int | None]:
         """A decode run's first step polls and submits now: (whether it found completions,
