@@ -100,9 +100,8 @@ class HybridOffloadScheduler(OffloadScheduler, HybridScheduler):
                                   peek=verdict_only)
         if ext is None:
             return SKIP
-        if not ext:
-            return HybridScheduler._admission(self, seq, token_budget, lpt, num_blocks_taken,
-                                              verdict_only)
+        if not ext:     # nothing to load: HybridScheduler's admission at the same GPU hit
+            return self._admission_at(seq, token_budget, lpt, hit)
         self._hit = hit
         return Admission(ADMIT, hit.num_tokens, 0, ext)
 

@@ -111,8 +111,12 @@ class HybridScheduler(Scheduler):
         cfg = self.config
         if token_budget <= 0 or len(self.running) >= cfg.max_num_seqs:
             return WAIT
+        return self._admission_at(seq, token_budget, lpt,
+                                  self.allocator.find_cache_hit(self._keys(seq), seq.num_tokens))
+
+    def _admission_at(self, seq: SeqState, token_budget: int, lpt: int, hit) -> Admission:
+        """The admission of a head whose GPU hit ``hit`` (``find_cache_hit``) is known."""
         num_tokens = seq.num_tokens
-        hit = self.allocator.find_cache_hit(self._keys(seq), num_tokens)
         self._hit = hit
         n = num_tokens - hit.num_tokens
         if 0 < lpt < n:
