@@ -34,6 +34,7 @@ two batches in flight (``max_concurrent_batches``).
 """
 from __future__ import annotations
 
+from kvsim.allocator.grouped import CacheHit
 from kvsim.errors import InputError
 from kvsim.simulator.admission import ADMIT, WAIT, Admission
 from kvsim.simulator.async_scheduling import AsyncScheduler
@@ -114,7 +115,8 @@ class HybridScheduler(Scheduler):
         return self._admission_at(seq, token_budget, lpt,
                                   self.allocator.find_cache_hit(self._keys(seq), seq.num_tokens))
 
-    def _admission_at(self, seq: SeqState, token_budget: int, lpt: int, hit) -> Admission:
+    def _admission_at(self, seq: SeqState, token_budget: int, lpt: int, hit: CacheHit
+                      ) -> Admission:
         """The admission of a head whose GPU hit ``hit`` (``find_cache_hit``) is known."""
         num_tokens = seq.num_tokens
         self._hit = hit

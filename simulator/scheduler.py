@@ -118,12 +118,12 @@ class Scheduler(DecodeRuns, Forks, DecodeClock, KVSlots):
         self._init_decode_clock()
         self._init_decode_runs()
 
-    # ------------------------------------------------------------------ 1. arrivals
-
     def retire_done(self) -> list[SeqState]:
         """The batch in flight is processed (async scheduling): free what finished in it and
         return it. Synchronous: nothing is ever in flight."""
         return []
+
+    # ------------------------------------------------------------------ 1. arrivals
     def add_request(self, req, arrival_ns: int) -> SeqState:
         """Queue a request (vLLM add_request): it joins the back of the waiting queue."""
         max_out = min(req.output_tokens, self.config.max_model_len - req.prompt_tokens)
