@@ -203,6 +203,10 @@ def main(argv: list[str] | None = None) -> int:
                 table = grid_table(engine, clock, a.gpu)
                 if table is not None and not table.exists():
                     continue
+                source = clock.removeprefix("carried-").upper()
+                if clock.startswith("carried-") and not any(
+                        grid_table(engine, c, source).exists() for c in ("vllm-fine", "vllm-grid")):
+                    continue        # no table of that GPU to carry (Llama-3.1-70B: the H200's alone)
                 sim = simulated(engine, spec, meta, clock, reqs, a.gpu)
                 assert sim["completed"] == real["completed"], (engine, point.name, clock)
                 for k in METRICS:

@@ -32,11 +32,13 @@ fits it the way the executor spends time:
 * **other steps** (and decode batches above the largest graph) run eagerly:
   ``t = f(num_scheduled_tokens) + c_pairs * attn_token_pairs + c_kv * kv_read_tokens
   + c_seq * num_seqs [+ c_tail * max(0, max_context_tokens - attn_token_pairs / num_scheduled_tokens)]``
-  (the tail term where the table has longest contexts: one long decode beside a chunk is a
+  (the tail term where the table has longest contexts, MIN_TAIL_ROWS rows with tails of
+  MIN_TAIL_TOKENS or more: one long decode beside a chunk is a
   program per KV head over its whole context that the chunk's work does not hide; ``_tail_tokens``),
   and ``c_idle`` where the table's ``idle_before`` column marks steps that started an idle engine
   (with async scheduling such a step hides none of its CPU work): fitted with the rest, it is not
-  part of a batch's price, the engine adds it to the first step after an idle wait (``idle_start_s``),
+  part of a batch's price, the engine adds it to the first step after an idle wait of 10 ms or more
+  (``idle_start_s``; engine.IDLE_START_MIN_WAIT_NS),
   ``f`` piecewise linear between the measured token counts (linear beyond them, never below 0)
   and non-decreasing (its unknowns are its first value and its rises from knot to knot, each
   kept >= 0: left free, the other terms absorb f on real vLLM's noisy rows, down to 0 s for a
@@ -68,6 +70,12 @@ KINDS = ("decode", "mixed")
 EAGER_TERMS = ("c_pairs", "c_kv", "c_seq", "c_tail", "c_idle")   # the eager model's terms beside f, in fit order
 # c_idle is fitted where at least this many rows started an idle engine (``idle_before``)
 MIN_IDLE_ROWS = 8
+# c_tail is fitted where at least MIN_TAIL_ROWS rows have a tail of MIN_TAIL_TOKENS or more: a
+# grid whose tails are a few tokens (real vLLM's: a decode one token past a chunk's prompt) cannot
+# tell a tail's cost per token, and one odd row then sets it (Llama-3.1-70B fp8 on the H200: 0.78 ms
+# a token, a 4k-token tail priced at 3 s)
+MIN_TAIL_TOKENS = 512
+MIN_TAIL_ROWS = 4
 
 
 def read_table(path: str | Path) -> tuple[dict[str, str], list[str], list[tuple[int, dict[str, str]]]]:
@@ -406,9 +414,12 @@ class StepShapeCost:
                            if r.get("max_context_tokens") else 0.0, r.get("idle_before", 0.0)] for r in rows])
         # the optional terms where the table has them: tails (longest contexts beside chunks),
         # steps that start an idle engine (MIN_IDLE_ROWS of them or more: fewer, such as a coarse
-        # grid's few prefills, and c_idle would take one row's whole residual)
+        # grid's few prefills, and c_idle would take one row's whole residual), tails where
+        # MIN_TAIL_ROWS rows have MIN_TAIL_TOKENS or more
         if extra[:, 4].sum() < MIN_IDLE_ROWS:
             extra[:, 4] = 0.0
+        if np.count_nonzero(extra[:, 3] >= MIN_TAIL_TOKENS) < MIN_TAIL_ROWS:
+            extra[:, 3] = 0.0
         terms = [j for j in range(len(EAGER_TERMS)) if j < 3 or extra[:, j].any()]
         extra = extra[:, terms]
         scale = np.maximum(extra.max(axis=0), 1.0)      # conditioning: columns of order 1

@@ -8,7 +8,7 @@ import pytest
 
 from kvsim.errors import InputError
 from kvsim.simulator.cost import StepBatch, TableCost, summed_run_time_s
-from kvsim.simulator.cost_table import StepShapeCost, load_cost_table, read_table
+from kvsim.simulator.cost_table import MIN_TAIL_TOKENS, StepShapeCost, _tail_tokens, load_cost_table, read_table
 
 HEADER = ("kind,num_seqs,num_prefill_seqs,num_prefill_tokens,num_decode_tokens,num_scheduled_tokens,"
           "kv_read_tokens,attn_token_pairs,padded_num_seqs,graph,step_s,step_s_min,step_s_max,repeats")
@@ -253,6 +253,33 @@ def test_a_long_context_beside_a_chunk_is_a_tail_of_eager_steps(tmp_path):
     assert StepShapeCost(make_table(tmp_path)).c_tail == 0.0
 
 
+def test_tails_of_a_few_tokens_fit_no_tail_term(tmp_path):
+    # real vLLM's grids: the longest context is a decode a token past its prompt, so tails are a few
+    # tokens; they cannot tell a tail's cost per token, and one odd row would set it (Llama-3.1-70B
+    # fp8 on the H200: 0.78 ms a token from one 50-token tail, a 4k-token tail priced at 3 s)
+    lines = make_table(tmp_path).read_text().splitlines()
+    body = [",".join(x.split(",")[:8] + ["0"] + x.split(",")[8:]) for x in lines[4:]]
+    tails = []
+    for t in (512, 1024, 2048, 4096):
+        for prompt in (t - 1, t - 8):
+            ctx = prompt + 1
+            pairs, kv = prompt * prompt + (t - prompt) * ctx, prompt + (t - prompt) * ctx
+            parts = row("mixed", 1 + t - prompt, prompt, t - prompt, kv, pairs, 2, 0,
+                        eager_truth(t, pairs, kv, 1 + t - prompt)).split(",")
+            tails.append(",".join(parts[:8] + [str(ctx)] + parts[8:]))
+    odd = row("mixed", 2, 512, 64, 576, 512 * 512 + 64 * 64, 2, 0, eager_truth(576, 266240, 576, 2) + 0.04)
+    tails.append(",".join(odd.split(",")[:8] + ["512"] + odd.split(",")[8:]))
+    assert all(0 < _tail_tokens(int(x.split(",")[8]), int(x.split(",")[7]), int(x.split(",")[5])) < 512
+               for x in tails)
+    path = tmp_path / "short_tails.csv"
+    path.write_text("\n".join(lines[:3] + [FLOOR_HEADER] + body + tails) + "\n")
+    model = StepShapeCost(path)
+    assert model.c_tail == 0.0 and not model.uses_max_context_tokens
+    new, ctx = 1535, 4096
+    pairs, kv = new * new + ctx, new + ctx
+    assert model.step_time_s(StepBatch(2, new, 1, 1536, kv, pairs, ctx)) < 2 * eager_truth(1536, pairs, kv, 2)
+
+
 def _perturbed(path, rel, out):
     """The table at ``path`` with every step_s times (1 +- rel), the sign alternating by row."""
     lines = path.read_text().splitlines()
@@ -268,9 +295,17 @@ def _perturbed(path, rel, out):
 
 
 def test_a_term_of_rounding_noise_is_zero_and_named(tmp_path):
-    # the table's eager rows carry longest contexts whose tails the data do not price: least
-    # squares leaves c_tail at rounding noise (1e-20 on some BLAS), which is not a term
-    model = StepShapeCost(floor_table(tmp_path, None))
+    # the table's eager rows carry longest contexts whose tails (some of MIN_TAIL_TOKENS or more,
+    # so c_tail is fitted) the data do not price: least squares leaves c_tail at rounding noise
+    # (1e-20 on some BLAS), which is not a term
+    untailed = []
+    for t in (512, 1024, 2048, 4096):
+        new, ctx = t - 1, 8192
+        pairs, kv = new * new + ctx, new + ctx
+        parts = row("mixed", 2, new, 1, kv, pairs, 2, 0, eager_truth(t, pairs, kv, 2)).split(",")
+        untailed.append(",".join(parts[:8] + [str(ctx)] + parts[8:]))
+    assert all(_tail_tokens(ctx, int(x.split(",")[7]), int(x.split(",")[5])) >= MIN_TAIL_TOKENS for x in untailed)
+    model = StepShapeCost(floor_table(tmp_path, None, extra=untailed))
     assert model.c_tail == 0.0 and model.negligible_terms == ["c_tail"]
     assert not model.uses_max_context_tokens and "negligible=c_tail" in repr(model)
     # the terms the data have stay (their share of some step is far above the tolerance; the tail

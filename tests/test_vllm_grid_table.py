@@ -59,6 +59,18 @@ def test_a_vllm_table_is_refused_for_another_model():
         build_engine(model="Qwen2.5-7B", gpu="H200", cost_table=str(table))
 
 
+def test_knots_are_a_power_of_two_range_apart_at_least_half_a_range():
+    """One knot per power-of-two range of the mixed steps' token counts, at its median; a range
+    whose median sits next to the previous knot (64-token lone prompts, then 65-token steps of a
+    prompt beside one decode) gives none: two knots a token apart let f swing between them."""
+    def mixed(*counts):
+        return [{"kind": "mixed", "num_scheduled_tokens": n} for n in counts]
+    decode = [{"kind": "decode", "num_scheduled_tokens": 3}]
+    assert grid_table.knots(decode + mixed(64, 64, 65, 65, 66, 256, 512, 8192)) == [64, 256, 512, 8192]
+    assert grid_table.knots(mixed(64, 100, 100, 256)) == [64, 100, 256]    # 1.56x apart: both
+    assert grid_table.knots(mixed(512)) == [1, 512]                         # one range: f from 1
+
+
 def test_a_lone_prompt_slower_than_the_fastest_of_its_length_is_dropped():
     """The H100 fine grid sent each decode batch's prompts one by one: a 256-token prompt ran
     once in 27 ms and 13 times in 67-1,247 ms (the engine waiting for the harness)."""

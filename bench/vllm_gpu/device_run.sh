@@ -70,6 +70,7 @@ engine() {  # name -> "model_dir plan flags..."
     qwen3-32b-idle)       echo "Qwen3-32B idle" ;;
     gpt-oss-20b-idle)     echo "gpt-oss-20b idle" ;;
     gpt-oss-120b-idle)    echo "gpt-oss-120b idle" ;;
+    llama70b-fp8-idle)    echo "Llama-3.1-70B idle --quantization fp8 --kv-cache-dtype fp8" ;;
     # each workload served twice in one engine (plans.py --again > twice.json)
     gpt-oss-20b-twice)    echo "gpt-oss-20b twice" ;;
     gpt-oss-120b-twice)   echo "gpt-oss-120b twice" ;;

@@ -140,6 +140,10 @@ def grid_rows(steps_csv: Path, sizes=CAPTURE_SIZES) -> tuple[list[dict], int]:
     return kept, dropped + len(rows) - len(kept)
 
 
+# the least ratio of one knot to the one before it
+MIN_KNOT_RATIO = 1.5
+
+
 def knots(rows: list[dict]) -> list[int]:
     """f's knots for StepShapeCost (its ``# knots:`` line): one per power-of-two range of the
     mixed steps' token counts, at the range's median count. vLLM's steps give hundreds of distinct,
@@ -150,7 +154,10 @@ def knots(rows: list[dict]) -> list[int]:
         if r["kind"] == "mixed":
             n = r["num_scheduled_tokens"]
             counts.setdefault(int(n - 1).bit_length(), []).append(n)   # (2^k, 2^(k+1)]
-    out = sorted({int(np.median(v)) for v in counts.values()})
+    out: list[int] = []
+    for knot in sorted({int(np.median(v)) for v in counts.values()}):
+        if not out or knot >= MIN_KNOT_RATIO * out[-1]:
+            out.append(knot)    # two knots a few tokens apart (64 and 65) let f swing between them
     return out if len(out) >= 2 else [1, *out]
 
 
