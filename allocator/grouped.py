@@ -34,6 +34,9 @@ from kvsim.allocator.checks import (owner_codes, require_int, require_live, requ
 from kvsim.allocator.group_managers import (MANAGER_OF_KIND, NULL, GroupManager,
                                             KVCacheGroupSpec, RequestKeys, cdiv)
 
+# how many keys _key_list keeps as lists, over all requests (about 6 MB)
+KEY_MEMO_MAX_KEYS = 1 << 17
+
 
 @dataclass(frozen=True)
 class CacheHit:
@@ -137,6 +140,8 @@ class GroupedPagedAllocator(PoolQueries):
         self._cached_upto: dict[Hashable, int] = {}   # the most tokens a cache call covered
         self._has_mamba = enable_prefix_caching and any(g.kind == "mamba" for g in self.groups)
         self._reqs: dict[Hashable, RequestKeys] = {}
+        self._keys_memo: dict[int, tuple[Sequence[int], list[int], int]] = {}   # _key_list's
+        self._keys_memo_size = 0
         self._num_slot_tokens: dict[Hashable, int] = {}   # slots allocated (tail waste)
         self._tail_waste = [0] * len(self.groups)
         self._init_prefix_counters()
@@ -187,6 +192,8 @@ class GroupedPagedAllocator(PoolQueries):
         if limit <= 0:
             return empty
         size, pool, groups = self.block_size, self.pool, self.groups
+        if not isinstance(block_hashes, list) and len(self._lookup_sets) > 1:
+            block_hashes = self._key_list(block_hashes, limit // size)
         hits: list[list[int] | None] = [None] * len(groups)
         lengths = [0] * len(groups)
         simple = len(self._lookup_sets) == 2 and groups[self._lookup_sets[0][0]].kind == \
@@ -219,6 +226,27 @@ class GroupedPagedAllocator(PoolQueries):
         uncached = longest - hit_length
         return CacheHit(hit_length, tuple(tuple(h or ()) for h in hits),
                         hit_length + uncached if uncached else 0)
+
+    def _key_list(self, block_hashes: Sequence[int], num_blocks: int) -> Sequence[int]:
+        """The first ``num_blocks`` keys of lazy ``block_hashes`` as a list (a window's scan
+        reads every key up to the limit, the full groups' scan the first ones again; a lazy
+        key costs a segment walk), kept for the next calls with the same keys: the requests a
+        waiting queue stops at are looked up every step, hundreds of them under overload (a
+        longer list serves: find_hit reads no further than its limit). Up to KEY_MEMO_MAX_KEYS
+        keys are kept, then the lists are dropped and made again. Keys only: hits are looked up
+        in the pool at every call."""
+        memo = self._keys_memo
+        held = memo.get(id(block_hashes))
+        if held is not None and held[0] is block_hashes and held[2] >= num_blocks \
+                and len(held[1]) == min(num_blocks, len(block_hashes)):
+            return held[1]
+        keys = block_hashes[:num_blocks]     # all of them where it has fewer
+        self._keys_memo_size += len(keys)
+        if self._keys_memo_size > KEY_MEMO_MAX_KEYS:
+            memo.clear()
+            self._keys_memo_size = len(keys)
+        memo[id(block_hashes)] = (block_hashes, keys, num_blocks)
+        return keys
 
     # ---- allocation ------------------------------------------------------------------------
     def allocate_slots(self, seq_id: Hashable, num_new_tokens: int, *, num_computed_tokens: int,

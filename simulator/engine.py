@@ -68,13 +68,15 @@ SCHEDULERS = {cls.__name__: cls for cls in (Scheduler, AsyncScheduler, HybridSch
                                             AsyncHybridOffloadScheduler)}
 
 
-def _urgent_timeout(env: simpy.Environment, delay_ns: int) -> simpy.Event:
-    """A timeout processed before NORMAL events at the same instant (step ends before arrivals)."""
-    ev = simpy.Event(env)
-    ev._ok = True
-    ev._value = None
-    env.schedule(ev, URGENT, delay_ns)
-    return ev
+class _UrgentTimeout(simpy.Timeout):
+    """A timeout processed before NORMAL events at the same instant (step ends before arrivals):
+    SimPy's Timeout, scheduled URGENT. SimPy has no public priority argument; its own Timeout and
+    Initialize set their state in their ``__init__`` as this one does."""
+
+    def __init__(self, env: simpy.Environment, delay_ns: int):
+        self.env, self.callbacks = env, []
+        self._value, self._delay, self._ok = None, delay_ns, True
+        env.schedule(self, URGENT, delay_ns)
 
 
 def make_allocator(config: EngineConfig):
@@ -492,7 +494,7 @@ class Simulation:
                 if self.batching:
                     end, mark = self._advance_run(rep, run, now)
                     if not self._unobserved(rec, end):
-                        yield _urgent_timeout(env, end - env.now)
+                        yield _UrgentTimeout(env, end - env.now)
                     self._close_run(rep, run, now, end, step_index, mark)
                     now = end
                     continue
@@ -504,7 +506,7 @@ class Simulation:
         arrival comes first; no step boundary). Returns the replica's time then."""
         env, sched, io = self.env, rep.sched, rep.io
         if now > env.now:
-            yield _urgent_timeout(env, now - env.now)
+            yield _UrgentTimeout(env, now - env.now)
         io.batch_processed(now)     # the last step in flight is processed
         rep.rec.boundary(now)
         if io.idles_as_vllm:
@@ -644,11 +646,11 @@ class Simulation:
             if not ran:
                 # nothing ran (everyone running preempted itself away, or the head was
                 # rejected): vLLM counts no step; the clock still moves by one empty step
-                yield _urgent_timeout(env, end - env.now)
+                yield _UrgentTimeout(env, end - env.now)
                 t = end
                 break
             if not self._unobserved(rec, end):
-                yield _urgent_timeout(env, end - env.now)
+                yield _UrgentTimeout(env, end - env.now)
             self._finish_detailed_step(rep, out, t, end, idx, step, row_state,
                                        run is None or j == run.k - 1)
             t = end
@@ -662,7 +664,7 @@ class Simulation:
         if io.poll_empty(t):    # the empty step's poll found completions: schedule again now
             return t
         if t > env.now:
-            yield _urgent_timeout(env, t - env.now)
+            yield _UrgentTimeout(env, t - env.now)
         bd_wait, usage_wait = rec.breakdown(), rep.allocator.usage
         rep.wake = env.event()
         done_ns = io.wait_until(t)

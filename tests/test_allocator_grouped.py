@@ -204,3 +204,36 @@ def test_a_load_after_a_gpu_hit_and_the_blocks_it_must_leave_free():
     # what it still needs to hold its whole sequence (vLLM's reservation for it)
     assert alloc.blocks_to_finish(1, 40, 36, 40) == 2
     alloc.check_invariants()
+
+
+def test_lazy_keys_are_listed_once_and_hits_read_the_pool_at_every_lookup(monkeypatch):
+    """A waiting request is looked up every step: its lazy keys are made into a list once and
+    kept (allocator.grouped._key_list), never its hit: blocks cached or evicted between two
+    lookups change the answer as they do for a plain list of the same keys."""
+    from kvsim.allocator import grouped
+    from kvsim.workloads.keys import SegmentKeys
+
+    def lazy():
+        return SegmentKeys([(1, 24), (2, 13), (3, 7)], 4)        # 44 tokens, 11 full blocks
+    waiting, listed = lazy(), list(lazy())
+    alloc = make([FULL, SLIDING])
+
+    def same(keys, num_tokens):
+        got, want = alloc.find_cache_hit(keys, num_tokens), alloc.find_cache_hit(listed, num_tokens)
+        assert got == want
+        return got
+    assert same(waiting, 44).num_tokens == 0                     # an empty pool: no lookup
+    # another request with the same first 37 tokens caches its blocks: the next lookup sees them
+    other = SegmentKeys([(1, 24), (2, 13)], 4)
+    assert alloc.allocate_slots(1, 37, num_computed_tokens=0, num_tokens=37, num_prompt_tokens=37,
+                                block_hashes=other)
+    alloc.free(1)
+    assert same(waiting, 20).num_tokens < 20 and len(alloc._keys_memo) == 1
+    assert same(waiting, 44).num_tokens == 36                    # a longer limit: listed again
+    assert same(waiting, 20).num_tokens < 20                     # a shorter one: the kept list
+    assert same(waiting, 1000).num_tokens == 36                  # past its keys: all of them
+    # the blocks evicted: no hit again; and with the memo cleared at every call, the same
+    monkeypatch.setattr(grouped, "KEY_MEMO_MAX_KEYS", 1)
+    assert alloc.allocate_slots(2, 4 * 30, num_computed_tokens=0, num_tokens=120,
+                                num_prompt_tokens=120, block_hashes=SegmentKeys([(9, 120)], 4))
+    assert same(lazy(), 44).num_tokens == 0 and same(waiting, 44).num_tokens == 0
