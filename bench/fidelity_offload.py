@@ -35,6 +35,7 @@ if str(ROOT) not in sys.path:
 from bench.fidelity_fuzz import random_case  # noqa: E402
 from bench.fidelity_hybrid import (case_parser, collect_cases, compare_cases,  # noqa: E402
                                    run_oracle_batch)
+from bench.fidelity_diff import ORACLE_DEFAULTS  # noqa: E402
 from bench.fidelity_vllm import RUNS  # noqa: E402
 
 OFFLOAD = RUNS / "offload"
@@ -43,8 +44,15 @@ NAMED = [("b", nb, chunks, k) for nb in (300, 1500) for chunks in (64, 2000) for
 
 
 def named_cases() -> list[tuple[str, str, dict]]:
+    """The NAMED cases; a pool too small for the oracle's default max_model_len gets the largest
+    that fits, as vLLM 0.33 requires at start-up (also with num_gpu_blocks_override:
+    kv_cache_planning's check against the usable blocks, the null block held back). With 300
+    blocks and 8,192 a request grew to 4,785 tokens, was preempted and could never come back:
+    the oracle stalled where vLLM would not have started."""
+    block, default = ORACLE_DEFAULTS["block_size"], ORACLE_DEFAULTS["max_model_len"]
     return [(f"{trace}_nb{nb}_cpu{chunks}_k{k}", trace,
-             {"num_gpu_blocks": nb, "cpu_chunks": chunks, "transfer_steps_per_chunk": k})
+             {"num_gpu_blocks": nb, "cpu_chunks": chunks, "transfer_steps_per_chunk": k,
+              **({"max_model_len": (nb - 1) * block} if (nb - 1) * block < default else {})})
             for trace, nb, chunks, k in NAMED]
 
 
