@@ -245,6 +245,7 @@ class ScaledCost:
         self.scale = float(scale)
         self.uses_max_context_tokens = uses_max_context_tokens(inner)
         self.idle_start_s = self.scale * getattr(inner, "idle_start_s", 0.0)
+        self.idle_start_min_wait_s = getattr(inner, "idle_start_min_wait_s", 0.0)   # a wait, not a step
         self.frontend_s = getattr(inner, "frontend_s", (0.0, 0.0, 0.0))   # not steps: not scaled
 
     def step_time_s(self, batch: StepBatch) -> float:
@@ -269,6 +270,7 @@ class CarriedCost:
         self.inner, self.source, self.target, self.note = inner, source, target, note
         self.uses_max_context_tokens = uses_max_context_tokens(inner)
         self.idle_start_s = getattr(inner, "idle_start_s", 0.0)
+        self.idle_start_min_wait_s = getattr(inner, "idle_start_min_wait_s", 0.0)
         self.frontend_s = getattr(inner, "frontend_s", (0.0, 0.0, 0.0))   # CPU and IPC, not the GPU
 
     def _ratio(self, batch: StepBatch) -> float:

@@ -289,6 +289,23 @@ def _frontend(provenance: dict, path: str) -> tuple[float, float, float]:
     return values
 
 
+def _idle_wait(provenance: dict, path: str) -> float:
+    """A table's ``# idle wait:`` line (``S s (...)``): the shortest idle wait after which a step
+    pays c_idle (the hot plan measured lone prompts after shorter ones at their own price); 0
+    without the line."""
+    text = provenance.get("idle wait")
+    if text is None:
+        return 0.0
+    m = re.match(r"\s*([0-9.eE+-]+) s\b", text)
+    try:
+        value = float(m.group(1)) if m else -1.0
+    except ValueError:
+        value = -1.0
+    if not (value >= 0 and math.isfinite(value)):
+        raise InputError(f"'# idle wait:' must start with seconds >= 0 ('0.01 s ...'), got {text!r}", file=path)
+    return value
+
+
 def _shown(path: str) -> str:
     """A table's path as the clock line shows it: a shipped table relative to the repository (the
     same line from any checkout), any other as given."""
@@ -313,6 +330,8 @@ class StepShapeCost:
             price (fitted where the table's ``idle_before`` column marks such steps; else 0).
         frontend_s: (in_s, in_s per prompt token, out_s) of the ``# frontend:`` line: a
             request's way in and a token's way out, outside the steps (the engine adds them).
+        idle_start_min_wait_s: the ``# idle wait:`` line: the engine adds c_idle only after an
+            idle wait this long or longer (0 without the line: after any).
         negligible_terms: the eager terms the fit found but set to 0, their share of every
             measured step below TERM_REL_TOL (rounding noise, not a term of the data).
         min_bucket_tokens: the smallest context bucket; floors[bucket][size] = (start, [(L, floor_s)]).
@@ -361,6 +380,7 @@ class StepShapeCost:
         self._fit_eager(eager, path)
         self._fit_floor(skewed, path, context_floor)
         self.frontend_s = _frontend(self.provenance, path)
+        self.idle_start_min_wait_s = _idle_wait(self.provenance, path)
 
     def _lines(self, decode: dict[int, list[tuple[float, float]]]) -> list[tuple[float, float]]:
         """Each graph size's (a_s, b_s). A size measured only at nearly one KV length (its
@@ -643,6 +663,8 @@ class StepShapeCost:
         dropped = f"; terms at rounding noise set to 0: {', '.join(self.negligible_terms)}" if self.negligible_terms else ""
         if self.idle_start_s:
             dropped += f"; a step that starts an idle engine +{self.idle_start_s * 1e3:.2f} ms"
+            if self.idle_start_min_wait_s:
+                dropped += f" (after {self.idle_start_min_wait_s * 1e3:g} ms idle or more)"
         if any(self.frontend_s):
             a, b, c = self.frontend_s
             dropped += (f"; a request's way in {a * 1e3:.2f} ms + {b * 1e6:.2f} us per prompt token, "

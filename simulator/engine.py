@@ -258,9 +258,11 @@ class Simulation:
     def _outside_steps(self, cost_model) -> None:
         """What a measured table prices outside its steps' batches: a step that starts an idle
         engine (``idle_start_s``, c_idle: with async scheduling nothing in flight hides its CPU
-        work), a request's way in (send -> schedulable: a + b per prompt token) and a token's way
-        out (its step's end -> the client) (``frontend_s``); none for other clocks."""
+        work; after an idle wait of ``idle_start_min_wait_s`` or more), a request's way in
+        (send -> schedulable: a + b per prompt token) and a token's way out (its step's end ->
+        the client) (``frontend_s``); none for other clocks."""
         self.idle_start_ns = to_ns(getattr(cost_model, "idle_start_s", 0.0))
+        self.idle_start_min_wait_ns = to_ns(getattr(cost_model, "idle_start_min_wait_s", 0.0))
         self.way_in_s, self.way_in_per_token_s, way_out_s = getattr(cost_model, "frontend_s", (0.0, 0.0, 0.0))
         self.way_out_ns = to_ns(way_out_s)
         self._client_due_ns = _NEVER
@@ -478,8 +480,10 @@ class Simulation:
         now = env.now
         while True:
             if not sched.has_unfinished():
+                idle_from = now
                 now = yield from self._idle(rep, now)
-                rep.idle_start = True
+                # (before its first step the engine has idled since it started)
+                rep.idle_start = not rep.num_steps or now - idle_from >= self.idle_start_min_wait_ns
             if self.next_arrival_ns == now:
                 yield env.timeout(0)   # arrivals due now land before this step is scheduled
             bd_start = rec.boundary(now)

@@ -285,3 +285,28 @@ def test_snapshots_record_the_last_steps_batch():
         assert new.sum() <= _cfg().max_num_batched_tokens
         mixed += int(new.max(initial=0) > 1 and (new == 1).any())
     assert mixed >= 3, "steps that admit an arrival should mix prefill and decode rows"
+
+
+class _IdleStartCost(FixedStepCost):
+    """10 ms steps, c_idle 50 ms, a way in and out of 1 ms each (a measured table's terms)."""
+
+    def __init__(self, min_wait_s: float):
+        super().__init__(0.01)
+        self.idle_start_s, self.idle_start_min_wait_s = 0.05, min_wait_s
+        self.frontend_s = (0.001, 0.0, 0.001)
+
+
+def test_an_idle_start_costs_c_idle_only_after_the_tables_idle_wait():
+    # a C = 1 loop: each request is sent when the client saw the last one finish (2 ms of way out
+    # and in: the engine idle 2 ms); then one more request after 1 s. A table without an
+    # '# idle wait:' line adds c_idle after any wait, one with 10 ms only after the long one.
+    reqs = [Request(request_id=i, arrival_s=0.0, prompt_tokens=64, output_tokens=4) for i in range(5)]
+    late = Request(request_id=9, arrival_s=1.0, prompt_tokens=64, output_tokens=4)
+
+    def ttfts(min_wait_s, requests, limit):
+        res = simulate(iter(requests), _cfg(), _IdleStartCost(min_wait_s), max_concurrency=limit)
+        return res.requests.set_index("request_id")["ttft_s"]
+    any_wait, hot = ttfts(0.0, reqs, 1), ttfts(0.010, reqs, 1)
+    assert hot[0] == pytest.approx(any_wait[0]) and hot[0] > 0.05             # the first: idle
+    assert all(any_wait[i] - hot[i] == pytest.approx(0.05, abs=1e-6) for i in range(1, 5))
+    assert ttfts(0.010, [late], None)[9] == pytest.approx(ttfts(0.0, [late], None)[9])

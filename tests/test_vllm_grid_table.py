@@ -131,3 +131,31 @@ def test_an_idle_runs_lone_prompts_give_the_tables_idle_start(tmp_path):
     assert "llama8b-fp8-idle/idle-prefill" in with_idle.provenance["source"]
     way_in, per_token, way_out = with_idle.frontend_s     # the '# frontend:' line, read back
     assert abs(way_in - 0.001) < 2e-6 and abs(per_token - 2.5e-7) < 1e-9 and abs(way_out - 0.0009) < 2e-6
+    assert with_idle.idle_start_min_wait_s == 0.0           # no hot run: c_idle after any wait
+
+    # the hot plan beside them (ENGINE-hot/hot-ISL): lone prompts 2 ms after the last step cost
+    # the grid's price (the first of each loop starts an idle engine: 7.5 ms more)
+    for p in (64, 512, 2048):
+        run = tmp_path / "llama8b-fp8-hot" / f"hot-{p}"
+        run.mkdir(parents=True)
+        lines, t, pairs = [header], 100.0 + p, p * (p + 1) // 2
+        for i in range(6):
+            step = model.step_time_s(StepBatch(1, p, 0, p, p, pairs, p)) + (0.0075 if i == 0 else 0.0)
+            decode = model.step_time_s(StepBatch(1, 0, 1, 1, p + 1, p + 1, p + 1))
+            t += (1.0 if i == 0 else 0.002) + step
+            lines.append(f"1,1,{p},0,{p},{p},{pairs},{p},{step},0,0,{t}")
+            t += decode
+            lines.append(f"1,0,0,1,1,{p + 1},{p + 1},{p + 1},{decode},0,0,{t}")
+        (run / "steps.csv").write_text("\n".join(lines) + "\n")
+    hot_table = tmp_path / "hot.csv"
+    assert grid_table.main([str(engine), "--out", str(hot_table)]) == 0
+    with_hot = StepShapeCost(hot_table)
+    num_before = len(read_table(out)[2])
+    hot_rows = [r for _, r in read_table(hot_table)[2][num_before:]]
+    warm = [r for r in hot_rows if r["idle_before"] == "0"]     # 2 ms after the last step: not idle
+    assert len(warm) == 15 and {r["num_prefill_tokens"] for r in warm} == {"64", "512", "2048"}
+    assert all(r["idle_before"] == "1" for r in hot_rows if r not in warm)   # each loop's first
+    assert with_hot.idle_start_min_wait_s == grid_table.HOT_IDLE_GAP_S
+    assert 0.005 < with_hot.idle_start_s < 0.010
+    assert "llama8b-fp8-hot/hot-64" in with_hot.provenance["source"]
+    assert f"after {grid_table.HOT_IDLE_GAP_S * 1e3:g} ms idle" in with_hot.describe()

@@ -60,3 +60,14 @@ def test_a_plan_served_again_repeats_each_workload_under_its_own_name():
         assert ids[1] == [f"{first['name']}-again-{i}" for i in range(len(ids[0]))]
         assert built[0] == built[1]     # the same prompts (the harness resets the prefix cache between)
     assert len({e["name"] for e in again}) == len(again)
+
+
+def test_the_hot_plan_is_c1_loops_of_two_tokens_at_lengths_the_held_out_loops_do_not_use():
+    plan = plans.build_plan("hot", None, 40.0, 10240, False)
+    assert [w["name"] for w in plan] == [f"hot-{p}" for p in plans.HOT_PROMPTS]
+    assert all(w["kind"] == "closed" and w["concurrency"] == 1 and w["osl"] == 2
+               and w["n"] == plans.HOT_REPEATS and w["isl_range"] == 0.0 for w in plan)
+    held_out = {w["isl"] for w in plans.idle_points() if w["kind"] == "closed"}
+    assert held_out == {256, 1024} and not held_out & set(plans.HOT_PROMPTS)
+    built = harness.build_requests(plan[0], vocab_size=32000)
+    assert len(built) == plans.HOT_REPEATS and all(len(r["ids"]) == plans.HOT_PROMPTS[0] for r in built)

@@ -71,6 +71,15 @@ engine() {  # name -> "model_dir plan flags..."
     gpt-oss-20b-idle)     echo "gpt-oss-20b idle" ;;
     gpt-oss-120b-idle)    echo "gpt-oss-120b idle" ;;
     llama70b-fp8-idle)    echo "Llama-3.1-70B idle --quantization fp8 --kv-cache-dtype fp8" ;;
+    # lone prompts right after the last request finished (plans.py --size hot > hot.json;
+    # gpt-oss's with --again, in its own PLANS folder, as for the idle plan)
+    llama8b-bf16-hot)     echo "Llama-3.1-8B hot" ;;
+    llama8b-fp8-hot)      echo "Llama-3.1-8B hot --quantization fp8 --kv-cache-dtype fp8" ;;
+    qwen3-30b-a3b-hot)    echo "Qwen3-30B-A3B hot" ;;
+    qwen3-32b-hot)        echo "Qwen3-32B hot" ;;
+    gpt-oss-20b-hot)      echo "gpt-oss-20b hot" ;;
+    gpt-oss-120b-hot)     echo "gpt-oss-120b hot" ;;
+    llama70b-fp8-hot)     echo "Llama-3.1-70B hot --quantization fp8 --kv-cache-dtype fp8" ;;
     # each workload served twice in one engine (plans.py --again > twice.json)
     gpt-oss-20b-twice)    echo "gpt-oss-20b twice" ;;
     gpt-oss-120b-twice)   echo "gpt-oss-120b twice" ;;

@@ -56,6 +56,11 @@ BAND = (0.6, 1.6)
 MIN_DECODE_STEPS = 8
 # a step that began this long after the previous one ended started an idle engine
 IDLE_GAP_S = 0.0005
+# ... where the hot plan measured lone prompts 2-3 ms after the last request (ENGINE-hot): those
+# are not idle starts (they cost what they cost at once: Llama-3.1-8B bf16 on the H200, 256 tokens
+# 9.3 ms against 12-16 ms after 0.1-0.4 s idle), and the table's '# idle wait:' line tells the
+# engine to add c_idle only after waits this long
+HOT_IDLE_GAP_S = 0.010
 COLUMNS = ("kind", "num_seqs", "num_prefill_seqs", "num_prefill_tokens", "num_decode_tokens",
            "num_scheduled_tokens", "kv_read_tokens", "attn_token_pairs", "max_context_tokens",
            "padded_num_seqs", "graph", "step_s", "step_s_min", "step_s_max", "repeats", "idle_before")
@@ -72,8 +77,9 @@ def padded(num_seqs: int, sizes=CAPTURE_SIZES) -> int | None:
     return next((s for s in sizes if s >= num_seqs), None)
 
 
-def grid_rows(steps_csv: Path, sizes=CAPTURE_SIZES) -> tuple[list[dict], int]:
-    """The table's rows from the probe's step records, and how many artefacts were dropped."""
+def grid_rows(steps_csv: Path, sizes=CAPTURE_SIZES, gap_s: float = IDLE_GAP_S) -> tuple[list[dict], int]:
+    """The table's rows from the probe's step records, and how many artefacts were dropped
+    (``gap_s``: the wait that makes a step an idle start)."""
     with open(steps_csv, newline="") as f:
         steps = [{k: float(v) for k, v in r.items()} for r in csv.DictReader(f)]
     # a prefill step's expected time for the artefact band: the grid's one-sequence decode step
@@ -94,7 +100,7 @@ def grid_rows(steps_csv: Path, sizes=CAPTURE_SIZES) -> tuple[list[dict], int]:
             fastest[n] = min(fastest.get(n, s["step_s"]), s["step_s"])
     rows, dropped, prev_done = [], 0, None
     for s in steps:
-        idle = starts_idle(prev_done, s["t_done_s"], s["step_s"])
+        idle = starts_idle(prev_done, s["t_done_s"], s["step_s"], gap_s)
         prev_done = s["t_done_s"]
         if s["num_scheduled_tokens"] < 1 or s["step_s"] <= 0:
             dropped += 1
@@ -171,6 +177,17 @@ def idle_run(engine: Path) -> Path | None:
                  if (run / "steps.csv").is_file()), None)
 
 
+def hot_runs(engine: Path) -> list[Path]:
+    """The hot plan's workloads beside an engine's folder (``ENGINE-hot/hot-ISL``, plans.py
+    --size hot), each its second serving where the plan served it twice."""
+    base = engine.parent / f"{engine.name.removesuffix('-fine')}-hot"
+    runs = []
+    for first in sorted(base.glob("hot-*[0-9]"), key=lambda p: int(p.name.removeprefix("hot-"))):
+        run = next((r for r in (first.with_name(first.name + "-again"), first) if (r / "steps.csv").is_file()), None)
+        runs += [run] if run is not None else []
+    return runs
+
+
 def frontend(run: Path) -> tuple[float, float, float, int]:
     """(in_s, in_s per prompt token, out_s, prompts) of an idle run's lone prompts (sent while no
     step ran): the way in is the send to the start of the prompt's step (the first lone prefill of
@@ -205,7 +222,7 @@ def _from_root(folder: Path) -> str:
 
 
 def provenance(folder: Path, meta: dict, num_rows: int, dropped: int, knot_tokens: list[int],
-               idle: Path | None = None) -> list[str]:
+               idle: Path | None = None, hot: list[Path] = ()) -> list[str]:
     """The table's ``#`` lines: what kvsim's table readers and ``mismatches`` look for."""
     args, core = meta.get("engine_args", {}), meta.get("engine_core", {})
     way = frontend(idle) if idle else None
@@ -230,7 +247,11 @@ def provenance(folder: Path, meta: dict, num_rows: int, dropped: int, knot_token
         *([f"# frontend: in_s {way[0]:.6f} + {way[1]:.3e} per prompt token, out_s {way[2]:.6f} (over {way[3]} "
            f"lone prompts of {_from_root(idle)}: send -> step start, step end -> first token at the client)"]
           if idle else []),
+        *([f"# idle wait: {HOT_IDLE_GAP_S} s (c_idle after an idle wait this long or longer; lone prompts "
+           f"{HOT_IDLE_GAP_S * 1e3:g} ms or less after the last step are rows of their own price: "
+           f"{_from_root(hot[0].parent)})"] if hot else []),
         f"# source: {_from_root(folder)}/grid" + (f" and {_from_root(idle)}" if idle else "")
+        + "".join(f" and {_from_root(run)}" for run in hot)
         + " (held out: every closed-loop and trace run of the same engine)",
     ]
 
@@ -246,15 +267,21 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     meta = json.loads((a.engine / "meta.json").read_text())
     sizes = meta.get("engine_core", {}).get("cudagraph_capture_sizes") or CAPTURE_SIZES
-    rows, dropped = grid_rows(steps, sizes)
+    hot = hot_runs(a.engine)
+    gap = HOT_IDLE_GAP_S if hot else IDLE_GAP_S
+    rows, dropped = grid_rows(steps, sizes, gap)
     idle = idle_run(a.engine)
     if idle is not None:   # the idle plan's lone prompts (its decode steps are the grid's business)
-        more, more_dropped = grid_rows(idle / "steps.csv", sizes)
+        more, more_dropped = grid_rows(idle / "steps.csv", sizes, gap)
+        rows += [r for r in more if r["kind"] == "mixed"]
+        dropped += more_dropped
+    for run in hot:        # the hot plan's lone prompts, the same
+        more, more_dropped = grid_rows(run / "steps.csv", sizes, gap)
         rows += [r for r in more if r["kind"] == "mixed"]
         dropped += more_dropped
     a.out.parent.mkdir(parents=True, exist_ok=True)
     with open(a.out, "w", newline="") as f:
-        f.write("\n".join(provenance(a.engine, meta, len(rows), dropped, knots(rows), idle)) + "\n")
+        f.write("\n".join(provenance(a.engine, meta, len(rows), dropped, knots(rows), idle, hot)) + "\n")
         # the idle-start column where the idle plan measured lone prompts cleanly; the grid's own
         # idle starts alone are too few and carry the harness's waits (a decode point's prompts
         # sent one by one: Llama-3.1-8B bf16 H100, a lone 4,096-token prompt at 98.6-133.8 ms)
@@ -262,7 +289,8 @@ def main(argv: list[str] | None = None) -> int:
         w = csv.DictWriter(f, fieldnames=columns, lineterminator="\n", extrasaction="ignore")
         w.writeheader()
         w.writerows(rows)
-    print(f"{a.out}: {len(rows)} rows from {steps}{f' and {idle}' if idle else ''} ({dropped} dropped)")
+    print(f"{a.out}: {len(rows)} rows from {steps}{f' and {idle}' if idle else ''}"
+          f"{''.join(f' and {run}' for run in hot)} ({dropped} dropped)")
     return 0
 
 

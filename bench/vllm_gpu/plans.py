@@ -13,6 +13,11 @@ Three kinds of workload per engine (harness.py's docstring defines them):
 * ``idle``: lone prompts at an idle engine (``--size idle``): the fit set of the idle-start term
   (a step that starts an idle engine hides none of its CPU work behind a step in flight), with
   C = 1 closed loops of 8 requests held out beside it.
+* ``hot``: lone prompts 2-3 ms after the last request finished (``--size hot``: C = 1 closed
+  loops ``hot-ISL`` of 2 output tokens at lengths the held-out loops do not use): the fit set of
+  a lone prompt's own price. The idle plan's prompts all start an engine idle for 0.15-0.4 s,
+  so its tables cannot tell a short prefill's price from the idle start's (Qwen3-30B-A3B on the
+  H200: f(256) = 0.85 ms beside c_idle = 21 ms, where a C = 1 loop's 256-token step takes 20 ms).
 
 ``--size`` scales the plan to the model (a 70B model's prefill costs 9x an 8B's): ``small``
 (<= 30B total or <= 5B active parameters), ``large`` (the rest); ``fine`` is a denser grid (every
@@ -50,6 +55,10 @@ GRID = {
 IDLE_PROMPTS = (64, 256, 512, 1024, 2048, 4096)
 IDLE_REPEATS = 8
 IDLE_GAPS_S = (0.15, 0.4)
+# the hot plan: C = 1 closed loops of HOT_REPEATS prompts of each length, 2 output tokens (one
+# prefill step and one decode step a request); none of the held-out loops' 256 and 1,024
+HOT_PROMPTS = (64, 128, 512, 2048, 4096)
+HOT_REPEATS = 8
 # (isl, osl, concurrencies): the first pair is the full sweep
 SWEEPS = {
     "small": [(1024, 128, (1, 4, 16, 64, 128)), (4096, 128, (1, 16, 64)), (256, 512, (1, 16, 128))],
@@ -81,6 +90,14 @@ def idle_points(gaps_s: tuple[float, ...] = IDLE_GAPS_S) -> list[dict]:
         out.append({"name": f"cl-{isl}-{osl}-c1-n8", "kind": "closed", "isl": isl, "osl": osl, "n": 8,
                     "concurrency": 1, "isl_range": 0.0, "osl_range": 0.0, "seed": 11})
     return out
+
+
+def hot_points() -> list[dict]:
+    """The hot plan: per length, a C = 1 closed loop of 2-token outputs (each prompt sent when
+    the last one finished: its step starts 2-3 ms after the engine's last one)."""
+    return [{"name": f"hot-{isl}", "kind": "closed", "isl": isl, "osl": 2, "n": HOT_REPEATS,
+             "concurrency": 1, "isl_range": 0.0, "osl_range": 0.0, "seed": 12}
+            for isl in HOT_PROMPTS]
 
 
 def azure_excerpt(path: Path, seconds: float, max_model_len: int) -> list[list]:
@@ -115,6 +132,8 @@ def build_plan(size: str, traces: Path | None, trace_s: float, max_model_len: in
                mooncake: bool, idle_gaps_s: tuple[float, ...] = IDLE_GAPS_S) -> list[dict]:
     if size == "idle":
         return idle_points(idle_gaps_s)
+    if size == "hot":
+        return hot_points()
     grid = GRID[size]
     plan = [{"name": "grid", "kind": "grid", "decode": [list(d) for d in grid["decode"]],
              "prefill": grid["prefill"], "mixed": [list(m) for m in grid.get("mixed", [])], "seed": 1}]
@@ -140,7 +159,7 @@ def served_again(plan: list[dict]) -> list[dict]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--size", choices=sorted(GRID) + ["idle"], required=True)
+    p.add_argument("--size", choices=sorted(GRID) + ["idle", "hot"], required=True)
     p.add_argument("--traces", type=Path)
     p.add_argument("--trace-s", type=float, default=40.0)
     p.add_argument("--max-model-len", type=int, default=10240)
