@@ -241,7 +241,7 @@ class GroupedPagedAllocator(PoolQueries):
                 and len(held[1]) == min(num_blocks, len(block_hashes)):
             return held[1]
         keys = block_hashes[:num_blocks]     # all of them where it has fewer
-        self._keys_memo_size += len(keys)
+        self._keys_memo_size += len(keys) - (len(held[1]) if held is not None else 0)   # replaced
         if self._keys_memo_size > KEY_MEMO_MAX_KEYS:
             memo.clear()
             self._keys_memo_size = len(keys)

@@ -237,3 +237,19 @@ def test_lazy_keys_are_listed_once_and_hits_read_the_pool_at_every_lookup(monkey
     assert alloc.allocate_slots(2, 4 * 30, num_computed_tokens=0, num_tokens=120,
                                 num_prompt_tokens=120, block_hashes=SegmentKeys([(9, 120)], 4))
     assert same(lazy(), 44).num_tokens == 0 and same(waiting, 44).num_tokens == 0
+
+
+def test_the_key_lists_kept_count_each_request_once():
+    """A request listed again for a longer limit replaces its list: the kept count is the sum of
+    the lists kept, so the memo is dropped only past KEY_MEMO_MAX_KEYS keys."""
+    from kvsim.workloads.keys import SegmentKeys
+    alloc = make([FULL, SLIDING])
+    first = SegmentKeys([(1, 40)], 4)
+    assert alloc.allocate_slots(0, 40, num_computed_tokens=0, num_tokens=40, num_prompt_tokens=40,
+                                block_hashes=first)
+    waiting = [SegmentKeys([(1, 40), (i + 2, 20)], 4) for i in range(3)]     # 14 blocks below 59 tokens
+    for keys in waiting:
+        alloc.find_cache_hit(keys, 30)
+        alloc.find_cache_hit(keys, 60)
+    kept = alloc._keys_memo
+    assert len(kept) == 3 and alloc._keys_memo_size == sum(len(v[1]) for v in kept.values()) == 3 * (59 // 4)
