@@ -489,3 +489,17 @@ def test_a_tables_frontend_delays_each_request_on_its_way_in_and_out(tmp_path):
         path.write_text(f"# frontend: {bad}\n" + "\n".join(path.read_text().splitlines()[1:]) + "\n")
         with pytest.raises(InputError, match="frontend"):
             StepShapeCost(path)
+
+
+def test_a_tables_idle_wait_line_is_read_and_a_bad_one_named(tmp_path):
+    """'# idle wait: S s (...)': the shortest idle wait after which a step pays c_idle (grid_table
+    writes it with a hot run); none: after any wait; anything else: one InputError line."""
+    path = make_table(tmp_path)
+    body = path.read_text()
+    assert StepShapeCost(path).idle_start_min_wait_s == 0.0
+    path.write_text("# idle wait: 0.01 s (test)\n" + body)
+    assert StepShapeCost(path).idle_start_min_wait_s == 0.01
+    for bad in ("soon", "-0.01 s", "nan s (x)", "0.01"):
+        path.write_text(f"# idle wait: {bad}\n" + body)
+        with pytest.raises(InputError, match="idle wait"):
+            StepShapeCost(path)

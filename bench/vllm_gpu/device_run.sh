@@ -63,29 +63,20 @@ engine() {  # name -> "model_dir plan flags..."
     qwen3-30b-a3b-fine)   echo "Qwen3-30B-A3B fine" ;;
     gpt-oss-20b-fine)     echo "gpt-oss-20b fine" ;;
     llama8b-fp8-fine)     echo "Llama-3.1-8B fine --quantization fp8 --kv-cache-dtype fp8" ;;
-    # lone prompts at an idle engine and C = 1 closed loops (plans.py --size idle > idle.json)
-    llama8b-bf16-idle)    echo "Llama-3.1-8B idle" ;;
-    llama8b-fp8-idle)     echo "Llama-3.1-8B idle --quantization fp8 --kv-cache-dtype fp8" ;;
-    qwen3-30b-a3b-idle)   echo "Qwen3-30B-A3B idle" ;;
-    qwen3-32b-idle)       echo "Qwen3-32B idle" ;;
-    gpt-oss-20b-idle)     echo "gpt-oss-20b idle" ;;
-    gpt-oss-120b-idle)    echo "gpt-oss-120b idle" ;;
-    llama70b-fp8-idle)    echo "Llama-3.1-70B idle --quantization fp8 --kv-cache-dtype fp8" ;;
-    # lone prompts right after the last request finished (plans.py --size hot > hot.json;
-    # gpt-oss's with --again, in its own PLANS folder, as for the idle plan)
-    llama8b-bf16-hot)     echo "Llama-3.1-8B hot" ;;
-    llama8b-fp8-hot)      echo "Llama-3.1-8B hot --quantization fp8 --kv-cache-dtype fp8" ;;
-    qwen3-30b-a3b-hot)    echo "Qwen3-30B-A3B hot" ;;
-    qwen3-32b-hot)        echo "Qwen3-32B hot" ;;
-    gpt-oss-20b-hot)      echo "gpt-oss-20b hot" ;;
-    gpt-oss-120b-hot)     echo "gpt-oss-120b hot" ;;
-    llama70b-fp8-hot)     echo "Llama-3.1-70B hot --quantization fp8 --kv-cache-dtype fp8" ;;
     # each workload served twice in one engine (plans.py --again > twice.json)
     gpt-oss-20b-twice)    echo "gpt-oss-20b twice" ;;
     gpt-oss-120b-twice)   echo "gpt-oss-120b twice" ;;
     # the same after a warm-up over prompt lengths (harness.py --warmup-lengths)
     gpt-oss-20b-warm)     echo "gpt-oss-20b twice --warmup-lengths" ;;
     gpt-oss-120b-warm)    echo "gpt-oss-120b twice --warmup-lengths" ;;
+    # BASE-idle: lone prompts at an idle engine and C = 1 closed loops (plans.py --size idle >
+    # idle.json); BASE-hot: lone prompts right after the last request finished (plans.py --size
+    # hot > hot.json); gpt-oss's with --again, in their own PLANS folder. BASE's model and flags
+    *-idle|*-hot)
+      local plan=${1##*-} spec
+      spec=$(engine "${1%-*}") || return 1
+      set -- $spec
+      echo "$1 $plan ${*:3}" ;;
     *) return 1 ;;
   esac
 }
