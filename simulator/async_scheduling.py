@@ -13,7 +13,7 @@ the synchronous scheduler, only three things change, and this subclass changes o
    ``running`` column) and is not scheduled (its last token is hidden from ``num_tokens``
    until the free, so the policy sees nothing left to compute, as vLLM's skip at
    ``scheduler.py`` 799-814 does). ``retire_done`` frees those requests right after the next
-   ``schedule``; the engine calls it.
+   ``schedule``; the engine's batch hooks call it (``BatchQueue.process``, batch_hooks.py).
 2. **A done-in-flight request can be preempted** (``running[-1]``, rule 32): its blocks are freed
    then, the preemption counts, and it finishes while waiting (``retire_done`` drops it from the
    waiting queue).
@@ -38,8 +38,6 @@ from kvsim.simulator.step_output import StepOutput
 class AsyncScheduler(Scheduler):
     """vLLM AsyncScheduler + EngineCore.step_with_batch_queue for one replica (see the module
     docstring); same arguments as ``Scheduler``."""
-
-    defers_retire = True
 
     def __init__(self, config, allocator, seed: int = 0, **features):
         super().__init__(config, allocator, seed, **features)   # features: a feature's class

@@ -37,6 +37,7 @@ from simpy.core import URGENT
 
 from kvsim.allocator import MEMORY_CLASSES, ContiguousAllocator, GroupedPagedAllocator, PagedAllocator
 from kvsim.errors import InputError
+from kvsim.simulator.batch_hooks import batch_hooks
 from kvsim.simulator.config import EngineConfig
 from kvsim.simulator.cost import (NS_PER_S, CostModel, FixedStepCost, StepBatch, StepTimer, clock_source,
                                   to_ns, uses_max_context_tokens)
@@ -125,8 +126,10 @@ class _Replica:
         extra = {} if self.offload is None else {"connector": self.offload}
         self.sched = SCHEDULERS[name](config, self.allocator, seed=seed + index, **extra)
         self.rec = recorder.replica(index, self.sched, self.allocator, step_clock)
+        # when a step's finished requests are freed (async: after the next schedule)
+        self.batch = batch_hooks(config, self.sched, self.rec)
         # what the connector does at each moment of the loop (nothing without one)
-        self.io = transfer_hooks(self.offload, self.sched)
+        self.io = transfer_hooks(self.offload, self.sched, held=self.batch.held)
         self.wake: simpy.Event | None = None
         self.num_steps = 0
         self.idle_start = True    # the next priced step starts the replica from idle
@@ -490,7 +493,7 @@ class Simulation:
             step_index = now // NS_PER_S if self.step_clock else rep.num_steps
             # async scheduling, requests that finished in the batch in flight: a run may start
             # with the step that frees them, but step rows list them as running in it
-            k = 0 if self.in_the_loop or (self.record_steps and sched.done_in_flight) else \
+            k = 0 if self.in_the_loop or (self.record_steps and rep.batch.num_done) else \
                 sched.plan_decode_run(_NEVER)
             run = None     # a decode run stepped one by one
             if k > 0:
@@ -545,7 +548,7 @@ class Simulation:
             bd_start = rec.breakdown()
         usage_start = rep.allocator.usage
         num_running = len(sched.running)
-        n = num_running - len(sched.done_in_flight)    # the requests that decode
+        n = num_running - rep.batch.num_done    # the requests that decode
         kv = sched.decode_run_batch()[0]
         b0 = StepBatch(n, 0, n, n, kv, kv, sched.run_max_context() if self.track_max_context else 0)
         bound = min(self.next_arrival_ns, rec.next_record_ns, self.stop_ns)
@@ -569,7 +572,7 @@ class Simulation:
         rec.scheduled(run.num_running, sched.num_waiting, run.n)
         hist = sched.crossing_histogram() if self.record_steps else None
         used0 = sched.allocator.num_used_blocks if self.record_steps and sched.paged else 0
-        if sched.done_in_flight:
+        if rep.batch.num_done:
             sched.advance_decode_run(1)
             run.bd_start, run.usage_start = self._retire_in_flight(rep, run.bd_start,
                                                                    run.usage_start)
@@ -596,9 +599,7 @@ class Simulation:
             rec.decode_rows(step_index, k, run.n, hist, used0, finished)
         rep.num_steps += k
         sched.num_steps += k
-        if not sched.defers_retire:
-            for seq in finished:
-                rec.on_finished(seq)
+        rep.batch.step_finished(finished)
 
     def _detailed_steps(self, rep: _Replica, now: int, step_index: int, run: _Run | None):
         """Steps scheduled in detail: the next one, or a planned run's k steps one by one
@@ -610,13 +611,12 @@ class Simulation:
             idx = step_index + j
             in_flight = rep.io.batch_in_flight
             out = sched.schedule(t, idx)
-            if not out.num_scheduled_tokens and (sched.done_in_flight or in_flight):
+            if not out.num_scheduled_tokens and (rep.batch.num_done or in_flight):
                 # async scheduling: nothing to schedule while a batch is in flight. vLLM
                 # waits for it, processes it and schedules again, at the same step
                 if in_flight:     # the empty step polls; its output is processed first
                     rep.io.poll_empty(t)
-                for seq in sched.retire_done():
-                    rec.on_finished(seq)
+                rep.batch.process()
                 if in_flight:
                     rep.io.batch_processed(t)
                 out = sched.schedule(t, idx)
@@ -637,7 +637,7 @@ class Simulation:
                 self.num_rejected += 1
                 self.recorder.record_rejected(rep.index, seq.req, seq.arrival_ns)
             row_state = rec.row_state() if self.record_steps else None
-            if sched.done_in_flight or rep.io.held:
+            if rep.batch.num_done or rep.io.held:
                 # async scheduling: the batch in flight is processed now that this step is
                 # scheduled; what finished in it is freed
                 if run is not None and j == 0:
@@ -736,9 +736,7 @@ class Simulation:
                 extra = (out.kv_read_tokens, out.attn_token_pairs, *self.cost.last,
                          t / NS_PER_S, longest)
             rec.step_row(idx, out, finished, row_state, extra)
-        if not sched.defers_retire:
-            for seq in finished:
-                rec.on_finished(seq)
+        rep.batch.step_finished(finished)
 
     def _retire_in_flight(self, rep: _Replica, bd_start, usage_start: float):
         """Async scheduling: the batch in flight is processed after this step's schedule; the
@@ -748,8 +746,7 @@ class Simulation:
         rec = rep.rec
         if bd_start is not None:
             bd_before, usage_before = rec.breakdown(), rep.allocator.usage
-        for seq in rep.sched.retire_done():
-            rec.on_finished(seq)
+        rep.batch.process()
         rec.running_now(len(rep.sched.running))
         if bd_start is None:
             return None, usage_start

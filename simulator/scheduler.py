@@ -81,9 +81,8 @@ class Scheduler(DecodeRuns, Forks, DecodeClock, KVSlots):
         seed: seeds beam reselection.
     """
 
-    # vLLM's AsyncScheduler (async_scheduling.py) frees what finished in a step only after the
-    # next step is scheduled; this synchronous scheduler frees at once and defers nothing
-    defers_retire = False
+    # vLLM's AsyncScheduler (async_scheduling.py) keeps what finished in a step until the next
+    # step is scheduled (the engine's batch hooks, batch_hooks.py); this one keeps nothing
     done_in_flight: tuple | list = ()
     # free blocks a decode step must leave (decode clock and runs): vLLM v1 preempts only when a
     # request's new block is missing; vLLM v0 (scheduler_v0.py) keeps one free for each turn
@@ -117,11 +116,6 @@ class Scheduler(DecodeRuns, Forks, DecodeClock, KVSlots):
         self._init_kv_slots()
         self._init_decode_clock()
         self._init_decode_runs()
-
-    def retire_done(self) -> list[SeqState]:
-        """The batch in flight is processed (async scheduling): free what finished in it and
-        return it. Synchronous: nothing is ever in flight."""
-        return []
 
     # ------------------------------------------------------------------ 1. arrivals
     def add_request(self, req, arrival_ns: int) -> SeqState:

@@ -68,17 +68,18 @@ NO_TRANSFERS = NoTransfers()
 class ConnectorHooks(NoTransfers):
     """An OffloadConnector's moments in the engine loop, with the OffloadScheduler that owns it.
 
-    ``held``: async scheduling (the scheduler defers retiring a step until it is processed).
+    ``held``: async scheduling (a step's output is processed after the next schedule, as the
+    batch hooks say).
     ``idles_as_vllm``: the scheduler idles as vLLM does (KV-cache groups): an arrival at the
     idle instant is scheduled first, and finished requests are signalled by an empty step.
     """
 
     active = True
 
-    def __init__(self, connector, sched):
+    def __init__(self, connector, sched, held: bool):
         self.conn = connector
         self.sched = sched
-        self.held = bool(sched.defers_retire)
+        self.held = held
         self.idles_as_vllm = bool(sched.idles_as_vllm)
 
     @property
@@ -140,6 +141,7 @@ class ConnectorHooks(NoTransfers):
             self.sched.empty_step()
 
 
-def transfer_hooks(connector, sched):
-    """The hooks of a replica with ``connector`` (None: no connector) and its scheduler."""
-    return NO_TRANSFERS if connector is None else ConnectorHooks(connector, sched)
+def transfer_hooks(connector, sched, held: bool):
+    """The hooks of a replica with ``connector`` (None: no connector) and its scheduler; ``held``:
+    a step's output is processed after the next schedule (batch_hooks.py, async scheduling)."""
+    return NO_TRANSFERS if connector is None else ConnectorHooks(connector, sched, held)
