@@ -133,6 +133,11 @@ class _Replica:
         self.wake: simpy.Event | None = None
         self.num_steps = 0
         self.idle_start = True    # the next priced step starts the replica from idle
+        # async scheduling, timed: requests that reached the engine while a step ran, not yet
+        # seen by the scheduler (``Simulation._take_arrivals``): (request, sent ns, arrived ns)
+        self.inbox: deque = deque()
+        self.step_start_ns = -1   # the last step that ran: its start (when it was scheduled)
+        self.step_end_ns = -1     # ... and its end
 
 
 def _check_arguments(config, cost_model, replicas, max_concurrency) -> None:
@@ -205,8 +210,9 @@ class Simulation:
                                  f"{replicas} replicas of {config.allocator}")
             record_steps = True
         self.step_clock = isinstance(cost_model, FixedStepCost) and cost_model.step_s == 1.0
-        if sample_interval_s is None:
-            sample_interval_s = 1.0
+        # async scheduling on a clock: vLLM's batch queue (``_take_arrivals``; not the step clock)
+        self.lookahead = config.async_scheduling and not self.step_clock
+        sample_interval_s = 1.0 if sample_interval_s is None else sample_interval_s
         if not sample_interval_s > 0:
             raise ValueError(f"sample_interval_s must be > 0, got {sample_interval_s}")
         snapshot_ns = sorted(to_ns(t) for t in snapshot_times_s)
@@ -281,7 +287,7 @@ class Simulation:
     def done(self) -> bool:
         """All requests arrived and finished (or were rejected)."""
         return self.arrivals_done and all(
-            not r.sched.has_unfinished() for r in self.replicas)
+            not r.sched.has_unfinished() and not r.inbox for r in self.replicas)
 
     def run_until(self, t_s: float) -> None:
         """Advance simulated time to ``t_s`` (runs of decode steps end at the first step
@@ -439,7 +445,10 @@ class Simulation:
             self.num_rejected += 1
             self.recorder.record_rejected(rep.index, req, t_ns)
             return
-        rep.sched.add_request(req, t_ns)
+        if self.lookahead:
+            rep.inbox.append((req, t_ns, self.env.now))
+        else:
+            rep.sched.add_request(req, t_ns)
         rep.rec.arrived_since_step += 1
         if rep.wake is not None and not rep.wake.triggered:
             rep.wake.succeed()
@@ -482,6 +491,8 @@ class Simulation:
         # scheduled, without a round trip through the event queue.
         now = env.now
         while True:
+            if rep.inbox:
+                self._take_arrivals(rep, now, at_once=not sched.has_unfinished())
             if not sched.has_unfinished():
                 idle_from = now
                 now = yield from self._idle(rep, now)
@@ -489,11 +500,13 @@ class Simulation:
                 rep.idle_start = not rep.num_steps or now - idle_from >= self.idle_start_min_wait_ns
             if self.next_arrival_ns == now:
                 yield env.timeout(0)   # arrivals due now land before this step is scheduled
+            if rep.inbox:
+                self._take_arrivals(rep, now, at_once=not sched.has_unfinished())
             bd_start = rec.boundary(now)
             step_index = now // NS_PER_S if self.step_clock else rep.num_steps
             # async scheduling, requests that finished in the batch in flight: a run may start
             # with the step that frees them, but step rows list them as running in it
-            k = 0 if self.in_the_loop or (self.record_steps and rep.batch.num_done) else \
+            k = 0 if self.in_the_loop or (self.record_steps and rep.batch.num_done) or rep.inbox else \
                 sched.plan_decode_run(_NEVER)
             run = None     # a decode run stepped one by one
             if k > 0:
@@ -590,6 +603,7 @@ class Simulation:
         sched, rec, k = rep.sched, rep.rec, run.k
         tokens0, hist, used0 = mark
         finished = sched.finish_decode_run(end, step_index + k - 1)
+        rep.step_start_ns, rep.step_end_ns = now + self.timer.run_ns(run.b0, k - 1), end
         if self.token_log is not None:
             self.token_log.run(now, [now + self.timer.run_ns(run.b0, j) for j in range(1, k + 1)],
                                (sched.num_generated_tokens - tokens0) // k)
@@ -619,6 +633,8 @@ class Simulation:
                 rep.batch.process()
                 if in_flight:
                     rep.io.batch_processed(t)
+                if rep.inbox:     # vLLM waited for the batch in flight: what came meanwhile counts
+                    self._take_arrivals(rep, t, at_once=True)
                 out = sched.schedule(t, idx)
                 if not out.num_scheduled_tokens and not sched.has_unfinished():
                     break   # everything finished: idle
@@ -721,6 +737,7 @@ class Simulation:
         sched, rec = rep.sched, rep.rec
         tokens0, first0 = sched.num_generated_tokens, sched.num_first_tokens
         finished = sched.finish_step(out, end, idx)
+        rep.step_start_ns, rep.step_end_ns = t, end
         if self.token_log is not None:
             tokens = sched.num_generated_tokens - tokens0
             self.token_log.step(end, end - t, tokens, tokens - (sched.num_first_tokens - first0))
@@ -753,6 +770,22 @@ class Simulation:
         bd_after = rec.breakdown()
         return ([s + a - b for s, a, b in zip(bd_start, bd_after, bd_before)],
                 usage_start + rep.allocator.usage - usage_before)
+
+    def _take_arrivals(self, rep: _Replica, now: int, at_once: bool) -> None:
+        """Async scheduling: vLLM schedules step k + 1 when step k starts (its batch queue holds
+        two steps), so a request that reached the engine while step k ran first joins the
+        schedule of step k + 2, made when step k ends. kvsim schedules step k + 1 when step k
+        ends: it sees the requests that arrived before step k started, and the rest at the next
+        schedule. ``at_once``: vLLM schedules now, with everything that arrived (the engine
+        was idle, or it waited for the batch in flight: nothing else to schedule)."""
+        if at_once or rep.step_end_ns != now:
+            cutoff = now
+        else:
+            cutoff = rep.step_start_ns
+        inbox, add = rep.inbox, rep.sched.add_request
+        while inbox and inbox[0][2] <= cutoff:
+            req, sent_ns, _ = inbox.popleft()
+            add(req, sent_ns)
 
     def _unobserved(self, rec, end: int) -> bool:
         """Whether nothing can happen or be looked at from now until the replica's step end

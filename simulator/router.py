@@ -1,7 +1,8 @@
 """The router: which replica serves an arriving request.
 
 * ``round-robin``: replicas in turn.
-* ``least-loaded``: fewest running + waiting requests (ties: the lowest index).
+* ``least-loaded``: fewest running + waiting requests, those that reached a replica but wait for
+  its next schedule included (ties: the lowest index).
 * ``prefix-affinity``: a hash of the request's conversation, or of its shared prompt prefix
   (``affinity_key``), so that requests that can share KV land on the same replica's prefix
   cache; round-robin for a request that shares nothing.
@@ -42,12 +43,13 @@ class Router:
         self.rr_next = 0
 
     def pick(self, req, replicas: list):
-        """The replica (an item of ``replicas``, each with ``.index`` and ``.sched``) for ``req``."""
+        """The replica (an item of ``replicas``, each with ``.index``, ``.sched`` and ``.inbox``,
+        the requests it has not scheduled yet) for ``req``."""
         if len(replicas) == 1:
             return replicas[0]
         if self.policy == "least-loaded":
             return min(replicas,
-                       key=lambda r: (len(r.sched.running) + len(r.sched.waiting), r.index))
+                       key=lambda r: (len(r.sched.running) + len(r.sched.waiting) + len(r.inbox), r.index))
         key = affinity_key(req) if self.policy == "prefix-affinity" else None
         if key is None:
             rep = replicas[self.rr_next % len(replicas)]

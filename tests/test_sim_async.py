@@ -126,3 +126,38 @@ def test_async_decode_runs_identical_to_single_steps(num_blocks, pc, batched_equ
     fast = batched_equals_stepped(reqs, cfg)
     if num_blocks == 250:
         assert fast.summary["num_preemptions"] > 0
+
+
+def _timed(reqs, async_scheduling, step_s=0.01, **kw):
+    base = dict(num_blocks=256, block_size=16, max_num_seqs=8, max_num_batched_tokens=2048,
+                max_model_len=1024, async_scheduling=async_scheduling)
+    base.update(kw)
+    res = simulate(iter(reqs), EngineConfig(**base), FixedStepCost(step_s), record_steps=True)
+    return res.requests.set_index("request_id")
+
+
+def test_a_request_arriving_while_a_step_runs_waits_one_more_step_under_async_scheduling():
+    """vLLM's batch queue schedules step k + 1 when step k starts, so a request that arrives
+    while step k runs joins step k + 2 (scheduled when step k ends, run after step k + 1); the
+    synchronous engine schedules it into step k + 1. 10 ms steps; request 0 decodes from t = 0,
+    request 1 arrives 3 ms into step 5 (t = 53 ms): synchronously its prefill is step 6 (60-70
+    ms, TTFT 17 ms), async step 7 (70-80 ms, TTFT 27 ms). At an idle engine nothing is in
+    flight: a lone request's prefill starts at once either way."""
+    long = workloads.Request(0, 0.0, 16, 40)
+    late = workloads.Request(1, 0.053, 16, 4)
+    sync, asyn = (_timed([long, late], a) for a in (False, True))
+    assert sync.loc[1, "ttft_s"] == pytest.approx(0.017) and asyn.loc[1, "ttft_s"] == pytest.approx(0.027)
+    assert sync.loc[1, "first_sched_step"] == 6 and asyn.loc[1, "first_sched_step"] == 7
+    assert sync.loc[0, "ttft_s"] == asyn.loc[0, "ttft_s"] == pytest.approx(0.010)
+    lone = [workloads.Request(0, 0.0, 16, 4), workloads.Request(1, 1.0, 16, 4)]
+    assert (_timed(lone, True)["ttft_s"] == _timed(lone, False)["ttft_s"]).all()
+    # an arrival just as step 5 ends (60 ms) is seen by the schedule vLLM makes then, step 7's
+    # (step 6's was made at 50 ms)
+    on_time = workloads.Request(1, 0.060, 16, 4)
+    assert _timed([long, on_time], True).loc[1, "first_sched_step"] == 7
+    # ... and with nothing else to run (request 0 finished in flight), vLLM waits for the batch in
+    # flight and schedules the arrival then: no extra step
+    short = workloads.Request(0, 0.0, 16, 6)       # its last token in step 5 (50-60 ms)
+    alone = workloads.Request(1, 0.053, 16, 4)
+    t = _timed([short, alone], True)
+    assert t.loc[1, "ttft_s"] == pytest.approx(0.017)

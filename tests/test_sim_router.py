@@ -10,9 +10,11 @@ from kvsim.workloads import Request
 
 
 def _replicas(loads):
-    """Stand-ins with the two things a router reads: index and the scheduler's queues."""
-    return [SimpleNamespace(index=i, sched=SimpleNamespace(running=[0] * r, waiting=[0] * w))
-            for i, (r, w) in enumerate(loads)]
+    """Stand-ins with what a router reads: index, the scheduler's queues and the inbox (requests
+    that wait for the replica's next schedule; a third load, 0 if not given)."""
+    return [SimpleNamespace(index=i, sched=SimpleNamespace(running=[0] * load[0], waiting=[0] * load[1]),
+                            inbox=[0] * (load[2] if len(load) > 2 else 0))
+            for i, load in enumerate(loads)]
 
 
 def test_round_robin_takes_replicas_in_turn():
@@ -26,6 +28,8 @@ def test_least_loaded_counts_running_and_waiting_ties_to_lowest_index():
     router = Router("least-loaded")
     assert router.pick(Request(0, 0.0, 8, 4), _replicas([(3, 0), (1, 1), (0, 2)])).index == 1
     assert router.pick(Request(0, 0.0, 8, 4), _replicas([(2, 1), (3, 0), (0, 4)])).index == 0
+    # a request that reached a replica but waits for its next schedule counts too
+    assert router.pick(Request(0, 0.0, 8, 4), _replicas([(1, 0, 2), (1, 1), (4, 0)])).index == 1
 
 
 def test_prefix_affinity_follows_the_conversation_and_the_shared_prefix():
