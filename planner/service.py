@@ -56,7 +56,8 @@ class RunSettings:
 
 def simulate_settings(settings: RunSettings, *,
                       wrap_requests: Callable[[Iterable], Iterable] | None = None,
-                      in_the_loop: Callable[[EngineSetup, Iterable], tuple] | None = None):
+                      in_the_loop: Callable[[EngineSetup, Iterable], tuple] | None = None,
+                      warn: Callable[[str], None] | None = None):
     """Build the engine, check every size, read the workload and simulate it.
 
     Args:
@@ -64,6 +65,8 @@ def simulate_settings(settings: RunSettings, *,
         wrap_requests: wraps the request iterator (a progress bar).
         in_the_loop: (setup, requests) -> (cost model, requests): hardware in the loop
             (kvsim.cli.execute), whose executor the simulator must not import.
+        warn: called with a warning's text before the work (a pool that vLLM would refuse to
+            start with this max_model_len, simulator.footprint.max_model_len_warning).
     Returns:
         The simulator's Result.
     Raises:
@@ -71,7 +74,7 @@ def simulate_settings(settings: RunSettings, *,
     """
     from kvsim import workloads
     from kvsim.simulator import simulate
-    from kvsim.simulator.footprint import WorkloadSize, check_simulation
+    from kvsim.simulator.footprint import WorkloadSize, check_simulation, max_model_len_warning
 
     s = settings
     setup = build_engine(s.engine)
@@ -84,6 +87,9 @@ def simulate_settings(settings: RunSettings, *,
     requests = workloads.load_at_rate(s.workload, format=s.format, rate=s.rate,
                                       rate_scale=s.rate_scale, max_requests=s.max_requests,
                                       seed=s.seed)
+    note = max_model_len_warning(setup.config)
+    if note and warn is not None:
+        requests = _warn_once_read(requests, note, warn)
     if wrap_requests is not None:
         requests = wrap_requests(requests)
     cost = setup.cost
@@ -95,3 +101,14 @@ def simulate_settings(settings: RunSettings, *,
                     batch_decode_steps=s.batch_decode_steps, record_requests=s.record_requests,
                     offload=setup.offload, max_concurrency=s.max_concurrency,
                     record_token_times=s.record_token_times)
+
+
+def _warn_once_read(requests: Iterable, note: str, warn: Callable[[str], None]):
+    """``requests``, with ``warn(note)`` once its first request is read: a workload that cannot
+    be read is its one error line, without a warning before it."""
+    it = iter(requests)
+    first = next(it, None)
+    warn(note)
+    if first is not None:
+        yield first
+        yield from it

@@ -172,3 +172,21 @@ def check_requests_in_memory(workload: WorkloadSize) -> int:
     if n is None:
         return 0
     return check_memory({"requests in memory": n * BYTES_PER_REQUEST}, f"{n:,} requests held in memory")
+
+
+def max_model_len_warning(config) -> str | None:
+    """vLLM 0.33 refuses to start an engine whose pool cannot hold one request of max_model_len
+    tokens, also with ``num_gpu_blocks_override`` (``kv_cache_planning.py``: the needed
+    ``cdiv(max_model_len, block_size)`` blocks against the pool less its null block); kvsim runs
+    it and rejects the requests that would outgrow the pool. The warning's text for a paged
+    pool of one group, or None (it fits, or another allocator or KV-cache groups)."""
+    if not config.is_paged or config.is_grouped:
+        return None
+    usable = config.pool_blocks - int(config.null_block)
+    need = -(-config.max_model_len // config.block_size)
+    if need <= usable:
+        return None
+    return (f"max_model_len {config.max_model_len} needs {need} blocks of {config.block_size} tokens "
+            f"and the pool has {usable} usable: vLLM 0.33 would refuse to start this engine (the "
+            f"largest max_model_len it starts with here is {usable * config.block_size}); kvsim "
+            "runs it and rejects the requests that would outgrow the pool")

@@ -17,7 +17,7 @@ import pytest
 from kvsim.cli import main
 
 SPEC = "sharegpt:rate=4,n=30,seed=1"
-POOL = ["--num-blocks", "300", "--step-s", "0.01", "--quiet"]
+POOL = ["--num-blocks", "300", "--max-model-len", "4784", "--step-s", "0.01", "--quiet"]   # 4,784: the most 299 usable blocks start with
 PLAN = ["plan", SPEC, "--max-model-len", "4096", "--sweep", "block_size=16,32", "--quiet"]
 FULL = Path("/dev/full")
 

@@ -164,6 +164,7 @@ def test_outputs_are_checked_before_the_run_and_directories_created(tmp_path, ca
     assert main(["replay", spec, "--allocator", "paged", "--num-blocks", "500", "--quiet",
                  "--out", str(out), "--requests", str(tmp_path / "x" / "req.csv")]) == 0
     assert out.is_file() and (tmp_path / "x" / "req.csv").is_file()
+    capsys.readouterr()     # (a warning: 499 usable blocks cannot hold max_model_len 8,192)
     # a directory where a file is expected fails at once, in one line, before simulating
     assert main(["replay", spec, "--allocator", "paged", "--num-blocks", "500", "--quiet",
                  "--out", str(tmp_path)]) == 2
@@ -191,3 +192,29 @@ def test_replay_help_imports_no_heavy_package():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, cwd="/")
     assert out.stdout.strip() == ""
+
+
+def test_a_pool_vllm_would_not_start_with_max_model_len_is_a_warning_before_the_work(capsys):
+    """vLLM 0.33 refuses to start when the pool (less its null block) cannot hold one request
+    of max_model_len tokens, also with num_gpu_blocks_override: kvsim runs it (its tests and
+    the oracle's cases use such pools) but says so first, with the largest max_model_len that
+    would start; a pool of exactly enough blocks says nothing, nor does compare say it twice."""
+    from kvsim.simulator.config import EngineConfig
+    from kvsim.simulator.footprint import max_model_len_warning
+
+    spec = "sharegpt:rate=4,n=6,seed=1"
+    assert _main(["replay", spec, "--num-blocks", "64", "--max-model-len", "2048", "--quiet"]) == 0
+    err = [ln for ln in capsys.readouterr().err.splitlines() if "max_model_len" in ln]
+    assert err == ["kvsim: warning: max_model_len 2048 needs 128 blocks of 16 tokens and the pool has 63 "
+                   "usable: vLLM 0.33 would refuse to start this engine (the largest max_model_len it "
+                   "starts with here is 1008); kvsim runs it and rejects the requests that would "
+                   "outgrow the pool"]
+    assert _main(["replay", spec, "--num-blocks", "129", "--max-model-len", "2048", "--quiet"]) == 0
+    assert "max_model_len" not in capsys.readouterr().err
+    assert _main(["compare", spec, "--num-blocks", "64", "--max-model-len", "2048"]) == 0
+    assert capsys.readouterr().err.count("would refuse to start") == 1
+    # without a null block all 128 are usable; the contiguous baselines are not vLLM's pool
+    assert max_model_len_warning(EngineConfig(num_blocks=128, block_size=16, max_model_len=2048)) is None
+    assert max_model_len_warning(EngineConfig(num_blocks=127, block_size=16, max_model_len=2048))
+    assert max_model_len_warning(EngineConfig(allocator="max", capacity_tokens=1000,
+                                              max_model_len=2048)) is None

@@ -129,10 +129,13 @@ def run(args) -> int:
     if args.json:
         prepare_output(args.json)
     summaries, overloaded = {}, {}
+    warned = False     # the pool's warnings once, with the first paged column
     for label, name, on in cols:
         # offload tiers sit below a paged pool with prefix caching
         result = run_one(args, name, record_requests=False, enable_prefix_caching=on,
-                         offload=name == "paged" and on is not False)
+                         offload=name == "paged" and on is not False,
+                         warn=name == "paged" and not warned)
+        warned = warned or name == "paged"
         summaries[label] = result.summary
         message = overload_message(result.summary, result.timeseries, label)
         overloaded[label] = message is not None

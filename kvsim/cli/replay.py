@@ -66,7 +66,7 @@ def snapshot_times(text: str) -> list[float]:
 
 def run_one(args, allocator: str, record_requests: bool = True,
             enable_prefix_caching: bool | None = None, offload: bool = True,
-            record_token_times: bool = False):
+            record_token_times: bool = False, warn: bool = True):
     """Simulate the flags' workload with one allocator (planner.service.simulate_settings);
     returns the Result.
 
@@ -74,6 +74,7 @@ def run_one(args, allocator: str, record_requests: bool = True,
         enable_prefix_caching: overrides ``--no-prefix-caching`` when given (``compare``).
         offload: honour the offload-tier flags (``compare`` runs its contiguous columns, and
             the paged one without prefix caching, without them).
+        warn: print the engine's warnings (a pool vLLM would not start) on stderr first.
     """
     from kvsim.planner.engine_setup import EngineSettings
     from kvsim.planner.service import RunSettings, simulate_settings
@@ -102,7 +103,8 @@ def run_one(args, allocator: str, record_requests: bool = True,
         from kvsim.cli.execute import in_the_loop
 
         execute = lambda setup, requests: in_the_loop(args, setup, requests)  # noqa: E731
-    return simulate_settings(settings, wrap_requests=wrap, in_the_loop=execute)
+    say = (lambda text: print(f"kvsim: warning: {text}", file=sys.stderr)) if warn else None
+    return simulate_settings(settings, wrap_requests=wrap, in_the_loop=execute, warn=say)
 
 
 def _progress(requests, total: int | None):
