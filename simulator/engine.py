@@ -506,8 +506,10 @@ class Simulation:
             step_index = now // NS_PER_S if self.step_clock else rep.num_steps
             # async scheduling, requests that finished in the batch in flight: a run may start
             # with the step that frees them, but step rows list them as running in it
-            k = 0 if self.in_the_loop or (self.record_steps and rep.batch.num_done) or rep.inbox else \
+            k = 0 if self.in_the_loop or (self.record_steps and rep.batch.num_done) else \
                 sched.plan_decode_run(_NEVER)
+            if rep.inbox and k > 1:
+                k = 1    # arrivals wait for this step's end: the next schedule sees them
             run = None     # a decode run stepped one by one
             if k > 0:
                 run = self._plan_run(rep, now, k, bd_start)
@@ -555,7 +557,8 @@ class Simulation:
         """A run of ``k`` identical pure-decode steps, ending at the first step end at or after
         the next moment anything can observe the replica (the connector's next transfer
         included: the run's first step polls and submits what waits, and a completion found
-        now lands after step 1)."""
+        now lands after step 1); under async scheduling on a clock an arrival first changes the
+        schedule one step end later."""
         sched, rec, io, timer = rep.sched, rep.rec, rep.io, self.timer
         if bd_start is None:
             bd_start = rec.breakdown()
@@ -564,7 +567,9 @@ class Simulation:
         n = num_running - rep.batch.num_done    # the requests that decode
         kv = sched.decode_run_batch()[0]
         b0 = StepBatch(n, 0, n, n, kv, kv, sched.run_max_context() if self.track_max_context else 0)
-        bound = min(self.next_arrival_ns, rec.next_record_ns, self.stop_ns)
+        arrival = self.next_arrival_ns
+        bound = min(rec.next_record_ns, self.stop_ns) if self.lookahead else \
+            min(arrival, rec.next_record_ns, self.stop_ns)
         polled = io.active
         if polled:
             found, next_event_ns = io.poll_run(now, timer.run_ns(b0, 1))
@@ -574,6 +579,10 @@ class Simulation:
                 bound = min(bound, next_event_ns)
         if bound < _NEVER and now + timer.run_ns(b0, k) >= bound:
             k = min(k, timer.steps_to_reach(b0, now, bound, k))
+        if self.lookahead and arrival < _NEVER and now + timer.run_ns(b0, k) >= arrival:
+            # async: the step that ends at or after an arrival was scheduled before it; the
+            # schedule after that step's end is the first that sees it (``_take_arrivals``)
+            k = min(k, timer.steps_to_reach(b0, now, arrival, k) + 1)
         return _Run(b0, k, n, num_running, bd_start, usage_start, polled)
 
     def _advance_run(self, rep: _Replica, run: _Run, now: int) -> tuple[int, tuple]:
@@ -623,6 +632,8 @@ class Simulation:
         t = now
         for j in range(run.k if run is not None else 1):
             idx = step_index + j
+            if j and rep.inbox:     # a run's later steps see what arrived as the loop would
+                self._take_arrivals(rep, t, at_once=False)
             in_flight = rep.io.batch_in_flight
             out = sched.schedule(t, idx)
             if not out.num_scheduled_tokens and (rep.batch.num_done or in_flight):

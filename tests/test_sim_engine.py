@@ -107,13 +107,15 @@ def test_batched_decode_runs_identical_to_single_steps(case):
         assert fast.summary["num_preemptions"] > 0
 
 
-def test_batched_identical_with_a_growing_step_time(tmp_path):
-    """A cost model whose decode steps grow with the context (run lengths found by search)."""
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_batched_identical_with_a_growing_step_time(tmp_path, async_scheduling):
+    """A cost model whose decode steps grow with the context (run lengths found by search); under
+    async scheduling a run goes on one step past an arrival (the step after it sees it)."""
     table = tmp_path / "cost.csv"
     table.write_text("num_scheduled_tokens,kv_read_tokens,step_s\n"
                      "1,0,0.010\n1,20000,0.016\n1024,0,0.050\n1024,20000,0.056\n")
     from kvsim.simulator import TableCost
-    cfg = _cfg(num_blocks=250)
+    cfg = _cfg(num_blocks=250, async_scheduling=async_scheduling)
     reqs = _reqs(CONV.replace("n=120", "n=40"))
     fast, slow = (simulate(iter(reqs), cfg, TableCost(str(table)), sample_interval_s=0.7,
                            batch_decode_steps=b) for b in (True, False))
