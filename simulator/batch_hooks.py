@@ -5,7 +5,10 @@ The engine loop (engine.py) calls these at fixed moments and never asks which sc
 * ``num_done`` when it plans a step or a decode run: requests that finished in the batch in flight
   and still hold their blocks and their place in ``running`` (they decode no more);
 * ``step_finished`` when a step (or a decode run) ends, with the requests that finished in it;
-* ``process`` when the batch in flight is processed: what finished in it is freed and recorded.
+* ``process`` when the batch in flight is processed: what finished in it is freed and recorded;
+* ``arrive`` when a request reaches the replica, ``take_arrivals`` before a schedule (the
+  requests the scheduler sees then) and ``step_ran`` when a step (or a decode run's last step)
+  ran from ``start_ns`` to ``end_ns``.
 
 ``SyncBatches`` is vLLM's synchronous loop (``EngineCore.step``): a step's output is processed
 when it ends, so its finished requests are recorded then and nothing waits in flight.
@@ -13,18 +16,39 @@ when it ends, so its finished requests are recorded then and nothing waits in fl
 GPU): step k's output is processed after step k+1 is scheduled, so its finished requests wait
 for ``process`` (the AsyncScheduler's ``retire_done``, simulator/async_scheduling.py, frees them).
 The transfer hooks (transfer_hooks.py) hold a connector's completions for the same moment.
+On a clock (``LookaheadQueue``), vLLM schedules step k + 1 when step k starts (its batch queue
+holds two steps), so a request that reaches the engine while step k runs first joins the
+schedule of step k + 2, made when step k ends: kvsim, which schedules step k + 1 when step k
+ends, shows that schedule only the requests that arrived before step k started and keeps the
+rest in the ``inbox`` until the next (docs/FIDELITY.md rule 36). The step clock keeps the
+oracle's rule (arrivals at step s join schedule s): ``BatchQueue`` takes every arrival at once.
 """
 from __future__ import annotations
+
+from collections import deque
 
 
 class SyncBatches:
     """The synchronous loop: a step is processed when it ends."""
 
-    held = False     # a step's output waits for the next schedule
+    held = False        # a step's output waits for the next schedule
+    lookahead = False   # an arrival first changes the schedule one step end later
+    inbox: tuple | deque = ()   # requests that reached the replica, not yet seen by the scheduler
 
     def __init__(self, sched, rec):
         self.sched = sched
         self.rec = rec
+
+    def arrive(self, req, sent_ns: int, now_ns: int) -> None:
+        """``req`` (sent at ``sent_ns``) reached the replica at ``now_ns``: queued at once."""
+        self.sched.add_request(req, sent_ns)
+
+    def take_arrivals(self, now_ns: int, at_once: bool) -> None:
+        """Before a schedule at ``now_ns``: the arrivals it sees join the scheduler (all are
+        there already)."""
+
+    def step_ran(self, start_ns: int, end_ns: int) -> None:
+        """A step (or a decode run's last step) ran from ``start_ns`` to ``end_ns``."""
 
     @property
     def num_done(self) -> int:
@@ -61,6 +85,39 @@ class BatchQueue(SyncBatches):
             on_finished(seq)
 
 
-def batch_hooks(config, sched, rec) -> SyncBatches:
-    """The batch hooks of a replica of ``config`` (async scheduling or not) and its scheduler."""
-    return (BatchQueue if config.async_scheduling else SyncBatches)(sched, rec)
+class LookaheadQueue(BatchQueue):
+    """Async scheduling on a clock: a step is scheduled while the one before it runs (module
+    doc); arrivals wait in ``inbox`` as (request, sent ns, arrived ns) until a schedule sees them."""
+
+    lookahead = True
+
+    def __init__(self, sched, rec):
+        super().__init__(sched, rec)
+        self.inbox: deque = deque()
+        self.step_start_ns = -1   # the last step that ran: its start (when it was scheduled)
+        self.step_end_ns = -1     # ... and its end
+
+    def arrive(self, req, sent_ns: int, now_ns: int) -> None:
+        self.inbox.append((req, sent_ns, now_ns))
+
+    def take_arrivals(self, now_ns: int, at_once: bool) -> None:
+        """Before the schedule at ``now_ns``: right after a step that ran to ``now_ns``, the
+        requests that arrived by that step's start (vLLM scheduled this step then); else, or
+        ``at_once`` (vLLM schedules with everything that arrived: the engine was idle, or it
+        waited for the batch in flight with nothing else to schedule), every one."""
+        cutoff = now_ns if at_once or self.step_end_ns != now_ns else self.step_start_ns
+        inbox, add = self.inbox, self.sched.add_request
+        while inbox and inbox[0][2] <= cutoff:
+            req, sent_ns, _ = inbox.popleft()
+            add(req, sent_ns)
+
+    def step_ran(self, start_ns: int, end_ns: int) -> None:
+        self.step_start_ns, self.step_end_ns = start_ns, end_ns
+
+
+def batch_hooks(config, sched, rec, clock: bool = True) -> SyncBatches:
+    """The batch hooks of a replica of ``config`` (async scheduling or not) and its scheduler;
+    ``clock``: timed (False: the step clock, where arrivals keep the oracle's rule)."""
+    if not config.async_scheduling:
+        return SyncBatches(sched, rec)
+    return (LookaheadQueue if clock else BatchQueue)(sched, rec)

@@ -126,18 +126,14 @@ class _Replica:
         extra = {} if self.offload is None else {"connector": self.offload}
         self.sched = SCHEDULERS[name](config, self.allocator, seed=seed + index, **extra)
         self.rec = recorder.replica(index, self.sched, self.allocator, step_clock)
-        # when a step's finished requests are freed (async: after the next schedule)
-        self.batch = batch_hooks(config, self.sched, self.rec)
+        # when a step's finished requests are freed (async: after the next schedule) and when
+        # the scheduler sees an arrival (async on a clock: at the schedule after the next)
+        self.batch = batch_hooks(config, self.sched, self.rec, clock=not step_clock)
         # what the connector does at each moment of the loop (nothing without one)
         self.io = transfer_hooks(self.offload, self.sched, held=self.batch.held)
         self.wake: simpy.Event | None = None
         self.num_steps = 0
         self.idle_start = True    # the next priced step starts the replica from idle
-        # async scheduling, timed: requests that reached the engine while a step ran, not yet
-        # seen by the scheduler (``Simulation._take_arrivals``): (request, sent ns, arrived ns)
-        self.inbox: deque = deque()
-        self.step_start_ns = -1   # the last step that ran: its start (when it was scheduled)
-        self.step_end_ns = -1     # ... and its end
 
 
 def _check_arguments(config, cost_model, replicas, max_concurrency) -> None:
@@ -210,8 +206,6 @@ class Simulation:
                                  f"{replicas} replicas of {config.allocator}")
             record_steps = True
         self.step_clock = isinstance(cost_model, FixedStepCost) and cost_model.step_s == 1.0
-        # async scheduling on a clock: vLLM's batch queue (``_take_arrivals``; not the step clock)
-        self.lookahead = config.async_scheduling and not self.step_clock
         sample_interval_s = 1.0 if sample_interval_s is None else sample_interval_s
         if not sample_interval_s > 0:
             raise ValueError(f"sample_interval_s must be > 0, got {sample_interval_s}")
@@ -287,7 +281,7 @@ class Simulation:
     def done(self) -> bool:
         """All requests arrived and finished (or were rejected)."""
         return self.arrivals_done and all(
-            not r.sched.has_unfinished() and not r.inbox for r in self.replicas)
+            not r.sched.has_unfinished() and not r.batch.inbox for r in self.replicas)
 
     def run_until(self, t_s: float) -> None:
         """Advance simulated time to ``t_s`` (runs of decode steps end at the first step
@@ -445,10 +439,7 @@ class Simulation:
             self.num_rejected += 1
             self.recorder.record_rejected(rep.index, req, t_ns)
             return
-        if self.lookahead:
-            rep.inbox.append((req, t_ns, self.env.now))
-        else:
-            rep.sched.add_request(req, t_ns)
+        rep.batch.arrive(req, t_ns, self.env.now)
         rep.rec.arrived_since_step += 1
         if rep.wake is not None and not rep.wake.triggered:
             rep.wake.succeed()
@@ -491,8 +482,8 @@ class Simulation:
         # scheduled, without a round trip through the event queue.
         now = env.now
         while True:
-            if rep.inbox:
-                self._take_arrivals(rep, now, at_once=not sched.has_unfinished())
+            if rep.batch.inbox:
+                rep.batch.take_arrivals(now, at_once=not sched.has_unfinished())
             if not sched.has_unfinished():
                 idle_from = now
                 now = yield from self._idle(rep, now)
@@ -500,15 +491,15 @@ class Simulation:
                 rep.idle_start = not rep.num_steps or now - idle_from >= self.idle_start_min_wait_ns
             if self.next_arrival_ns == now:
                 yield env.timeout(0)   # arrivals due now land before this step is scheduled
-            if rep.inbox:
-                self._take_arrivals(rep, now, at_once=not sched.has_unfinished())
+            if rep.batch.inbox:
+                rep.batch.take_arrivals(now, at_once=not sched.has_unfinished())
             bd_start = rec.boundary(now)
             step_index = now // NS_PER_S if self.step_clock else rep.num_steps
             # async scheduling, requests that finished in the batch in flight: a run may start
             # with the step that frees them, but step rows list them as running in it
             k = 0 if self.in_the_loop or (self.record_steps and rep.batch.num_done) else \
                 sched.plan_decode_run(_NEVER)
-            if rep.inbox and k > 1:
+            if rep.batch.inbox and k > 1:
                 k = 1    # arrivals wait for this step's end: the next schedule sees them
             run = None     # a decode run stepped one by one
             if k > 0:
@@ -568,7 +559,8 @@ class Simulation:
         kv = sched.decode_run_batch()[0]
         b0 = StepBatch(n, 0, n, n, kv, kv, sched.run_max_context() if self.track_max_context else 0)
         arrival = self.next_arrival_ns
-        bound = min(rec.next_record_ns, self.stop_ns) if self.lookahead else \
+        lookahead = rep.batch.lookahead
+        bound = min(rec.next_record_ns, self.stop_ns) if lookahead else \
             min(arrival, rec.next_record_ns, self.stop_ns)
         polled = io.active
         if polled:
@@ -579,9 +571,9 @@ class Simulation:
                 bound = min(bound, next_event_ns)
         if bound < _NEVER and now + timer.run_ns(b0, k) >= bound:
             k = min(k, timer.steps_to_reach(b0, now, bound, k))
-        if self.lookahead and arrival < _NEVER and now + timer.run_ns(b0, k) >= arrival:
+        if lookahead and arrival < _NEVER and now + timer.run_ns(b0, k) >= arrival:
             # async: the step that ends at or after an arrival was scheduled before it; the
-            # schedule after that step's end is the first that sees it (``_take_arrivals``)
+            # schedule after that step's end is the first that sees it (batch_hooks.py)
             k = min(k, timer.steps_to_reach(b0, now, arrival, k) + 1)
         return _Run(b0, k, n, num_running, bd_start, usage_start, polled)
 
@@ -612,7 +604,7 @@ class Simulation:
         sched, rec, k = rep.sched, rep.rec, run.k
         tokens0, hist, used0 = mark
         finished = sched.finish_decode_run(end, step_index + k - 1)
-        rep.step_start_ns, rep.step_end_ns = now + self.timer.run_ns(run.b0, k - 1), end
+        rep.batch.step_ran(now + self.timer.run_ns(run.b0, k - 1), end)
         if self.token_log is not None:
             self.token_log.run(now, [now + self.timer.run_ns(run.b0, j) for j in range(1, k + 1)],
                                (sched.num_generated_tokens - tokens0) // k)
@@ -632,8 +624,8 @@ class Simulation:
         t = now
         for j in range(run.k if run is not None else 1):
             idx = step_index + j
-            if j and rep.inbox:     # a run's later steps see what arrived as the loop would
-                self._take_arrivals(rep, t, at_once=False)
+            if j and rep.batch.inbox:     # a run's later steps see arrivals as the loop would
+                rep.batch.take_arrivals(t, at_once=False)
             in_flight = rep.io.batch_in_flight
             out = sched.schedule(t, idx)
             if not out.num_scheduled_tokens and (rep.batch.num_done or in_flight):
@@ -644,8 +636,8 @@ class Simulation:
                 rep.batch.process()
                 if in_flight:
                     rep.io.batch_processed(t)
-                if rep.inbox:     # vLLM waited for the batch in flight: what came meanwhile counts
-                    self._take_arrivals(rep, t, at_once=True)
+                if rep.batch.inbox:   # vLLM waited for the batch in flight: all arrivals count
+                    rep.batch.take_arrivals(t, at_once=True)
                 out = sched.schedule(t, idx)
                 if not out.num_scheduled_tokens and not sched.has_unfinished():
                     break   # everything finished: idle
@@ -748,7 +740,7 @@ class Simulation:
         sched, rec = rep.sched, rep.rec
         tokens0, first0 = sched.num_generated_tokens, sched.num_first_tokens
         finished = sched.finish_step(out, end, idx)
-        rep.step_start_ns, rep.step_end_ns = t, end
+        rep.batch.step_ran(t, end)
         if self.token_log is not None:
             tokens = sched.num_generated_tokens - tokens0
             self.token_log.step(end, end - t, tokens, tokens - (sched.num_first_tokens - first0))
@@ -781,22 +773,6 @@ class Simulation:
         bd_after = rec.breakdown()
         return ([s + a - b for s, a, b in zip(bd_start, bd_after, bd_before)],
                 usage_start + rep.allocator.usage - usage_before)
-
-    def _take_arrivals(self, rep: _Replica, now: int, at_once: bool) -> None:
-        """Async scheduling: vLLM schedules step k + 1 when step k starts (its batch queue holds
-        two steps), so a request that reached the engine while step k ran first joins the
-        schedule of step k + 2, made when step k ends. kvsim schedules step k + 1 when step k
-        ends: it sees the requests that arrived before step k started, and the rest at the next
-        schedule. ``at_once``: vLLM schedules now, with everything that arrived (the engine
-        was idle, or it waited for the batch in flight: nothing else to schedule)."""
-        if at_once or rep.step_end_ns != now:
-            cutoff = now
-        else:
-            cutoff = rep.step_start_ns
-        inbox, add = rep.inbox, rep.sched.add_request
-        while inbox and inbox[0][2] <= cutoff:
-            req, sent_ns, _ = inbox.popleft()
-            add(req, sent_ns)
 
     def _unobserved(self, rec, end: int) -> bool:
         """Whether nothing can happen or be looked at from now until the replica's step end

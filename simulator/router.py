@@ -43,13 +43,13 @@ class Router:
         self.rr_next = 0
 
     def pick(self, req, replicas: list):
-        """The replica (an item of ``replicas``, each with ``.index``, ``.sched`` and ``.inbox``,
-        the requests it has not scheduled yet) for ``req``."""
+        """The replica (an item of ``replicas``, each with ``.index``, ``.sched`` and
+        ``.batch.inbox``, the requests its scheduler has not seen yet) for ``req``."""
         if len(replicas) == 1:
             return replicas[0]
         if self.policy == "least-loaded":
             return min(replicas,
-                       key=lambda r: (len(r.sched.running) + len(r.sched.waiting) + len(r.inbox), r.index))
+                       key=lambda r: (len(r.sched.running) + len(r.sched.waiting) + len(r.batch.inbox), r.index))
         key = affinity_key(req) if self.policy == "prefix-affinity" else None
         if key is None:
             rep = replicas[self.rr_next % len(replicas)]

@@ -13,7 +13,7 @@ def _replicas(loads):
     """Stand-ins with what a router reads: index, the scheduler's queues and the inbox (requests
     that wait for the replica's next schedule; a third load, 0 if not given)."""
     return [SimpleNamespace(index=i, sched=SimpleNamespace(running=[0] * load[0], waiting=[0] * load[1]),
-                            inbox=[0] * (load[2] if len(load) > 2 else 0))
+                            batch=SimpleNamespace(inbox=[0] * (load[2] if len(load) > 2 else 0)))
             for i, load in enumerate(loads)]
 
 
