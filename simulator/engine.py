@@ -522,9 +522,11 @@ class Simulation:
             yield _UrgentTimeout(env, now - env.now)
         io.batch_processed(now)     # the last step in flight is processed
         rep.rec.boundary(now)
+        # (an idle engine schedules what arrives at once: nothing is in flight)
         if io.idles_as_vllm:
             if self.next_arrival_ns == now:
                 yield env.timeout(0)   # a request arriving now is scheduled, no empty step
+                rep.batch.take_arrivals(now, at_once=True)
                 if sched.has_unfinished():
                     return now
             io.signal_finished()       # vLLM steps once more to tell the connector
@@ -537,6 +539,7 @@ class Simulation:
             rep.wake = None
             now = env.now
             io.poll(now)
+            rep.batch.take_arrivals(now, at_once=True)
         if not sched.has_unfinished():
             rep.wake = env.event()
             yield rep.wake

@@ -341,3 +341,17 @@ def test_async_tier_never_preempts_a_request_of_the_step_in_flight(stamp):
     assert not sched._frees_now(seq)
     sched.batch_in_flight = False                # step 4 was processed (an empty schedule)
     assert sched._frees_now(seq)
+
+
+def test_an_arrival_while_stores_drain_at_an_idle_engine_is_scheduled_at_once_under_async():
+    """The engine is idle but request 0's stores are still in flight (a slow CPU tier: 21 ms a
+    chunk), so it waits in empty steps; request 1 arrives then. Nothing is in flight to
+    schedule ahead of it: vLLM schedules it at once, async or not (before, async left it
+    unseen until the stores drained and then never woke: it did not finish)."""
+    slow = (TierConfig("cpu", 100, 2 << 20, 1e8),)
+    reqs = [Request(0, 0.0, 64, 2), Request(1, 0.030, 64, 2)]
+    sync, asyn = (_run(iter(reqs), _config(async_scheduling=a), cost=FixedStepCost(0.01), offload=slow)
+                  for a in (False, True))
+    assert asyn.summary["requests_unfinished"] == 0 and asyn.summary["requests_finished"] == 2
+    assert list(asyn.requests["first_sched_s"]) == list(sync.requests["first_sched_s"]) == [0.0, 0.03]
+    assert asyn.summary["offload"]["stored_bytes"]["cpu"] > 0
