@@ -607,7 +607,8 @@ class Simulation:
         sched, rec, k = rep.sched, rep.rec, run.k
         tokens0, hist, used0 = mark
         finished = sched.finish_decode_run(end, step_index + k - 1)
-        rep.batch.step_ran(now + self.timer.run_ns(run.b0, k - 1), end)
+        if rep.batch.lookahead:     # (the last step's start: priced only where it is used)
+            rep.batch.step_ran(now + self.timer.run_ns(run.b0, k - 1), end)
         if self.token_log is not None:
             self.token_log.run(now, [now + self.timer.run_ns(run.b0, j) for j in range(1, k + 1)],
                                (sched.num_generated_tokens - tokens0) // k)
