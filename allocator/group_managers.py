@@ -118,6 +118,8 @@ class GroupManager:
     hashless blocks to the front of the free queue, hashed to the back).
     """
 
+    boundary_states: list | None = None    # the states to offload (MambaManager's)
+
     def __init__(self, spec: KVCacheGroupSpec, pool: BlockPool, group_id: int, block_size: int,
                  enable_caching: bool, block_group: list[int],
                  max_admission_blocks: int | None = None):
@@ -378,6 +380,9 @@ class MambaManager(GroupManager):
         self.allocated: set[Hashable] = set()
         self.checkpoints: dict[Hashable, tuple[int, int]] = {}   # (position, table index)
         self.cached_this_step: set[int] = set()          # keys registered in this step
+        # the states cached since the last take, (request, block id, boundary tokens), for a
+        # KV connector to offload (vLLM's _pending_boundary_state_offloads); None: no connector
+        self.boundary_states: list[tuple[Hashable, int, int]] | None = None
 
     def num_skipped_tokens(self, num_computed_tokens: int) -> int:
         return num_computed_tokens - 1          # only the last state is needed
@@ -501,9 +506,12 @@ class MambaManager(GroupManager):
             self.cached_this_step.add(key)
         if after > before:
             blocks, key_of = self.req_blocks[seq_id], self.pool.block_key
+            states = self.boundary_states
             for i in range(before, after):
                 if blocks[i] != NULL and key_of[blocks[i]] is not None:
                     self.cached_this_step.add(key_of[blocks[i]])
+                    if states is not None:       # every retained state, with its exact block
+                        states.append((seq_id, blocks[i], (i + 1) * self.block_size))
 
     def _cache_checkpoint(self, seq_id, req: RequestKeys, num_tokens: int) -> int | None:
         """Key the block holding the prompt's checkpoint state (vLLM's
@@ -545,6 +553,9 @@ class MambaManager(GroupManager):
         return key
 
     def pop_for_free(self, seq_id) -> list[int]:
+        if self.boundary_states:
+            # its blocks go back to the pool: states not taken yet are no longer offered
+            self.boundary_states = [s for s in self.boundary_states if s[0] != seq_id]
         self.allocated.discard(seq_id)
         self.last_state_index.pop(seq_id, None)
         self.num_retired_blocks.pop(seq_id, None)

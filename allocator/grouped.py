@@ -293,8 +293,6 @@ class GroupedPagedAllocator(PoolQueries):
             req.num_tokens = num_tokens
         hit_tokens = hit.num_tokens if hit is not None and admission else 0
         ext = num_external_computed_tokens if admission else 0
-        if ext and any(g.kind == "mamba" for g in self.groups):
-            raise ValueError("tokens loaded by a connector with Mamba groups are not modelled")
         if num_new_tokens == 0 and hit_tokens == 0 and ext == 0:
             raise ValueError(f"sequence {seq_id}: num_new_tokens must be > 0 without a hit")
         hit_blocks = hit.blocks if hit is not None and admission and not hit.is_empty else None
@@ -434,6 +432,26 @@ class GroupedPagedAllocator(PoolQueries):
             m.free(seq_id)
         if preempted and self.enable_prefix_caching:
             self._preempted_seq_ids.add(seq_id)
+
+    def record_boundary_states(self) -> None:
+        """Keep the Mamba states each step caches for ``take_boundary_states`` (a KV connector
+        offloads them; vLLM's Mamba "align" groups always do)."""
+        for m in self.managers:
+            if m.spec.kind == "mamba" and self.enable_prefix_caching:
+                m.boundary_states = []
+
+    def take_boundary_states(self) -> dict[Hashable, list[tuple[int, int, int]]]:
+        """The Mamba states cached since the last take, ``{request: [(group, block id, boundary
+        tokens), ...]}``, groups in order (vLLM's ``take_boundary_state_offloads``, drained
+        every step); a request's states not taken when its blocks were freed are dropped."""
+        out: dict[Hashable, list[tuple[int, int, int]]] = {}
+        for g, m in enumerate(self.managers):
+            states = m.boundary_states
+            if states:
+                for seq_id, block_id, boundary in states:
+                    out.setdefault(seq_id, []).append((g, block_id, boundary))
+                m.boundary_states = []
+        return out
 
     def new_step(self) -> None:
         """Call at the start of every scheduler step (vLLM's ``new_step_starts``)."""

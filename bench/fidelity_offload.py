@@ -12,13 +12,15 @@ CPU tiers chosen to load, evict and flush, at 0, 1 and 4 steps per chunk; and --
 random traces (fidelity_fuzz's generator, then prefix groups that come back after the GPU has
 evicted them, a CPU tier from a few chunks to more than the workload, 0-5 steps per chunk).
 One KV-cache group; with --kv-groups, random cases over random groups (sliding windows of one
-token to several blocks, with or without full attention; names end in _groups). Synchronous
+token to several blocks, with or without full attention; names end in _groups); with --mamba,
+over groups with Mamba groups (names end in _mamba). Synchronous
 scheduling, or vLLM's AsyncScheduler with --async-scheduling (case names end in _async). Outputs are cached
 under runs/fidelity/offload/ (git-ignored).
 
 Usage:
     python bench/fidelity_offload.py [--cases NAME ...] [--num-random 40] [--seed 0]
-                                     [--async-scheduling] [--kv-groups] [--oracle-only]
+                                     [--async-scheduling] [--kv-groups | --mamba]
+                                     [--oracle-only]
                                      [--jobs 2] [-v]
 """
 from __future__ import annotations
@@ -97,6 +99,23 @@ def random_grouped_offload_case(rng: random.Random) -> tuple[list[list], dict]:
     return rows, args
 
 
+def random_mamba_offload_case(rng: random.Random) -> tuple[list[list], dict]:
+    """A random case with a CPU tier (``random_offload_case``) over groups with one or two Mamba
+    groups (with or without prompt checkpoints), full attention (always: vLLM sizes a Mamba
+    block off the attention page) and sometimes a sliding window."""
+    rows, args = random_offload_case(rng)
+    block = args["block_size"]
+    groups = [rng.choice(["mamba", "mamba_ckpt"]) for _ in range(rng.choice([1, 1, 2]))]
+    if rng.random() < 0.3:
+        groups.append(f"sliding:{rng.choice([1, block, 3 * block + 5, 128])}")
+    groups.insert(rng.randrange(len(groups) + 1), "full")
+    args["kv_groups"] = ",".join(groups)
+    args["num_gpu_blocks"] = (args["num_gpu_blocks"] - 1) * len(groups) + 1
+    args["cpu_chunks"] *= len(groups)
+    args.pop("no_reserve_full_isl", None)   # vLLM's Mamba prefix caching needs the gate
+    return rows, args
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = case_parser(__doc__.splitlines()[0], 40, None)
     ap.add_argument("--async-scheduling", action="store_true",
@@ -104,12 +123,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kv-groups", action="store_true",
                     help="random cases over random KV-cache groups (sliding windows, full "
                          "attention; names end in _groups); no named cases")
+    ap.add_argument("--mamba", action="store_true",
+                    help="random cases over groups with Mamba groups (names end in _mamba); "
+                         "no named cases")
     a = ap.parse_args(argv)
-    mode = ("_groups" if a.kv_groups else "") + ("_async" if a.async_scheduling else "")
+    mode = ("_groups" if a.kv_groups else "_mamba" if a.mamba else "") + \
+        ("_async" if a.async_scheduling else "")
     extra = {"async_scheduling": True} if a.async_scheduling else {}
     a.csv = a.csv or str(OFFLOAD / f"fidelity_offload{mode}.csv")
-    cases = collect_cases([] if a.kv_groups else named_cases(),
-                          random_grouped_offload_case if a.kv_groups else random_offload_case,
+    draw = random_grouped_offload_case if a.kv_groups else \
+        random_mamba_offload_case if a.mamba else random_offload_case
+    cases = collect_cases([] if a.kv_groups or a.mamba else named_cases(), draw,
                           a.num_random, a.seed, OFFLOAD, a.cases, mode, extra)
     run_oracle_batch(cases, a.jobs, a.venv, workdir=OFFLOAD)
     if a.oracle_only:

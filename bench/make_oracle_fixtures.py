@@ -389,6 +389,14 @@ CASES += [
          {"block_size": 32, "cpu_chunks": 32, "kv_groups": "full,sliding:32",
           "max_model_len": 8192, "max_num_batched_tokens": 8192, "max_num_seqs": 128,
           "num_gpu_blocks": 943, "transfer_steps_per_chunk": 0}),
+    Case("offload_hybrid_mamba", "Mamba2 (checkpoints) + full with a CPU tier: states handed "
+         "over and stored alone, loads of one state block, loaded chunks cut at Mamba boundaries",
+         "prefix_groups", {"num_gpu_blocks": 240, "max_num_seqs": 64, "cpu_chunks": 300,
+                           "transfer_steps_per_chunk": 1, "kv_groups": "mamba_ckpt,full"}),
+    Case("offload_hybrid_mamba_storm", "Mamba + window 32 + full in a tiny pool with a tier: "
+         "preemptions drop states not handed over, flush the stores of those that were",
+         "storm", {"num_gpu_blocks": 220, "max_num_seqs": 64, "cpu_chunks": 400,
+                   "transfer_steps_per_chunk": 2, "kv_groups": "mamba,sliding:32,full"}),
     Case("async_offload_hybrid_finish_window", "random_s1_c0044_groups_async: a finished "
          "request frees its window's old blocks before the rest (vLLM's _connector_finished), "
          "so block ids, and the stores that read them, follow vLLM's", "offload_groups_s1_c44",
@@ -411,7 +419,8 @@ ASYNC_OF = ["basic", "chunked_prefill", "prefix_groups", "preemption_storm",
             "offload_prefix_groups", "offload_tiny_tier", "offload_storm", "offload_lpt_holding",
             "offload_empty_step_reschedules", "offload_long_prefill",
             # async scheduling over KV-cache groups with a CPU tier (AsyncHybridOffloadScheduler)
-            "offload_hybrid_sliding", "offload_hybrid_gemma_like", "offload_hybrid_storm"]
+            "offload_hybrid_sliding", "offload_hybrid_gemma_like", "offload_hybrid_storm",
+            "offload_hybrid_mamba", "offload_hybrid_mamba_storm"]
 CASES += [Case(f"async_{c.name}", f"async scheduling: {c.description}", c.trace,
                {**c.oracle_args, "async_scheduling": True})
           for c in CASES if c.name in ASYNC_OF]

@@ -12,8 +12,11 @@ tier): ``HybridScheduler``'s decisions (hybrid_scheduler.py) with ``OffloadSched
   scheduled request); a finished request's last offer comes in the next step, before its
   recency is committed.
 
-No batched decode runs (as HybridScheduler). Async scheduling with groups and a tier is not run
-yet (the declared table, modes.py).
+* Mamba groups ("align" mode) are stored from the states the GPU caches (vLLM's boundary-state
+  hand-offs, taken every step), one job per state before the step's other stores, never from
+  the block table.
+
+No batched decode runs (as HybridScheduler).
 """
 from __future__ import annotations
 
@@ -39,6 +42,9 @@ class HybridOffloadScheduler(OffloadScheduler, HybridScheduler):
         conn.update_tables([(seq.seq_id, tables(seq.seq_id), seq.seq_id in admitted)
                             for seq, _ in out.scheduled])
         conn.flush_reused()
+        states = self.allocator.take_boundary_states()
+        if states:
+            conn.store_states(states, self._live_seq)
         boundaries = self.allocator.replay_boundaries
         for seq, _ in out.scheduled:
             conn.store(seq.seq_id, seq.keys, seq.num_prompt_tokens, seq.num_tokens,
@@ -48,6 +54,10 @@ class HybridOffloadScheduler(OffloadScheduler, HybridScheduler):
         return out
 
     idles_as_vllm = True
+
+    def _live_seq(self, seq_id) -> SeqState:
+        """A running or loading request by id (one whose Mamba states were cached)."""
+        return next(s for s in (*self.running, *self.holding) if s.seq_id == seq_id)
 
     def _commit_finished(self) -> None:
         """The finished requests' last stores, then their recency (vLLM's
@@ -93,7 +103,12 @@ class HybridOffloadScheduler(OffloadScheduler, HybridScheduler):
             n = seq.num_tokens - c
             if 0 < lpt < n:
                 n = lpt
-            return Admission(ADMIT, c, min(n, token_budget))
+            n = min(n, token_budget)
+            if self.mamba_split:                # a chunk ends where a Mamba state is cached
+                n = self._mamba_block_aligned_split(seq, n, 0)
+                if n == 0:
+                    return WAIT
+            return Admission(ADMIT, c, n)
         keys = self._keys(seq)
         hit = self.allocator.find_cache_hit(keys, seq.num_tokens)
         ext = self.offload.lookup(seq.seq_id, keys, seq.num_tokens, hit.num_tokens,
@@ -103,6 +118,8 @@ class HybridOffloadScheduler(OffloadScheduler, HybridScheduler):
         if not ext:     # nothing to load: HybridScheduler's admission at the same GPU hit
             return self._admission_at(seq, token_budget, lpt, hit)
         self._hit = hit
+        if self.mamba_split:                    # the lookup's junction, for the loaded chunks
+            self._junction[seq.seq_id] = hit.shared_prefix_boundary
         return Admission(ADMIT, hit.num_tokens, 0, ext)
 
     def _reserved_blocks(self) -> int:

@@ -30,8 +30,13 @@ the model's layers are in several KV-cache groups
   handed out again: a sliding-window block from the store's creation on, a full-attention
   block once its request has finished (as with one group); and when its request is preempted.
 
-Not modelled with groups: the disk tier and Mamba groups (refused with one line where the
-engine is configured), async scheduling (the declared table, simulator/modes.py).
+* **Mamba groups** ("align" mode): a lookup needs one chunk, the state at the hit's end, and
+  the hit ends on a whole chunk; a load reads that chunk. Never stored from the block table:
+  each state the GPU caches is handed over with its exact block (vLLM's boundary-state
+  hand-offs, ``GroupedPagedAllocator.take_boundary_states``) and stored alone
+  (``store_states``, vLLM's ``_build_aligned_boundary_store_jobs``), fenced until done.
+
+Not modelled with groups: the disk tier (refused with one line where the engine is configured).
 """
 from __future__ import annotations
 
@@ -65,18 +70,13 @@ class _GroupedRequest:
 
 def connector_groups(specs: Sequence, block_size: int) -> tuple[GroupChunks, ...]:
     """The connector's view of the KV-cache groups (allocator.group_managers.KVGroupSpec):
-    one GPU block a chunk (vLLM's default ``blocks_per_chunk``).
-
-    Raises:
-        InputError: a Mamba group (not modelled with a CPU tier yet).
-    """
+    one GPU block a chunk (vLLM's default ``blocks_per_chunk``); a Mamba group needs one chunk,
+    its state at the hit's end (``get_sliding_window_size_in_chunks``)."""
     groups = []
     for spec in specs:
         if spec.kind == "mamba":
-            raise InputError("a CPU tier with Mamba KV-cache groups is not modelled yet (vLLM "
-                             "0.33 allows it; docs/SIMULATOR.md lists what kvsim runs)",
-                             field="--cpu-offload-gib")
-        if spec.kind == "sliding_window":
+            groups.append(GroupChunks(block_size, 1))
+        elif spec.kind == "sliding_window":
             window = spec.sliding_window
             groups.append(GroupChunks(block_size, sliding_window_chunks(window, block_size),
                                       window - 1))
@@ -86,9 +86,8 @@ def connector_groups(specs: Sequence, block_size: int) -> tuple[GroupChunks, ...
 
 
 def check_grouped_tiers(config, num_tiers: int) -> None:
-    """What the grouped connector models of an EngineConfig's groups and the tiers (one-line
-    InputErrors): no Mamba group, no disk tier."""
-    connector_groups(config.kv_cache_groups, config.block_size)
+    """What the grouped connector models of an EngineConfig's groups and the tiers (a one-line
+    InputError): no disk tier."""
     if num_tiers > 1:
         raise InputError("a disk tier with KV-cache groups is not modelled yet",
                          field="--disk-offload-gib")
@@ -104,12 +103,17 @@ class GroupedOffloadConnector(OffloadConnector):
     """
 
     def __init__(self, tiers: Sequence[TierConfig], block_size: int,
-                 groups: Sequence[GroupChunks], reachable: Sequence[Callable]):
+                 groups: Sequence[GroupChunks], reachable: Sequence[Callable],
+                 states: Sequence[bool] = ()):
         if len(tiers) > 1:
             raise ValueError("one CPU tier with KV-cache groups (check_grouped_tiers)")
         super().__init__(tiers, block_size)
         self.cpu = OffloadTier(tiers[0].num_chunks, "cpu", ties_by_key=True)
         self.groups = tuple(groups)
+        # Mamba groups ("align" mode): stored from the states the GPU caches, never from the
+        # block table (vLLM's requires_cow_source); a hit ends on a whole chunk
+        self._states = tuple(states) or (False,) * len(self.groups)
+        self._mamba_align = block_size if any(self._states) else None
         self._windowed = tuple(i for i, g in enumerate(groups) if g.window_chunks is not None)
         # per group, which of a range of blocks a later hit can use (vLLM's
         # reachable_block_mask; the GPU's own, the connector's alignment being one block)
@@ -150,7 +154,8 @@ class GroupedOffloadConnector(OffloadConnector):
         if state is not None and state.jobs:
             return self._defer(peek)         # vLLM: still has transfers in flight
         found = hit_tokens(self.groups, self._group_keys(request_id, keys), self.cpu.lookup,
-                           num_gpu_hit_tokens, num_tokens, being_loaded=self._being_loaded)
+                           num_gpu_hit_tokens, num_tokens, being_loaded=self._being_loaded,
+                           mamba_align_tokens=self._mamba_align)
         if found is None:
             return self._defer(peek)
         return found
@@ -235,7 +240,7 @@ class GroupedOffloadConnector(OffloadConnector):
             stop = min(offloadable // B, len(ids), len(gk))
             start = state.next_stored[g]
             ranges.append((start, stop))
-            if stop <= start:
+            if stop <= start or self._states[g]:
                 continue
             mask = self._reachable[g](start, stop, boundaries)
             for c in range(start, stop):
@@ -269,6 +274,34 @@ class GroupedOffloadConnector(OffloadConnector):
             self._fence(job_id, full)
             if not self._allocated.isdisjoint(full):
                 self._flush.append(job_id)
+
+    def store_states(self, states: dict[Hashable, list[tuple[int, int, int]]],
+                     seq_of: Callable[[Hashable], object]) -> None:
+        """vLLM's ``_build_aligned_boundary_store_jobs``: every Mamba state the GPU cached in
+        this step (``GroupedPagedAllocator.take_boundary_states``) at a prompt chunk's end goes
+        to the CPU tier from its own block, one store job each, fenced from now on (before the
+        step's other stores). ``seq_of``: a request's SeqState (keys, prompt, tokens)."""
+        B = self.block_size
+        for request_id, entries in states.items():
+            if request_id not in self._requests:
+                continue
+            seq = seq_of(request_id)
+            limit = min(seq.num_tokens, seq.num_prompt_tokens)     # offload_prompt_only
+            group_keys = self._group_keys(request_id, seq.keys)
+            for g, block_id, boundary in entries:
+                if not block_id or boundary > limit or boundary % B:
+                    continue
+                chunk = boundary // B - 1
+                placed = self.cpu.prepare_store(request_id, [group_keys[g][chunk]], [chunk])
+                if placed is None:
+                    self.stats.num_failed_offers += 1
+                    continue
+                if not placed[0]:
+                    continue
+                job_id = self._add_job(_Job(STORE, request_id, placed[0], self.chunk_bytes,
+                                            (block_id,)), self._new_stores)
+                self._job_fences[job_id] = ([block_id], [])
+                self._fence(job_id, [block_id])
 
     def fence_finished(self, request_id: Hashable) -> None:
         """vLLM's ``request_finished`` (when the request finishes, before its blocks are freed):
@@ -314,7 +347,9 @@ def make_connector(config, tiers: Sequence[TierConfig], allocator) -> OffloadCon
     (``allocator``: the replica's GroupedPagedAllocator then)."""
     if config.kv_cache_groups:
         check_grouped_tiers(config, len(tiers))
+        allocator.record_boundary_states()
         return GroupedOffloadConnector(
             tiers, config.block_size, connector_groups(config.kv_cache_groups, config.block_size),
-            [m.reachable_mask for m in allocator.managers])
+            [m.reachable_mask for m in allocator.managers],
+            [m.boundary_states is not None for m in allocator.managers])
     return OffloadConnector(tiers, config.block_size)

@@ -179,6 +179,56 @@ def test_a_connector_load_gets_blocks_only_inside_each_groups_window_and_caches_
     alloc.check_invariants()
 
 
+def test_mamba_states_cached_are_handed_over_once_with_their_block_and_boundary():
+    # vLLM's take_boundary_state_offloads: each state a Mamba group caches, with its exact
+    # block; nothing is recorded without a connector asking for it
+    alloc = make([FULL, MAMBA])
+    prompt = list(range(30))
+    keys = hash_token_blocks(prompt, 4)
+    assert alloc.allocate_slots(0, 28, num_computed_tokens=0, num_tokens=30, num_prompt_tokens=30,
+                                block_hashes=keys)
+    assert alloc.take_boundary_states() == {}
+    alloc.record_boundary_states()
+    other = [p + 1000 for p in prompt]
+    other_keys = hash_token_blocks(other, 4)
+    assert alloc.allocate_slots(1, 28, num_computed_tokens=0, num_tokens=30, num_prompt_tokens=30,
+                                block_hashes=other_keys)
+    # the replay boundary of a 30-token prompt: the state after 28 tokens (table index 6)
+    states = alloc.take_boundary_states()
+    assert states == {1: [(1, alloc.block_tables(1)[1][6], 28)]}
+    assert alloc.take_boundary_states() == {}                      # drained
+    alloc.check_invariants()
+
+
+def test_a_freed_requests_states_not_taken_yet_are_dropped():
+    alloc = make([MAMBA, FULL])
+    alloc.record_boundary_states()
+    keys = hash_token_blocks(list(range(30)), 4)
+    assert alloc.allocate_slots(0, 28, num_computed_tokens=0, num_tokens=30, num_prompt_tokens=30,
+                                block_hashes=keys)
+    alloc.free(0, preempted=True)
+    assert alloc.take_boundary_states() == {}
+
+
+def test_a_connector_load_with_a_mamba_group_gets_one_state_block():
+    # vLLM: allocate_slots(num_external_computed_tokens=28): the Mamba group skips every block
+    # but the state at the hit's end (NULL below it), full attention gets all 7
+    alloc = make([MAMBA, FULL], num_blocks=40)
+    keys = hash_token_blocks(list(range(30)), 4)
+    empty = alloc.find_cache_hit(keys, 30)
+    free = alloc.num_free_blocks
+    assert alloc.allocate_slots(0, 0, num_computed_tokens=0, num_tokens=30, num_prompt_tokens=30,
+                                block_hashes=keys, hit=empty, num_external_computed_tokens=28,
+                                delay_cache_blocks=True)
+    mamba, full = alloc.block_tables(0)
+    assert mamba == [NULL] * 6 + [mamba[6]] and mamba[6] != NULL
+    assert len(full) == 7 and NULL not in full
+    assert alloc.num_free_blocks == free - 8
+    alloc.cache_blocks(0, 28)
+    assert alloc.find_cache_hit(keys, 30).num_tokens == 28
+    alloc.check_invariants()
+
+
 def test_a_load_after_a_gpu_hit_and_the_blocks_it_must_leave_free():
     alloc = make([FULL, SLIDING], num_blocks=40)
     prompt = list(range(40))

@@ -176,7 +176,6 @@ def test_a_hybrid_models_cpu_chunk_is_one_groups_block(tmp_path):
 
 
 @pytest.mark.parametrize("extra", [
-    ["--kv-groups", "mamba,full"],
     ["--kv-groups", "sliding:128,full", "--disk-offload-gib", "4", "--disk-bandwidth-gbps", "2"],
 ])
 def test_what_groups_with_a_tier_do_not_model_yet_is_one_line(extra, capsys):
