@@ -92,7 +92,7 @@ class AsyncScheduler(Scheduler):
         super().advance_decode_run(k)
         self.num_sched_steps += k
         last = q0 + k - 1
-        for seq in self.loose:   # every one decoded in each step of the run
+        for seq in self.clock.loose:   # every one decoded in each step of the run
             if k > 1 or seq.sampled_seq == q0 - 1:
                 seq.inflight_seq = last
             seq.sched_seq = seq.sampled_seq = last
@@ -113,7 +113,7 @@ class AsyncScheduler(Scheduler):
         if listed:
             # still running but decoding no more: not among the requests a step or a decode
             # run visits (the clock's finishers left the clock already)
-            self.loose = [s for s in self.loose if s.finish_ns < 0]
+            self.clock.loose = [s for s in self.clock.loose if s.finish_ns < 0]
         self.done_in_flight = list(finished)
 
     def _head_admissible(self, num_blocks_taken: int) -> bool:

@@ -237,10 +237,10 @@ class Simulation:
         self.track_max_context = uses_max_context_tokens(cost_model)
         if self.track_max_context:
             for rep in self.replicas:
-                rep.sched.track_max_context()
+                rep.sched.clock.track_max_context()
         if self.in_the_loop:
             for rep in self.replicas:
-                rep.sched.clock_enabled = False   # every running request visited every step
+                rep.sched.clock.enabled = False   # every running request visited every step
             self.recorder.steps.extra_columns = IN_THE_LOOP_COLUMNS
         self.num_arrived = 0
         self.num_rejected = 0
@@ -559,8 +559,8 @@ class Simulation:
         usage_start = rep.allocator.usage
         num_running = len(sched.running)
         n = num_running - rep.batch.num_done    # the requests that decode
-        kv = sched.decode_run_batch()[0]
-        b0 = StepBatch(n, 0, n, n, kv, kv, sched.run_max_context() if self.track_max_context else 0)
+        kv = sched.clock.run_batch()[0]
+        b0 = StepBatch(n, 0, n, n, kv, kv, sched.clock.run_max_context() if self.track_max_context else 0)
         arrival = self.next_arrival_ns
         lookahead = rep.batch.lookahead
         bound = min(rec.next_record_ns, self.stop_ns) if lookahead else \
@@ -587,7 +587,7 @@ class Simulation:
         sched, rec, k = rep.sched, rep.rec, run.k
         tokens0 = sched.num_generated_tokens
         rec.scheduled(run.num_running, sched.num_waiting, run.n)
-        hist = sched.crossing_histogram() if self.record_steps else None
+        hist = sched.clock.crossing_histogram() if self.record_steps else None
         used0 = sched.allocator.num_used_blocks if self.record_steps and sched.paged else 0
         if rep.batch.num_done:
             sched.advance_decode_run(1)
@@ -716,7 +716,7 @@ class Simulation:
         if run is None:
             batch = StepBatch(out.num_seqs, out.num_prefill_tokens, out.num_decode_seqs,
                               out.num_scheduled_tokens, out.kv_read_tokens, out.attn_token_pairs,
-                              sched.step_max_context(out) if self.track_max_context else 0)
+                              sched.clock.step_max_context(out) if self.track_max_context else 0)
             if self.in_the_loop:
                 step = scheduled_step(out, rep.allocator, idx, self.config.block_size)
                 end = t + max(1, to_ns(self.cost.timed_step_s(batch, step)))

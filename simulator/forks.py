@@ -18,7 +18,7 @@ clock does not model: the first forked request switches the clock off for the re
 ``Forks`` is a mixin of ``scheduler.Scheduler``; it uses the host's ``allocator``,
 ``block_size``, ``prefix_caching``, ``seed``, ``running``, ``num_generated_tokens``,
 ``_new_seq_id``, the KV-slot mechanics (``_sync``, ``_free``) and the decode clock
-(``clock_enabled``, ``_unclock_all``, ``loose``).
+(``clock``: its ``enabled`` and ``loose``, ``_unclock_all``).
 """
 from __future__ import annotations
 
@@ -33,11 +33,11 @@ class Forks:
     def _start_fork_group(self, seq: SeqState, width: int) -> None:
         """A new request with ``width`` > 1 samples or beams becomes sample 0 of its ForkGroup."""
         req = seq.req
-        if self.clock_enabled:
+        if self.clock.enabled:
             # forks insert sequences in the middle of ``running`` and share blocks: step
             # every sequence one by one from now on
             self._unclock_all()
-            self.clock_enabled = False
+            self.clock.enabled = False
         kind = "beam" if (getattr(req, "beam_width", 1) or 1) > 1 else "sample"
         seq.group = ForkGroup(req.request_id, kind, width, [seq],
                               random.Random(self.seed * 1_000_003 + req.request_id))
@@ -74,7 +74,8 @@ class Forks:
             self.allocator.fork(parent.seq_id, child.seq_id, block_hashes=child.keys)
             group.members.append(child)
             self.running.insert(idx + s, child)
-            self.loose.insert(self.loose.index(parent) + s, child)
+            loose = self.clock.loose
+            loose.insert(loose.index(parent) + s, child)
             self.num_generated_tokens += 1   # each sample draws its own first token
             self.num_first_tokens += 1
 

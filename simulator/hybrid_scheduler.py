@@ -48,7 +48,7 @@ class HybridScheduler(Scheduler):
 
     def __init__(self, config, allocator, seed: int = 0):
         super().__init__(config, allocator, seed=seed)
-        self.clock_enabled = False          # windows and Mamba states move at any step
+        self.clock.enabled = False          # windows and Mamba states move at any step
         self.lazy_decodes = False           # ``_grow`` decides which decodes to skip
         mamba = [m for m in allocator.managers if m.spec.kind == "mamba"]
         # vLLM: need_mamba_block_aligned_split (Mamba groups in "align" mode) and the first

@@ -11,7 +11,7 @@ same as telling every token at once (tests/test_sim_scheduler.py checks it).
 
 ``KVSlots`` is a mixin of ``scheduler.Scheduler``; it owns ``num_pending_tokens`` and reads the
 host's ``allocator``, ``paged``, ``block_size``, ``prefix_caching``, ``running`` and the decode
-clock (``clock_c``, ``_materialize``: a clocked request's true counters).
+clock (``clock``: a clocked request's true counters).
 """
 from __future__ import annotations
 
@@ -50,7 +50,7 @@ class KVSlots:
         if self.num_pending_tokens:
             for seq in self.running:
                 if seq.clocked:
-                    self._materialize(seq)
+                    self.clock.materialize(seq)
                 self._sync(seq)
 
     def _grow(self, seq: SeqState, num_new_tokens: int) -> bool:
@@ -109,6 +109,6 @@ class KVSlots:
         for seq in self.running:
             c = seq.num_computed_tokens
             if seq.clocked:
-                c += self.clock_c - seq.base_c
+                c += self.clock.c - seq.base_c
             total += -(-c // B)
         return total

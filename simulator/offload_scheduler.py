@@ -19,7 +19,7 @@ rule's source). The connector itself (lookups, stores, transfers) is ``offload.O
   (``build_connector_meta``); a preemption flushes the victim's pending stores; a finished
   request's recency is committed in the next step.
 
-Decode runs (decode_run.py) stay exact: the engine ends a run at the next transfer completion,
+Decode runs (decode_clock.py) stay exact: the engine ends a run at the next transfer completion,
 and ``_head_admissible`` asks the connector the question the waiting loop would ask.
 """
 from __future__ import annotations

@@ -33,17 +33,17 @@ function each rule comes from.
 With a contiguous allocator the loop is the same, but admission asks ``can_allocate`` for the
 whole reservation (Orca-style) and growth never fails, so nothing is preempted.
 
-What makes it fast lives in its own modules, mixed into ``Scheduler``; none of them decides
-anything vLLM would decide differently (tests/test_sim_scheduler.py compares them with stepping
-every request one by one, block ids included):
+What makes it fast lives in its own modules; none of them decides anything vLLM would decide
+differently (tests/test_sim_scheduler.py compares them with stepping every request one by one,
+block ids included):
 
 * kv_slots.py: ``allocate_slots`` / ``free`` for running requests, with decode tokens told to
   the allocator lazily (only at a new block, a free, or when the pool is observed).
-* decode_clock.py: plain decoding requests ride a clock, so that a step costs only the requests
-  that cross a block boundary, finish, or are off the clock (``_schedule_running_clocked`` is
-  step 2a for a step that cannot bind).
-* decode_run.py: ``plan_decode_run`` / ``advance_decode_run`` apply many identical decode steps
-  at once; the run stops before a step in which ``_admission`` would admit the waiting head.
+* decode_clock.py, one object the scheduler owns (``clock``): plain decoding requests ride a
+  clock, so that a step costs only the requests that cross a block boundary, finish, or are off
+  the clock (``_schedule_running_clocked`` is step 2a for a step that cannot bind); and decode
+  runs, ``plan_decode_run`` / ``advance_decode_run``, apply many identical decode steps at once
+  (the run stops before a step in which ``_admission`` would admit the waiting head).
 * forks.py: parallel samples and beams (the vLLM paper's block sharing and copy-on-write).
 
 Policy and mechanics. The v1 policy is ``schedule`` and what it calls to decide: ``_lpt``,
@@ -64,7 +64,6 @@ from collections import deque
 from kvsim.simulator.admission import ADMIT, ADMITTED, WAIT, Admission
 from kvsim.simulator.config import EngineConfig
 from kvsim.simulator.decode_clock import DecodeClock
-from kvsim.simulator.decode_run import DecodeRuns
 from kvsim.simulator.forks import Forks
 from kvsim.simulator.kv_slots import KVSlots
 from kvsim.simulator.seq_state import FINISHED, ORDER, PREEMPTED, RUNNING, SeqState
@@ -72,7 +71,7 @@ from kvsim.simulator.step_output import StepOutput
 
 
 
-class Scheduler(DecodeRuns, Forks, DecodeClock, KVSlots):
+class Scheduler(Forks, KVSlots):
     """vLLM v1 scheduler for one replica.
 
     Args:
@@ -114,8 +113,7 @@ class Scheduler(DecodeRuns, Forks, DecodeClock, KVSlots):
         # see every token, KV-cache groups, turns it off)
         self.lazy_decodes = self.paged
         self._init_kv_slots()
-        self._init_decode_clock()
-        self._init_decode_runs()
+        self.clock = DecodeClock(config, allocator)     # decode_clock.py: the clock and runs
 
     # ------------------------------------------------------------------ 1. arrivals
     def add_request(self, req, arrival_ns: int) -> SeqState:
@@ -153,12 +151,13 @@ class Scheduler(DecodeRuns, Forks, DecodeClock, KVSlots):
         lpt = self._lpt()
         # a) RUNNING requests: on the decode clock when no request can be cut short, else one
         # by one with preemption
-        first_pass = self._schedule_running_clocked(lpt) if self.clock_enabled else None
+        clock = self.clock
+        first_pass = self._schedule_running_clocked(lpt) if clock.enabled else None
         if first_pass is None:
-            if self.clock_enabled:
+            if clock.enabled:
                 self._unclock_all()
             first_pass = self._schedule_running(lpt, now_ns)
-            self.loose = list(self.running)
+            clock.loose = list(self.running)
         out, token_budget, slow, num_fast, fast_ctx = first_pass
         # c) WAITING requests, FCFS, only if nobody was preempted in this step
         if not out.num_preempted:
@@ -290,7 +289,7 @@ class Scheduler(DecodeRuns, Forks, DecodeClock, KVSlots):
         seq.order = self.next_order
         self.next_order += 1
         running.append(seq)
-        self.loose.append(seq)
+        self.clock.loose.append(seq)
 
     def _admission(self, seq: SeqState, token_budget: int, lpt: int, num_blocks_taken: int = 0,
                    verdict_only: bool = False) -> Admission:
@@ -360,7 +359,7 @@ class Scheduler(DecodeRuns, Forks, DecodeClock, KVSlots):
 
     def _head_admissible(self, num_blocks_taken: int) -> bool:
         """Whether this policy would admit the waiting head in the next step if it were a
-        pure decode of everyone running (decode_run.py asks, to end a run there): running
+        pure decode of everyone running (decode runs ask, to end a run there): running
         requests go first (one token each, ``num_blocks_taken`` new blocks), then the head
         meets ``_admission`` with the budget they left."""
         return self._admission(self.waiting[0],
@@ -462,7 +461,7 @@ class Scheduler(DecodeRuns, Forks, DecodeClock, KVSlots):
         reselect = []
         num_sampled = out.num_clocked
         if num_sampled:
-            self.clock_o += 1
+            self.clock.o += 1
         for seq, _n in out.entries:
             if seq.num_computed_tokens < seq.num_tokens:
                 continue  # a partial prefill chunk samples nothing
@@ -486,10 +485,10 @@ class Scheduler(DecodeRuns, Forks, DecodeClock, KVSlots):
         self.num_generated_tokens += num_sampled
         for group in reselect:   # after every beam got this step's token: lockstep again
             self._reselect_beams(group)
-        self._pop_finished_clocked(finished)
+        self.clock.pop_finished(finished)
         if finished:
             self._retire(finished, end_ns, step_index)
-        self._clock_in_decoders(out.entries)
+        self.clock.clock_in_decoders(out.entries)
         return finished
 
     def _retire(self, finished: list, end_ns: int, step_index: int) -> None:
@@ -501,10 +500,46 @@ class Scheduler(DecodeRuns, Forks, DecodeClock, KVSlots):
             seq.finish_step = step_index
             self._free(seq, preempted=False)
         running = self.running
-        if self.clock_enabled and len(finished) * 8 < len(running):
+        if self.clock.enabled and len(finished) * 8 < len(running):
             for seq in finished:   # running is sorted by admission order
                 del running[bisect_left(running, seq.order, key=ORDER)]
         else:
             self.running = [s for s in running if s.status != FINISHED]
-        if self.loose:
-            self.loose = [s for s in self.loose if s.status != FINISHED]
+        self.clock.drop_finished()
+
+    # ------------------------------------------------------------------ the decode clock and runs
+    def _schedule_running_clocked(self, lpt: int):
+        """2a for a step in which no running request can be cut short (the decode clock's
+        ``schedule_running``, with this policy's tokens and growth); None: the step could bind."""
+        first_pass = self.clock.schedule_running(lpt, self.running, self._num_new_tokens,
+                                                 self._grow, self.decode_block_reserve)
+        if first_pass is not None:
+            self.num_pending_tokens += first_pass[3]     # clocked decodes: told lazily
+        return first_pass
+
+    def _unclock_all(self) -> None:
+        """Every running request off the decode clock (before a step that may bind)."""
+        self.clock.unclock_all(self.running)
+
+    def plan_decode_run(self, max_steps: int) -> int:
+        """How many identical pure-decode steps can run from now (decode_clock.py ``plan_run``;
+        the waiting head meets ``_head_admissible``). 0: schedule the next step in detail."""
+        # async scheduling: requests done in flight (async_scheduling.py) hold their place in
+        # running until the run's first step is scheduled, but decode no more
+        return self.clock.plan_run(len(self.running) - len(self.done_in_flight), max_steps,
+                                   self._head_admissible if self.waiting else None,
+                                   self.decode_block_reserve)
+
+    def advance_decode_run(self, k: int) -> None:
+        """Apply ``k`` planned decode steps at once (decode_clock.py ``advance_run``)."""
+        num_running = len(self.running) - len(self.done_in_flight)
+        num_told = self.clock.advance_run(k)
+        self.num_pending_tokens += k * num_running - num_told
+        self.num_generated_tokens += k * num_running
+
+    def finish_decode_run(self, end_ns: int, step_index: int) -> list[SeqState]:
+        """Completions at the end of a decode run (only its last step can finish requests)."""
+        finished = self.clock.finish_run()
+        if finished:
+            self._retire(finished, end_ns, step_index)
+        return finished

@@ -18,7 +18,7 @@ of vLLM 0.4.3, with 0.2.7 where it differs). In short:
 
 Everything else (allocation, preemption mechanics, output processing, finishing) is the v1
 scheduler's. ``running`` is kept in arrival order (``SeqState.order`` = arrival rank), so the
-decode clock and decode runs (decode_clock.py, decode_run.py) serve v0's decode steps too; they
+decode clock and decode runs (decode_clock.py) serve v0's decode steps too; they
 keep one free block per step (``decode_block_reserve``), v0's condition for a step without
 preemption.
 """
@@ -52,12 +52,12 @@ class V0Scheduler(Scheduler):
         out = StepOutput(entries=[])
         slow = self._admit_prompts(out, now_ns, step_index)
         if not slow:
-            first_pass = self._schedule_running_clocked(0) if self.clock_enabled else None
+            first_pass = self._schedule_running_clocked(0) if self.clock.enabled else None
             if first_pass is None:
-                if self.clock_enabled:
+                if self.clock.enabled:
                     self._unclock_all()
                 first_pass = self._schedule_decodes(now_ns)
-                self.loose = list(self.running)
+                self.clock.loose = list(self.running)
             out, _budget, slow, num_fast, fast_ctx = first_pass
             self._update_after_schedule(out, slow, num_fast, fast_ctx)
             return out
@@ -84,7 +84,7 @@ class V0Scheduler(Scheduler):
             taken += n
             seq.order = seq.seq_id      # running stays in arrival order (FCFS priority)
             insort(self.running, seq, key=ORDER)
-            insort(self.loose, seq, key=ORDER)
+            insort(self.clock.loose, seq, key=ORDER)
         return slow
 
     def _head_admissible(self, num_blocks_taken: int) -> bool:

@@ -45,14 +45,14 @@ class SeqState:
     cached_tokens_first: int = -1
     num_cached_tokens_total: int = 0  # prefix-hit tokens over all admissions
     # decode clock (decode_clock.py): while ``clocked``, num_computed_tokens is as of the
-    # scheduler's clock_c == base_c and num_output_tokens / num_tokens as of clock_o == base_o;
-    # the true values add how far those clocks have moved since
+    # clock's c == base_c and num_output_tokens / num_tokens as of its o == base_o; the true
+    # values add how far those clocks have moved since (``DecodeClock.counters``)
     order: int = 0                    # admission counter: ``running`` is sorted by it
     clocked: bool = False
     base_c: int = 0
     base_o: int = 0
     fin: int = 0                      # output clock at which it has all its tokens
-    bucket: int = 0                   # crossing bucket: needs a block when clock_c % B == bucket
+    bucket: int = 0                   # crossing bucket: needs a block when c % B == bucket
     # async scheduling (async_scheduling.py): step sequence numbers of the last step that listed
     # it, that gave it a token, and that it entered with its input token still in flight
     sched_seq: int = -1

@@ -189,7 +189,7 @@ def test_decode_clock_decides_exactly_like_stepping_each_request(seed):
     kw = dict(num_blocks=rng.choice([30, 60, 200]), max_num_batched_tokens=rng.choice([16, 64]),
               long_prefill_token_threshold=rng.choice([0, 8]))
     (clocked, a1), (each, a2) = _sched(**kw), _sched(**kw)
-    each.clock_enabled = False
+    each.clock.enabled = False
     arrivals = sorted(rng.sample(range(120), len(reqs)))
     engaged = 0
     t = 0
@@ -199,7 +199,7 @@ def test_decode_clock_decides_exactly_like_stepping_each_request(seed):
             arrivals.pop(0)
             clocked.add_request(req, t)
             each.add_request(req, t)
-        engaged += clocked.num_clocked
+        engaged += clocked.clock.num_clocked
         o1, o2 = clocked.schedule(t, t), each.schedule(t, t)
         assert [(s.seq_id, n) for s, n in o1.scheduled] == [(s.seq_id, n) for s, n in o2.scheduled]
         assert (o1.num_scheduled_tokens, o1.num_decode_seqs, o1.kv_read_tokens, o1.num_preempted) \
@@ -210,7 +210,7 @@ def test_decode_clock_decides_exactly_like_stepping_each_request(seed):
         t += 1
     assert not clocked.running and not clocked.waiting and t < 2000
     assert clocked.num_preemptions == each.num_preemptions
-    assert engaged > 0 and each.num_clocked == 0   # the clock did run in one and not the other
+    assert engaged > 0 and each.clock.num_clocked == 0   # the clock did run in one and not the other
 
 
 # ---------------------------------------------------------------------------- one admission rule
@@ -230,7 +230,7 @@ def test_run_planning_counts_the_first_steps_blocks_like_admission(prompt, admit
     # 9 blocks free now, 7 after the next step's two decodes take theirs: a 29-token head (8
     # blocks) fits now but not when admission runs, after the running requests' allocations
     sched, alloc, head = _two_decoders_at_a_block_boundary(prompt)
-    assert alloc.num_free_blocks == 9 and sched.crossing_histogram()[1] == 2
+    assert alloc.num_free_blocks == 9 and sched.clock.crossing_histogram()[1] == 2
     k = sched.plan_decode_run(1000)
     out = _step(sched, alloc, 1)
     assert (head.status == RUNNING) == admitted
