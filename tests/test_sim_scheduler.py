@@ -206,6 +206,9 @@ def test_decode_clock_decides_exactly_like_stepping_each_request(seed):
             == (o2.num_scheduled_tokens, o2.num_decode_seqs, o2.kv_read_tokens, o2.num_preempted)
         f1, f2 = clocked.finish_step(o1, t + 1, t), each.finish_step(o2, t + 1, t)
         assert [s.seq_id for s in f1] == [s.seq_id for s in f2]
+        # the clock tells a clocked request's true counters, as stepping it one by one does
+        assert [clocked.clock.counters(s) for s in clocked.running] == \
+            [(s.num_computed_tokens, s.num_output_tokens, s.num_tokens) for s in each.running]
         assert _pool_state(clocked, a1) == _pool_state(each, a2)
         t += 1
     assert not clocked.running and not clocked.waiting and t < 2000
