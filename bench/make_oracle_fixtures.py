@@ -229,13 +229,17 @@ def trace_closed_loop_rate() -> list[list]:
     return rows
 
 
-def random_offload_trace(seed: int, index: int, kv_groups: bool = False) -> list[list]:
+def random_offload_trace(seed: int, index: int, kv_groups: bool = False,
+                         mamba: bool = False) -> list[list]:
     """The trace of bench/fidelity_offload.py's random case ``random_s{seed}_c{index}`` (with
-    ``kv_groups``: of ``--kv-groups``, ``random_s{seed}_c{index}_groups``)."""
+    ``kv_groups``: of ``--kv-groups``, ``random_s{seed}_c{index}_groups``; with ``mamba``: of
+    ``--mamba``, ``random_s{seed}_c{index}_mamba``)."""
     # here: it imports this module
-    from bench.fidelity_offload import random_grouped_offload_case, random_offload_case
+    from bench.fidelity_offload import (random_grouped_offload_case, random_mamba_offload_case,
+                                        random_offload_case)
 
-    draw = random_grouped_offload_case if kv_groups else random_offload_case
+    draw = random_grouped_offload_case if kv_groups else \
+        random_mamba_offload_case if mamba else random_offload_case
     rng = random.Random(seed)
     for _ in range(index + 1):
         rows, _ = draw(rng)
@@ -247,6 +251,7 @@ TRACES = {
     "offload_s1_c12": lambda: random_offload_trace(1, 12),
     "offload_groups_s0_c18": lambda: random_offload_trace(0, 18, kv_groups=True),
     "offload_groups_s1_c44": lambda: random_offload_trace(1, 44, kv_groups=True),
+    "offload_mamba_s1_c58": lambda: random_offload_trace(1, 58, mamba=True),
     "basic": trace_basic,
     "chunked": trace_chunked,
     "prefix_groups": trace_prefix_groups,
@@ -397,6 +402,13 @@ CASES += [
          "preemptions drop states not handed over, flush the stores of those that were",
          "storm", {"num_gpu_blocks": 220, "max_num_seqs": 64, "cpu_chunks": 400,
                    "transfer_steps_per_chunk": 2, "kv_groups": "mamba,sliding:32,full"}),
+    Case("offload_hybrid_loaded_at_capacity", "random_s1_c0058_mamba: a finished load is taken "
+         "(its blocks cached) only when the waiting loop could run its request: with max_num_seqs "
+         "running, not at all, so a Mamba state it caches defers a hit on it one step later",
+         "offload_mamba_s1_c58",
+         {"block_size": 8, "cpu_chunks": 837, "kv_groups": "mamba_ckpt,sliding:8,full",
+          "max_model_len": 8192, "max_num_batched_tokens": 256, "max_num_seqs": 2,
+          "num_gpu_blocks": 343, "prefix_caching": "on", "transfer_steps_per_chunk": 2}),
     Case("async_offload_hybrid_finish_window", "random_s1_c0044_groups_async: a finished "
          "request frees its window's old blocks before the rest (vLLM's _connector_finished), "
          "so block ids, and the stores that read them, follow vLLM's", "offload_groups_s1_c44",

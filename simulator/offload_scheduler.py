@@ -160,9 +160,12 @@ class OffloadScheduler(Scheduler):
         running, conn = self.running, self.offload
         skipped_holding: list[SeqState] = []
         skipped_waiting: list[SeqState] = []
+        max_num_seqs = self.config.max_num_seqs
         while True:
             queue = self.holding if self.holding else self.waiting
-            if not queue:
+            # vLLM checks the budget and the running requests before it looks at the head: a
+            # finished load is taken (its blocks cached) only when the head could run
+            if not queue or token_budget <= 0 or len(running) >= max_num_seqs:
                 break
             seq = queue[0]
             if queue is self.holding and conn.is_loading(seq.seq_id):
