@@ -35,10 +35,10 @@ is the policy's own question (the ``head_admissible`` it passes to ``plan_run``,
 policy's one admission rule about the run's first step): the head's need only grows while
 decodes consume blocks, so a head that does not fit then stays blocked for the whole run.
 
-The object reads only what its calls are given and the allocator (``append`` /
-``append_blocks`` for the clocked requests' blocks, ``num_free_blocks``); the scheduler keeps
-the policy (``_num_new_tokens``, ``_grow``), the queues, the retiring of finished requests and
-its token counters.
+The object reads only what it is given and the allocator (``append`` / ``append_blocks`` for
+the clocked requests' blocks, ``num_free_blocks``): the policy's rules as callables
+(``num_new_tokens``, ``grow``, ``head_admissible``) and, at each call, the running requests;
+the scheduler keeps the queues, the retiring of finished requests and its token counters.
 """
 from __future__ import annotations
 
@@ -87,11 +87,22 @@ class DecodeClock:
     Args:
         config: the replica's EngineConfig (block size, token budget, max_model_len).
         allocator: the replica's allocator (clocked requests take blocks through it).
+        num_new_tokens: the policy's tokens for a running request ``(seq, lpt, budget)``.
+        grow: the policy's ``allocate_slots`` for a running request ``(seq, n) -> bool``.
+        head_admissible: the policy's verdict on the waiting head after a decode step that
+            takes ``n`` new blocks (decode runs end before a step that admits it).
+        block_reserve: free blocks a decode step must leave.
     """
 
-    def __init__(self, config, allocator):
+    def __init__(self, config, allocator, num_new_tokens: Callable[[SeqState, int, int], int],
+                 grow: Callable[[SeqState, int], bool], head_admissible: Callable[[int], bool],
+                 block_reserve: int = 0):
         self.config = config
         self.allocator = allocator
+        self.num_new_tokens = num_new_tokens
+        self.grow = grow
+        self.head_admissible = head_admissible
+        self.block_reserve = block_reserve
         self.block_size = config.block_size
         self.paged = config.is_paged
         self.enabled = True             # off for good once switched off
@@ -237,9 +248,7 @@ class DecodeClock:
             self.loose = [s for s in self.loose if s.status != FINISHED]
 
     # ---- one step --------------------------------------------------------------------------
-    def schedule_running(self, lpt: int, running: list[SeqState],
-                         num_new_tokens: Callable[[SeqState, int, int], int],
-                         grow: Callable[[SeqState, int], bool], block_reserve: int):
+    def schedule_running(self, lpt: int, running: list[SeqState]):
         """The running requests' part of a step in which none of them can be cut short: their
         tokens fit the budget and their new blocks (beyond ``block_reserve`` kept free) are
         free, so every one is scheduled in full (clocked ones: one token each, visited only if
@@ -255,6 +264,7 @@ class DecodeClock:
         B = self.block_size
         paged = self.paged
         max_model_len = cfg.max_model_len
+        num_new_tokens, grow = self.num_new_tokens, self.grow
         demand = self.num_clocked
         # clocked requests that start a new block in this step (none in a contiguous pool)
         crossing = self.buckets[self.c % B].seq_ids if paged else ()
@@ -272,7 +282,7 @@ class DecodeClock:
                 need += cdiv(c + n, B) - cdiv(c, B)
             plan.append((seq.order, 1, seq, n))
         if demand > cfg.max_num_batched_tokens or (
-                paged and need + block_reserve > self.allocator.num_free_blocks):
+                paged and need + self.block_reserve > self.allocator.num_free_blocks):
             return None
         out = StepOutput(entries=[], num_clocked=self.num_clocked, view=list(running),
                          view_loose=frozenset(map(id, self.loose)), num_view_entries=len(plan))
@@ -304,15 +314,14 @@ class DecodeClock:
         return out, cfg.max_num_batched_tokens - demand, entries[:], num_clocked, ctx
 
     # ---- decode runs -----------------------------------------------------------------------
-    def plan_run(self, num_decoding: int, max_steps: int,
-                 head_admissible: Callable[[int], bool] | None, block_reserve: int) -> int:
+    def plan_run(self, num_decoding: int, max_steps: int, waiting: bool) -> int:
         """How many identical pure-decode steps can run from now, without any decision other
         than "every running request decodes one token": all ``num_decoding`` running requests
         are decoding, all fit the token budget, no step needs more blocks than are free beyond
         ``block_reserve`` (no preemption), nobody finishes before the last step, no fork/beam
-        event, and the waiting queue is empty (``head_admissible`` None) or its head would not
-        be admitted (``head_admissible(blocks the run's first step takes)``: the policy's
-        admission rule). Returns 0 when the next step must be scheduled in detail."""
+        event, and no request is ``waiting`` or the head would not be admitted
+        (``head_admissible(blocks the run's first step takes)``: the policy's admission rule).
+        Returns 0 when the next step must be scheduled in detail."""
         n = num_decoding
         if n == 0 or max_steps <= 0:
             return 0
@@ -325,7 +334,7 @@ class DecodeClock:
             last = loose[-1]
             if last.num_computed_tokens != last.num_tokens - 1 or not last.num_output_tokens:
                 return 0
-        if head_admissible is not None and head_admissible(n):
+        if waiting and self.head_admissible(n):
             return 0
         k = max_steps
         B = self.block_size
@@ -360,20 +369,18 @@ class DecodeClock:
         self.run_min_remaining = min_remaining
         first_step_blocks = 0
         if paged:
-            k, first_step_blocks = self._steps_the_blocks_last(k, n, head_admissible is not None,
-                                                               block_reserve)
+            k, first_step_blocks = self._steps_the_blocks_last(k, n, waiting)
             if k <= 0:
                 return 0
-        if head_admissible is not None and head_admissible(first_step_blocks):
+        if waiting and self.head_admissible(first_step_blocks):
             return 0
         return k
 
-    def _steps_the_blocks_last(self, k: int, n: int, waiting: bool,
-                               block_reserve: int) -> tuple[int, int]:
+    def _steps_the_blocks_last(self, k: int, n: int, waiting: bool) -> tuple[int, int]:
         """``k`` bounded by the steps the free blocks last with ``n`` requests decoding, and the
         blocks the first step takes (counted only when needed: 0 otherwise)."""
         B = self.block_size
-        free = self.allocator.num_free_blocks - block_reserve
+        free = self.allocator.num_free_blocks - self.block_reserve
         cycles, rem = divmod(free, n)
         # every request takes at most one block per B steps, so the free blocks last at least
         # cycles * B steps; only a run longer than that (or a waiting head, which needs the

@@ -113,7 +113,9 @@ class Scheduler(Forks, KVSlots):
         # see every token, KV-cache groups, turns it off)
         self.lazy_decodes = self.paged
         self._init_kv_slots()
-        self.clock = DecodeClock(config, allocator)     # decode_clock.py: the clock and runs
+        # decode_clock.py: the clock and runs, given this policy's rules
+        self.clock = DecodeClock(config, allocator, self._num_new_tokens, self._grow,
+                                 self._head_admissible, self.decode_block_reserve)
 
     # ------------------------------------------------------------------ 1. arrivals
     def add_request(self, req, arrival_ns: int) -> SeqState:
@@ -511,8 +513,7 @@ class Scheduler(Forks, KVSlots):
     def _schedule_running_clocked(self, lpt: int):
         """2a for a step in which no running request can be cut short (the decode clock's
         ``schedule_running``, with this policy's tokens and growth); None: the step could bind."""
-        first_pass = self.clock.schedule_running(lpt, self.running, self._num_new_tokens,
-                                                 self._grow, self.decode_block_reserve)
+        first_pass = self.clock.schedule_running(lpt, self.running)
         if first_pass is not None:
             self.num_pending_tokens += first_pass[3]     # clocked decodes: told lazily
         return first_pass
@@ -527,8 +528,7 @@ class Scheduler(Forks, KVSlots):
         # async scheduling: requests done in flight (async_scheduling.py) hold their place in
         # running until the run's first step is scheduled, but decode no more
         return self.clock.plan_run(len(self.running) - len(self.done_in_flight), max_steps,
-                                   self._head_admissible if self.waiting else None,
-                                   self.decode_block_reserve)
+                                   bool(self.waiting))
 
     def advance_decode_run(self, k: int) -> None:
         """Apply ``k`` planned decode steps at once (decode_clock.py ``advance_run``)."""
