@@ -293,7 +293,7 @@ def build_engine(settings: EngineSettings | None = None, /, **kwargs) -> EngineS
         disk_latency_ms=s.disk_latency_ms)
     if offload:   # before any work: the rule the simulator's OffloadScheduler applies
         from kvsim.simulator.offload_scheduler import check_offload_config
-        check_offload_config(config, len(offload))
+        check_offload_config(config)
     return EngineSetup(config=config, cost=cost, capacity=pool.report, model=model, gpu=gpu,
                        offload=offload)
 

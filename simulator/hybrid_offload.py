@@ -20,8 +20,9 @@ No batched decode runs (as HybridScheduler).
 """
 from __future__ import annotations
 
-from kvsim.simulator.admission import ADMIT, SKIP, WAIT, Admission
+from kvsim.simulator.admission import ADMIT, PROMOTE, SKIP, WAIT, Admission
 from kvsim.simulator.hybrid_scheduler import AsyncHybridScheduler, HybridScheduler
+from kvsim.simulator.offload import WOULD_PROMOTE
 from kvsim.simulator.offload_scheduler import AsyncOffloadScheduler, OffloadScheduler
 from kvsim.simulator.seq_state import SeqState
 from kvsim.simulator.step_output import StepOutput
@@ -115,6 +116,8 @@ class HybridOffloadScheduler(OffloadScheduler, HybridScheduler):
                                   peek=verdict_only)
         if ext is None:
             return SKIP
+        if ext is WOULD_PROMOTE:                # asked without side effects: a disk hit
+            return PROMOTE
         if not ext:     # nothing to load: HybridScheduler's admission at the same GPU hit
             return self._admission_at(seq, token_budget, lpt, hit)
         self._hit = hit

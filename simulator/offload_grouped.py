@@ -36,17 +36,18 @@ the model's layers are in several KV-cache groups
   hand-offs, ``GroupedPagedAllocator.take_boundary_states``) and stored alone
   (``store_states``, vLLM's ``_build_aligned_boundary_store_jobs``), fenced until done.
 
-Not modelled with groups: the disk tier (refused with one line where the engine is configured).
+* **A disk tier** behind the CPU tier: chunks are keyed per group there too; a lookup that
+  meets a chunk only the disk has promotes it into the CPU tier (vLLM's tiering manager, as with
+  one group: ``OffloadConnector._promote``), and every completed CPU store is written through.
 """
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 
-from kvsim.allocator.offload import OffloadTier
-from kvsim.errors import InputError
+from kvsim.allocator.offload import HIT, MISS, PENDING, OffloadTier
 from kvsim.simulator.kv_slots import cdiv
-from kvsim.simulator.offload import STORE, OffloadConnector, TierConfig, _Job
+from kvsim.simulator.offload import STORE, WOULD_PROMOTE, OffloadConnector, TierConfig, _Job
 from kvsim.simulator.offload_groups import GroupChunks, hit_tokens, sliding_window_chunks
 
 
@@ -85,28 +86,24 @@ def connector_groups(specs: Sequence, block_size: int) -> tuple[GroupChunks, ...
     return tuple(groups)
 
 
-def check_grouped_tiers(config, num_tiers: int) -> None:
-    """What the grouped connector models of an EngineConfig's groups and the tiers (a one-line
-    InputError): no disk tier."""
-    if num_tiers > 1:
-        raise InputError("a disk tier with KV-cache groups is not modelled yet",
-                         field="--disk-offload-gib")
+class _WouldPromote(Exception):
+    """A lookup asked without side effects met a chunk only the disk tier has."""
 
 
 class GroupedOffloadConnector(OffloadConnector):
     """The offloading connector of one replica whose model has KV-cache groups (module doc).
 
     Args:
-        tiers: the CPU tier (a disk tier behind it is refused).
+        tiers: the CPU tier, optionally a disk tier behind it.
         block_size: tokens per GPU block (= per chunk) in every group.
         groups: the groups in their index order (``connector_groups``).
+        reachable: per group, which of a range of blocks a later hit can use.
+        states: per group, whether it is stored from the states the GPU caches (Mamba).
     """
 
     def __init__(self, tiers: Sequence[TierConfig], block_size: int,
                  groups: Sequence[GroupChunks], reachable: Sequence[Callable],
                  states: Sequence[bool] = ()):
-        if len(tiers) > 1:
-            raise ValueError("one CPU tier with KV-cache groups (check_grouped_tiers)")
         super().__init__(tiers, block_size)
         self.cpu = OffloadTier(tiers[0].num_chunks, "cpu", ties_by_key=True)
         self.groups = tuple(groups)
@@ -153,12 +150,39 @@ class GroupedOffloadConnector(OffloadConnector):
                 state.next_stored[g] = 0     # restarting at token 0: offer every chunk again
         if state is not None and state.jobs:
             return self._defer(peek)         # vLLM: still has transfers in flight
-        found = hit_tokens(self.groups, self._group_keys(request_id, keys), self.cpu.lookup,
-                           num_gpu_hit_tokens, num_tokens, being_loaded=self._being_loaded,
-                           mamba_align_tokens=self._mamba_align)
+        group_keys = self._group_keys(request_id, keys)
+        find = self.cpu.lookup if self.disk is None else \
+            self._tiered_find(request_id, group_keys, peek)
+        try:
+            found = hit_tokens(self.groups, group_keys, find, num_gpu_hit_tokens, num_tokens,
+                               being_loaded=self._being_loaded,
+                               mamba_align_tokens=self._mamba_align)
+        except _WouldPromote:
+            return WOULD_PROMOTE
         if found is None:
             return self._defer(peek)
         return found
+
+    def _tiered_find(self, request_id: Hashable, group_keys: Sequence[Sequence],
+                     peek: bool) -> Callable[[Hashable], str]:
+        """vLLM's tiering manager's ``lookup`` of one chunk: the CPU tier's answer, or for a
+        chunk only the disk has, a promotion started now (room in the CPU tier: PENDING, else
+        MISS; ``OffloadConnector._promote``). ``peek``: raise _WouldPromote instead."""
+        cpu, disk = self.cpu, self.disk
+        positions: dict | None = None
+
+        def find(key: Hashable) -> str:
+            nonlocal positions
+            found = cpu.lookup(key)
+            if found == MISS and disk.lookup(key) == HIT:
+                if peek:
+                    raise _WouldPromote
+                if positions is None:        # the chunk's index in its group's chain
+                    positions = {k: i for gk in group_keys for i, k in enumerate(gk)}
+                found = PENDING if self._promote(request_id, key, positions[key]) else MISS
+            return found
+
+        return find
 
     def start_group_load(self, request_id: Hashable, keys: Sequence[int],
                          num_gpu_hit_tokens: int, num_external_tokens: int, num_tokens: int,
@@ -346,7 +370,6 @@ def make_connector(config, tiers: Sequence[TierConfig], allocator) -> OffloadCon
     """The replica's connector for an EngineConfig: over its KV-cache groups if it has them
     (``allocator``: the replica's GroupedPagedAllocator then)."""
     if config.kv_cache_groups:
-        check_grouped_tiers(config, len(tiers))
         allocator.record_boundary_states()
         return GroupedOffloadConnector(
             tiers, config.block_size, connector_groups(config.kv_cache_groups, config.block_size),

@@ -39,18 +39,14 @@ from kvsim.simulator.step_output import StepOutput
 _HEAD_WALK = 16          # run planning looks past at most this many skipped requests
 
 
-def check_offload_config(config, num_tiers: int = 1) -> None:
+def check_offload_config(config) -> None:
     """What the tiers need of the engine (an InputError naming the flag otherwise): a
-    combination the declared table runs with tiers (simulator/modes.py), the paged allocator
-    with prefix caching (a tier stores cached blocks), and with KV-cache groups what the grouped
-    connector models (no Mamba group; ``num_tiers`` 1: no disk tier)."""
+    combination the declared table runs with tiers (simulator/modes.py) and the paged allocator
+    with prefix caching (a tier stores cached blocks)."""
     check_mode(config, offload=True)
     if not config.enable_prefix_caching:
         raise InputError("offload tiers need the paged allocator with prefix caching",
                          field="--cpu-offload-gib")
-    if config.kv_cache_groups:
-        from kvsim.simulator.offload_grouped import check_grouped_tiers
-        check_grouped_tiers(config, num_tiers)
 
 
 class OffloadScheduler(Scheduler):

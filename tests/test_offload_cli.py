@@ -175,10 +175,37 @@ def test_a_hybrid_models_cpu_chunk_is_one_groups_block(tmp_path):
         assert bool(result["config"]["engine"].get("kv_cache_groups")) == (groups > 1)
 
 
-@pytest.mark.parametrize("extra", [
-    ["--kv-groups", "sliding:128,full", "--disk-offload-gib", "4", "--disk-bandwidth-gbps", "2"],
-])
-def test_what_groups_with_a_tier_do_not_model_yet_is_one_line(extra, capsys):
-    assert main(["replay", SPEC, *POOL, "--cpu-offload-gib", "2", *extra, "--quiet"]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "not modelled yet" in err[0], err
+# a CPU tier of a few chunks and a disk behind it: prefixes come back from disk (promotions)
+DISK = ["--num-blocks", "200", "--max-num-seqs", "32", "--max-num-batched-tokens", "2048",
+        "--max-model-len", "3000", "--cpu-offload-gib", "0.02", "--disk-offload-gib", "0.5",
+        "--disk-bandwidth-gbps", "2", "--quiet"]
+SPEC_150 = SPEC.replace("n=80", "n=150")
+
+
+@pytest.mark.parametrize("mode", [[], ["--no-async-scheduling"]])
+def test_one_full_attention_group_with_a_disk_tier_is_the_one_group_connector(mode, tmp_path):
+    # the grouped connector (KV-cache groups: keys per group, lookups, promotions from disk,
+    # stores written through) over one full-attention group makes the one-group connector's
+    # decisions, at the same times, with the same tier totals
+    runs = {}
+    for name, groups in (("one", []), ("grouped", ["--kv-groups", "full"])):
+        out, req = tmp_path / f"{name}.json", tmp_path / f"{name}.csv"
+        assert main(["replay", SPEC_150, *DISK, *mode, *groups, "--out", str(out),
+                     "--requests", str(req)]) == 0
+        runs[name] = (req.read_text(), json.loads(out.read_text())["offload"])
+    (one_requests, one), (grouped_requests, grouped) = runs["one"], runs["grouped"]
+    assert one["hit_tokens"]["disk"] > 0            # the disk served hits
+    assert grouped_requests == one_requests
+    for key in ("hit_tokens", "loaded_bytes", "stored_bytes", "query_tokens", "num_loads"):
+        assert grouped[key] == one[key], key
+
+
+@pytest.mark.parametrize("groups", ["sliding:128,full", "mamba_ckpt,full"])
+def test_groups_with_a_disk_tier_promote_and_write_through(groups, tmp_path):
+    out = tmp_path / "r.json"
+    assert main(["replay", SPEC_150, *DISK, "--kv-groups", groups, "--no-async-scheduling",
+                 "--out", str(out)]) == 0
+    offload = json.loads(out.read_text())["offload"]
+    assert offload["hit_tokens"]["disk"] > 0 and offload["loaded_bytes"]["disk"] > 0
+    # every CPU store is written through, unless the disk has the chunk already
+    assert 0 < offload["stored_bytes"]["disk"] <= offload["stored_bytes"]["cpu"]

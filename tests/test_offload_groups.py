@@ -84,3 +84,43 @@ def test_a_window_is_looked_up_again_when_a_later_group_lowers_the_end():
 def test_a_mamba_group_aligns_the_end(mamba_align, expect):
     mamba = GroupChunks(S, 1)
     assert lookup([FULL, mamba], ["hhhhhh", "hhhhhh"], 0, 6 * S, mamba_align_tokens=mamba_align) == expect
+
+
+def _grouped_connector_with_disk(cpu_chunks: int):
+    from kvsim.simulator.offload import TierConfig
+    from kvsim.simulator.offload_grouped import GroupedOffloadConnector
+
+    tiers = [TierConfig("cpu", cpu_chunks, 1024, 1e9), TierConfig("disk", 64, 1024, 1e9)]
+    return GroupedOffloadConnector(tiers, S, [FULL, sliding(S)],
+                                   [lambda start, stop, boundaries: None] * 2)
+
+
+def test_a_grouped_lookup_promotes_what_only_the_disk_has():
+    # vLLM's tiering manager under the grouped lookup: chunks 0-3 of both groups on disk only;
+    # asked without side effects the lookup says it would promote; asked for real it promotes
+    # every chunk it meets (the CPU tier has room) and defers the request until they are read
+    from kvsim.simulator.offload import WOULD_PROMOTE
+
+    conn = _grouped_connector_with_disk(cpu_chunks=32)
+    keys = list(range(100, 105))                 # 5 chunks of 16 tokens
+    stored = [(k, g) for g in range(2) for k in keys[:4]]
+    assert conn.disk.prepare_store("other", stored, None)[0] == stored
+    conn.disk.complete_store(stored)
+    assert conn.lookup("r", keys, 80, 0, peek=True) == WOULD_PROMOTE
+    assert all(conn.cpu.lookup(k) == MISS for k in stored)          # nothing promoted
+    assert conn.lookup("r", keys, 80, 0) is None                    # deferred: promoting
+    # full attention reads chunks 0-3 from the GPU hit on; the window only its last one
+    promoting = {k for k in stored if conn.cpu.lookup(k) == PENDING}
+    assert {(k, 0) for k in keys[:4]} <= promoting and (keys[3], 1) in promoting
+
+
+def test_a_grouped_lookup_with_a_full_cpu_tier_misses_disk_chunks():
+    # no room in the CPU tier (every chunk pinned by a pending store): a disk-only chunk is a
+    # miss, as vLLM's _initiate_promotion answers when the primary tier cannot take it
+    conn = _grouped_connector_with_disk(cpu_chunks=2)
+    keys = list(range(200, 205))
+    assert conn.cpu.prepare_store("x", ["a", "b"], None)[0] == ["a", "b"]   # pending: pinned
+    stored = [(k, g) for g in range(2) for k in keys[:4]]
+    conn.disk.prepare_store("other", stored, None)
+    conn.disk.complete_store(stored)
+    assert conn.lookup("r", keys, 80, 0) == 0
