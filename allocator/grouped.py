@@ -36,6 +36,7 @@ from kvsim.allocator.group_managers import (MANAGER_OF_KIND, NULL, GroupManager,
 
 # how many keys _key_list keeps as lists, over all requests (about 6 MB)
 KEY_MEMO_MAX_KEYS = 1 << 17
+HIT_MEMO_MAX = 1 << 12         # find_cache_hit answers kept (one per request asked)
 
 
 @dataclass(frozen=True)
@@ -142,6 +143,7 @@ class GroupedPagedAllocator(PoolQueries):
         self._reqs: dict[Hashable, RequestKeys] = {}
         self._keys_memo: dict[int, tuple[Sequence[int], list[int], int]] = {}   # _key_list's
         self._keys_memo_size = 0
+        self._hit_memo: dict[int, tuple] = {}   # find_cache_hit: keys, limit, map version, hit
         self._num_slot_tokens: dict[Hashable, int] = {}   # slots allocated (tail waste)
         self._tail_waste = [0] * len(self.groups)
         self._init_prefix_counters()
@@ -191,6 +193,21 @@ class GroupedPagedAllocator(PoolQueries):
         limit = num_tokens - 1 if max_hit_tokens is None else max_hit_tokens
         if limit <= 0:
             return empty
+        # the answer reads only the keys and the hash map: a request the waiting loop stops
+        # at is asked again every step, and the map often has not changed since
+        memo = self._hit_memo.get(id(block_hashes))
+        version = self.pool.map_version
+        if memo is not None and memo[0] is block_hashes and memo[1] == limit \
+                and memo[2] == version:
+            return memo[3]
+        hit = self._find_cache_hit(block_hashes, limit)
+        if len(self._hit_memo) >= HIT_MEMO_MAX:
+            self._hit_memo.clear()
+        self._hit_memo[id(block_hashes)] = (block_hashes, limit, version, hit)
+        return hit
+
+    def _find_cache_hit(self, block_hashes: Sequence[int], limit: int) -> CacheHit:
+        """``find_cache_hit``'s search: the longest prefix of at most ``limit`` tokens."""
         size, pool, groups = self.block_size, self.pool, self.groups
         if not isinstance(block_hashes, list) and len(self._lookup_sets) > 1:
             block_hashes = self._key_list(block_hashes, limit // size)

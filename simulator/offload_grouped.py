@@ -150,8 +150,16 @@ class GroupedOffloadConnector(OffloadConnector):
                 state.next_stored[g] = 0     # restarting at token 0: offer every chunk again
         if state is not None and state.jobs:
             return self._defer(peek)         # vLLM: still has transfers in flight
+        # the answer reads only the tiers and the chunks being loaded (a request skipped or
+        # stopped at is asked again every step): the last one stands while none changed
+        disk = self.disk
+        token = (num_tokens, num_gpu_hit_tokens, self.cpu.version,
+                 disk.version if disk is not None else 0, self._loading_version)
+        memo = self._memo.get(request_id)
+        if memo is not None and memo[0] == token:
+            return self._defer(peek) if memo[1] is None else memo[1]
         group_keys = self._group_keys(request_id, keys)
-        find = self.cpu.lookup if self.disk is None else \
+        find = self.cpu.lookup if disk is None else \
             self._tiered_find(request_id, group_keys, peek)
         try:
             found = hit_tokens(self.groups, group_keys, find, num_gpu_hit_tokens, num_tokens,
@@ -159,6 +167,7 @@ class GroupedOffloadConnector(OffloadConnector):
                                mamba_align_tokens=self._mamba_align)
         except _WouldPromote:
             return WOULD_PROMOTE
+        self._memo[request_id] = (token, found)
         if found is None:
             return self._defer(peek)
         return found
