@@ -106,9 +106,7 @@ class KVSlots:
         """Blocks the running requests would hold without sharing (their computed tokens)."""
         B = self.block_size
         total = 0
+        counters = self.clock.counters
         for seq in self.running:
-            c = seq.num_computed_tokens
-            if seq.clocked:
-                c += self.clock.c - seq.base_c
-            total += -(-c // B)
+            total += -(-counters(seq)[0] // B)
         return total
