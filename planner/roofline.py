@@ -3,7 +3,8 @@
 Implements the simulator's ``CostModel`` protocol (``simulator.cost``) from a ModelSpec
 and a GpuSpec, per tensor-parallel rank (all ranks work in parallel on equal shares)::
 
-    bytes  = weights / tp + (kv_read_tokens + num_scheduled_tokens) * kv_bytes_per_token
+    bytes  = weights_read_bytes(num_scheduled_tokens) / tp
+             + (kv_read_tokens + num_scheduled_tokens) * kv_bytes_per_token
              (read the cached context, write the new tokens' K/V)
     flops  = 2 * active_params / tp * num_scheduled_tokens
              + attn_flops_per_token_pair / tp * attn_token_pairs   (4 * layers * heads * head_dim)
@@ -15,8 +16,14 @@ Weights are the bytes as served (a checkpoint's fp8 / MXFP4 / int4 quantization;
 the GPU's fp8 peak). With per-layer shapes, KV bytes per token count the attention layers only (a
 sliding window's context read as if kept: an upper bound); Mamba state reads are not modelled.
 The all-reduces are not overlapped with compute. Not modelled: activation traffic, kernel efficiency below the peaks
-(use ``bandwidth_efficiency`` / ``flops_efficiency``, or a measured ``TableCost``). MoE weights
-are all counted as read each step (true once a batch touches every expert).
+(use ``bandwidth_efficiency`` / ``flops_efficiency``, or a measured ``TableCost``).
+
+``weights_read_bytes(n)`` is every weight as served, but of an MoE model's routed experts only the
+share that a step of n tokens is expected to touch, each token routed to k of E experts uniformly
+(``ParamBreakdown.experts_touched_fraction``: 1 - (1 - k / E) ** n; one decode token of
+Qwen3-30B-A3B reads 8 of its 128 experts a layer, a step of 64 tokens 98.4 % of them). With
+tensor parallelism every rank holds a slice of every expert, so the share holds per rank. A
+model without its weights by kind (a bare ModelSpec) reads all of them.
 """
 from __future__ import annotations
 
@@ -55,6 +62,11 @@ class RooflineCost:
         self.model, self.gpu, self.tp = model, gpu, tp
         self.step_overhead_s = step_overhead_s
         self.weight_bytes = math.ceil(model.weight_bytes / tp)
+        # MoE: the routed experts' bytes per rank, read in the share a step's tokens touch
+        weights = model.weights
+        self._routing = weights.breakdown if weights is not None and weights.breakdown.num_experts else None
+        self.expert_bytes = weights.expert_bytes / tp if self._routing is not None else 0.0
+        self._last_weights = (None, float(self.weight_bytes))
         self.kv_bytes_per_token = kv_bytes_per_token(model, kv_dtype, tp)
         self.flops_per_token = 2.0 * model.active_params / tp
         self.attn_flops_per_pair = model.attn_flops_per_token_pair / tp
@@ -76,7 +88,13 @@ class RooflineCost:
                 f"{self.bandwidth_bytes_per_s / 1e12:.2f} TB/s and {self.peak_flops_per_s / 1e12:.0f} TFLOP/s "
                 f"({self.bandwidth_bytes_per_s / self.gpu.memory_bandwidth_bytes_per_s:.0%} and "
                 f"{self.flops_efficiency:.0%} of the datasheet), {self.step_overhead_s * 1e3:g} ms a step"
-                f"{self._describe_allreduce()}; not measured: --cost-table for a measured clock")
+                f"{self._describe_allreduce()}{self._describe_routing()}; not measured: --cost-table for a measured clock")
+
+    def _describe_routing(self) -> str:
+        if self._routing is None:
+            return ""
+        return (f", routed experts read as a step's tokens touch them ({self._routing.num_experts_per_tok} "
+                f"of {self._routing.num_experts} each, routed uniformly)")
 
     def _describe_allreduce(self) -> str:
         if self.tp <= 1:
@@ -97,6 +115,17 @@ class RooflineCost:
         self._last_allreduce = (num_tokens, t)
         return t
 
+    def weights_read_bytes(self, num_tokens: int) -> float:
+        """Weight bytes one rank reads in a step of ``num_tokens`` tokens (see the module
+        docstring)."""
+        if self._routing is None:
+            return float(self.weight_bytes)
+        if self._last_weights[0] == num_tokens:
+            return self._last_weights[1]
+        read = self.weight_bytes - self.expert_bytes * (1.0 - self._routing.experts_touched_fraction(num_tokens))
+        self._last_weights = (num_tokens, read)
+        return read
+
     def __repr__(self) -> str:
         return (f"RooflineCost({self.model.name}, {self.gpu.name}, tp={self.tp}, "
                 f"overhead={self.step_overhead_s}s)")
@@ -108,7 +137,7 @@ class RooflineCost:
         if cached[0] is batch:
             return cached[1]
         scheduled = batch.num_scheduled_tokens
-        mem0 = (self.weight_bytes + (batch.kv_read_tokens + scheduled) * self.kv_bytes_per_token) \
+        mem0 = (self.weights_read_bytes(scheduled) + (batch.kv_read_tokens + scheduled) * self.kv_bytes_per_token) \
             / self.bandwidth_bytes_per_s
         comp0 = (self.flops_per_token * scheduled + self.attn_flops_per_pair * batch.attn_token_pairs) \
             / self.peak_flops_per_s

@@ -44,14 +44,33 @@ QUANT_METHODS = ("fp8", "mxfp4", "awq", "gptq")
 @dataclass(frozen=True)
 class ParamBreakdown:
     """Weights by kind (counts in ``KINDS`` order): all of them, and those one token touches
-    (MoE: its top-k experts). Tuples, so that a ModelSpec holding one stays hashable."""
+    (MoE: its top-k experts). Tuples, so that a ModelSpec holding one stays hashable.
+    ``num_experts`` and ``num_experts_per_tok``: an MoE layer's routed experts and how many each
+    token is routed to (0 for a dense model)."""
 
     total_counts: tuple[int, ...]
     active_counts: tuple[int, ...]
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
 
     @classmethod
-    def of(cls, total: dict[str, int], active: dict[str, int]) -> "ParamBreakdown":
-        return cls(tuple(total[k] for k in KINDS), tuple(active[k] for k in KINDS))
+    def of(cls, total: dict[str, int], active: dict[str, int], num_experts: int = 0,
+           num_experts_per_tok: int = 0) -> "ParamBreakdown":
+        return cls(tuple(total[k] for k in KINDS), tuple(active[k] for k in KINDS), num_experts,
+                   num_experts_per_tok)
+
+    def experts_touched_fraction(self, num_tokens: int) -> float:
+        """The expected share of an MoE layer's routed experts that a step of ``num_tokens``
+        tokens touches, each token routed to num_experts_per_tok of num_experts distinct experts
+        uniformly at random: ``1 - (1 - k / E) ** num_tokens`` (k / E for one token, all of them
+        once the step has a few times E / k tokens). Real routers are skewed (fewer distinct
+        experts than this), random weights (vLLM's dummy load) route close to uniformly.
+        1 for a dense model."""
+        if not self.num_experts:
+            return 1.0
+        if num_tokens <= 0:
+            return 0.0
+        return 1.0 - (1.0 - self.num_experts_per_tok / self.num_experts) ** num_tokens
 
     @property
     def total(self) -> dict[str, int]:
@@ -118,6 +137,19 @@ class ServedWeights:
     def active_bytes(self) -> int:
         """Bytes one token reads (MoE: its experts only)."""
         return weight_bytes(self.breakdown, self.format, active=True)
+
+    @property
+    def expert_bytes(self) -> int:
+        """Bytes of the routed experts alone (0 for a dense model)."""
+        counts = dict.fromkeys(KINDS, 0)
+        counts["experts"] = self.breakdown.total["experts"]
+        return weight_bytes(ParamBreakdown.of(counts, counts), self.format)
+
+    def step_bytes(self, num_tokens: int) -> float:
+        """The bytes a step of ``num_tokens`` tokens reads: every weight but the routed experts,
+        and of those the expected share its tokens touch (``experts_touched_fraction``)."""
+        experts = self.expert_bytes
+        return self.bytes - experts + experts * self.breakdown.experts_touched_fraction(num_tokens)
 
 
 def weight_bytes(breakdown: ParamBreakdown, fmt: WeightFormat, active: bool = False) -> int:
@@ -192,7 +224,7 @@ def param_breakdown(cfg: dict) -> ParamBreakdown:
         vision = _siglip(cfg["vision_config"], h)
         total["other"] += vision
         active["other"] += vision
-    return ParamBreakdown.of(total, active)
+    return ParamBreakdown.of(total, active, mlp["num_experts"], mlp["num_experts_per_tok"])
 
 
 def _layer_kinds(cfg: dict, num_layers: int) -> list[str]:
@@ -240,7 +272,7 @@ def _mlp(cfg: dict, model_type: str, h: int, num_layers: int) -> dict:
     dense_bias = inter + h if opt_like else 0
     num_experts = _int(cfg, "n_routed_experts", "num_local_experts", "num_experts")
     out = {"total": dict.fromkeys(("dense_mlp", "experts", "router", "other"), 0),
-           "active_experts": 0, "inactive_other": 0}
+           "active_experts": 0, "inactive_other": 0, "num_experts": 0, "num_experts_per_tok": 0}
     if not num_experts:
         out["total"]["dense_mlp"] = num_layers * dense
         out["total"]["other"] = num_layers * dense_bias
@@ -269,6 +301,8 @@ def _mlp(cfg: dict, model_type: str, h: int, num_layers: int) -> dict:
     t["router"] = num_moe * (num_experts * h + router_bias)
     t["other"] = num_moe * num_experts * expert_bias
     out["active_experts"] = num_moe * top_k * expert
+    if num_moe:
+        out["num_experts"], out["num_experts_per_tok"] = num_experts, top_k
     out["inactive_other"] = num_moe * (num_experts - top_k) * expert_bias
     return out
 

@@ -94,3 +94,48 @@ def test_bad_arguments_are_rejected():
         RooflineCost(get_model("OPT-13B"), get_gpu("a100"), flops_efficiency=0)
     with pytest.raises(ValueError, match=r"num_steps must be >= 0, got -1"):
         RooflineCost(get_model("OPT-13B"), get_gpu("a100")).run_time_s(decode(1, 1), -1)
+
+
+def test_moe_decode_reads_only_the_experts_its_tokens_touch():
+    # gpt-oss-20b: 24 MoE layers of 32 experts, 4 per token. One decode token touches 4 of a
+    # layer's 32 experts: of the experts' bytes it reads 4 / 32; n tokens 1 - (28 / 32) ** n
+    m = get_model("gpt-oss-20b")
+    b = m.weights.breakdown
+    assert (b.num_experts, b.num_experts_per_tok) == (32, 4)
+    cost = RooflineCost(m, get_gpu("h200"), step_overhead_s=0.0)
+    experts, rest = m.weights.expert_bytes, m.weight_bytes - m.weights.expert_bytes
+    assert 0 < experts < m.weight_bytes
+    for n in (1, 2, 7, 64):
+        touched = 1 - (1 - 4 / 32) ** n
+        assert cost.weights_read_bytes(n) == pytest.approx(rest + experts * touched, rel=1e-12)
+    # a lone decode token, hand-computed: rest + experts / 8 of weights, plus its KV
+    step = decode(1, 1000)
+    by_hand = (rest + experts * 4 / 32 + 1001 * cost.kv_bytes_per_token) / get_gpu("h200").memory_bandwidth_bytes_per_s
+    assert cost.step_time_s(step) == pytest.approx(by_hand, rel=1e-12)
+    # more tokens touch more experts, up to every one of them
+    reads = [cost.weights_read_bytes(n) for n in (1, 2, 4, 16, 64, 4096)]
+    assert reads == sorted(reads) and len(set(reads)) == len(reads)
+    assert cost.weights_read_bytes(4096) == pytest.approx(m.weight_bytes, rel=1e-12)
+
+
+def test_moe_expert_share_holds_per_tensor_parallel_rank():
+    m, g = get_model("gpt-oss-120b"), get_gpu("h100")
+    one, two = RooflineCost(m, g), RooflineCost(m, g, tp=2)
+    assert two.weights_read_bytes(1) == pytest.approx(one.weights_read_bytes(1) / 2, rel=1e-6)
+    assert "4 of 128 each" in one.describe()
+
+
+def test_dense_models_read_every_weight_each_step():
+    cost = RooflineCost(get_model("Llama-3.1-8B"), get_gpu("h100"))
+    assert cost.weights_read_bytes(1) == cost.weights_read_bytes(512) == cost.weight_bytes
+    assert get_model("Llama-3.1-8B").weights.expert_bytes == 0
+    assert "experts" not in cost.describe()
+
+
+@pytest.mark.parametrize("num_seqs,context,steps", [(1, 10, 500), (16, 2000, 300), (512, 100, 20_000)])
+def test_moe_closed_form_run_equals_summed_steps(num_seqs, context, steps):
+    # DeepSeek-V2-Lite: 6 of 64 routed experts a token, beside shared experts and a dense layer
+    cost = RooflineCost(get_model("DeepSeek-V2-Lite"), get_gpu("h200"), flops_efficiency=0.05)
+    b = decode(num_seqs, context)
+    summed = math.fsum(cost.step_time_s(grown(b, i)) for i in range(steps))
+    assert cost.run_time_s(b, steps) == pytest.approx(summed, rel=1e-9, abs=1e-12)
