@@ -62,10 +62,10 @@ class RooflineCost:
         self.model, self.gpu, self.tp = model, gpu, tp
         self.step_overhead_s = step_overhead_s
         self.weight_bytes = math.ceil(model.weight_bytes / tp)
-        # MoE: the routed experts' bytes per rank, read in the share a step's tokens touch
+        # MoE: the routed experts are read in the share a step's tokens touch
         weights = model.weights
-        self._routing = weights.breakdown if weights is not None and weights.breakdown.num_experts else None
-        self.expert_bytes = weights.expert_bytes / tp if self._routing is not None else 0.0
+        self._moe_weights = weights if weights is not None and weights.breakdown.num_experts else None
+        self._routing = weights.breakdown if self._moe_weights is not None else None
         self._last_weights = (None, float(self.weight_bytes))
         self.kv_bytes_per_token = kv_bytes_per_token(model, kv_dtype, tp)
         self.flops_per_token = 2.0 * model.active_params / tp
@@ -122,7 +122,7 @@ class RooflineCost:
             return float(self.weight_bytes)
         if self._last_weights[0] == num_tokens:
             return self._last_weights[1]
-        read = self.weight_bytes - self.expert_bytes * (1.0 - self._routing.experts_touched_fraction(num_tokens))
+        read = self._moe_weights.step_bytes(num_tokens) / self.tp
         self._last_weights = (num_tokens, read)
         return read
 
