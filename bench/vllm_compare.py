@@ -10,7 +10,9 @@ max_num_seqs, max_num_batched_tokens, block size, async scheduling; the model's 
 bench/vllm_gpu/configs/) and computes vllm bench serve's figures for both sides
 (simulator.serve_metrics's formulas): mean TTFT, median TPOT, mean E2E. Clocks: ``default``
 (kvsim's default: the shipped real-vLLM table that fits the engine, else the roofline),
-``roofline`` (planner.roofline at the datasheet peaks), ``carried-h100`` / ``carried-h200`` (the
+``roofline`` (planner.roofline as kvsim's default runs it: the datasheet's bandwidth, real
+vLLM's measured FLOP/s share for the weights), ``datasheet`` (the roofline at the datasheet's
+peaks, ``--flops-efficiency 1``), ``carried-h100`` / ``carried-h200`` (the
 engine's table of the other GPU carried to this one: the default clock's rule for a GPU without a
 table, planner.engine_setup.carried), ``table`` (the shipped H200 cost
 table of kvsim's executor, Llama-3.1-8B bf16 only), ``vllm-grid`` (the engine's own table from
@@ -114,6 +116,8 @@ def simulated(engine: str, spec: dict, meta: dict, clock: str, requests: list | 
                   max_model_len=meta["engine_args"]["max_model_len"], max_num_seqs=core["max_num_seqs"],
                   max_num_batched_tokens=core["max_num_batched_tokens"],
                   cost_table=clock_table(engine, clock, gpu))
+    if clock == "datasheet":
+        kwargs["flops_efficiency"] = 1.0
     setup = build_engine(async_scheduling=core["async_scheduling"], **kwargs)
     if clock.startswith("carried-"):     # the engine's table of another GPU, carried by the rooflines' ratio
         setup = carried_setup(setup, engine, clock.removeprefix("carried-").upper())
@@ -151,8 +155,8 @@ def clock_table(engine: str, clock: str, gpu: str) -> str | None:
     shipped real-vLLM table that fits the engine, else the roofline), or a table."""
     if clock.startswith("carried-"):
         return "roofline"       # replaced by the carried table (carried())
-    if clock in ("roofline", "default"):
-        return "roofline" if clock == "roofline" else None
+    if clock in ("roofline", "datasheet", "default"):
+        return None if clock == "default" else "roofline"
     return str(TABLE) if clock == "table" else str(grid_table(engine, clock, gpu))
 
 

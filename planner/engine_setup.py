@@ -73,7 +73,7 @@ from kvsim.planner.capacity import (DEFAULT_BLOCK_SIZE, DEFAULT_GPU_MEMORY_UTILI
                                     compute_capacity, kv_cache_group_specs, model_kv_groups,
                                     vllm_batch_defaults)
 from kvsim.planner.presets import get_gpu, get_model
-from kvsim.planner.roofline import DEFAULT_STEP_OVERHEAD_S, RooflineCost
+from kvsim.planner.roofline import DEFAULT_STEP_OVERHEAD_S, RooflineCost, measured_flops_efficiency
 from kvsim.planner.specs import GpuSpec, ModelSpec
 from kvsim.planner.tiers import block_bytes, build_tiers
 from kvsim.planner.weights import serve_weights_as
@@ -168,7 +168,9 @@ class EngineSettings:
         table measured for another model, GPU (when the GPU sizes the pool), tensor parallel
         size, KV dtype or weight format is an InputError naming each difference, unless
         ``force_cost_table``.
-    step_overhead_s, bandwidth_efficiency, flops_efficiency: roofline parameters.
+    step_overhead_s, bandwidth_efficiency, flops_efficiency: roofline parameters; flops_efficiency
+        None: the share of the datasheet FLOP/s that real vLLM's prefill steps reach for the
+        model's weights (planner.roofline.measured_flops_efficiency), 1.0 the datasheet.
     step_time_scale: multiplies every step time (sensitivity checks).
     cpu_offload_gib, offload_bandwidth_gbps, disk_offload_gib, disk_bandwidth_gbps,
         disk_latency_ms: offload tiers (module doc); None (or 0 GiB of CPU): no tier.
@@ -207,7 +209,7 @@ class EngineSettings:
     force_cost_table: bool = False
     step_overhead_s: float = DEFAULT_STEP_OVERHEAD_S
     bandwidth_efficiency: float = 1.0
-    flops_efficiency: float = 1.0
+    flops_efficiency: float | None = None
     step_time_scale: float = 1.0
     # offload tiers below the GPU pool
     cpu_offload_gib: float | None = None
@@ -264,7 +266,7 @@ def build_engine(settings: EngineSettings | None = None, /, **kwargs) -> EngineS
     # the default clock: real vLLM's table where one fits, unless the roofline is asked for (by
     # name or by its own parameters)
     default_clock = s.roofline and (s.step_overhead_s, s.bandwidth_efficiency, s.flops_efficiency) == \
-        (DEFAULT_STEP_OVERHEAD_S, 1.0, 1.0)
+        (DEFAULT_STEP_OVERHEAD_S, 1.0, None)
     if s.cost_table == ROOFLINE:
         s = replace(s, cost_table=None)
     model, gpu = _specs(s)
@@ -478,10 +480,12 @@ def _step_cost(s: EngineSettings, model: ModelSpec | None, gpu: GpuSpec | None,
         if carry_from is not None:
             cost = carried(cost, model, carry_from, gpu, s.tensor_parallel_size, s.kv_cache_dtype)
     else:
+        flops, source = (s.flops_efficiency, "") if s.flops_efficiency is not None else \
+            measured_flops_efficiency(model, gpu)
         cost = RooflineCost(model, gpu, tp=s.tensor_parallel_size, kv_dtype=s.kv_cache_dtype,
                             step_overhead_s=s.step_overhead_s,
                             bandwidth_efficiency=s.bandwidth_efficiency,
-                            flops_efficiency=s.flops_efficiency)
+                            flops_efficiency=flops, flops_source=source)
     if s.step_time_scale != 1.0:
         cost = ScaledCost(cost, s.step_time_scale)
     return cost

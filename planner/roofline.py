@@ -38,6 +38,40 @@ from kvsim.planner.specs import GpuSpec, ModelSpec, dtype_bytes
 # spends on the order of milliseconds per step. Calibrate with a measured table where it matters.
 DEFAULT_STEP_OVERHEAD_S = 0.002
 
+# The share of the datasheet's FLOP/s that real vLLM 0.23.0's prefill steps reach, by the weights'
+# compute path (``weight_class``): fitted to the mixed (prefill) rows of every shipped table of
+# real vLLM's grid steps, tables/vllm/ENGINE_H100.csv and ENGINE_H200.csv, with the rest of the
+# roofline as it is (bench/roofline_efficiency.py prints the fit; tests check these against it).
+# Measured on the H100 and H200 (one compute die); on any other GPU the same share is assumed.
+MEASURED_FLOPS_EFFICIENCY = {"bf16": 0.74, "fp8": 0.59, "bf16-moe": 0.58, "mxfp4-moe": 0.80}
+MEASURED_FLOPS_GPUS = ("H100-80GB-SXM", "H200")
+# what each class was measured on (real vLLM 0.23.0, dummy weights)
+MEASURED_FLOPS_ENGINES = {"bf16": "Llama-3.1-8B, Qwen3-32B", "fp8": "Llama-3.1-8B fp8, Llama-3.1-70B fp8",
+                          "bf16-moe": "Qwen3-30B-A3B", "mxfp4-moe": "gpt-oss-20b, gpt-oss-120b"}
+
+
+def weight_class(model: ModelSpec) -> str:
+    """The compute path of a model's GEMMs, as MEASURED_FLOPS_EFFICIENCY keys it: ``mxfp4-moe``
+    (MXFP4 experts), ``fp8`` (fp8 weights, dense or MoE), ``bf16-moe`` (16-bit routed experts),
+    else ``bf16`` (16-bit dense; integer-quantized weights, dequantized to 16-bit GEMMs, too)."""
+    weights = model.weights
+    method = weights.format.method if weights is not None else "dtype"
+    moe = weights is not None and weights.breakdown.num_experts > 0
+    if method == "mxfp4":
+        return "mxfp4-moe"
+    if method == "fp8" or dtype_bytes(model.dtype) == 1:
+        return "fp8"
+    return "bf16-moe" if moe else "bf16"
+
+
+def measured_flops_efficiency(model: ModelSpec, gpu: GpuSpec) -> tuple[float, str]:
+    """(the measured share of the datasheet FLOP/s for the model's weights, what it says of
+    itself): MEASURED_FLOPS_EFFICIENCY; on a GPU other than the ones measured, extrapolated."""
+    cls = weight_class(model)
+    where = "measured" if gpu.name in MEASURED_FLOPS_GPUS else "extrapolated from the H100 and H200"
+    return MEASURED_FLOPS_EFFICIENCY[cls], (f"real vLLM 0.23.0's {cls} prefill steps ({MEASURED_FLOPS_ENGINES[cls]}; "
+                                            f"{where})")
+
 
 class RooflineCost:
     """Step duration from a roofline of (model, GPU, tp); see the module docstring.
@@ -48,11 +82,13 @@ class RooflineCost:
         kv_dtype: KV-cache dtype ("auto" = model dtype; "fp8" halves KV traffic).
         step_overhead_s: fixed time added to every step.
         bandwidth_efficiency, flops_efficiency: achievable fractions of the datasheet peaks, (0, 1].
+        flops_source: where flops_efficiency comes from (``measured_flops_efficiency``'s text),
+            for the clock line; "" for a given one.
     """
 
     def __init__(self, model: ModelSpec, gpu: GpuSpec, *, tp: int = 1, kv_dtype: str = "auto",
                  step_overhead_s: float = DEFAULT_STEP_OVERHEAD_S, bandwidth_efficiency: float = 1.0,
-                 flops_efficiency: float = 1.0):
+                 flops_efficiency: float = 1.0, flops_source: str = ""):
         if step_overhead_s < 0:
             raise InputError(f"step_overhead_s must be >= 0, got {step_overhead_s}")
         for name, value in (("bandwidth_efficiency", bandwidth_efficiency),
@@ -76,6 +112,7 @@ class RooflineCost:
         compute_dtype = "fp8" if fmt is not None and fmt.method == "fp8" else model.dtype
         self.peak_flops_per_s = gpu.peak_flops_per_s(compute_dtype) * flops_efficiency
         self.flops_efficiency = flops_efficiency
+        self.flops_source = flops_source
         self._last_lines = (None, None)
         # tensor parallelism: two all-reduces a layer of each token's activations
         self.allreduce = allreduce_link(gpu.name) if tp > 1 else None
@@ -88,6 +125,7 @@ class RooflineCost:
                 f"{self.bandwidth_bytes_per_s / 1e12:.2f} TB/s and {self.peak_flops_per_s / 1e12:.0f} TFLOP/s "
                 f"({self.bandwidth_bytes_per_s / self.gpu.memory_bandwidth_bytes_per_s:.0%} and "
                 f"{self.flops_efficiency:.0%} of the datasheet), {self.step_overhead_s * 1e3:g} ms a step"
+                f"{'; the FLOP/s share of ' + self.flops_source if self.flops_source else ''}"
                 f"{self._describe_allreduce()}{self._describe_routing()}; not measured: --cost-table for a measured clock")
 
     def _describe_routing(self) -> str:

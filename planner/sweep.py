@@ -140,7 +140,7 @@ class PlanBase:
     force_hf_config: bool = False       # size an hf_config of a model_type kvsim does not know
     step_overhead_s: float = DEFAULT_STEP_OVERHEAD_S
     bandwidth_efficiency: float = 1.0   # roofline: achievable fractions of the datasheet peaks
-    flops_efficiency: float = 1.0
+    flops_efficiency: float | None = None   # None: real vLLM's measured share for the weights
     engine: Mapping = field(default_factory=dict)  # further EngineConfig fields (max_num_seqs, ...)
     # offload tiers (planner.engine_setup; 0 / None: none)
     cpu_offload_gib: float | None = None

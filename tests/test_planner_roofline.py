@@ -139,3 +139,51 @@ def test_moe_closed_form_run_equals_summed_steps(num_seqs, context, steps):
     b = decode(num_seqs, context)
     summed = math.fsum(cost.step_time_s(grown(b, i)) for i in range(steps))
     assert cost.run_time_s(b, steps) == pytest.approx(summed, rel=1e-9, abs=1e-12)
+
+
+def test_shipped_flops_shares_are_the_fit_to_real_vllm_tables():
+    # planner.roofline's shares are what bench/roofline_efficiency.py fits to the shipped tables of
+    # real vLLM's grid steps: a table refitted or a share edited by hand fails here
+    from bench.roofline_efficiency import fitted_shares, load_all
+    from kvsim.planner.roofline import MEASURED_FLOPS_EFFICIENCY
+
+    assert fitted_shares(load_all()) == MEASURED_FLOPS_EFFICIENCY
+
+
+def test_the_share_fit_recovers_a_known_share():
+    import numpy as np
+
+    from bench.roofline_efficiency import fit_share, priced
+
+    rng = np.random.default_rng(0)
+    mem, comp = rng.uniform(1e-3, 5e-3, 40), rng.uniform(1e-3, 0.1, 40)
+    rows = np.stack([mem, comp, np.full(40, 0.002), np.zeros(40)], axis=1)
+    rows[:, 3] = priced(rows, 0.63)
+    assert fit_share([rows]) == 0.63
+    other = rows.copy()
+    other[:, 3] = priced(rows, 0.81)
+    assert 0.63 <= fit_share([rows, other]) <= 0.81
+
+
+@pytest.mark.parametrize("kwargs,share,cls", [
+    (dict(model="Llama-3.1-8B"), 0.74, "bf16"),
+    (dict(model="Llama-3.1-8B", weight_dtype="fp8"), 0.59, "fp8"),
+    (dict(model="DeepSeek-V2-Lite"), 0.58, "bf16-moe"),
+    (dict(model="gpt-oss-20b"), 0.80, "mxfp4-moe"),
+])
+def test_the_default_roofline_takes_real_vllms_share_for_the_weights(kwargs, share, cls):
+    from kvsim.planner.engine_setup import build_engine
+    from kvsim.planner.roofline import weight_class
+
+    for gpu, where in (("h200", "measured"), ("a100-80", "extrapolated")):
+        cost = build_engine(gpu=gpu, num_gpu_blocks=100, cost_table="roofline", **kwargs).cost
+        assert cost.flops_efficiency == share and weight_class(cost.model) == cls
+        assert f"{share:.0%} of the datasheet" in cost.describe() and where in cost.describe()
+    # a share given is the share used, and says nothing of a measurement
+    given = build_engine(gpu="h200", num_gpu_blocks=100, flops_efficiency=1.0, **kwargs).cost
+    assert given.flops_efficiency == 1.0 and "prefill steps" not in given.describe()
+    # a prefill priced at the measured share takes 1 / share as long where it is compute-bound
+    step = StepBatch(num_seqs=1, num_prefill_tokens=8192, num_scheduled_tokens=8192, kv_read_tokens=8192,
+                     attn_token_pairs=8192 * 8193 // 2)
+    measured = build_engine(gpu="h200", num_gpu_blocks=100, cost_table="roofline", **kwargs).cost
+    assert (measured.step_time_s(step) - 0.002) == pytest.approx((given.step_time_s(step) - 0.002) / share, rel=1e-9)
