@@ -28,7 +28,7 @@ from kvsim.planner.capacity import DEFAULT_GPU_MEMORY_UTILIZATION, KV_DTYPES
 from kvsim.planner.engine_setup import DEFAULT_GPU, DEFAULT_MODEL
 from kvsim.planner.presets import (GPU_PRESETS, MODEL_PRESETS, custom_gpu, hf_config_source,  # noqa: F401
                                    load_hf_config)
-from kvsim.planner.roofline import DEFAULT_STEP_OVERHEAD_S
+from kvsim.planner.roofline import DEFAULT_STEP_OVERHEAD_S, MEASURED_FLOPS_EFFICIENCY
 from kvsim.planner.specs import GIB
 from kvsim.planner.weights import WEIGHT_DTYPES
 from kvsim.simulator.config import ALLOCATORS, PLACEMENTS, ROUTERS, SCHEDULERS
@@ -221,7 +221,7 @@ def add_step_time_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--flops-efficiency", type=fraction, default=None, metavar="FRACTION",
                    help="roofline: the share of the datasheet FLOP/s a step reaches ((0, 1]; default: "
                         "the share real vLLM's prefill steps reached for the model's weights on the H100 "
-                        "and H200: bf16 0.74, fp8 0.59, 16-bit MoE 0.58, MXFP4 MoE 0.80)")
+                        "and H200: " + ", ".join(f"{k} {v:g}" for k, v in MEASURED_FLOPS_EFFICIENCY.items()) + ")")
     g.add_argument("--step-overhead-ms", type=nonneg_float, default=DEFAULT_STEP_OVERHEAD_S * 1e3, metavar="MS",
                    help="roofline: fixed time added to every step (default %(default)g)")
 
