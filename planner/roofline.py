@@ -43,7 +43,7 @@ DEFAULT_STEP_OVERHEAD_S = 0.002
 # real vLLM's grid steps, tables/vllm/ENGINE_H100.csv and ENGINE_H200.csv, with the rest of the
 # roofline as it is (bench/roofline_efficiency.py prints the fit; tests check these against it).
 # Measured on the H100 and H200 (one compute die); on any other GPU the same share is assumed.
-MEASURED_FLOPS_EFFICIENCY = {"bf16": 0.74, "fp8": 0.59, "bf16-moe": 0.58, "mxfp4-moe": 0.80}
+MEASURED_FLOPS_EFFICIENCY = {"bf16": 0.74, "fp8": 0.59, "bf16-moe": 0.58, "mxfp4-moe": 0.79}
 MEASURED_FLOPS_GPUS = ("H100-80GB-SXM", "H200")
 # what each class was measured on (real vLLM 0.23.0, dummy weights)
 MEASURED_FLOPS_ENGINES = {"bf16": "Llama-3.1-8B, Qwen3-32B", "fp8": "Llama-3.1-8B fp8, Llama-3.1-70B fp8",

@@ -169,7 +169,7 @@ def test_the_share_fit_recovers_a_known_share():
     (dict(model="Llama-3.1-8B"), 0.74, "bf16"),
     (dict(model="Llama-3.1-8B", weight_dtype="fp8"), 0.59, "fp8"),
     (dict(model="DeepSeek-V2-Lite"), 0.58, "bf16-moe"),
-    (dict(model="gpt-oss-20b"), 0.80, "mxfp4-moe"),
+    (dict(model="gpt-oss-20b"), 0.79, "mxfp4-moe"),
 ])
 def test_the_default_roofline_takes_real_vllms_share_for_the_weights(kwargs, share, cls):
     from kvsim.planner.engine_setup import build_engine

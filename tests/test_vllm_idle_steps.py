@@ -14,11 +14,15 @@ RUNS = ROOT / "bench" / "results" / "vllm_h100"
 def test_idle_start_prefills_cost_more_than_the_table_says():
     # Llama-3.1-8B fp8 on the H100, the Azure excerpt (held out), priced as the engine prices it
     # (an idle start with the table's c_idle, fitted on the idle plan's lone prompts): idle starts
-    # are still a few ms slower (before c_idle: +8.5 ms), prompts in flight within 2 ms
+    # are still a few ms slower (before c_idle: +8.5 ms). Prompts in flight: within 2 ms of their
+    # logged step_s before the hot run (2026-12-07), 2-6 ms over it since: the table's f now carries
+    # what a lone prompt 2 ms after the last request costs (its CPU work not hidden), and the
+    # excerpt's TTFT bears it out (-19.8 -> -6.8 %), though an async step's logged time is not its
+    # forward alone (docs/ACCURACY.md, "The hot plan on the H100, three engines more")
     res = idle_residuals(RUNS / "llama8b-fp8" / "azure-conv", ROOT / "tables" / "vllm" / "llama8b-fp8-fine_H100.csv",
                          gap_s=0.0005)
     assert len(res[True]) >= 10 and len(res[False]) >= 50
-    assert 0.005 > np.median(res[True]) > 0 and abs(np.median(res[False])) < 0.002
+    assert 0.005 > np.median(res[True]) > 0 and -0.006 < np.median(res[False]) < -0.002
     # the first step of a run always starts an idle engine; a larger gap rule finds fewer
     fewer = idle_residuals(RUNS / "llama8b-fp8" / "azure-conv", ROOT / "tables" / "vllm" / "llama8b-fp8-fine_H100.csv",
                            gap_s=10.0)
