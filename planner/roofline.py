@@ -15,8 +15,10 @@ and a GpuSpec, per tensor-parallel rank (all ranks work in parallel on equal sha
 Weights are the bytes as served (a checkpoint's fp8 / MXFP4 / int4 quantization; fp8 weights use
 the GPU's fp8 peak). With per-layer shapes, KV bytes per token count the attention layers only (a
 sliding window's context read as if kept: an upper bound); Mamba state reads are not modelled.
-The all-reduces are not overlapped with compute. Not modelled: activation traffic, kernel efficiency below the peaks
-(use ``bandwidth_efficiency`` / ``flops_efficiency``, or a measured ``TableCost``).
+The all-reduces are not overlapped with compute. ``bandwidth_efficiency`` / ``flops_efficiency``
+scale the datasheet's peaks (1 here); ``build_engine`` passes, unless told otherwise, the FLOP/s
+share real vLLM's prefill steps reached for the model's weights (``measured_flops_efficiency``).
+Not modelled: activation traffic, kernel efficiency by shape (a measured ``TableCost`` has it).
 
 ``weights_read_bytes(n)`` is every weight as served, but of an MoE model's routed experts only the
 share that a step of n tokens is expected to touch, each token routed to k of E experts uniformly
