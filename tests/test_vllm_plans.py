@@ -71,3 +71,16 @@ def test_the_hot_plan_is_c1_loops_of_two_tokens_at_lengths_the_held_out_loops_do
     assert held_out == {256, 1024} and not held_out & set(plans.HOT_PROMPTS)
     built = harness.build_requests(plan[0], vocab_size=32000)
     assert len(built) == plans.HOT_REPEATS and all(len(r["ids"]) == plans.HOT_PROMPTS[0] for r in built)
+
+
+def test_the_burst_plan_sends_c_prompts_together_in_waves_at_sizes_the_held_out_loops_do_not_use():
+    plan = plans.build_plan("burst", None, 40.0, 10240, False)
+    assert [w["name"] for w in plan] == [f"burst-{isl}-x{c}" for isl, c in plans.BURST_POINTS]
+    assert all(w["kind"] == "closed" and w["osl"] == 2 and w["n"] == plans.BURST_WAVES * w["concurrency"]
+               and w["concurrency"] > 1 and w["isl_range"] == 0.0 for w in plan)
+    held_out = {(w["isl"], w["concurrency"]) for w in plans.closed_points("small") + plans.closed_points("large")}
+    assert not held_out & set(plans.BURST_POINTS)
+    assert not {isl for isl, _ in held_out} & {isl for isl, _ in plans.BURST_POINTS}
+    built = harness.build_requests(plan[1], vocab_size=32000)
+    assert len(built) == plans.BURST_WAVES * 8 and all(len(r["ids"]) == 128 for r in built)
+    assert all(r["arrival_s"] == 0.0 for r in built)     # a closed loop: sent as the client frees a slot

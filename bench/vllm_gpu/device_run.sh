@@ -71,8 +71,9 @@ engine() {  # name -> "model_dir plan flags..."
     gpt-oss-120b-warm)    echo "gpt-oss-120b twice --warmup-lengths" ;;
     # BASE-idle: lone prompts at an idle engine and C = 1 closed loops (plans.py --size idle >
     # idle.json); BASE-hot: lone prompts right after the last request finished (plans.py --size
-    # hot > hot.json); gpt-oss's with --again, in their own PLANS folder. BASE's model and flags
-    *-idle|*-hot)
+    # hot > hot.json); BASE-burst: C prompts sent at once, four waves (plans.py --size burst >
+    # burst.json); gpt-oss's with --again, in their own PLANS folder. BASE's model and flags
+    *-idle|*-hot|*-burst)
       local plan=${1##*-} spec
       spec=$(engine "${1%-*}") || return 1
       set -- $spec

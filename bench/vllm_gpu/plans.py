@@ -19,6 +19,13 @@ Three kinds of workload per engine (harness.py's docstring defines them):
   so its tables cannot tell a short prefill's price from the idle start's (Qwen3-30B-A3B on the
   H200: f(256) = 0.85 ms beside c_idle = 21 ms, where a C = 1 loop's 256-token step takes 20 ms).
 
+* ``burst``: C prompts sent at once, BURST_WAVES times (``--size burst``: closed loops
+  ``burst-ISL-xC`` of 2 output tokens, n = BURST_WAVES x C, so each wave's prompts finish and are
+  sent again together): what a step of several prompts costs. The held-out closed loops' opening
+  bursts cost Qwen3-30B-A3B about twice their table price (H200, 6 x 256 then 10 x 256 tokens:
+  136-178 ms real, 66 ms priced), and the grid has no such steps to fit (its prefills are lone
+  prompts or chunks of ~8k tokens).
+
 ``--size`` scales the plan to the model (a 70B model's prefill costs 9x an 8B's): ``small``
 (<= 30B total or <= 5B active parameters), ``large`` (the rest); ``fine`` is a denser grid (every
 CUDA-graph size, more prefills, prompts beside decodes) for a grid-only run (``--only grid``). The excerpts are the first
@@ -59,6 +66,9 @@ IDLE_GAPS_S = (0.15, 0.4)
 # prefill step and one decode step a request); none of the held-out loops' 256 and 1,024
 HOT_PROMPTS = (64, 128, 512, 2048, 4096)
 HOT_REPEATS = 8
+# the burst plan: (prompt length, prompts a wave) at lengths and sizes the held-out loops do not use
+BURST_POINTS = ((128, 2), (128, 8), (512, 2), (512, 4), (512, 12), (2048, 3))
+BURST_WAVES = 4
 # (isl, osl, concurrencies): the first pair is the full sweep
 SWEEPS = {
     "small": [(1024, 128, (1, 4, 16, 64, 128)), (4096, 128, (1, 16, 64)), (256, 512, (1, 16, 128))],
@@ -100,6 +110,14 @@ def hot_points() -> list[dict]:
             for isl in HOT_PROMPTS]
 
 
+def burst_points() -> list[dict]:
+    """The burst plan: per (length, prompts a wave), a closed loop of 2-token outputs whose C
+    prompts go out together BURST_WAVES times (a wave's requests finish in the same step)."""
+    return [{"name": f"burst-{isl}-x{c}", "kind": "closed", "isl": isl, "osl": 2, "n": BURST_WAVES * c,
+             "concurrency": c, "isl_range": 0.0, "osl_range": 0.0, "seed": 13}
+            for isl, c in BURST_POINTS]
+
+
 def azure_excerpt(path: Path, seconds: float, max_model_len: int) -> list[list]:
     rows, first = [], None
     with open(path, newline="") as f:
@@ -134,6 +152,8 @@ def build_plan(size: str, traces: Path | None, trace_s: float, max_model_len: in
         return idle_points(idle_gaps_s)
     if size == "hot":
         return hot_points()
+    if size == "burst":
+        return burst_points()
     grid = GRID[size]
     plan = [{"name": "grid", "kind": "grid", "decode": [list(d) for d in grid["decode"]],
              "prefill": grid["prefill"], "mixed": [list(m) for m in grid.get("mixed", [])], "seed": 1}]
@@ -159,7 +179,7 @@ def served_again(plan: list[dict]) -> list[dict]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--size", choices=sorted(GRID) + ["idle", "hot"], required=True)
+    p.add_argument("--size", choices=sorted(GRID) + ["idle", "hot", "burst"], required=True)
     p.add_argument("--traces", type=Path)
     p.add_argument("--trace-s", type=float, default=40.0)
     p.add_argument("--max-model-len", type=int, default=10240)
