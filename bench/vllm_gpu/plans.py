@@ -21,10 +21,10 @@ Three kinds of workload per engine (harness.py's docstring defines them):
 
 * ``burst``: C prompts sent at once, BURST_WAVES times (``--size burst``: closed loops
   ``burst-ISL-xC`` of 2 output tokens, n = BURST_WAVES x C, so each wave's prompts finish and are
-  sent again together): what a step of several prompts costs. The held-out closed loops' opening
-  bursts cost Qwen3-30B-A3B about twice their table price (H200, 6 x 256 then 10 x 256 tokens:
-  136-178 ms real, 66 ms priced), and the grid has no such steps to fit (its prefills are lone
-  prompts or chunks of ~8k tokens).
+  sent again together): what a step of several prompts costs. The held-out closed loops' bursts
+  cost Qwen3-30B-A3B up to 2.7x their table price (H200, a wave of 6 x 256 then 10 x 256 tokens
+  after a decode step: 178 ms real, 66 ms priced), and the grid has no such steps to fit (its
+  prefills are lone prompts or chunks of ~8k tokens).
 
 ``--size`` scales the plan to the model (a 70B model's prefill costs 9x an 8B's): ``small``
 (<= 30B total or <= 5B active parameters), ``large`` (the rest); ``fine`` is a denser grid (every
