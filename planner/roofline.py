@@ -103,7 +103,6 @@ class RooflineCost:
         # MoE: the routed experts are read in the share a step's tokens touch
         weights = model.weights
         self._moe_weights = weights if weights is not None and weights.breakdown.num_experts else None
-        self._routing = weights.breakdown if self._moe_weights is not None else None
         self._last_weights = (None, float(self.weight_bytes))
         self.kv_bytes_per_token = kv_bytes_per_token(model, kv_dtype, tp)
         self.flops_per_token = 2.0 * model.active_params / tp
@@ -131,10 +130,11 @@ class RooflineCost:
                 f"{self._describe_allreduce()}{self._describe_routing()}; not measured: --cost-table for a measured clock")
 
     def _describe_routing(self) -> str:
-        if self._routing is None:
+        if self._moe_weights is None:
             return ""
-        return (f", routed experts read as a step's tokens touch them ({self._routing.num_experts_per_tok} "
-                f"of {self._routing.num_experts} each, routed uniformly)")
+        routing = self._moe_weights.breakdown
+        return (f", routed experts read as a step's tokens touch them ({routing.num_experts_per_tok} "
+                f"of {routing.num_experts} each, routed uniformly)")
 
     def _describe_allreduce(self) -> str:
         if self.tp <= 1:
@@ -158,7 +158,7 @@ class RooflineCost:
     def weights_read_bytes(self, num_tokens: int) -> float:
         """Weight bytes one rank reads in a step of ``num_tokens`` tokens (see the module
         docstring)."""
-        if self._routing is None:
+        if self._moe_weights is None:
             return float(self.weight_bytes)
         if self._last_weights[0] == num_tokens:
             return self._last_weights[1]
