@@ -19,7 +19,8 @@ table of kvsim's executor, Llama-3.1-8B bf16 only), ``vllm-grid`` (the engine's 
 real vLLM's steps of its ``grid`` workload, tables/vllm/ENGINE_GPU.csv, bench/vllm_gpu/grid_table.py)
 and ``vllm-fine`` (the same from the engine's ``fine`` grid run, ENGINE-fine_GPU.csv, where one was
 made). Each GPU's runs are priced with that GPU's preset and tables. Nothing here is fitted to these
-runs. An engine's idle-plan run (``ENGINE-idle``: C = 1 closed loops of 8 requests) is priced with
+runs. An engine's idle-plan run (``ENGINE-idle``: C = 1 closed loops of 8 requests) and burst-plan
+run (``ENGINE-burst``: closed loops ``burst-ISL-xC`` whose C prompts go out together) are priced with
 the engine's settings and tables.
 """
 from __future__ import annotations
@@ -54,19 +55,22 @@ ENGINES = {
 
 
 def base_engine(engine: str) -> str:
-    """The engine an idle-plan or twice-served run served (``llama8b-fp8-idle``, ``gpt-oss-20b-twice``:
-    llama8b-fp8's and gpt-oss-20b's settings and tables)."""
-    return engine.removesuffix("-idle").removesuffix("-twice").removesuffix("-warm")
+    """The engine an idle-plan, burst-plan or twice-served run served (``llama8b-fp8-idle``,
+    ``gpt-oss-20b-twice``: llama8b-fp8's and gpt-oss-20b's settings and tables)."""
+    return engine.removesuffix("-idle").removesuffix("-twice").removesuffix("-warm").removesuffix("-burst")
 
 
 AGAIN = "-again"
+# the closed-loop points' names: plans.py's cl-ISL-OSL-cC (and the idle plan's -nN), and the burst
+# plan's burst-ISL-xC (C prompts sent together, OSL 2)
+CLOSED_LOOPS = ("cl-", "burst-")
 
 
 def point_key(name: str) -> tuple:
     """Closed-loop points in order of ISL, OSL, C (and n), each workload's second serving
     (plans.py --again: NAME-again) after every first one."""
     again = name.endswith(AGAIN)
-    return again, [int(x.lstrip("cn")) for x in name.removesuffix(AGAIN).split("-")[1:]]
+    return again, [int(x.lstrip("cnx")) for x in name.removesuffix(AGAIN).split("-")[1:]]
 
 
 def serving(point: str) -> str:
@@ -187,13 +191,13 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     clocks = [c for c in a.clocks.split(",") if c]
     results = GPUS[a.gpu][0]
-    a.engines = a.engines or [e for b in ENGINES for e in (b, f"{b}-idle", f"{b}-twice", f"{b}-warm")
+    a.engines = a.engines or [e for b in ENGINES for e in (b, f"{b}-idle", f"{b}-twice", f"{b}-warm", f"{b}-burst")
                               if (results / e / "meta.json").exists()]
     rows = []
     for engine in a.engines:
         folder = results / engine
         meta = json.loads((folder / "meta.json").read_text())
-        points = sorted(folder.glob("cl-*"), key=lambda p: point_key(p.name))
+        points = sorted((*folder.glob("cl-*"), *folder.glob("burst-*")), key=lambda p: point_key(p.name))
         if a.traces:
             points += [folder / t for t in ("azure-conv", "azure-conv" + AGAIN) if (folder / t).is_dir()]
         for point in points:
@@ -224,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     print("\nper engine and clock, over its closed-loop points: median |error| of median TPOT, mean |error| of "
           f"mean TTFT and of mean E2E (kvsim against real vLLM 0.23.0, {a.gpu})")
     for engine, again in ((e, s) for e in a.engines for s in ("", "again")):
-        mine = [r for r in rows if r["engine"] == engine and r["point"].startswith("cl-")
+        mine = [r for r in rows if r["engine"] == engine and r["point"].startswith(CLOSED_LOOPS)
                 and serving(r["point"]) == again]
         label = f"{engine} {again}".strip()
         for clock in clocks:

@@ -61,3 +61,24 @@ def test_a_workload_served_twice_is_reported_per_serving(tmp_path, capsys):
     summary = [line for line in capsys.readouterr().out.splitlines() if line.endswith(" points")]
     assert [line.split()[:2] for line in summary] == [["gpt-oss-20b-twice", "default"],
                                                        ["gpt-oss-20b-twice", "again"]]
+
+
+def test_a_burst_plan_run_is_priced_on_its_engine(tmp_path, capsys):
+    # ENGINE-burst (plans.py --size burst): closed loops burst-ISL-xC whose C prompts go out
+    # together, replayed on the engine's settings and tables, in order of ISL then C, and summed up
+    from bench.vllm_compare import base_engine, point_key
+
+    assert base_engine("qwen3-30b-a3b-burst") == "qwen3-30b-a3b"
+    assert sorted(["burst-512-x12", "burst-2048-x3", "burst-512-x2", "burst-128-x8"], key=point_key) == \
+        ["burst-128-x8", "burst-512-x2", "burst-512-x12", "burst-2048-x3"]
+    out = tmp_path / "points.csv"
+    assert main(["--gpu", "H100", "--engines", "llama8b-bf16-burst", "--clocks", "default", "--csv", str(out)]) == 0
+    rows = list(csv.DictReader(out.open()))
+    assert [r["point"] for r in rows] == ["burst-128-x2", "burst-128-x8", "burst-512-x2", "burst-512-x4",
+                                          "burst-512-x12", "burst-2048-x3"]
+    assert all(math.isfinite(float(row["default_mean_ttft_ms_err"])) for row in rows)
+    # a wave's prompts share its steps: at one length, the mean TTFT grows with the burst
+    ttft = {r["point"]: float(r["default_mean_ttft_ms"]) for r in rows}
+    assert ttft["burst-512-x2"] < ttft["burst-512-x4"] < ttft["burst-512-x12"]
+    summary = [line for line in capsys.readouterr().out.splitlines() if line.endswith(" points")]
+    assert summary and summary[0].split()[:2] == ["llama8b-bf16-burst", "default"] and "6 points" in summary[0]
