@@ -18,11 +18,12 @@ def test_idle_start_prefills_cost_more_than_the_table_says():
     # logged step_s before the hot run (2026-12-07), 2-6 ms over it since: the table's f now carries
     # what a lone prompt 2 ms after the last request costs (its CPU work not hidden), and the
     # excerpt's TTFT bears it out (-19.8 -> -6.8 %), though an async step's logged time is not its
-    # forward alone (docs/ACCURACY.md, "The hot plan on the H100, three engines more")
+    # forward alone (docs/ACCURACY.md, "The hot plan on the H100, three engines more"); 5-9 ms over
+    # it since the fit weighs rows it prices 20 % off or more less (the excerpt's TTFT -6.8 -> +2.1 %)
     res = idle_residuals(RUNS / "llama8b-fp8" / "azure-conv", ROOT / "tables" / "vllm" / "llama8b-fp8-fine_H100.csv",
                          gap_s=0.0005)
     assert len(res[True]) >= 10 and len(res[False]) >= 50
-    assert 0.005 > np.median(res[True]) > 0 and -0.006 < np.median(res[False]) < -0.002
+    assert 0.005 > np.median(res[True]) > 0 and -0.009 < np.median(res[False]) < -0.005
     # the first step of a run always starts an idle engine; a larger gap rule finds fewer
     fewer = idle_residuals(RUNS / "llama8b-fp8" / "azure-conv", ROOT / "tables" / "vllm" / "llama8b-fp8-fine_H100.csv",
                            gap_s=10.0)
