@@ -84,3 +84,16 @@ def test_the_burst_plan_sends_c_prompts_together_in_waves_at_sizes_the_held_out_
     built = harness.build_requests(plan[1], vocab_size=32000)
     assert len(built) == plans.BURST_WAVES * 8 and all(len(r["ids"]) == 128 for r in built)
     assert all(r["arrival_s"] == 0.0 for r in built)     # a closed loop: sent as the client frees a slot
+
+
+def test_the_wave_plan_sends_one_wave_shape_after_decode_phases_of_several_lengths():
+    plan = plans.build_plan("wave", None, 40.0, 10240, False)
+    assert plan[0]["name"] == "wave-warmup" and plan[0]["seed"] != plan[1]["seed"]
+    points = plan[1:]
+    assert [w["osl"] for w in points] == list(plans.WAVE_OSLS) and len(set(plans.WAVE_OSLS)) > 2
+    assert all(w["kind"] == "closed" and w["isl"] == plans.WAVE_ISL and w["concurrency"] == plans.WAVE_C
+               and w["n"] == plans.WAVE_COUNT * plans.WAVE_C for w in plan)
+    held_out = {w["isl"] for w in plans.closed_points("small") + plans.closed_points("large")}
+    assert plans.WAVE_ISL not in held_out
+    built = harness.build_requests(points[-1], vocab_size=32000)
+    assert len(built) == plans.WAVE_COUNT * plans.WAVE_C and all(r["output_tokens"] == plans.WAVE_OSLS[-1] for r in built)

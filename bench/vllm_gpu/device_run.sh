@@ -72,8 +72,9 @@ engine() {  # name -> "model_dir plan flags..."
     # BASE-idle: lone prompts at an idle engine and C = 1 closed loops (plans.py --size idle >
     # idle.json); BASE-hot: lone prompts right after the last request finished (plans.py --size
     # hot > hot.json); BASE-burst: C prompts sent at once, four waves (plans.py --size burst >
-    # burst.json); gpt-oss's with --again, in their own PLANS folder. BASE's model and flags
-    *-idle|*-hot|*-burst)
+    # burst.json); BASE-wave: the same waves after decode phases of several lengths (plans.py
+    # --size wave > wave.json); gpt-oss's with --again, in their own PLANS folder. BASE's model and flags
+    *-idle|*-hot|*-burst|*-wave)
       local plan=${1##*-} spec
       spec=$(engine "${1%-*}") || return 1
       set -- $spec

@@ -26,6 +26,12 @@ Three kinds of workload per engine (harness.py's docstring defines them):
   after a decode step: 178 ms real, 66 ms priced), and the grid has no such steps to fit (its
   prefills are lone prompts or chunks of ~8k tokens).
 
+* ``wave``: the same waves of prompts after decode phases of different lengths (``--size wave``:
+  closed loops ``wave-ISL-xC-oOSL``, WAVE_ISL x WAVE_C at WAVE_OSLS output tokens, WAVE_COUNT waves
+  each): whether a wave costs more after a long decode phase. Qwen3-30B-A3B's held-out loops do
+  (H100, cl-1024-128-c4: a wave of 4 x 1,024 tokens 196 ms after 128-token outputs), its burst
+  plan's waves after 2-token outputs do not (4 x 512: 94 ms, two steps at their table price).
+
 ``--size`` scales the plan to the model (a 70B model's prefill costs 9x an 8B's): ``small``
 (<= 30B total or <= 5B active parameters), ``large`` (the rest); ``fine`` is a denser grid (every
 CUDA-graph size, more prefills, prompts beside decodes) for a grid-only run (``--only grid``). The excerpts are the first
@@ -69,6 +75,9 @@ HOT_REPEATS = 8
 # the burst plan: (prompt length, prompts a wave) at lengths and sizes the held-out loops do not use
 BURST_POINTS = ((128, 2), (128, 8), (512, 2), (512, 4), (512, 12), (2048, 3))
 BURST_WAVES = 4
+# the wave plan: one wave shape (a length the held-out loops do not use) after decode phases of
+# these many output tokens
+WAVE_ISL, WAVE_C, WAVE_OSLS, WAVE_COUNT = 768, 4, (2, 16, 64, 256), 4
 # (isl, osl, concurrencies): the first pair is the full sweep
 SWEEPS = {
     "small": [(1024, 128, (1, 4, 16, 64, 128)), (4096, 128, (1, 16, 64)), (256, 512, (1, 16, 128))],
@@ -118,6 +127,18 @@ def burst_points() -> list[dict]:
             for isl, c in BURST_POINTS]
 
 
+def wave_points() -> list[dict]:
+    """The wave plan: closed loops of WAVE_C prompts of WAVE_ISL tokens sent together WAVE_COUNT
+    times, at each output length of WAVE_OSLS (the decode phase before the next wave), after a
+    warm-up."""
+    points = [{"name": f"wave-{WAVE_ISL}-x{WAVE_C}-o{osl}", "kind": "closed", "isl": WAVE_ISL, "osl": osl,
+               "n": WAVE_COUNT * WAVE_C, "concurrency": WAVE_C, "isl_range": 0.0, "osl_range": 0.0, "seed": 14}
+              for osl in WAVE_OSLS]
+    # first, the first point once more: a fresh engine's first steps pay first-use costs
+    # (Qwen3-30B-A3B's first two 128-token steps 128 and 277 ms, later ones 27 ms)
+    return [dict(points[0], name="wave-warmup", seed=15), *points]
+
+
 def azure_excerpt(path: Path, seconds: float, max_model_len: int) -> list[list]:
     rows, first = [], None
     with open(path, newline="") as f:
@@ -154,6 +175,8 @@ def build_plan(size: str, traces: Path | None, trace_s: float, max_model_len: in
         return hot_points()
     if size == "burst":
         return burst_points()
+    if size == "wave":
+        return wave_points()
     grid = GRID[size]
     plan = [{"name": "grid", "kind": "grid", "decode": [list(d) for d in grid["decode"]],
              "prefill": grid["prefill"], "mixed": [list(m) for m in grid.get("mixed", [])], "seed": 1}]
@@ -179,7 +202,7 @@ def served_again(plan: list[dict]) -> list[dict]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--size", choices=sorted(GRID) + ["idle", "hot", "burst"], required=True)
+    p.add_argument("--size", choices=sorted(GRID) + ["idle", "hot", "burst", "wave"], required=True)
     p.add_argument("--traces", type=Path)
     p.add_argument("--trace-s", type=float, default=40.0)
     p.add_argument("--max-model-len", type=int, default=10240)
