@@ -20,8 +20,9 @@ real vLLM's steps of its ``grid`` workload, tables/vllm/ENGINE_GPU.csv, bench/vl
 and ``vllm-fine`` (the same from the engine's ``fine`` grid run, ENGINE-fine_GPU.csv, where one was
 made). Each GPU's runs are priced with that GPU's preset and tables. Nothing here is fitted to these
 runs. An engine's idle-plan run (``ENGINE-idle``: C = 1 closed loops of 8 requests) and burst-plan
-run (``ENGINE-burst``: closed loops ``burst-ISL-xC`` whose C prompts go out together) are priced with
-the engine's settings and tables.
+run (``ENGINE-burst``: closed loops ``burst-ISL-xC`` whose C prompts go out together) and wave-plan
+run (``ENGINE-wave``: ``wave-ISL-xC-oOSL``, the same waves after decode phases of OSL tokens) are
+priced with the engine's settings and tables.
 """
 from __future__ import annotations
 
@@ -57,20 +58,24 @@ ENGINES = {
 def base_engine(engine: str) -> str:
     """The engine an idle-plan, burst-plan or twice-served run served (``llama8b-fp8-idle``,
     ``gpt-oss-20b-twice``: llama8b-fp8's and gpt-oss-20b's settings and tables)."""
-    return engine.removesuffix("-idle").removesuffix("-twice").removesuffix("-warm").removesuffix("-burst")
+    return engine.removesuffix("-idle").removesuffix("-twice").removesuffix("-warm").removesuffix("-burst") \
+        .removesuffix("-wave")
 
 
 AGAIN = "-again"
 # the closed-loop points' names: plans.py's cl-ISL-OSL-cC (and the idle plan's -nN), and the burst
 # plan's burst-ISL-xC (C prompts sent together, OSL 2)
-CLOSED_LOOPS = ("cl-", "burst-")
+# plan's burst-ISL-xC (C prompts sent together, OSL 2), the wave plan's wave-ISL-xC-oOSL (its
+# warm-up, a fresh engine's first steps, is not compared)
+CLOSED_LOOPS = ("cl-", "burst-", "wave-")
+WARMUP = "wave-warmup"
 
 
 def point_key(name: str) -> tuple:
     """Closed-loop points in order of ISL, OSL, C (and n), each workload's second serving
     (plans.py --again: NAME-again) after every first one."""
     again = name.endswith(AGAIN)
-    return again, [int(x.lstrip("cnx")) for x in name.removesuffix(AGAIN).split("-")[1:]]
+    return again, [int(x.lstrip("cnxo")) for x in name.removesuffix(AGAIN).split("-")[1:]]
 
 
 def serving(point: str) -> str:
@@ -191,13 +196,15 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     clocks = [c for c in a.clocks.split(",") if c]
     results = GPUS[a.gpu][0]
-    a.engines = a.engines or [e for b in ENGINES for e in (b, f"{b}-idle", f"{b}-twice", f"{b}-warm", f"{b}-burst")
+    a.engines = a.engines or [e for b in ENGINES for e in (b, f"{b}-idle", f"{b}-twice", f"{b}-warm", f"{b}-burst",
+                                                     f"{b}-wave")
                               if (results / e / "meta.json").exists()]
     rows = []
     for engine in a.engines:
         folder = results / engine
         meta = json.loads((folder / "meta.json").read_text())
-        points = sorted((*folder.glob("cl-*"), *folder.glob("burst-*")), key=lambda p: point_key(p.name))
+        points = sorted((p for pattern in CLOSED_LOOPS for p in folder.glob(pattern + "*")
+                         if p.name != WARMUP), key=lambda p: point_key(p.name))
         if a.traces:
             points += [folder / t for t in ("azure-conv", "azure-conv" + AGAIN) if (folder / t).is_dir()]
         for point in points:

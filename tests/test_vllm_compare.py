@@ -82,3 +82,19 @@ def test_a_burst_plan_run_is_priced_on_its_engine(tmp_path, capsys):
     assert ttft["burst-512-x2"] < ttft["burst-512-x4"] < ttft["burst-512-x12"]
     summary = [line for line in capsys.readouterr().out.splitlines() if line.endswith(" points")]
     assert summary and summary[0].split()[:2] == ["llama8b-bf16-burst", "default"] and "6 points" in summary[0]
+
+
+def test_a_wave_plan_run_is_priced_without_its_warm_up(tmp_path):
+    from bench.vllm_compare import base_engine, point_key
+
+    assert base_engine("qwen3-30b-a3b-wave") == "qwen3-30b-a3b"
+    assert sorted(["wave-768-x4-o256", "wave-768-x4-o16", "wave-768-x4-o2"], key=point_key) == \
+        ["wave-768-x4-o2", "wave-768-x4-o16", "wave-768-x4-o256"]
+    out = tmp_path / "points.csv"
+    assert main(["--gpu", "H100", "--engines", "llama8b-bf16-wave", "--clocks", "default", "--csv", str(out)]) == 0
+    rows = list(csv.DictReader(out.open()))
+    assert [r["point"] for r in rows] == ["wave-768-x4-o2", "wave-768-x4-o16", "wave-768-x4-o64", "wave-768-x4-o256"]
+    # the same waves after longer decode phases: E2E grows with the output length on both sides
+    for side in ("vllm", "default"):
+        e2e = [float(r[f"{side}_mean_e2el_ms"]) for r in rows]
+        assert e2e == sorted(e2e) and e2e[-1] > 10 * e2e[0]
