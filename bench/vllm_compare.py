@@ -19,7 +19,7 @@ table of kvsim's executor, Llama-3.1-8B bf16 only), ``vllm-grid`` (the engine's 
 real vLLM's steps of its ``grid`` workload, tables/vllm/ENGINE_GPU.csv, bench/vllm_gpu/grid_table.py)
 and ``vllm-fine`` (the same from the engine's ``fine`` grid run, ENGINE-fine_GPU.csv, where one was
 made). Each GPU's runs are priced with that GPU's preset and tables. Nothing here is fitted to these
-runs. An engine's idle-plan run (``ENGINE-idle``: C = 1 closed loops of 8 requests) and burst-plan
+runs. An engine's idle-plan run (``ENGINE-idle``: C = 1 closed loops of 8 requests), burst-plan
 run (``ENGINE-burst``: closed loops ``burst-ISL-xC`` whose C prompts go out together) and wave-plan
 run (``ENGINE-wave``: ``wave-ISL-xC-oOSL``, the same waves after decode phases of OSL tokens) are
 priced with the engine's settings and tables.
@@ -56,15 +56,14 @@ ENGINES = {
 
 
 def base_engine(engine: str) -> str:
-    """The engine an idle-plan, burst-plan or twice-served run served (``llama8b-fp8-idle``,
+    """The engine an idle-, burst- or wave-plan run or a twice-served one served (``llama8b-fp8-idle``,
     ``gpt-oss-20b-twice``: llama8b-fp8's and gpt-oss-20b's settings and tables)."""
     return engine.removesuffix("-idle").removesuffix("-twice").removesuffix("-warm").removesuffix("-burst") \
         .removesuffix("-wave")
 
 
 AGAIN = "-again"
-# the closed-loop points' names: plans.py's cl-ISL-OSL-cC (and the idle plan's -nN), and the burst
-# plan's burst-ISL-xC (C prompts sent together, OSL 2)
+# the closed-loop points' names: plans.py's cl-ISL-OSL-cC (and the idle plan's -nN), the burst
 # plan's burst-ISL-xC (C prompts sent together, OSL 2), the wave plan's wave-ISL-xC-oOSL (its
 # warm-up, a fresh engine's first steps, is not compared)
 CLOSED_LOOPS = ("cl-", "burst-", "wave-")

@@ -28,9 +28,10 @@ Three kinds of workload per engine (harness.py's docstring defines them):
 
 * ``wave``: the same waves of prompts after decode phases of different lengths (``--size wave``:
   closed loops ``wave-ISL-xC-oOSL``, WAVE_ISL x WAVE_C at WAVE_OSLS output tokens, WAVE_COUNT waves
-  each): whether a wave costs more after a long decode phase. Qwen3-30B-A3B's held-out loops do
-  (H100, cl-1024-128-c4: a wave of 4 x 1,024 tokens 196 ms after 128-token outputs), its burst
-  plan's waves after 2-token outputs do not (4 x 512: 94 ms, two steps at their table price).
+  each): whether a wave costs more after a long decode phase (Qwen3-30B-A3B's held-out loop
+  cl-1024-128-c4 on the H100: a wave of 4 x 1,024 tokens 196 ms after 128-token outputs). It does
+  not (run 2026-12-07): a wave costs 57-58 ms taken whole and 89-105 ms when the engine's first
+  step caught only part of it, after any decode phase (docs/ACCURACY.md).
 
 ``--size`` scales the plan to the model (a 70B model's prefill costs 9x an 8B's): ``small``
 (<= 30B total or <= 5B active parameters), ``large`` (the rest); ``fine`` is a denser grid (every
