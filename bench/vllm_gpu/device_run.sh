@@ -54,6 +54,7 @@ engine() {  # name -> "model_dir plan flags..."
     llama8b-bf16-noasync) echo "Llama-3.1-8B noasync --no-async" ;;
     llama8b-fp8)          echo "Llama-3.1-8B small --quantization fp8 --kv-cache-dtype fp8" ;;
     qwen3-30b-a3b)        echo "Qwen3-30B-A3B small" ;;
+    qwen3-30b-a3b-noasync) echo "Qwen3-30B-A3B noasync --no-async" ;;   # with -wave: the wave plan, async off
     gpt-oss-20b)          echo "gpt-oss-20b small" ;;
     qwen3-32b)            echo "Qwen3-32B large" ;;
     llama70b-fp8)         echo "Llama-3.1-70B large --quantization fp8 --kv-cache-dtype fp8" ;;
