@@ -55,11 +55,15 @@ ENGINES = {
 }
 
 
+# the runs beside an engine's own, by their folder's suffix: its idle-, burst- and wave-plan runs,
+# and its workloads served twice (plans.py --again, without or with a warm-up)
+RUN_KINDS = ("-idle", "-twice", "-warm", "-burst", "-wave")
+
+
 def base_engine(engine: str) -> str:
     """The engine an idle-, burst- or wave-plan run or a twice-served one served (``llama8b-fp8-idle``,
     ``gpt-oss-20b-twice``: llama8b-fp8's and gpt-oss-20b's settings and tables)."""
-    return engine.removesuffix("-idle").removesuffix("-twice").removesuffix("-warm").removesuffix("-burst") \
-        .removesuffix("-wave")
+    return next((engine.removesuffix(k) for k in RUN_KINDS if engine.endswith(k)), engine)
 
 
 AGAIN = "-again"
@@ -195,8 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     clocks = [c for c in a.clocks.split(",") if c]
     results = GPUS[a.gpu][0]
-    a.engines = a.engines or [e for b in ENGINES for e in (b, f"{b}-idle", f"{b}-twice", f"{b}-warm", f"{b}-burst",
-                                                     f"{b}-wave")
+    a.engines = a.engines or [e for b in ENGINES for e in (b, *(b + k for k in RUN_KINDS))
                               if (results / e / "meta.json").exists()]
     rows = []
     for engine in a.engines:

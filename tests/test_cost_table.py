@@ -505,7 +505,7 @@ def test_a_tables_idle_wait_line_is_read_and_a_bad_one_named(tmp_path):
             StepShapeCost(path)
 
 
-def test_one_artefact_row_does_not_bend_the_eager_curve(tmp_path):
+def test_one_artefact_row_does_not_bend_the_eager_curve(tmp_path, monkeypatch):
     # under async scheduling a step's result can come back with its neighbour's, and the row then
     # carries a fraction of its time (Qwen3-30B-A3B on the H100: 890 tokens over 256 sequences at
     # 11.6 ms beside lone 1,024-token prompts at 45.6 ms). Least squares in relative error gave
@@ -521,16 +521,8 @@ def test_one_artefact_row_does_not_bend_the_eager_curve(tmp_path):
     assert math.isclose(hit.step_time_s(batch), truth, rel_tol=0.02)
     # least squares alone (no reweighting) would not: the row pulls the 1,024-token price down;
     # a table its fit prices within ROBUST_REL_ERR everywhere keeps that fit to the last bit
-    plain, plain_clean = _fitted_without_reweighting(make_table(tmp_path / "a", [artefact]), make_table(tmp_path))
+    from kvsim.simulator import cost_table
+    monkeypatch.setattr(cost_table, "ROBUST_MAX_ROUNDS", 0)
+    plain, plain_clean = StepShapeCost(tmp_path / "a" / "table.csv"), StepShapeCost(make_table(tmp_path))
     assert plain.step_time_s(batch) < 0.9 * truth
     assert (list(plain_clean.knots_s), list(plain_clean.coef)) == (list(clean.knots_s), list(clean.coef))
-
-
-def _fitted_without_reweighting(*paths):
-    from kvsim.simulator import cost_table
-    saved = cost_table.ROBUST_MAX_ROUNDS
-    try:
-        cost_table.ROBUST_MAX_ROUNDS = 0
-        return [StepShapeCost(p) for p in paths]
-    finally:
-        cost_table.ROBUST_MAX_ROUNDS = saved
