@@ -88,6 +88,7 @@ def test_a_wave_plan_run_is_priced_without_its_warm_up(tmp_path):
     from bench.vllm_compare import base_engine, point_key
 
     assert base_engine("qwen3-30b-a3b-wave") == "qwen3-30b-a3b"
+    assert base_engine("llama8b-bf16-noasync-wave") == "llama8b-bf16"     # the wave plan, async off
     assert sorted(["wave-768-x4-o256", "wave-768-x4-o16", "wave-768-x4-o2"], key=point_key) == \
         ["wave-768-x4-o2", "wave-768-x4-o16", "wave-768-x4-o256"]
     out = tmp_path / "points.csv"

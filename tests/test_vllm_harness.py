@@ -78,3 +78,25 @@ def test_the_lengths_warm_up_covers_every_prompt_length_band_to_the_step_budget(
     lone = harness.build_requests(c1, vocab_size=32000)
     assert all(a["ids"][:16] != b["ids"][:16] for a, b in zip(lone, built))
     assert [p for _, p, _ in harness.warmup_lengths_entries(1000, 1)[0]["requests"]] == [16, 32, 64, 128, 256, 512]
+
+
+def test_step_rows_keep_when_each_step_was_scheduled_and_share_the_engine_time_between_returns():
+    """Async scheduling: step 2 is scheduled (t = 45 ms) before step 1's output comes back (91 ms,
+    after step 2's launch returned); step 2 returns at 93 ms. The rows keep both schedule times
+    and give step 2 the time between the two returns, step 1 its time from its schedule; a step
+    outside the window is left out."""
+    t0 = 100.0
+    lines = [{"meta": {"async_scheduling": True}},
+             {"sched_t0": t0 + 0.045, "sched_t1": t0 + 0.0453, "done_t": t0 + 0.093, "upd_t1": t0 + 0.0931,
+              "reqs": [[768, 768, "p"], [1, 769, "d"], [1, 769, "d"], [1, 769, "d"]]},
+             {"sched_t0": t0 + 0.0, "sched_t1": t0 + 0.0003, "done_t": t0 + 0.091, "upd_t1": t0 + 0.0911,
+              "reqs": [[768, 768, "p"], [768, 768, "p"], [768, 768, "p"]]},
+             {"sched_t0": t0 + 5.0, "sched_t1": t0 + 5.001, "done_t": t0 + 5.01, "upd_t1": t0 + 5.011,
+              "reqs": [[1, 800, "d"]]}]
+    rows = harness.step_rows(lines, t0, t0 + 1.0)
+    assert [r["num_prefill_seqs"] for r in rows] == [3, 1]
+    assert [round(r["t_sched_s"], 6) for r in rows] == [0.0, 0.045]
+    assert [round(r["t_done_s"], 6) for r in rows] == [0.091, 0.093]
+    assert [round(r["step_s"], 6) for r in rows] == [0.091, 0.002]
+    assert rows[1]["num_decode_tokens"] == 3 and rows[1]["attn_token_pairs"] == 768 * 768 + 3 * 769
+    assert round(rows[0]["sched_cpu_s"], 6) == 0.0003

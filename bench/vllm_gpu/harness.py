@@ -55,7 +55,7 @@ from pathlib import Path
 
 STEP_COLUMNS = ("num_seqs", "num_prefill_seqs", "num_prefill_tokens", "num_decode_tokens",
                 "num_scheduled_tokens", "kv_read_tokens", "attn_token_pairs", "max_context_tokens",
-                "step_s", "sched_cpu_s", "update_cpu_s", "t_done_s")
+                "step_s", "sched_cpu_s", "update_cpu_s", "t_done_s", "t_sched_s")
 
 
 # ---------------------------------------------------------------- prompts (pure, tested on CPU)
@@ -170,7 +170,10 @@ def step_rows(lines: list[dict], t0: float, t1: float) -> list[dict]:
 
     ``step_s`` is the step's share of the engine's time: from the later of the previous step's
     return and this step's scheduling, to this step's return (back-to-back steps: the time
-    between their returns; after an idle engine: scheduling, input preparation and the GPU)."""
+    between their returns; after an idle engine: scheduling, input preparation and the GPU).
+    ``t_sched_s`` is when the step was scheduled, ``t_done_s`` when its output came back (from
+    ``t0``): under async scheduling step k + 1 is scheduled when step k's launch returns, and step
+    k's output is taken only after step k + 1's launch returns."""
     recs = sorted((r for r in lines if "reqs" in r), key=lambda r: r["done_t"])
     rows, prev_done = [], None
     for r in recs:
@@ -194,6 +197,7 @@ def step_rows(lines: list[dict], t0: float, t1: float) -> list[dict]:
         row["sched_cpu_s"] = r["sched_t1"] - r["sched_t0"]
         row["update_cpu_s"] = r["upd_t1"] - r["done_t"]
         row["t_done_s"] = r["done_t"] - t0
+        row["t_sched_s"] = r["sched_t0"] - t0
         rows.append(row)
     return rows
 
