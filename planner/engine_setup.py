@@ -80,7 +80,7 @@ from kvsim.planner.weights import serve_weights_as
 from kvsim.planner.vllm_tables import ROOFLINE, VLLM, fitting_table, shipped_cost, table_gpu, vllm_table_for
 from kvsim.simulator.config import EngineConfig, parse_kv_groups
 from kvsim.simulator.modes import MODES, Mode
-from kvsim.simulator.cost import CarriedCost, CostModel, FixedStepCost, ScaledCost
+from kvsim.simulator.cost import CarriedCost, CostModel, FixedStepCost, ScaledCost, SyncCost
 
 if TYPE_CHECKING:
     from kvsim.simulator.offload import TierConfig
@@ -477,8 +477,14 @@ def _step_cost(s: EngineSettings, model: ModelSpec | None, gpu: GpuSpec | None,
             raise InputError(f"{s.cost_table} was measured for another setup than this run's: "
                              f"{'; '.join(wrong)}. Match it, or pass --force-cost-table to use "
                              "its times anyway", field="cost_table")
+        # async off on a table measured with it on: each step also pays what async hid (CPU work:
+        # carried to another GPU unscaled, as the frontend's times are)
+        hidden = getattr(cost, "async_off", None)
+        measured_async = "async scheduling True" in getattr(cost, "provenance", {}).get("executor", "")
         if carry_from is not None:
             cost = carried(cost, model, carry_from, gpu, s.tensor_parallel_size, s.kv_cache_dtype)
+        if async_scheduling is False and measured_async and hidden is not None:
+            cost = SyncCost(cost, *hidden)
     else:
         flops, source = (s.flops_efficiency, "") if s.flops_efficiency is not None else \
             measured_flops_efficiency(model, gpu)

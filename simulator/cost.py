@@ -258,6 +258,30 @@ class ScaledCost:
         return self.scale * self.inner.run_time_s(batch, num_steps)
 
 
+class SyncCost:
+    """A table measured with async scheduling on, run with it off (vLLM's synchronous
+    ``EngineCore.step``): every step also pays ``cpu_s``, the CPU work (input preparation, the
+    output's processing and its hand-off to the frontend) that async scheduling overlaps with the
+    GPU and the table's steps therefore hide. ``source`` says where ``cpu_s`` was measured."""
+
+    def __init__(self, inner: CostModel, cpu_s: float, source: str):
+        self.inner, self.cpu_s, self.source = inner, float(cpu_s), source
+        self.uses_max_context_tokens = uses_max_context_tokens(inner)
+        self.idle_start_s = getattr(inner, "idle_start_s", 0.0)
+        self.idle_start_min_wait_s = getattr(inner, "idle_start_min_wait_s", 0.0)
+        self.frontend_s = getattr(inner, "frontend_s", (0.0, 0.0, 0.0))
+
+    def step_time_s(self, batch: StepBatch) -> float:
+        return self.inner.step_time_s(batch) + self.cpu_s
+
+    def run_time_s(self, batch: StepBatch, num_steps: int) -> float:
+        return self.inner.run_time_s(batch, num_steps) + num_steps * self.cpu_s
+
+    def describe(self) -> str:
+        return (f"{clock_source(self.inner)}; async scheduling off: +{self.cpu_s * 1e3:.2f} ms a step, "
+                f"the CPU work async scheduling hides ({self.source})")
+
+
 class CarriedCost:
     """``inner`` (measured on one GPU) carried to another: a step costs ``inner``'s time times
     ``target``'s over ``source``'s for the same batch (two models of the step on the two GPUs,

@@ -267,8 +267,8 @@ def provenance_mismatches(p: dict[str, str], *, model: str | None = None, gpu: s
     if weights is not None and dtype is not None and (weights == "fp8") != ("fp8" in dtype):
         out.append(f"{weights if weights != 'dtype' else 'unquantized'} weights (the table's "
                    f"dtype is {dtype})")
-    if async_scheduling is False and "async scheduling True" in p.get("executor", ""):
-        out.append("async scheduling off (the table measured it on)")
+    if async_scheduling is False and "async scheduling True" in p.get("executor", "") and "async off" not in p:
+        out.append("async scheduling off (the table measured it on, and not what async scheduling hides)")
     if async_scheduling and "async scheduling False" in p.get("executor", ""):
         out.append("async scheduling on (the table measured it off: its steps show the CPU work)")
     return out
@@ -313,6 +313,27 @@ def _idle_wait(provenance: dict, path: str) -> float:
     return value
 
 
+_ASYNC_OFF = re.compile(r"\+(\S+) s per step \((.+)\)$")
+
+
+def _async_off(provenance: dict, path: str) -> tuple[float, str] | None:
+    """A table's ``# async off:`` line (``+S s per step (where it was measured)``): what a step
+    costs more with async scheduling off than the table (measured with it on) prices it, and its
+    source; None without the line."""
+    text = provenance.get("async off")
+    if text is None:
+        return None
+    m = _ASYNC_OFF.match(text.strip())
+    try:
+        value = float(m.group(1)) if m else -1.0
+    except ValueError:
+        value = -1.0
+    if not (value >= 0 and math.isfinite(value)):
+        raise InputError(f"'# async off:' must read '+S s per step (source)' (seconds >= 0), got {text!r}",
+                         file=path)
+    return value, m.group(2)
+
+
 def _shown(path: str) -> str:
     """A table's path as the clock line shows it: a shipped table relative to the repository (the
     same line from any checkout), any other as given."""
@@ -339,6 +360,10 @@ class StepShapeCost:
             request's way in and a token's way out, outside the steps (the engine adds them).
         idle_start_min_wait_s: the ``# idle wait:`` line: the engine adds c_idle only after an
             idle wait this long or longer (0 without the line: after any).
+        async_off: the ``# async off:`` line, (seconds, source): what every step costs more with
+            async scheduling off than this table, measured with it on, prices it (the engine's
+            setup adds it: planner.engine_setup); None without the line (async off is then a
+            mismatch).
         negligible_terms: the eager terms the fit found but set to 0, their share of every
             measured step below TERM_REL_TOL (rounding noise, not a term of the data).
         min_bucket_tokens: the smallest context bucket; floors[bucket][size] = (start, [(L, floor_s)]).
@@ -388,6 +413,7 @@ class StepShapeCost:
         self._fit_floor(skewed, path, context_floor)
         self.frontend_s = _frontend(self.provenance, path)
         self.idle_start_min_wait_s = _idle_wait(self.provenance, path)
+        self.async_off = _async_off(self.provenance, path)
 
     def _lines(self, decode: dict[int, list[tuple[float, float]]]) -> list[tuple[float, float]]:
         """Each graph size's (a_s, b_s). A size measured only at nearly one KV length (its

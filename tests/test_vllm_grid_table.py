@@ -159,3 +159,28 @@ def test_an_idle_runs_lone_prompts_give_the_tables_idle_start(tmp_path):
     assert 0.005 < with_hot.idle_start_s < 0.010
     assert "llama8b-fp8-hot/hot-64" in with_hot.provenance["source"]
     assert f"after {grid_table.HOT_IDLE_GAP_S * 1e3:g} ms idle" in with_hot.describe()
+
+
+def test_the_async_off_line_is_the_median_extra_of_back_to_back_steps_over_the_table(tmp_path):
+    """An async-off run's back-to-back steps each took the table's price plus 1.5 ms (one 3 ms):
+    the line says 1.5 ms over those steps; a step scheduled long after the one before it (an idle
+    engine) and the warm-up's steps are not counted."""
+    from kvsim.simulator.cost import StepBatch
+
+    table = ROOT / "tables" / "vllm" / "llama8b-bf16_H100.csv"
+    price = StepShapeCost(table).step_time_s
+    run = tmp_path / "llama8b-bf16-noasync-wave"
+    header = "num_seqs,num_prefill_seqs,num_prefill_tokens,num_decode_tokens,num_scheduled_tokens,kv_read_tokens," \
+             "attn_token_pairs,max_context_tokens,step_s,sched_cpu_s,update_cpu_s,t_done_s,t_sched_s"
+    for name, extras in (("wave-768-x4-o16", [0.0015] * 4 + [0.003] + [0.0015] * 2), ("wave-warmup", [0.5] * 5)):
+        (run / name).mkdir(parents=True)
+        lines, done = [header], 1.0
+        for i, extra in enumerate(extras):
+            ctx = 800 + i
+            step = price(StepBatch(4, 0, 4, 4, 4 * ctx, 4 * ctx, ctx)) + extra
+            sched = done + (0.05 if i == 3 else 0.0003)      # the fourth step starts an idle engine
+            done = max(done, sched) + step - 0.0003 * (i != 3)
+            lines.append(f"4,0,0,4,4,{4 * ctx},{4 * ctx},{ctx},{step},0.0001,0.0001,{done},{sched}")
+        (run / name / "steps.csv").write_text("\n".join(lines) + "\n")
+    seconds, steps = grid_table.async_off_s(table, run)
+    assert steps == 5 and seconds == pytest.approx(0.0015, abs=1e-9)

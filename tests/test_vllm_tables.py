@@ -43,7 +43,8 @@ def test_each_measured_setup_finds_a_table_that_fits_it_and_the_finest_grid_wins
     (dict(gpu="A100-80GB"), ["on A100-80GB"]),
     (dict(tp=2), ["TP 2"]),
     (dict(kv_dtype="fp8"), ["KV fp8"]),                       # fp8 KV beside bf16 weights: not measured
-    (dict(weights="dtype", kv_dtype="auto", async_scheduling=False), ["async scheduling off"]),
+    # fp8 has no async-off run beside its tables (bf16 has: the next test)
+    (dict(weights="fp8", kv_dtype="fp8", async_scheduling=False), ["async scheduling off"]),
 ])
 def test_a_setup_nobody_measured_is_one_line_naming_it_and_what_was(over, words):
     with pytest.raises(InputError) as err:
@@ -77,6 +78,50 @@ def test_the_scheduling_mode_must_match_both_ways():
     from kvsim.simulator.cost_table import provenance_mismatches
     on, off = ({"executor": f"vllm, dtype bfloat16, async scheduling {v}"} for v in (True, False))
     assert provenance_mismatches(on, async_scheduling=True) == provenance_mismatches(off, async_scheduling=False) == []
-    assert provenance_mismatches(on, async_scheduling=False) == ["async scheduling off (the table measured it on)"]
+    assert provenance_mismatches(on, async_scheduling=False) == \
+        ["async scheduling off (the table measured it on, and not what async scheduling hides)"]
+    # ... unless the table also measured what a step costs more with it off
+    assert provenance_mismatches({**on, "async off": "+0.001 s per step (a run)"}, async_scheduling=False) == []
     assert provenance_mismatches(off, async_scheduling=True)[0].startswith("async scheduling on")
     assert provenance_mismatches({"executor": "kvsim"}, async_scheduling=True) == []
+
+
+def test_async_off_on_a_table_measured_with_it_on_adds_what_it_hid_to_every_step():
+    """Llama-3.1-8B bf16 and Qwen3-30B-A3B on the H100 have the wave plan served with async
+    scheduling off beside their tables (the tables' '# async off:' line): a synchronous run takes
+    the same table, every step (and every step of a decode run) costs that much more, and the
+    clock line says so; a table without the line is refused for it."""
+    from kvsim.planner.engine_setup import build_engine
+    from kvsim.simulator.cost import StepBatch
+    from kvsim.simulator.cost_table import load_cost_table
+
+    table = TABLES_DIR / "llama8b-bf16-fine_H100.csv"
+    assert vllm_table_for(**_setup(async_scheduling=False)) == table
+    hidden, source = load_cost_table(table).async_off
+    assert 0.0005 < hidden < 0.002 and "llama8b-bf16-noasync-wave" in source
+    setups = {a: build_engine(model="Llama-3.1-8B", gpu=H100, cost_table="vllm", async_scheduling=a) for a in (True, False)}
+    decode = StepBatch(8, 0, 8, 8, 8 * 1000, 8 * 1000, 1000)
+    prefill = StepBatch(1, 3000, 0, 3000, 3000, 3000 * 1500, 3000)
+    for batch in (decode, prefill):
+        on, off = (setups[a].cost.step_time_s(batch) for a in (True, False))
+        assert off - on == pytest.approx(hidden, abs=1e-12)
+    on, off = (setups[a].cost.run_time_s(decode, 50) for a in (True, False))
+    assert off - on == pytest.approx(50 * hidden, rel=1e-9)
+    assert setups[True].config.async_scheduling and not setups[False].config.async_scheduling
+    clock = setups[False].cost.describe()
+    assert "llama8b-bf16-fine_H100.csv" in clock and f"async scheduling off: +{hidden * 1e3:.2f} ms a step" in clock
+    assert "async scheduling off" not in setups[True].cost.describe()
+    with pytest.raises(InputError, match="async scheduling off"):
+        build_engine(model="Llama-3.1-8B", gpu=H100, weight_dtype="fp8", kv_cache_dtype="fp8",
+                     cost_table=str(TABLES_DIR / "llama8b-fp8-fine_H100.csv"), async_scheduling=False)
+
+
+def test_a_bad_async_off_line_is_one_error_naming_the_table(tmp_path):
+    from kvsim.simulator.cost_table import load_cost_table
+
+    text = (TABLES_DIR / "llama8b-bf16_H100.csv").read_text()
+    bad = tmp_path / "t.csv"
+    bad.write_text(text.replace("# async off: +", "# async off: -"))
+    with pytest.raises(InputError) as err:
+        load_cost_table(bad)
+    assert "'# async off:'" in str(err.value) and "t.csv" in str(err.value) and "\n" not in str(err.value)

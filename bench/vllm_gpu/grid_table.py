@@ -23,6 +23,12 @@ overlaps it only with a step in flight): StepShapeCost fits that as its own term
 the engine adds to the first step after an idle wait, instead of letting lone prompts' prices
 bend f (the grid's lone prefills all start an idle engine).
 
+Where the engine also served the wave plan with async scheduling off (``ENGINE-noasync-wave``),
+the table gets an ``# async off:`` line: the median, over that run's back-to-back steps, of what
+each took from one result to the next beyond the table's price (the CPU work async scheduling
+overlaps with the GPU). kvsim adds it to every step of a run with async scheduling off, which
+the table then fits (simulator.cost.SyncCost).
+
 Prefill steps whose ``step_s`` is outside ``BAND`` times what they should take (a one-sequence
 decode step plus their tokens at the grid's median rate per token) are dropped and counted in the provenance: under async scheduling a step's
 result can come back with another's, and its share is then near zero while a neighbour (one or
@@ -61,6 +67,9 @@ IDLE_GAP_S = 0.0005
 # 9.3 ms against 12-16 ms after 0.1-0.4 s idle), and the table's '# idle wait:' line tells the
 # engine to add c_idle only after waits this long
 HOT_IDLE_GAP_S = 0.010
+# a step scheduled this soon after the previous one's result came back followed it back to back
+# (the async-off run's steps: their periods, result to result, are what the engine's cadence is)
+BACK_TO_BACK_S = 0.002
 COLUMNS = ("kind", "num_seqs", "num_prefill_seqs", "num_prefill_tokens", "num_decode_tokens",
            "num_scheduled_tokens", "kv_read_tokens", "attn_token_pairs", "max_context_tokens",
            "padded_num_seqs", "graph", "step_s", "step_s_min", "step_s_max", "repeats", "idle_before")
@@ -188,6 +197,40 @@ def hot_runs(engine: Path) -> list[Path]:
     return runs
 
 
+def noasync_run(engine: Path) -> Path | None:
+    """The wave plan served with async scheduling off beside an engine's folder
+    (``qwen3-30b-a3b-fine`` -> ``qwen3-30b-a3b-noasync-wave``), None where there is none."""
+    run = engine.parent / f"{engine.name.removesuffix('-fine')}-noasync-wave"
+    return run if (run / "meta.json").is_file() else None
+
+
+def async_off_s(table: Path, run: Path) -> tuple[float, int]:
+    """What a step costs more with async scheduling off than ``table`` (measured with it on)
+    prices it: the median, over the async-off run's back-to-back steps (its warm-up left out), of
+    each step's period (its result after the one before it) less the table's price; and how many
+    steps. The CPU work async scheduling overlaps with the GPU (input preparation, the output's
+    processing and hand-off) shows in every such period."""
+    from kvsim.simulator.cost import StepBatch
+    from kvsim.simulator.cost_table import load_cost_table
+
+    cost = load_cost_table(table)
+    extra = []
+    for steps in sorted(run.glob("*/steps.csv")):
+        if steps.parent.name.endswith("warmup"):
+            continue
+        prev = None
+        with open(steps, newline="") as f:
+            for r in csv.DictReader(f):
+                done = float(r["t_done_s"])
+                if prev is not None and float(r["t_sched_s"]) - prev <= BACK_TO_BACK_S:
+                    batch = StepBatch(int(r["num_seqs"]), int(r["num_prefill_tokens"]), int(r["num_decode_tokens"]),
+                                      int(r["num_scheduled_tokens"]), int(r["kv_read_tokens"]),
+                                      int(r["attn_token_pairs"]), int(r["max_context_tokens"]))
+                    extra.append(done - prev - cost.step_time_s(batch))
+                prev = done
+    return float(np.median(extra)), len(extra)
+
+
 def frontend(run: Path) -> tuple[float, float, float, int]:
     """(in_s, in_s per prompt token, out_s, prompts) of an idle run's lone prompts (sent while no
     step ran): the way in is the send to the start of the prompt's step (the first lone prefill of
@@ -222,8 +265,10 @@ def _from_root(folder: Path) -> str:
 
 
 def provenance(folder: Path, meta: dict, num_rows: int, dropped: int, knot_tokens: list[int],
-               idle: Path | None = None, hot: list[Path] = ()) -> list[str]:
-    """The table's ``#`` lines: what kvsim's table readers and ``mismatches`` look for."""
+               idle: Path | None = None, hot: list[Path] = (),
+               async_off: tuple[float, int, Path] | None = None) -> list[str]:
+    """The table's ``#`` lines: what kvsim's table readers and ``mismatches`` look for
+    (``async_off``: seconds, steps and the async-off run they were measured on)."""
     args, core = meta.get("engine_args", {}), meta.get("engine_core", {})
     way = frontend(idle) if idle else None
     versions = meta.get("versions", {})
@@ -250,6 +295,9 @@ def provenance(folder: Path, meta: dict, num_rows: int, dropped: int, knot_token
         *([f"# idle wait: {HOT_IDLE_GAP_S} s (c_idle after an idle wait this long or longer; lone prompts "
            f"{HOT_IDLE_GAP_S * 1e3:g} ms or less after the last step are rows of their own price: "
            f"{_from_root(hot[0].parent)})"] if hot else []),
+        *([f"# async off: +{async_off[0]:.6f} s per step (the median over {async_off[1]} back-to-back steps "
+           f"of {_from_root(async_off[2])}, served with async scheduling off: result to result, less this "
+           f"table's price)"] if async_off else []),
         f"# source: {_from_root(folder)}/grid" + (f" and {_from_root(idle)}" if idle else "")
         + "".join(f" and {_from_root(run)}" for run in hot)
         + " (held out: every closed-loop and trace run of the same engine)",
@@ -280,17 +328,26 @@ def main(argv: list[str] | None = None) -> int:
         rows += [r for r in more if r["kind"] == "mixed"]
         dropped += more_dropped
     a.out.parent.mkdir(parents=True, exist_ok=True)
-    with open(a.out, "w", newline="") as f:
-        f.write("\n".join(provenance(a.engine, meta, len(rows), dropped, knots(rows), idle, hot)) + "\n")
-        # the idle-start column where the idle plan measured lone prompts cleanly; the grid's own
-        # idle starts alone are too few and carry the harness's waits (a decode point's prompts
-        # sent one by one: Llama-3.1-8B bf16 H100, a lone 4,096-token prompt at 98.6-133.8 ms)
-        columns = COLUMNS if idle is not None else COLUMNS[:-1]
-        w = csv.DictWriter(f, fieldnames=columns, lineterminator="\n", extrasaction="ignore")
-        w.writeheader()
-        w.writerows(rows)
+
+    def write(async_off=None):
+        with open(a.out, "w", newline="") as f:
+            f.write("\n".join(provenance(a.engine, meta, len(rows), dropped, knots(rows), idle, hot,
+                                         async_off)) + "\n")
+            # the idle-start column where the idle plan measured lone prompts cleanly; the grid's own
+            # idle starts alone are too few and carry the harness's waits (a decode point's prompts
+            # sent one by one: Llama-3.1-8B bf16 H100, a lone 4,096-token prompt at 98.6-133.8 ms)
+            columns = COLUMNS if idle is not None else COLUMNS[:-1]
+            w = csv.DictWriter(f, fieldnames=columns, lineterminator="\n", extrasaction="ignore")
+            w.writeheader()
+            w.writerows(rows)
+
+    write()
+    sync = noasync_run(a.engine) if meta.get("engine_core", {}).get("async_scheduling") else None
+    if sync is not None:    # priced by the table just written, then the table again with the line
+        write((*async_off_s(a.out, sync), sync))
     print(f"{a.out}: {len(rows)} rows from {steps}{f' and {idle}' if idle else ''}"
-          f"{''.join(f' and {run}' for run in hot)} ({dropped} dropped)")
+          f"{''.join(f' and {run}' for run in hot)} ({dropped} dropped)"
+          + (f"; async off from {sync}" if sync is not None else ""))
     return 0
 
 
