@@ -58,7 +58,7 @@ ENGINES = {
 # the runs beside an engine's own, by their folder's suffix: its idle-, burst- and wave-plan runs (the
 # wave plan also with async scheduling off), and its workloads served twice (plans.py --again,
 # without or with a warm-up); a longer suffix before the one it ends with
-RUN_KINDS = ("-idle", "-twice", "-warm", "-burst", "-noasync-wave", "-wave")
+RUN_KINDS = ("-idle", "-twice", "-warm", "-burst", "-noasync-wave", "-wave", "-noasync")
 
 
 def base_engine(engine: str) -> str:
@@ -103,6 +103,19 @@ def measured(folder: Path) -> dict:
             "mean_e2el_ms": 1000 * np.mean(e2e), "completed": len(e2e)}
 
 
+def engine_core(meta: dict, engine: str, gpu: str) -> dict:
+    """The engine core's settings as the run's probe logged them; for a run from before the probe
+    logged them (the H200's llama8b-bf16-noasync: an empty ``engine_core``), its base engine's on
+    the same GPU with this run's own pool (vLLM's logged KV cache tokens over the block size) and
+    scheduling mode (its engine arguments)."""
+    core = meta.get("engine_core") or {}
+    if "num_gpu_blocks" in core:
+        return core
+    base = json.loads((GPUS[gpu][0] / base_engine(engine) / "meta.json").read_text())["engine_core"]
+    return {**base, "num_gpu_blocks": meta["startup"]["gpu_kv_cache_tokens"] // base["block_size"],
+            "async_scheduling": meta["engine_args"]["async_scheduling"]}
+
+
 def trace_requests(folder: Path) -> list:
     """A trace excerpt's requests as vLLM was sent them (arrival, prompt and output tokens from
     the measured records; the harness's prompts share nothing), for an open-loop replay."""
@@ -122,7 +135,7 @@ def simulated(engine: str, spec: dict, meta: dict, clock: str, requests: list | 
     from kvsim.simulator.serve_metrics import serve_metrics
 
     config, weight_dtype, kv_dtype = ENGINES[base_engine(engine)]
-    core = meta["engine_core"]
+    core = engine_core(meta, engine, gpu)
     kwargs = dict(model=load_hf_config(str(CONFIGS / config / "config.json"), name=config), gpu=GPUS[gpu][1],
                   weight_dtype=weight_dtype, kv_cache_dtype=kv_dtype,
                   num_gpu_blocks=core["num_gpu_blocks"], block_size=core["block_size"],

@@ -111,3 +111,19 @@ def test_the_wave_plan_with_async_off_is_priced_by_the_table_and_what_async_hid(
     rows = {r["point"]: r for r in csv.DictReader(out.open())}
     for point in ("wave-768-x4-o64", "wave-768-x4-o256"):
         assert abs(float(rows[point]["default_median_tpot_ms_err"])) < 0.05, rows[point]
+
+
+def test_a_run_from_before_the_probe_logged_its_engine_core_takes_its_base_engines_with_its_own_pool():
+    """The H200's llama8b-bf16-noasync (async scheduling off; its meta.json has an empty
+    engine_core): llama8b-bf16's settings, its own KV cache (896,912 tokens / 16) and mode."""
+    import json
+
+    from bench.vllm_compare import GPUS, base_engine, engine_core
+
+    assert base_engine("llama8b-bf16-noasync") == "llama8b-bf16"
+    meta = json.loads((GPUS["H200"][0] / "llama8b-bf16-noasync" / "meta.json").read_text())
+    core = engine_core(meta, "llama8b-bf16-noasync", "H200")
+    assert core["num_gpu_blocks"] == 896912 // 16 and core["async_scheduling"] is False
+    assert core["max_num_batched_tokens"] == 8192 and core["block_size"] == 16
+    base = json.loads((GPUS["H200"][0] / "llama8b-bf16" / "meta.json").read_text())
+    assert engine_core(base, "llama8b-bf16", "H200") == base["engine_core"]
