@@ -8,7 +8,7 @@ from kvsim.planner.capacity import compute_capacity, vllm_batch_defaults
 from kvsim.planner.engine_setup import DEFAULT_MAX_MODEL_LEN, build_engine
 from kvsim.planner.presets import custom_gpu, get_gpu, get_model
 from kvsim.planner.roofline import RooflineCost
-from kvsim.simulator.cost import CarriedCost, FixedStepCost, ScaledCost, StepBatch, TableCost
+from kvsim.simulator.cost import CarriedCost, FixedStepCost, ScaledCost, StepBatch, SyncCost, TableCost
 from kvsim.simulator.cost_table import StepShapeCost
 
 PREFILL = StepBatch(num_seqs=2, num_prefill_tokens=600, num_scheduled_tokens=600,
@@ -59,8 +59,13 @@ def test_the_default_clock_is_a_fitting_vllm_table_else_the_roofline():
 
     assert clock(kv_cache_dtype="fp8", weight_dtype="fp8").path.endswith("llama8b-fp8-fine_H100.csv")
     for kw in (dict(cost_table="roofline"), dict(bandwidth_efficiency=0.8), dict(step_overhead_s=0.004),
-               dict(async_scheduling=False), dict(kv_cache_dtype="fp8"), dict(tensor_parallel_size=2)):
+               dict(async_scheduling=False, kv_cache_dtype="fp8", weight_dtype="fp8"),
+               dict(kv_cache_dtype="fp8"), dict(tensor_parallel_size=2)):
         assert isinstance(clock(**kw), RooflineCost), kw     # asked for, or no table measured this setup
+    # async off: the async table plus its measured '# async off:' line, where the table has one
+    sync = clock(async_scheduling=False)
+    assert isinstance(sync, SyncCost) and sync.inner is clock() and sync.cpu_s > 0
+    assert "async scheduling off" in sync.describe()
     assert isinstance(build_engine(model="Qwen2.5-7B", gpu="h100", max_model_len=8192).cost, RooflineCost)
     assert isinstance(clock(gpu_memory_utilization=0.5), StepShapeCost)      # the pool is not the clock
     assert clock() is clock(max_num_seqs=64)      # a shipped table is read and fitted once per process
@@ -188,9 +193,14 @@ def test_a_table_measured_with_async_scheduling_is_no_clock_for_a_synchronous_ru
     """A table given by path is checked for the scheduling mode too (a table measured with async
     scheduling on hides CPU work that a synchronous run shows), unless forced."""
     from pathlib import Path
-    table = str(Path(__file__).resolve().parent.parent / "tables" / "vllm" / "llama8b-bf16-fine_H100.csv")
-    kw = dict(model="Llama-3.1-8B", gpu="h100", max_model_len=8192, cost_table=table)
+    tables = Path(__file__).resolve().parent.parent / "tables" / "vllm"
+    kw = dict(model="Llama-3.1-8B", gpu="h100", max_model_len=8192, kv_cache_dtype="fp8", weight_dtype="fp8",
+              cost_table=str(tables / "llama8b-fp8-fine_H100.csv"))     # no '# async off:' line
     assert isinstance(build_engine(**kw).cost, StepShapeCost)
     with pytest.raises(InputError, match="async scheduling off"):
         build_engine(async_scheduling=False, **kw)
     assert isinstance(build_engine(async_scheduling=False, force_cost_table=True, **kw).cost, StepShapeCost)
+    # a table with the line measured: a synchronous run takes it, plus what async hid
+    bf16 = dict(model="Llama-3.1-8B", gpu="h100", max_model_len=8192,
+                cost_table=str(tables / "llama8b-bf16-fine_H100.csv"))
+    assert isinstance(build_engine(async_scheduling=False, **bf16).cost, SyncCost)
