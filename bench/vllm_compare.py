@@ -193,6 +193,21 @@ def grid_table(engine: str, clock: str, gpu: str) -> Path | None:
     return None if suffix is None else GRID_TABLES / f"{base_engine(engine)}{suffix}_{gpu}.csv"
 
 
+def fitted_points() -> set[str]:
+    """The real-vLLM workloads (folders relative to the repository) that a shipped table's
+    ``# async off:`` line was fitted on (grid_table.py's ASYNC_OFF_FIT_POINTS of an engine's
+    async-off run): the summary leaves them out, as not held out."""
+    out = set()
+    for table in GRID_TABLES.glob("*.csv"):
+        with open(table) as f:
+            for line in f:
+                if not line.startswith("#"):
+                    break
+                if line.startswith("# async off:"):
+                    out.update(w.rstrip(",") for w in line.split() if w.startswith("bench/results/"))
+    return out
+
+
 def _median_tpot(requests) -> float:
     ok = requests[(~requests["rejected"]) & (requests["num_output"] > 1)]
     return 1000 * float(np.median(ok["tpot_s"])) if len(ok) else 0.0
@@ -215,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
     results = GPUS[a.gpu][0]
     a.engines = a.engines or [e for b in ENGINES for e in (b, *(b + k for k in RUN_KINDS))
                               if (results / e / "meta.json").exists()]
-    rows = []
+    rows, fitted = [], fitted_points()
     for engine in a.engines:
         folder = results / engine
         meta = json.loads((folder / "meta.json").read_text())
@@ -243,16 +258,17 @@ def main(argv: list[str] | None = None) -> int:
                 for k in METRICS:
                     row[f"{clock}_{k}"] = sim[k]
                     row[f"{clock}_{k}_err"] = (sim[k] - real[k]) / real[k]
+            row["fitted"] = str(point.relative_to(ROOT)) in fitted
             rows.append(row)
             print(f"{engine:<14} {point.name:<18} " + "  ".join(
                 f"{k.split('_')[1]} vllm {row[f'vllm_{k}']:8.1f}" + "".join(
                     f" {c} {100 * row[f'{c}_{k}_err']:+6.1f}%" for c in clocks if f"{c}_{k}_err" in row)
-                for k in METRICS), flush=True)
-    print("\nper engine and clock, over its closed-loop points: median |error| of median TPOT, mean |error| of "
-          f"mean TTFT and of mean E2E (kvsim against real vLLM 0.23.0, {a.gpu})")
+                for k in METRICS) + ("  (fitted)" if row["fitted"] else ""), flush=True)
+    print("\nper engine and clock, over its closed-loop points (those a table was fitted on left out): median "
+          f"|error| of median TPOT, mean |error| of mean TTFT and of mean E2E (kvsim against real vLLM 0.23.0, {a.gpu})")
     for engine, again in ((e, s) for e in a.engines for s in ("", "again")):
         mine = [r for r in rows if r["engine"] == engine and r["point"].startswith(CLOSED_LOOPS)
-                and serving(r["point"]) == again]
+                and serving(r["point"]) == again and not r["fitted"]]
         label = f"{engine} {again}".strip()
         for clock in clocks:
             if not mine or f"{clock}_mean_ttft_ms_err" not in mine[0]:

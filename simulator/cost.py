@@ -260,26 +260,32 @@ class ScaledCost:
 
 class SyncCost:
     """A table measured with async scheduling on, run with it off (vLLM's synchronous
-    ``EngineCore.step``): every step also pays ``cpu_s``, the CPU work (input preparation, the
-    output's processing and its hand-off to the frontend) that async scheduling overlaps with the
-    GPU and the table's steps therefore hide. ``source`` says where ``cpu_s`` was measured."""
+    ``EngineCore.step``): every step also pays ``cpu_s`` plus ``cpu_per_seq_s`` for each request
+    in it, the CPU work (input preparation, the output's processing and its hand-off to the
+    frontend) that async scheduling overlaps with the GPU and the table's steps therefore hide.
+    ``source`` says where they were measured."""
 
-    def __init__(self, inner: CostModel, cpu_s: float, source: str):
-        self.inner, self.cpu_s, self.source = inner, float(cpu_s), source
+    def __init__(self, inner: CostModel, cpu_s: float, cpu_per_seq_s: float, source: str):
+        self.inner, self.cpu_s, self.cpu_per_seq_s, self.source = inner, float(cpu_s), float(cpu_per_seq_s), source
         self.uses_max_context_tokens = uses_max_context_tokens(inner)
         self.idle_start_s = getattr(inner, "idle_start_s", 0.0)
         self.idle_start_min_wait_s = getattr(inner, "idle_start_min_wait_s", 0.0)
         self.frontend_s = getattr(inner, "frontend_s", (0.0, 0.0, 0.0))
 
+    def _cpu(self, batch: StepBatch) -> float:
+        return self.cpu_s + self.cpu_per_seq_s * batch.num_seqs
+
     def step_time_s(self, batch: StepBatch) -> float:
-        return self.inner.step_time_s(batch) + self.cpu_s
+        return self.inner.step_time_s(batch) + self._cpu(batch)
 
     def run_time_s(self, batch: StepBatch, num_steps: int) -> float:
-        return self.inner.run_time_s(batch, num_steps) + num_steps * self.cpu_s
+        # a decode run keeps its requests: the same CPU work every step
+        return self.inner.run_time_s(batch, num_steps) + num_steps * self._cpu(batch)
 
     def describe(self) -> str:
-        return (f"{clock_source(self.inner)}; async scheduling off: +{self.cpu_s * 1e3:.2f} ms a step, "
-                f"the CPU work async scheduling hides ({self.source})")
+        return (f"{clock_source(self.inner)}; async scheduling off: +{self.cpu_s * 1e3:.2f} ms a step "
+                f"+{self.cpu_per_seq_s * 1e6:.1f} us a request in it, the CPU work async scheduling hides "
+                f"({self.source})")
 
 
 class CarriedCost:

@@ -313,25 +313,25 @@ def _idle_wait(provenance: dict, path: str) -> float:
     return value
 
 
-_ASYNC_OFF = re.compile(r"\+(\S+) s per step \((.+)\)$")
+_ASYNC_OFF = re.compile(r"\+(\S+) s per step(?: \+(\S+) s per sequence)? \((.+)\)$")
 
 
-def _async_off(provenance: dict, path: str) -> tuple[float, str] | None:
-    """A table's ``# async off:`` line (``+S s per step (where it was measured)``): what a step
-    costs more with async scheduling off than the table (measured with it on) prices it, and its
-    source; None without the line."""
+def _async_off(provenance: dict, path: str) -> tuple[float, float, str] | None:
+    """A table's ``# async off:`` line (``+S s per step [+P s per sequence] (where it was
+    measured)``): what a step costs more with async scheduling off than the table (measured with it
+    on) prices it, S plus P for each request in the step, and its source; None without the line."""
     text = provenance.get("async off")
     if text is None:
         return None
     m = _ASYNC_OFF.match(text.strip())
     try:
-        value = float(m.group(1)) if m else -1.0
+        values = (float(m.group(1)), float(m.group(2) or 0.0)) if m else (-1.0, -1.0)
     except ValueError:
-        value = -1.0
-    if not (value >= 0 and math.isfinite(value)):
-        raise InputError(f"'# async off:' must read '+S s per step (source)' (seconds >= 0), got {text!r}",
-                         file=path)
-    return value, m.group(2)
+        values = (-1.0, -1.0)
+    if not all(v >= 0 and math.isfinite(v) for v in values):
+        raise InputError("'# async off:' must read '+S s per step [+P s per sequence] (source)' (seconds >= 0), "
+                         f"got {text!r}", file=path)
+    return values[0], values[1], m.group(3)
 
 
 def _shown(path: str) -> str:
@@ -360,8 +360,9 @@ class StepShapeCost:
             request's way in and a token's way out, outside the steps (the engine adds them).
         idle_start_min_wait_s: the ``# idle wait:`` line: the engine adds c_idle only after an
             idle wait this long or longer (0 without the line: after any).
-        async_off: the ``# async off:`` line, (seconds, source): what every step costs more with
-            async scheduling off than this table, measured with it on, prices it (the engine's
+        async_off: the ``# async off:`` line, (s per step, s per sequence, source): what every
+            step costs more with async scheduling off than this table, measured with it on, prices
+            it, a fixed part and one per request in the step (the engine's
             setup adds it: planner.engine_setup); None without the line (async off is then a
             mismatch).
         negligible_terms: the eager terms the fit found but set to 0, their share of every

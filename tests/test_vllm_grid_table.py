@@ -161,26 +161,42 @@ def test_an_idle_runs_lone_prompts_give_the_tables_idle_start(tmp_path):
     assert f"after {grid_table.HOT_IDLE_GAP_S * 1e3:g} ms idle" in with_hot.describe()
 
 
-def test_the_async_off_line_is_the_median_extra_of_back_to_back_steps_over_the_table(tmp_path):
-    """An async-off run's back-to-back steps each took the table's price plus 1.5 ms (one 3 ms):
-    the line says 1.5 ms over those steps; a step scheduled long after the one before it (an idle
-    engine) and the warm-up's steps are not counted."""
+def test_the_async_off_line_is_a_line_in_the_batch_size_through_back_to_back_steps_over_the_table(tmp_path):
+    """An async-off wave run's back-to-back steps of 4 requests each took the table's price plus
+    1.5 ms (one 3 ms): over them alone the line is 1.5 ms a step and nothing per sequence; a step
+    scheduled long after the one before it (an idle engine) and the warm-up's steps are not counted.
+    With the async-off run's largest closed loop (steps of 64 requests, 1.5 + 60 x 0.05 ms) beside
+    it the line runs through both: 1.3 ms + 0.05 ms a sequence."""
     from kvsim.simulator.cost import StepBatch
 
     table = ROOT / "tables" / "vllm" / "llama8b-bf16_H100.csv"
     price = StepShapeCost(table).step_time_s
-    run = tmp_path / "llama8b-bf16-noasync-wave"
     header = "num_seqs,num_prefill_seqs,num_prefill_tokens,num_decode_tokens,num_scheduled_tokens,kv_read_tokens," \
              "attn_token_pairs,max_context_tokens,step_s,sched_cpu_s,update_cpu_s,t_done_s,t_sched_s"
-    for name, extras in (("wave-768-x4-o16", [0.0015] * 4 + [0.003] + [0.0015] * 2), ("wave-warmup", [0.5] * 5)):
-        (run / name).mkdir(parents=True)
+
+    def served(folder, n, extras):
+        folder.mkdir(parents=True)
         lines, done = [header], 1.0
         for i, extra in enumerate(extras):
             ctx = 800 + i
-            step = price(StepBatch(4, 0, 4, 4, 4 * ctx, 4 * ctx, ctx)) + extra
+            step = price(StepBatch(n, 0, n, n, n * ctx, n * ctx, ctx)) + extra
             sched = done + (0.05 if i == 3 else 0.0003)      # the fourth step starts an idle engine
             done = max(done, sched) + step - 0.0003 * (i != 3)
-            lines.append(f"4,0,0,4,4,{4 * ctx},{4 * ctx},{ctx},{step},0.0001,0.0001,{done},{sched}")
-        (run / name / "steps.csv").write_text("\n".join(lines) + "\n")
-    seconds, steps = grid_table.async_off_s(table, run)
-    assert steps == 5 and seconds == pytest.approx(0.0015, abs=1e-9)
+            lines.append(f"{n},0,0,{n},{n},{n * ctx},{n * ctx},{ctx},{step},0.0001,0.0001,{done},{sched}")
+        (folder / "steps.csv").write_text("\n".join(lines) + "\n")
+
+    engine = tmp_path / "llama8b-bf16-fine"
+    assert grid_table.noasync_runs(engine) == []
+    served(tmp_path / "llama8b-bf16-noasync-wave" / "wave-768-x4-o16", 4, [0.0015] * 4 + [0.003] + [0.0015] * 2)
+    served(tmp_path / "llama8b-bf16-noasync-wave" / "wave-warmup", 4, [0.5] * 5)
+    (tmp_path / "llama8b-bf16-noasync-wave" / "meta.json").write_text("{}")
+    waves = grid_table.noasync_runs(engine)
+    assert [w.name for w in waves] == ["wave-768-x4-o16"]
+    per_step, per_seq, steps = grid_table.async_off_fit(table, waves)
+    assert steps == 5 and per_step == pytest.approx(0.0015, abs=1e-9) and per_seq == 0.0
+    served(tmp_path / "llama8b-bf16-noasync" / "cl-1024-128-c64", 64, [0.0045] * 7)
+    served(tmp_path / "llama8b-bf16-noasync" / "cl-1024-128-c16", 16, [0.1] * 7)      # held out: not read
+    runs = grid_table.noasync_runs(engine)
+    assert [r.name for r in runs] == ["wave-768-x4-o16", "cl-1024-128-c64"]
+    per_step, per_seq, steps = grid_table.async_off_fit(table, runs)
+    assert steps == 10 and per_step == pytest.approx(0.0013, abs=1e-9) and per_seq == pytest.approx(5e-5, abs=1e-10)

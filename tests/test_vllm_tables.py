@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -97,19 +98,20 @@ def test_async_off_on_a_table_measured_with_it_on_adds_what_it_hid_to_every_step
 
     table = TABLES_DIR / "llama8b-bf16-fine_H100.csv"
     assert vllm_table_for(**_setup(async_scheduling=False)) == table
-    hidden, source = load_cost_table(table).async_off
-    assert 0.0005 < hidden < 0.002 and "llama8b-bf16-noasync-wave" in source
+    hidden, per_seq, source = load_cost_table(table).async_off
+    assert 0.0005 < hidden < 0.002 and 0 < per_seq < 1e-4 and "llama8b-bf16-noasync-wave" in source
     setups = {a: build_engine(model="Llama-3.1-8B", gpu=H100, cost_table="vllm", async_scheduling=a) for a in (True, False)}
     decode = StepBatch(8, 0, 8, 8, 8 * 1000, 8 * 1000, 1000)
     prefill = StepBatch(1, 3000, 0, 3000, 3000, 3000 * 1500, 3000)
-    for batch in (decode, prefill):
+    for batch in (decode, prefill):      # a fixed part, and one for each request in the step
         on, off = (setups[a].cost.step_time_s(batch) for a in (True, False))
-        assert off - on == pytest.approx(hidden, abs=1e-12)
+        assert off - on == pytest.approx(hidden + per_seq * batch.num_seqs, abs=1e-12)
     on, off = (setups[a].cost.run_time_s(decode, 50) for a in (True, False))
-    assert off - on == pytest.approx(50 * hidden, rel=1e-9)
+    assert off - on == pytest.approx(50 * (hidden + 8 * per_seq), rel=1e-9)
     assert setups[True].config.async_scheduling and not setups[False].config.async_scheduling
     clock = setups[False].cost.describe()
-    assert "llama8b-bf16-fine_H100.csv" in clock and f"async scheduling off: +{hidden * 1e3:.2f} ms a step" in clock
+    assert "llama8b-bf16-fine_H100.csv" in clock and f"async scheduling off: +{hidden * 1e3:.2f} ms a step " \
+        f"+{per_seq * 1e6:.1f} us a request in it" in clock
     assert "async scheduling off" not in setups[True].cost.describe()
     with pytest.raises(InputError, match="async scheduling off"):
         build_engine(model="Llama-3.1-8B", gpu=H100, weight_dtype="fp8", kv_cache_dtype="fp8",
@@ -121,7 +123,11 @@ def test_a_bad_async_off_line_is_one_error_naming_the_table(tmp_path):
 
     text = (TABLES_DIR / "llama8b-bf16_H100.csv").read_text()
     bad = tmp_path / "t.csv"
-    bad.write_text(text.replace("# async off: +", "# async off: -"))
-    with pytest.raises(InputError) as err:
-        load_cost_table(bad)
-    assert "'# async off:'" in str(err.value) and "t.csv" in str(err.value) and "\n" not in str(err.value)
+    for wrong in (text.replace("# async off: +", "# async off: -"), text.replace(" s per sequence", " per seq")):
+        bad.write_text(wrong)
+        with pytest.raises(InputError) as err:
+            load_cost_table(bad)
+        assert "'# async off:'" in str(err.value) and "t.csv" in str(err.value) and "\n" not in str(err.value)
+    # the per-sequence part may be left out: nothing per request
+    bad.write_text(re.sub(r" \+\S+ s per sequence", "", text))
+    assert load_cost_table(bad).async_off[1] == 0.0

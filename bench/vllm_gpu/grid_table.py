@@ -24,10 +24,11 @@ the engine adds to the first step after an idle wait, instead of letting lone pr
 bend f (the grid's lone prefills all start an idle engine).
 
 Where the engine also served the wave plan with async scheduling off (``ENGINE-noasync-wave``),
-the table gets an ``# async off:`` line: the median, over that run's back-to-back steps, of what
-each took from one result to the next beyond the table's price (the CPU work async scheduling
-overlaps with the GPU). kvsim adds it to every step of a run with async scheduling off, which
-the table then fits (simulator.cost.SyncCost).
+the table gets an ``# async off:`` line: what each back-to-back step of that run (and of the
+largest closed loop of ``ENGINE-noasync``, where it ran) took from one result to the next beyond
+the table's price (the CPU work async scheduling overlaps with the GPU), as a line in the step's
+batch size. kvsim adds it to every step of a run with async scheduling off, which the table then
+fits (simulator.cost.SyncCost).
 
 Prefill steps whose ``step_s`` is outside ``BAND`` times what they should take (a one-sequence
 decode step plus their tokens at the grid's median rate per token) are dropped and counted in the provenance: under async scheduling a step's
@@ -197,38 +198,57 @@ def hot_runs(engine: Path) -> list[Path]:
     return runs
 
 
-def noasync_run(engine: Path) -> Path | None:
-    """The wave plan served with async scheduling off beside an engine's folder
-    (``qwen3-30b-a3b-fine`` -> ``qwen3-30b-a3b-noasync-wave``), None where there is none."""
-    run = engine.parent / f"{engine.name.removesuffix('-fine')}-noasync-wave"
-    return run if (run / "meta.json").is_file() else None
+# the closed loops of an engine's held-out async-off run (``ENGINE-noasync``) that the line is
+# fitted on as well: the largest batch; the others and its trace excerpt stay held out
+ASYNC_OFF_FIT_POINTS = ("cl-1024-128-c64",)
 
 
-def async_off_s(table: Path, run: Path) -> tuple[float, int]:
+def noasync_runs(engine: Path) -> list[Path]:
+    """The async-off workloads an engine's ``# async off:`` line is fitted on, beside its folder
+    (``qwen3-30b-a3b-fine`` -> ``qwen3-30b-a3b-noasync-wave``'s waves, its warm-up left out, and
+    ASYNC_OFF_FIT_POINTS of ``qwen3-30b-a3b-noasync``); none without the wave run."""
+    base = engine.parent / engine.name.removesuffix("-fine")
+    wave = base.with_name(base.name + "-noasync-wave")
+    if not (wave / "meta.json").is_file():
+        return []
+    closed = [base.with_name(base.name + "-noasync") / p for p in ASYNC_OFF_FIT_POINTS]
+    return [w for w in sorted(wave.glob("*/")) if not w.name.endswith("warmup") and (w / "steps.csv").is_file()] \
+        + [c for c in closed if (c / "steps.csv").is_file()]
+
+
+def async_off_fit(table: Path, runs: list[Path]) -> tuple[float, float, int]:
     """What a step costs more with async scheduling off than ``table`` (measured with it on)
-    prices it: the median, over the async-off run's back-to-back steps (its warm-up left out), of
-    each step's period (its result after the one before it) less the table's price; and how many
-    steps. The CPU work async scheduling overlaps with the GPU (input preparation, the output's
-    processing and hand-off) shows in every such period."""
+    prices it, as a line in the step's batch size: (s per step, s per sequence, steps). Each of the
+    async-off ``runs``' back-to-back steps gives its period (its result after the one before it)
+    less the table's price; the line is the least-squares one through the medians of each batch size
+    (num_seqs), weighted by their steps (a slope below 0 is 0, and the line the median). The CPU
+    work async scheduling overlaps with the GPU shows in every such period: input preparation, the
+    output's processing and hand-off, part of it per request."""
     from kvsim.simulator.cost import StepBatch
     from kvsim.simulator.cost_table import load_cost_table
 
     cost = load_cost_table(table)
-    extra = []
-    for steps in sorted(run.glob("*/steps.csv")):
-        if steps.parent.name.endswith("warmup"):
-            continue
+    extra: dict[int, list[float]] = {}
+    for run in runs:
         prev = None
-        with open(steps, newline="") as f:
+        with open(run / "steps.csv", newline="") as f:
             for r in csv.DictReader(f):
                 done = float(r["t_done_s"])
                 if prev is not None and float(r["t_sched_s"]) - prev <= BACK_TO_BACK_S:
                     batch = StepBatch(int(r["num_seqs"]), int(r["num_prefill_tokens"]), int(r["num_decode_tokens"]),
                                       int(r["num_scheduled_tokens"]), int(r["kv_read_tokens"]),
                                       int(r["attn_token_pairs"]), int(r["max_context_tokens"]))
-                    extra.append(done - prev - cost.step_time_s(batch))
+                    extra.setdefault(batch.num_seqs, []).append(done - prev - cost.step_time_s(batch))
                 prev = done
-    return float(np.median(extra)), len(extra)
+    steps = sum(map(len, extra.values()))
+    sizes = np.array(sorted(extra), dtype=float)
+    medians = np.array([np.median(extra[n]) for n in sorted(extra)])
+    weights = np.array([len(extra[n]) for n in sorted(extra)], dtype=float)
+    if len(sizes) > 1:
+        slope, intercept = np.polyfit(sizes, medians, 1, w=np.sqrt(weights))
+        if slope > 0:
+            return float(intercept), float(slope), steps
+    return float(np.median(np.concatenate([np.asarray(v) for v in extra.values()]))), 0.0, steps
 
 
 def frontend(run: Path) -> tuple[float, float, float, int]:
@@ -266,9 +286,10 @@ def _from_root(folder: Path) -> str:
 
 def provenance(folder: Path, meta: dict, num_rows: int, dropped: int, knot_tokens: list[int],
                idle: Path | None = None, hot: list[Path] = (),
-               async_off: tuple[float, int, Path] | None = None) -> list[str]:
+               async_off: tuple[float, float, int, list[Path]] | None = None) -> list[str]:
     """The table's ``#`` lines: what kvsim's table readers and ``mismatches`` look for
-    (``async_off``: seconds, steps and the async-off run they were measured on)."""
+    (``async_off``: seconds per step and per sequence, steps, and the async-off workloads they were
+    measured on)."""
     args, core = meta.get("engine_args", {}), meta.get("engine_core", {})
     way = frontend(idle) if idle else None
     versions = meta.get("versions", {})
@@ -295,9 +316,10 @@ def provenance(folder: Path, meta: dict, num_rows: int, dropped: int, knot_token
         *([f"# idle wait: {HOT_IDLE_GAP_S} s (c_idle after an idle wait this long or longer; lone prompts "
            f"{HOT_IDLE_GAP_S * 1e3:g} ms or less after the last step are rows of their own price: "
            f"{_from_root(hot[0].parent)})"] if hot else []),
-        *([f"# async off: +{async_off[0]:.6f} s per step (the median over {async_off[1]} back-to-back steps "
-           f"of {_from_root(async_off[2])}, served with async scheduling off: result to result, less this "
-           f"table's price)"] if async_off else []),
+        *([f"# async off: +{async_off[0]:.6f} s per step +{async_off[1]:.3e} s per sequence (a line in the "
+           f"batch size through {async_off[2]} back-to-back steps of "
+           f"{' and '.join(dict.fromkeys(_from_root(r.parent if r.parent.name.endswith('-wave') else r) for r in async_off[3]))}, served with async scheduling off: result to "
+           f"result, less this table's price)"] if async_off else []),
         f"# source: {_from_root(folder)}/grid" + (f" and {_from_root(idle)}" if idle else "")
         + "".join(f" and {_from_root(run)}" for run in hot)
         + " (held out: every closed-loop and trace run of the same engine)",
@@ -342,12 +364,12 @@ def main(argv: list[str] | None = None) -> int:
             w.writerows(rows)
 
     write()
-    sync = noasync_run(a.engine) if meta.get("engine_core", {}).get("async_scheduling") else None
-    if sync is not None:    # priced by the table just written, then the table again with the line
-        write((*async_off_s(a.out, sync), sync))
+    sync = noasync_runs(a.engine) if meta.get("engine_core", {}).get("async_scheduling") else []
+    if sync:    # priced by the table just written, then the table again with the line
+        write((*async_off_fit(a.out, sync), sync))
     print(f"{a.out}: {len(rows)} rows from {steps}{f' and {idle}' if idle else ''}"
           f"{''.join(f' and {run}' for run in hot)} ({dropped} dropped)"
-          + (f"; async off from {sync}" if sync is not None else ""))
+          + (f"; async off from {', '.join(map(str, sync))}" if sync else ""))
     return 0
 
 
