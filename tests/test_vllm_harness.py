@@ -100,3 +100,51 @@ def test_step_rows_keep_when_each_step_was_scheduled_and_share_the_engine_time_b
     assert [round(r["step_s"], 6) for r in rows] == [0.091, 0.002]
     assert rows[1]["num_decode_tokens"] == 3 and rows[1]["attn_token_pairs"] == 768 * 768 + 3 * 769
     assert round(rows[0]["sched_cpu_s"], 6) == 0.0003
+
+
+def test_triton_compiles_are_logged_and_counted_in_the_steps_they_stall(tmp_path, monkeypatch):
+    """The probe wraps JITFunction._do_compile: each compile (also one that raises) leaves a
+    ``jit`` line with its kernel, start, end and key, once per class; the harness gives each step
+    the compile seconds inside its share of the engine's time (a 0.6 s compile from 1.2 to 1.8 s
+    within a step from 1.0 to 2.0 s; half of a second one) and lists each workload's compiles."""
+    import json
+
+    import pytest
+
+    spec = importlib.util.spec_from_file_location("vllm_probe", ROOT / "bench" / "vllm_gpu" / "kvsim_vllm_probe.py")
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    log = tmp_path / "steps.raw.jsonl"
+    monkeypatch.setenv("KVSIM_STEP_LOG", str(log))
+
+    class Kernel:                            # a JITFunction's shape: .fn, ._do_compile(key, ...)
+        fn = SimpleNamespace(__qualname__="_matmul_ogs")
+
+        def _do_compile(self, key, signature, *rest):
+            if key == "bad":
+                raise RuntimeError("ptxas")
+            return f"compiled {key}"
+
+    assert probe.time_compiles(Kernel) and not probe.time_compiles(Kernel)    # once
+    assert not probe.time_compiles(SimpleNamespace)                           # nothing to wrap
+    assert Kernel()._do_compile("(16, 'i32', 'D')", {}) == "compiled (16, 'i32', 'D')"
+    with pytest.raises(RuntimeError):
+        Kernel()._do_compile("bad", {})
+    probe._state["file"].flush()
+    lines = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [(j["jit"], j["key"]) for j in lines] == [("_matmul_ogs", "(16, 'i32', 'D')"), ("_matmul_ogs", "bad")]
+    assert all(j["t1"] >= j["t0"] for j in lines)
+
+    t0 = 100.0
+    lines = [{"sched_t0": t0 + 1.0, "sched_t1": t0 + 1.001, "done_t": t0 + 2.0, "upd_t1": t0 + 2.001,
+              "reqs": [[512, 512, "p"]]},
+             {"sched_t0": t0 + 2.0, "sched_t1": t0 + 2.001, "done_t": t0 + 2.01, "upd_t1": t0 + 2.011,
+              "reqs": [[1, 513, "d"]]},
+             {"jit": "_topk_forward", "t0": t0 + 1.2, "t1": t0 + 1.8, "key": "k1"},
+             {"jit": "_matmul_ogs", "t0": t0 + 1.9, "t1": t0 + 2.1, "key": "k2"},
+             {"jit": "_warmup", "t0": t0 - 5.0, "t1": t0 - 4.0, "key": "k0"}]
+    rows = harness.step_rows(lines, t0, t0 + 3.0)
+    assert [round(r["jit_s"], 9) for r in rows] == [0.7, 0.01]
+    jit = harness.jit_rows(lines, t0, t0 + 3.0)
+    assert [(j["kernel"], round(j["t0_s"], 9), round(j["t1_s"], 9)) for j in jit] == \
+        [("_topk_forward", 1.2, 1.8), ("_matmul_ogs", 1.9, 2.1)]

@@ -20,7 +20,9 @@ What a run leaves under ``--out``:
 * ``<workload>/requests.jsonl``: per request the arrival, send, first-token, every token's and
   finish times (seconds from the workload's start, front-end process), prompt and output tokens;
 * ``<workload>/steps.csv``: per engine step, measured in the engine core by the probe plugin
-  (``kvsim_vllm_probe``), kvsim's StepBatch fields and ``step_s``;
+  (``kvsim_vllm_probe``), kvsim's StepBatch fields and ``step_s`` (``jit_s``: the Triton JIT
+  compiles within it); ``<workload>/jit.csv``: every Triton JIT compile of the engine core while
+  the workload ran (kernel, start, end, specialisation key);
 * ``gpu.csv``: the SM clock and power draw every 500 ms (nvidia-smi), ``vllm.log``.
 
 Plan entries (``plan.json``: a list), each with a unique ``name``:
@@ -55,7 +57,8 @@ from pathlib import Path
 
 STEP_COLUMNS = ("num_seqs", "num_prefill_seqs", "num_prefill_tokens", "num_decode_tokens",
                 "num_scheduled_tokens", "kv_read_tokens", "attn_token_pairs", "max_context_tokens",
-                "step_s", "sched_cpu_s", "update_cpu_s", "t_done_s", "t_sched_s")
+                "step_s", "sched_cpu_s", "update_cpu_s", "t_done_s", "t_sched_s", "jit_s")
+JIT_COLUMNS = ("kernel", "t0_s", "t1_s", "key")
 
 
 # ---------------------------------------------------------------- prompts (pure, tested on CPU)
@@ -173,8 +176,10 @@ def step_rows(lines: list[dict], t0: float, t1: float) -> list[dict]:
     between their returns; after an idle engine: scheduling, input preparation and the GPU).
     ``t_sched_s`` is when the step was scheduled, ``t_done_s`` when its output came back (from
     ``t0``): under async scheduling step k + 1 is scheduled when step k's launch returns, and step
-    k's output is taken only after step k + 1's launch returns."""
+    k's output is taken only after step k + 1's launch returns. ``jit_s``: the seconds of Triton
+    JIT compiles (the probe's ``jit`` lines) within the step's share of the engine's time."""
     recs = sorted((r for r in lines if "reqs" in r), key=lambda r: r["done_t"])
+    jits = [(j["t0"], j["t1"]) for j in lines if "jit" in j]
     rows, prev_done = [], None
     for r in recs:
         start = r["sched_t0"] if prev_done is None else max(prev_done, r["sched_t0"])
@@ -198,8 +203,15 @@ def step_rows(lines: list[dict], t0: float, t1: float) -> list[dict]:
         row["update_cpu_s"] = r["upd_t1"] - r["done_t"]
         row["t_done_s"] = r["done_t"] - t0
         row["t_sched_s"] = r["sched_t0"] - t0
+        row["jit_s"] = sum((max(0.0, min(b, r["done_t"]) - max(a, start)) for a, b in jits), 0.0)
         rows.append(row)
     return rows
+
+
+def jit_rows(lines: list[dict], t0: float, t1: float) -> list[dict]:
+    """The probe's Triton JIT compiles that began in [t0, t1], in order, times from ``t0``."""
+    return [{"kernel": j["jit"], "t0_s": j["t0"] - t0, "t1_s": j["t1"] - t0, "key": j["key"]}
+            for j in sorted((j for j in lines if "jit" in j), key=lambda j: j["t0"]) if t0 <= j["t0"] <= t1]
 
 
 def write_csv(path: Path, rows: list[dict], columns) -> None:
@@ -394,6 +406,7 @@ def finish(out: Path) -> None:
     for name, w in meta["workloads"].items():
         rows = step_rows(lines, w["t0_monotonic"], w["t1_monotonic"])
         write_csv(out / name / "steps.csv", rows, STEP_COLUMNS)
+        write_csv(out / name / "jit.csv", jit_rows(lines, w["t0_monotonic"], w["t1_monotonic"]), JIT_COLUMNS)
         w["num_steps"] = len(rows)
     try:
         import torch

@@ -19,6 +19,11 @@ per-request stamps (taken in the front-end process) line up with these.
 The first line is ``{"meta": ...}``: the engine core's resolved scheduler settings and its KV
 cache size, as the engine core has them (num_gpu_blocks, block_size, max_num_seqs,
 max_num_batched_tokens, the scheduler class, async scheduling, cudagraph capture sizes).
+
+Every Triton JIT compile in the engine core (``JITFunction._do_compile``: a kernel's first launch
+with a new specialisation, e.g. an integer argument that is newly 1 or a multiple of 16, or a new
+constexpr) leaves ``{"jit": kernel, "t0": .., "t1": .., "key": ..}``: its start and end, and its
+specialisation key (cut to KEY_CHARS). vLLM's own JIT monitor logs only each kernel's first.
 """
 from __future__ import annotations
 
@@ -28,6 +33,7 @@ import os
 import time
 
 _state = {"file": None, "pending": {}, "meta_done": False}
+KEY_CHARS = 400
 
 
 def _out():
@@ -59,11 +65,41 @@ def _meta(sched) -> dict:
     }
 
 
+def time_compiles(jit_function) -> bool:
+    """Wrap ``jit_function._do_compile`` (triton.runtime.jit.JITFunction's; any signature) so each
+    compile writes its line; False where there is none to wrap (another Triton) or it is wrapped."""
+    compile_ = getattr(jit_function, "_do_compile", None)
+    if compile_ is None or getattr(jit_function, "_kvsim_probe", False):
+        return False
+
+    def timed_compile(self, *args, **kwargs):
+        t0 = time.monotonic()
+        try:
+            return compile_(self, *args, **kwargs)
+        finally:
+            key = args[0] if args else kwargs.get("key")
+            name = getattr(getattr(self, "fn", None), "__qualname__", type(self).__name__)
+            _out().write(json.dumps({"jit": name, "t0": t0, "t1": time.monotonic(), "key": str(key)[:KEY_CHARS]},
+                                    separators=(",", ":")) + "\n")
+
+    jit_function._do_compile = timed_compile
+    jit_function._kvsim_probe = True
+    return True
+
+
 def register() -> None:
-    """The entry point: patch the scheduler once per process, when logging is asked for."""
+    """The entry point: patch the scheduler (and Triton's compiles) once per process, when logging
+    is asked for."""
     if not os.environ.get("KVSIM_STEP_LOG"):
         return
     from vllm.v1.core.sched.scheduler import Scheduler
+
+    try:
+        from triton.runtime.jit import JITFunction
+    except ImportError:         # no Triton: no compiles to time
+        pass
+    else:
+        time_compiles(JITFunction)
 
     if getattr(Scheduler, "_kvsim_probe", False):
         return
