@@ -113,3 +113,26 @@ def test_scheduling_modes_sweep_through_the_real_simulator():
     assert v0_sync["config.engine.max_num_batched_tokens"] == 4096
     for row in (v1_async, v1_sync, v0_sync):
         assert row["requests_finished"] == 300
+
+
+def test_plan_says_which_clock_priced_its_points(monkeypatch, capsys):
+    """One clock line when every point ran the same clock; where the sweep changes it (async
+    scheduling off on a table with a measured '# async off:' line; a GPU with no table: the H100's
+    carried there, extrapolated) one line per clock, naming its points."""
+    spec = "random:isl=512,osl=16,n=8,concurrency=4,seed=1"
+    base = ["plan", spec, "--model", "Llama-3.1-8B", "--max-model-len", "4096", "--quiet"]
+    assert kvsim(monkeypatch, base + ["--gpu", "h100", "--sweep", "block_size=16,32"]) == 0
+    clocks = [line for line in capsys.readouterr().out.splitlines() if line.startswith("clock")]
+    assert len(clocks) == 1 and clocks[0].startswith("clock: measured table") and "llama8b-bf16" in clocks[0]
+    assert kvsim(monkeypatch, base + ["--gpu", "h100", "--sweep", "async_scheduling=true,false"]) == 0
+    clocks = [line for line in capsys.readouterr().out.splitlines() if line.startswith("clock")]
+    assert [c.split(":")[0] for c in clocks] == ["clock (point 0)", "clock (point 1)"]
+    assert "async scheduling off" not in clocks[0] and "async scheduling off: +" in clocks[1]
+    assert kvsim(monkeypatch, base + ["--sweep", "gpu=h100,l40s,a100"]) == 0
+    clocks = [line for line in capsys.readouterr().out.splitlines() if line.startswith("clock")]
+    assert [c.split(":")[0] for c in clocks] == ["clock (point 0)", "clock (point 1)", "clock (point 2)"]
+    assert "carried" not in clocks[0]
+    assert all("carried from H100" in c and "extrapolated" in c for c in clocks[1:])
+    assert kvsim(monkeypatch, base + ["--gpu", "h100", "--cost-table", "roofline", "--sweep", "block_size=16,32,64"]) == 0
+    clocks = [line for line in capsys.readouterr().out.splitlines() if line.startswith("clock")]
+    assert len(clocks) == 1 and clocks[0].startswith("clock: roofline")
