@@ -117,8 +117,9 @@ PRESET_CONFIGS: dict[str, dict] = {
 }
 
 
-# hybrid models: presets read from the config.json files bundled in planner/hf_configs (copied
-# from the Hugging Face Hub; see each folder), name -> (folder, Hub id)
+# presets read from the config.json files bundled in planner/hf_configs (copied from the Hugging
+# Face Hub; see each folder): the hybrid models, and the models real vLLM was measured serving
+# (their shipped tables in tables/vllm/ are then their default clock), name -> (folder, Hub id)
 HF_CONFIG_DIR = Path(__file__).resolve().parent / "hf_configs"
 BUNDLED_MODELS = {
     "gpt-oss-20b": ("gpt-oss-20b", "openai/gpt-oss-20b"),
@@ -127,6 +128,8 @@ BUNDLED_MODELS = {
     "DeepSeek-V3": ("DeepSeek-V3", "deepseek-ai/DeepSeek-V3"),
     "Qwen3-Next-80B-A3B": ("Qwen3-Next-80B-A3B-Instruct", "Qwen/Qwen3-Next-80B-A3B-Instruct"),
     "Nemotron-H-8B": ("Nemotron-H-8B-Base-8K", "nvidia/Nemotron-H-8B-Base-8K"),
+    "Qwen3-30B-A3B": ("Qwen3-30B-A3B", "Qwen/Qwen3-30B-A3B"),
+    "Qwen3-32B": ("Qwen3-32B", "Qwen/Qwen3-32B"),
 }
 
 

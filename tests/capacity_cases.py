@@ -22,7 +22,7 @@ MODELS = {  # config folder -> tensor-parallel sizes its heads allow
 }
 
 
-# every hybrid preset on the GPUs it fits, at the KV memory kvsim computes for it (vLLM's
+# every bundled preset on the GPUs it fits, at the KV memory kvsim computes for it (vLLM's
 # defaults otherwise: batch limits of the GPU, gpu_memory_utilization 0.92): (preset, GPU, tp,
 # max_model_len, prefix caching, hybrid manager off)
 PRESET_CASES = [
@@ -41,6 +41,10 @@ PRESET_CASES = [
     ("Nemotron-H-8B", "H100-80GB-SXM", 1, 8192, True, False),
     ("Nemotron-H-8B", "H200", 1, 8192, True, False),
     ("Nemotron-H-8B", "H200", 1, 8192, False, False),
+    ("Qwen3-30B-A3B", "H100-80GB-SXM", 1, 40960, True, False),
+    ("Qwen3-30B-A3B", "H200", 1, 40960, True, False),
+    ("Qwen3-32B", "H100-80GB-SXM", 1, 8192, True, False),
+    ("Qwen3-32B", "H200", 1, 40960, True, False),
 ]
 
 
@@ -74,8 +78,17 @@ def preset_cases() -> list[dict]:
 
 
 def report_plan(r) -> dict:
-    """A capacity report in the harness's output format."""
-    return plan_dict(r.kv_plan)
+    """A capacity report in the harness's output format (a model of one attention kind: vLLM's
+    one full-attention group of every layer)."""
+    if r.kv_plan is not None:
+        return plan_dict(r.kv_plan)
+    from kvsim.planner.presets import get_model
+
+    layers = get_model(r.model).num_layers
+    return {"num_gpu_blocks": r.num_gpu_blocks, "block_size": r.block_size, "bytes_per_block": r.bytes_per_block,
+            "kv_cache_tokens": r.kv_cache_tokens, "max_concurrency": r.max_concurrency,
+            "groups": [{"kind": "full_attention", "layers": list(range(layers)), "block_size": r.block_size,
+                        "page_size_bytes": r.bytes_per_block // layers, "group_page_bytes": r.bytes_per_block}]}
 
 
 def plan_dict(plan) -> dict:

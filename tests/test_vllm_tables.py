@@ -131,3 +131,23 @@ def test_a_bad_async_off_line_is_one_error_naming_the_table(tmp_path):
     # the per-sequence part may be left out: nothing per request
     bad.write_text(re.sub(r" \+\S+ s per sequence", "", text))
     assert load_cost_table(bad).async_off[1] == 0.0
+
+
+def test_every_model_real_vllm_was_measured_serving_is_a_preset_whose_default_clock_is_its_table():
+    """Qwen3-30B-A3B and Qwen3-32B are presets (their config.json bundled), so `--model NAME`
+    alone reaches their measured tables, as Llama-3.1-8B, Llama-3.1-70B and gpt-oss do."""
+    from kvsim.planner.engine_setup import build_engine
+    from kvsim.planner.presets import get_model
+    from kvsim.simulator.cost_table import StepShapeCost
+
+    models = {provenance["model"] for _, provenance, _ in measured_tables()}
+    assert {"Qwen3-30B-A3B", "Qwen3-32B"} <= models
+    for model in models:
+        spec = get_model(model)
+        assert spec.name == model
+        gpu = "H200" if model == "Llama-3.1-70B" else "h100"      # Llama-3.1-70B fp8: the H200's alone
+        quant = dict(weight_dtype="fp8", kv_cache_dtype="fp8") if model == "Llama-3.1-70B" else {}
+        cost = build_engine(model=model, gpu=gpu, max_model_len=8192, **quant).cost
+        assert isinstance(cost, StepShapeCost) and cost.provenance["model"] == model, model
+    assert get_model("Qwen/Qwen3-30B-A3B").name == "Qwen3-30B-A3B" and get_model("qwen3-32b").name == "Qwen3-32B"
+    assert get_model("Qwen3-30B-A3B").num_layers == 48 and get_model("Qwen3-32B").num_layers == 64
