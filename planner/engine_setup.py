@@ -73,7 +73,8 @@ from kvsim.planner.capacity import (DEFAULT_BLOCK_SIZE, DEFAULT_GPU_MEMORY_UTILI
                                     compute_capacity, kv_cache_group_specs, model_kv_groups,
                                     vllm_batch_defaults)
 from kvsim.planner.presets import get_gpu, get_model
-from kvsim.planner.roofline import DEFAULT_STEP_OVERHEAD_S, RooflineCost, measured_flops_efficiency
+from kvsim.planner.roofline import (DEFAULT_STEP_OVERHEAD_S, RooflineCost, measured_decode,
+                                    measured_flops_efficiency)
 from kvsim.planner.specs import GpuSpec, ModelSpec
 from kvsim.planner.tiers import block_bytes, build_tiers
 from kvsim.planner.weights import serve_weights_as
@@ -488,10 +489,14 @@ def _step_cost(s: EngineSettings, model: ModelSpec | None, gpu: GpuSpec | None,
     else:
         flops, source = (s.flops_efficiency, "") if s.flops_efficiency is not None else \
             measured_flops_efficiency(model, gpu)
+        # real vLLM's decode shares (bandwidth of weights and KV, time a layer) unless the memory
+        # side or the fixed cost is given
+        given = (s.step_overhead_s, s.bandwidth_efficiency) != (DEFAULT_STEP_OVERHEAD_S, 1.0)
         cost = RooflineCost(model, gpu, tp=s.tensor_parallel_size, kv_dtype=s.kv_cache_dtype,
                             step_overhead_s=s.step_overhead_s,
                             bandwidth_efficiency=s.bandwidth_efficiency,
-                            flops_efficiency=flops, flops_source=source)
+                            flops_efficiency=flops, flops_source=source,
+                            decode=None if given else measured_decode(gpu))
     if s.step_time_scale != 1.0:
         cost = ScaledCost(cost, s.step_time_scale)
     return cost

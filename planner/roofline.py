@@ -31,6 +31,8 @@ from __future__ import annotations
 
 import math
 
+from dataclasses import dataclass
+
 from kvsim.errors import InputError
 from kvsim.planner.allreduce import allreduce_link
 from kvsim.planner.capacity import kv_bytes_per_token
@@ -50,6 +52,42 @@ MEASURED_FLOPS_GPUS = ("H100-80GB-SXM", "H200")
 # what each class was measured on (real vLLM 0.23.0, dummy weights)
 MEASURED_FLOPS_ENGINES = {"bf16": "Llama-3.1-8B, Qwen3-32B", "fp8": "Llama-3.1-8B fp8, Llama-3.1-70B fp8",
                           "bf16-moe": "Qwen3-30B-A3B", "mxfp4-moe": "gpt-oss-20b, gpt-oss-120b"}
+
+
+@dataclass(frozen=True)
+class DecodeShares:
+    """The memory side and the fixed cost of a step as real vLLM's decode steps show them: the
+    shares of the datasheet bandwidth that its weight reads (``weights``) and its KV reads and
+    writes (``kv``) reach, and a fixed latency per layer (``layer_s``: the graph's kernel launches
+    and synchronisation, the step's CPU work that async scheduling does not hide); ``source`` says
+    where they were measured."""
+
+    weights: float
+    kv: float
+    layer_s: float
+    source: str
+
+
+# Fitted per GPU to the decode rows (CUDA-graph steps, 1-256 sequences, 512-4,096 tokens of
+# context) of the shipped tables of real vLLM 0.23.0's dense engines (Llama-3.1-8B bf16 and fp8,
+# Qwen3-32B, on the H200 also Llama-3.1-70B fp8): least squares of the relative error of
+# weights / (bandwidth x weights) + KV / (bandwidth x kv) + layers x layer_s, each table weighing
+# the same (bench/roofline_efficiency.py prints the fit and each engine's error with it fitted
+# without that engine; tests check these against it). An untied input embedding is not streamed
+# (a step looks up its tokens' rows). On any other GPU the H100's shares are assumed.
+MEASURED_DECODE = {
+    "H100-80GB-SXM": DecodeShares(0.95, 0.66, 58e-6, "real vLLM 0.23.0's decode steps on the H100"),
+    "H200": DecodeShares(0.87, 0.56, 52e-6, "real vLLM 0.23.0's decode steps on the H200"),
+}
+
+
+def measured_decode(gpu: GpuSpec) -> DecodeShares:
+    """The measured decode shares of ``gpu`` (MEASURED_DECODE), else the H100's, said extrapolated."""
+    shares = MEASURED_DECODE.get(gpu.name)
+    if shares is not None:
+        return shares
+    h100 = MEASURED_DECODE["H100-80GB-SXM"]
+    return DecodeShares(h100.weights, h100.kv, h100.layer_s, f"{h100.source}, extrapolated to {gpu.name}")
 
 
 def weight_class(model: ModelSpec) -> str:
@@ -75,6 +113,16 @@ def measured_flops_efficiency(model: ModelSpec, gpu: GpuSpec) -> tuple[float, st
                                             f"{where})")
 
 
+def input_embedding_bytes(model: ModelSpec) -> float:
+    """The bytes of a model's input embedding table where an output projection of its own is
+    streamed instead (untied: a step only looks up its tokens' rows); 0 when tied (the output
+    projection reads it) or without the weights by kind."""
+    weights = model.weights
+    if weights is None or not weights.breakdown.total["lm_head"]:
+        return 0.0
+    return float(weights.breakdown.total["embedding"] * weights.format.dtype_bytes)
+
+
 class RooflineCost:
     """Step duration from a roofline of (model, GPU, tp); see the module docstring.
 
@@ -86,11 +134,14 @@ class RooflineCost:
         bandwidth_efficiency, flops_efficiency: achievable fractions of the datasheet peaks, (0, 1].
         flops_source: where flops_efficiency comes from (``measured_flops_efficiency``'s text),
             for the clock line; "" for a given one.
+        decode: measured DecodeShares (``measured_decode``): the weight and KV bytes at their own
+            shares of the bandwidth (an untied input embedding not streamed) and ``num_layers x
+            layer_s`` a step, in place of bandwidth_efficiency and step_overhead_s.
     """
 
     def __init__(self, model: ModelSpec, gpu: GpuSpec, *, tp: int = 1, kv_dtype: str = "auto",
                  step_overhead_s: float = DEFAULT_STEP_OVERHEAD_S, bandwidth_efficiency: float = 1.0,
-                 flops_efficiency: float = 1.0, flops_source: str = ""):
+                 flops_efficiency: float = 1.0, flops_source: str = "", decode: DecodeShares | None = None):
         if step_overhead_s < 0:
             raise InputError(f"step_overhead_s must be >= 0, got {step_overhead_s}")
         for name, value in (("bandwidth_efficiency", bandwidth_efficiency),
@@ -98,7 +149,8 @@ class RooflineCost:
             if not 0 < value <= 1:
                 raise InputError(f"{name} must be in (0, 1], got {value}")
         self.model, self.gpu, self.tp = model, gpu, tp
-        self.step_overhead_s = step_overhead_s
+        self.decode = decode
+        self.step_overhead_s = step_overhead_s if decode is None else model.num_layers * decode.layer_s
         self.weight_bytes = math.ceil(model.weight_bytes / tp)
         # MoE: the routed experts are read in the share a step's tokens touch
         weights = model.weights
@@ -107,7 +159,12 @@ class RooflineCost:
         self.kv_bytes_per_token = kv_bytes_per_token(model, kv_dtype, tp)
         self.flops_per_token = 2.0 * model.active_params / tp
         self.attn_flops_per_pair = model.attn_flops_per_token_pair / tp
-        self.bandwidth_bytes_per_s = gpu.memory_bandwidth_bytes_per_s * bandwidth_efficiency
+        self.bandwidth_bytes_per_s = gpu.memory_bandwidth_bytes_per_s * (
+            bandwidth_efficiency if decode is None else decode.weights)
+        self.kv_bandwidth_bytes_per_s = gpu.memory_bandwidth_bytes_per_s * (
+            bandwidth_efficiency if decode is None else decode.kv)
+        # with measured decode shares an untied input embedding is looked up, not streamed
+        self.embedding_bytes = input_embedding_bytes(model) / tp if decode is not None else 0.0
         # fp8 checkpoints (DeepSeek's) run fp8 GEMMs: the GPU's fp8 peak
         fmt = getattr(model.weights, "format", None)
         compute_dtype = "fp8" if fmt is not None and fmt.method == "fp8" else model.dtype
@@ -122,10 +179,19 @@ class RooflineCost:
 
     def describe(self) -> str:
         """The clock's source: the roofline, its model and GPU, and the peaks it assumes."""
+        share = self.bandwidth_bytes_per_s / self.gpu.memory_bandwidth_bytes_per_s
+        if self.decode is None:
+            memory = f"{self.bandwidth_bytes_per_s / 1e12:.2f} TB/s"
+            shares = f"{share:.0%} and {self.flops_efficiency:.0%} of the datasheet"
+            fixed = f"{self.step_overhead_s * 1e3:g} ms a step"
+        else:
+            memory = (f"{self.bandwidth_bytes_per_s / 1e12:.2f} TB/s for weights, "
+                      f"{self.kv_bandwidth_bytes_per_s / 1e12:.2f} for KV")
+            shares = (f"{share:.0%}, {self.decode.kv:.0%} and {self.flops_efficiency:.0%} of the datasheet; "
+                      f"the bandwidth shares of {self.decode.source}")
+            fixed = f"{self.decode.layer_s * 1e6:g} us a layer, {self.step_overhead_s * 1e3:.2f} ms a step"
         return (f"roofline of {self.model.name} on {self.gpu.name} (tp {self.tp}): "
-                f"{self.bandwidth_bytes_per_s / 1e12:.2f} TB/s and {self.peak_flops_per_s / 1e12:.0f} TFLOP/s "
-                f"({self.bandwidth_bytes_per_s / self.gpu.memory_bandwidth_bytes_per_s:.0%} and "
-                f"{self.flops_efficiency:.0%} of the datasheet), {self.step_overhead_s * 1e3:g} ms a step"
+                f"{memory} and {self.peak_flops_per_s / 1e12:.0f} TFLOP/s ({shares}), {fixed}"
                 f"{'; the FLOP/s share of ' + self.flops_source if self.flops_source else ''}"
                 f"{self._describe_allreduce()}{self._describe_routing()}; not measured: --cost-table for a measured clock")
 
@@ -177,13 +243,13 @@ class RooflineCost:
         if cached[0] is batch:
             return cached[1]
         scheduled = batch.num_scheduled_tokens
-        mem0 = (self.weights_read_bytes(scheduled) + (batch.kv_read_tokens + scheduled) * self.kv_bytes_per_token) \
-            / self.bandwidth_bytes_per_s
+        mem0 = (self.weights_read_bytes(scheduled) - self.embedding_bytes) / self.bandwidth_bytes_per_s \
+            + (batch.kv_read_tokens + scheduled) * self.kv_bytes_per_token / self.kv_bandwidth_bytes_per_s
         comp0 = (self.flops_per_token * scheduled + self.attn_flops_per_pair * batch.attn_token_pairs) \
             / self.peak_flops_per_s
         # one decode step later every sequence's context is one token longer: each reads one more
         # token of KV and its (single) new token attends to one more position
-        mem_slope = batch.num_seqs * self.kv_bytes_per_token / self.bandwidth_bytes_per_s
+        mem_slope = batch.num_seqs * self.kv_bytes_per_token / self.kv_bandwidth_bytes_per_s
         comp_slope = batch.num_seqs * self.attn_flops_per_pair / self.peak_flops_per_s
         lines = (mem0, mem_slope, comp0, comp_slope)
         self._last_lines = (batch, lines)

@@ -7,7 +7,7 @@ from kvsim.errors import InputError
 from kvsim.planner.capacity import compute_capacity, vllm_batch_defaults
 from kvsim.planner.engine_setup import DEFAULT_MAX_MODEL_LEN, build_engine
 from kvsim.planner.presets import custom_gpu, get_gpu, get_model
-from kvsim.planner.roofline import RooflineCost
+from kvsim.planner.roofline import MEASURED_DECODE, RooflineCost
 from kvsim.simulator.cost import CarriedCost, FixedStepCost, ScaledCost, StepBatch, SyncCost, TableCost
 from kvsim.simulator.cost_table import StepShapeCost
 
@@ -140,13 +140,16 @@ def test_step_time_models_in_order(tmp_path):
     assert isinstance(build_engine(num_gpu_blocks=100, cost_table=str(table)).cost, TableCost)
     roof = build_engine(model="Llama-3.1-70B", gpu="h200", tensor_parallel_size=4,
                         kv_cache_dtype="fp8", num_gpu_blocks=100).cost
-    # the roofline at real vLLM's measured FLOP/s share for bf16 weights (planner.roofline)
-    ref = RooflineCost(get_model("Llama-3.1-70B"), get_gpu("h200"), tp=4, kv_dtype="fp8", flops_efficiency=0.74)
+    # the roofline at real vLLM's measured FLOP/s share for bf16 weights and its decode shares
+    # (bandwidth of weights and KV, time a layer) on the GPU (planner.roofline)
+    ref = RooflineCost(get_model("Llama-3.1-70B"), get_gpu("h200"), tp=4, kv_dtype="fp8", flops_efficiency=0.74,
+                       decode=MEASURED_DECODE["H200"])
     assert roof.step_time_s(PREFILL) == ref.step_time_s(PREFILL)
     scaled = build_engine(num_gpu_blocks=100, step_time_scale=2.5, cost_table="roofline").cost
     assert isinstance(scaled, ScaledCost)
     assert scaled.step_time_s(PREFILL) == 2.5 * RooflineCost(get_model("Llama-3.1-8B"), get_gpu("h100"),
-                                                             flops_efficiency=0.74).step_time_s(PREFILL)
+                                                             flops_efficiency=0.74, decode=MEASURED_DECODE[
+                                                                 "H100-80GB-SXM"]).step_time_s(PREFILL)
     measured = build_engine(num_gpu_blocks=100, step_time_scale=2.5).cost      # the default clock, scaled
     assert measured.step_time_s(PREFILL) == 2.5 * measured.inner.step_time_s(PREFILL)
     assert isinstance(measured.inner, StepShapeCost)
