@@ -18,6 +18,11 @@ sliding window's context read as if kept: an upper bound); Mamba state reads are
 The all-reduces are not overlapped with compute. ``bandwidth_efficiency`` / ``flops_efficiency``
 scale the datasheet's peaks (1 here); ``build_engine`` passes, unless told otherwise, the FLOP/s
 share real vLLM's prefill steps reached for the model's weights (``measured_flops_efficiency``).
+With measured ``DecodeShares`` (``build_engine``'s default roofline: ``measured_decode``, real
+vLLM's decode steps on the GPU) the memory side is ``(weights_read - input_embedding) /
+(bandwidth x weights share) + KV bytes / (bandwidth x kv share)`` (an untied input embedding is
+looked up, not streamed) and the fixed part ``num_layers x layer_s`` a step, in place of
+``bandwidth_efficiency`` and ``step_overhead_s``.
 Not modelled: activation traffic, kernel efficiency by shape (a measured ``TableCost`` has it).
 
 ``weights_read_bytes(n)`` is every weight as served, but of an MoE model's routed experts only the
@@ -30,7 +35,6 @@ model without its weights by kind (a bare ModelSpec) reads all of them.
 from __future__ import annotations
 
 import math
-
 from dataclasses import dataclass
 
 from kvsim.errors import InputError
