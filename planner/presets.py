@@ -140,7 +140,8 @@ BUNDLED_MODELS = {
 # FP8 1,978.9 TFLOPS dense = half the "with sparsity" figures), H200 SXM datasheet (4.8 TB/s,
 # same tensor cores as H100), L40S datasheet (864 GB/s, BF16 362.05, FP8 733 TFLOPS dense),
 # L4 datasheet (300 GB/s, BF16 121, FP8 242.5 TFLOPS dense), AMD Instinct MI300X datasheet
-# (5.3 TB/s, BF16 1,307.4, FP8 2,614.9 TFLOPS dense).
+# (5.3 TB/s, BF16 1,307.4, FP8 2,614.9 TFLOPS dense), NVIDIA HGX B200 at 1,000 W (8 TB/s, BF16
+# 2,250, FP8 4,500 TFLOPS dense: half the sparse figures).
 # price_rank: an ordinal of typical on-demand cloud prices per GPU-hour (1 = cheapest), used
 # only to name the cheapest configuration that meets an SLO; override in planner.sweep if needed.
 # ---------------------------------------------------------------------------------------------
@@ -163,6 +164,12 @@ _GPUS = [
             memory_bandwidth_bytes_per_s=4.8 * TB, bf16_flops_per_s=989.4e12,
             fp8_flops_per_s=1978.9e12, datasheet_memory_gb=141, price_rank=7,
             source="NVIDIA H200 datasheet (SXM)"),
+    GpuSpec(name="B200", memory_bytes=183_359 * MIB,  # nvidia-smi total on HGX B200 (public logs of
+            # many hosts: "NVIDIA B200, 183359 MiB"); approximate, as L40S: the CUDA total is a few
+            # hundred MiB lower. Not measured here.
+            memory_bandwidth_bytes_per_s=8.0 * TB, bf16_flops_per_s=2250e12, fp8_flops_per_s=4500e12,
+            datasheet_memory_gb=180, price_rank=8,
+            source="NVIDIA DGX/HGX B200 datasheets (8 TB/s a GPU; dense BF16 2.25 and FP8 4.5 PFLOPS at 1,000 W)"),
     GpuSpec(name="L40S", memory_bytes=46_068 * MIB,  # nvidia-smi total (approximate: the CUDA
             # total is a few hundred MiB lower, as on H100/H200); not measured here
             memory_bandwidth_bytes_per_s=864e9, bf16_flops_per_s=362.05e12, fp8_flops_per_s=733e12,

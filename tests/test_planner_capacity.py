@@ -135,6 +135,7 @@ def test_batch_defaults_follow_vllm_gpu_classes():
     assert vllm_batch_defaults(get_gpu("H100")) == (1024, 8192)
     assert vllm_batch_defaults(get_gpu("A100-80GB")) == (256, 2048)   # A100 is excluded by name
     assert vllm_batch_defaults(get_gpu("MI300X")) == (1024, 16384)
+    assert vllm_batch_defaults(get_gpu("b200")) == (1024, 16384)       # 179 GiB: the large class
     assert vllm_batch_defaults(get_gpu("L4")) == (256, 2048)
 
 

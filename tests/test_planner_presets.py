@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from kvsim.planner.presets import PRESET_CONFIGS, MODEL_PRESETS, estimate_num_params, get_model, load_hf_config
+from kvsim.planner.presets import PRESET_CONFIGS, MODEL_PRESETS, estimate_num_params, get_gpu, get_model, load_hf_config
 from kvsim.planner.specs import GpuSpec, ModelSpec
 from kvsim.errors import InputError
 
@@ -82,3 +82,19 @@ def test_fp8_peak_is_used_for_one_byte_compute_only_where_the_gpu_has_it():
     assert get_gpu("h100").peak_flops_per_s("fp8") == 1978.9e12
     assert get_gpu("h100").peak_flops_per_s("bfloat16") == 989.4e12
     assert get_gpu("a100").peak_flops_per_s("fp8") == 312e12  # no FP8 tensor cores on Ampere
+
+
+def test_b200_is_a_preset_and_runs_a_measured_table_carried_there():
+    """B200 (HGX, 1,000 W datasheet figures): sized and clocked by name; with no table of its own
+    the H100's is carried to it, said extrapolated; its roofline takes the H100's decode shares."""
+    from kvsim.planner.engine_setup import build_engine
+    from kvsim.planner.roofline import MEASURED_DECODE
+    from kvsim.simulator.cost import CarriedCost
+
+    b200 = get_gpu("B200")
+    assert b200.memory_bandwidth_bytes_per_s == 8.0e12 and b200.peak_flops_per_s("fp8") == 2 * b200.peak_flops_per_s("bfloat16")
+    setup = build_engine(model="Llama-3.1-8B", gpu="b200", max_model_len=8192)
+    assert isinstance(setup.cost, CarriedCost) and "to B200" in setup.cost.describe()
+    assert setup.capacity.num_gpu_blocks > 2 * build_engine(model="Llama-3.1-8B", gpu="h100", max_model_len=8192).capacity.num_gpu_blocks
+    roof = build_engine(model="Llama-3.1-8B", gpu="b200", max_model_len=8192, cost_table="roofline").cost
+    assert roof.decode.weights == MEASURED_DECODE["H100-80GB-SXM"].weights and "extrapolated to B200" in roof.describe()
