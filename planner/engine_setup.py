@@ -78,7 +78,8 @@ from kvsim.planner.roofline import (DEFAULT_STEP_OVERHEAD_S, RooflineCost, measu
 from kvsim.planner.specs import GpuSpec, ModelSpec
 from kvsim.planner.tiers import block_bytes, build_tiers
 from kvsim.planner.weights import serve_weights_as
-from kvsim.planner.vllm_tables import ROOFLINE, VLLM, fitting_table, shipped_cost, table_gpu, vllm_table_for
+from kvsim.planner.vllm_tables import (ROOFLINE, TABLES_DIR, VLLM, fitting_table, shipped_cost, table_gpu,
+                                       vllm_table_for)
 from kvsim.simulator.config import EngineConfig, parse_kv_groups
 from kvsim.simulator.modes import MODES, Mode
 from kvsim.simulator.cost import CarriedCost, CostModel, FixedStepCost, ScaledCost, SyncCost
@@ -459,6 +460,22 @@ def _vllm_clock(s: EngineSettings, model: ModelSpec, gpu: GpuSpec, async_schedul
     return replace(s, cost_table=str(table)), source
 
 
+# the tables whose measured '# async off:' line a synchronous roofline takes: a dense model's
+# from Llama-3.1-8B bf16, an MoE model's from Qwen3-30B-A3B (both served on the H100's host)
+ASYNC_OFF_TABLES = {"dense": "llama8b-bf16-fine_H100.csv", "moe": "qwen3-30b-a3b-fine_H100.csv"}
+
+
+def extrapolated_async_off(model: ModelSpec) -> tuple[float, float, str] | None:
+    """What async scheduling hides a step, for a model no async-off run measured: the '# async off:'
+    line (s per step, s per sequence, source) of the measured engine of its kind (ASYNC_OFF_TABLES:
+    dense or MoE), said extrapolated; None where that table has no line."""
+    kind = "moe" if model.weights is not None and model.weights.breakdown.num_experts else "dense"
+    line = getattr(shipped_cost(str(TABLES_DIR / ASYNC_OFF_TABLES[kind])), "async_off", None)
+    if line is None:
+        return None
+    return line[0], line[1], f"{ASYNC_OFF_TABLES[kind]}'s line, extrapolated to {model.name}: {line[2]}"
+
+
 def _step_cost(s: EngineSettings, model: ModelSpec | None, gpu: GpuSpec | None,
                async_scheduling: bool, carry_from: GpuSpec | None = None) -> CostModel:
     """The step-time model: a fixed step, a measured table (checked against this setup unless
@@ -497,6 +514,11 @@ def _step_cost(s: EngineSettings, model: ModelSpec | None, gpu: GpuSpec | None,
                             bandwidth_efficiency=s.bandwidth_efficiency,
                             flops_efficiency=flops, flops_source=source,
                             decode=None if given else measured_decode(gpu))
+        # async off: the measured shares come from steps that async scheduling overlapped with
+        # their CPU work; a synchronous run pays it, as the nearest measured engine's line says
+        hidden = extrapolated_async_off(model) if async_scheduling is False and not given else None
+        if hidden is not None:
+            cost = SyncCost(cost, *hidden)
     if s.step_time_scale != 1.0:
         cost = ScaledCost(cost, s.step_time_scale)
     return cost

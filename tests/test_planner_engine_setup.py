@@ -59,9 +59,17 @@ def test_the_default_clock_is_a_fitting_vllm_table_else_the_roofline():
 
     assert clock(kv_cache_dtype="fp8", weight_dtype="fp8").path.endswith("llama8b-fp8-fine_H100.csv")
     for kw in (dict(cost_table="roofline"), dict(bandwidth_efficiency=0.8), dict(step_overhead_s=0.004),
-               dict(async_scheduling=False, kv_cache_dtype="fp8", weight_dtype="fp8"),
                dict(kv_cache_dtype="fp8"), dict(tensor_parallel_size=2)):
         assert isinstance(clock(**kw), RooflineCost), kw     # asked for, or no table measured this setup
+    # fp8 with async off: no table measured it; the roofline, plus what async hid as the dense
+    # engine's measured line says, extrapolated (a roofline parameter given: the roofline alone)
+    off = clock(async_scheduling=False, kv_cache_dtype="fp8", weight_dtype="fp8")
+    assert isinstance(off, SyncCost) and isinstance(off.inner, RooflineCost)
+    assert "llama8b-bf16-fine_H100.csv's line, extrapolated to Llama-3.1-8B" in off.describe()
+    moe = build_engine(model="gpt-oss-20b", gpu="a100", max_model_len=8192, async_scheduling=False).cost
+    assert isinstance(moe, SyncCost) and "qwen3-30b-a3b-fine_H100.csv's line" in moe.describe()
+    assert isinstance(clock(async_scheduling=False, kv_cache_dtype="fp8", weight_dtype="fp8",
+                            bandwidth_efficiency=0.9), RooflineCost)
     # async off: the async table plus its measured '# async off:' line, where the table has one
     sync = clock(async_scheduling=False)
     assert isinstance(sync, SyncCost) and sync.inner is clock() and sync.cpu_s > 0

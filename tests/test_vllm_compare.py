@@ -133,8 +133,8 @@ def test_held_out_async_off_on_the_h100_is_priced_by_the_table_and_what_async_hi
     """The H100's llama8b-bf16-noasync and qwen3-30b-a3b-noasync (closed loops and the Azure
     excerpt, async scheduling off; their largest closed loop is fitted, the tables' '# async off:'
     line, and marked so; the rest is held out): the default clock, each engine's table plus the
-    line, is within 5 % on the excerpt's median TPOT and mean E2E, where the roofline is 8-48 %
-    fast; on the held-out closed loops within 5 % on median TPOT."""
+    line, is within 5 % on the excerpt's median TPOT and mean E2E; on the held-out closed loops
+    within 5 % on median TPOT."""
     out = tmp_path / "points.csv"
     assert main(["--gpu", "H100", "--engines", "llama8b-bf16-noasync", "qwen3-30b-a3b-noasync",
                  "--clocks", "default,roofline", "--traces", "--csv", str(out)]) == 0
@@ -143,7 +143,10 @@ def test_held_out_async_off_on_the_h100_is_priced_by_the_table_and_what_async_hi
         azure = rows[(engine, "azure-conv")]
         for metric in ("median_tpot_ms", "mean_e2el_ms"):
             assert abs(float(azure[f"default_{metric}_err"])) < 0.05, (engine, metric)
-            assert float(azure[f"roofline_{metric}_err"]) < -0.05, (engine, metric)
+    # the roofline (the measured shares and the dense or MoE engine's line, as for a model without
+    # a table) is further off for the MoE engine: 20-25 % fast on the excerpt
+    qwen = rows[("qwen3-30b-a3b-noasync", "azure-conv")]
+    assert float(qwen["roofline_mean_e2el_ms_err"]) < -0.1 < float(qwen["default_mean_e2el_ms_err"])
     assert {p for (e, p), r in rows.items() if r["fitted"] == "True"} == {"cl-1024-128-c64"}
     for engine in ("llama8b-bf16-noasync", "qwen3-30b-a3b-noasync"):
         tpot = sorted(abs(float(r["default_median_tpot_ms_err"])) for (e, p), r in rows.items()
