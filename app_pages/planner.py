@@ -12,6 +12,7 @@ from kvsim.dashboard.sources import MAX_UPLOAD_MB, user_message
 from kvsim.planner.capacity import DEFAULT_GPU_MEMORY_UTILIZATION
 from kvsim.planner.engine_setup import DEFAULT_GPU
 from kvsim.planner.presets import GPU_PRESETS, MODEL_PRESETS
+from kvsim.planner.sweep import clock_lines
 from kvsim.viz.cache_curve import cache_curve_figure
 from kvsim.viz.capacity import gpu_memory_figure
 from kvsim.viz.plan_figures import pareto_figure, sweep_metric_figure
@@ -117,6 +118,8 @@ if simulate and scenario is not None:
                                f"{r['allocator']}, {sim_param} = {r[sim_param]}" for _, r in over.iterrows()))
         for _, row in table[table["error"].notna()].iterrows():
             st.error(f"{row['allocator']}, {sim_param} = {row[sim_param]}: {row['error']}")
+        for line in clock_lines(table.to_dict("records"), lambda r: f"{r['allocator']} at {r[sim_param]}"):
+            st.caption(line)
 
 st.subheader("Throughput against interactivity")
 st.caption("vllm bench serve's random dataset replayed as a closed loop at each client concurrency "
@@ -142,6 +145,8 @@ if st.toggle("Simulate the concurrency sweep", key="k_plan_bench_on"):
             st.error(f"{row['gpu']}, concurrency {row['concurrency']}: {row['error']}")
         if table["error"].isna().any():
             st.plotly_chart(pareto_figure(table, group_by=["gpu"]), key="plan_bench_pareto")
+        for line in clock_lines(table.to_dict("records"), lambda r: f"{r['gpu']} at C = {r['concurrency']}"):
+            st.caption(line)
 
 st.subheader("Highest rate under an SLO")
 st.caption("The highest arrival rate of the sidebar's workload on this model and GPU that meets "

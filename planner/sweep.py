@@ -403,6 +403,23 @@ def run_tasks(tasks: Sequence, fn: Callable, *, jobs: int = 1, backend: str = "l
     return [done[t.index] for t in tasks]  # grid order, whatever finished first
 
 
+def clock_lines(rows: Iterable[Mapping], label: Callable[[Mapping], str] | None = None) -> list[str]:
+    """Which clock priced a sweep's points (their ``config.clock``): ``clock: LINE`` when every
+    point ran the same one, else ``clock (points A, B): LINE`` per clock, each point named by
+    ``label`` (default: its number; the first 20, then ``...``). Points without one (impossible
+    configurations) are left out."""
+    label = label or (lambda row: str(row["point"]))
+    by_clock: dict[str, list[str]] = {}
+    for row in rows:
+        clock = row.get("config.clock")
+        if isinstance(clock, str):
+            by_clock.setdefault(clock, []).append(label(row))
+    if len(by_clock) == 1:
+        return [f"clock: {next(iter(by_clock))}"]
+    return [f"clock (point{'s' if len(names) > 1 else ''} {', '.join(names[:20])}{', ...' if len(names) > 20 else ''}): "
+            f"{clock}" for clock, names in by_clock.items()]
+
+
 def mark_slo(rows: list[dict], constraints: tuple[Constraint, ...]) -> list[dict]:
     """Add ``meets_slo`` to each row (False for rows with an error)."""
     out = []

@@ -217,6 +217,8 @@ def test_planner_simulated_sweep_on_demand(small):
     small.toggle(key="k_plan_sim_on").set_value(True).run()
     _clean(small)
     assert len(small.get("plotly_chart")) == charts + len(SIM_SWEEP_METRICS)
+    # the sweep says which clock priced its points
+    assert any(c.value.startswith("clock") for c in small.caption)
     small.toggle(key="k_plan_sim_on").set_value(False).run()
 
 
@@ -330,6 +332,7 @@ def test_planner_concurrency_sweep_and_rate_search(small):
     small.multiselect(key="k_plan_bench_conc").set_value([1, 8, 32]).run()
     _clean(small)
     assert len(small.get("plotly_chart")) == charts + 1
+    assert any(c.value.startswith("clock") for c in small.caption)
     small.toggle(key="k_plan_bench_on").set_value(False).run()
     small.toggle(key="k_plan_rate_on").set_value(True).run()
     _clean(small)

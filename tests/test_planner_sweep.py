@@ -220,3 +220,15 @@ def test_roofline_efficiencies_are_sweepable(fake_backend):
     rows = run_sweep(expand_grid(parse_sweep(["flops_efficiency=1,0.5"])), base, simulate=fake_simulate)
     # the fake's TTFT is a 1000-token prefill step: compute-bound, so half the FLOP rate doubles it
     assert rows[1]["ttft_p99_s"] == pytest.approx(2 * rows[0]["ttft_p99_s"], rel=1e-3)
+
+
+def test_clock_lines_name_each_clock_once_with_its_points():
+    from kvsim.planner.sweep import clock_lines
+
+    rows = [{"point": i, "gpu": g, "config.clock": c} for i, (g, c) in
+            enumerate([("h100", "table A"), ("a100", "carried A"), ("h100", "table A"), ("x", None)])]
+    assert clock_lines(rows[:1] + rows[2:]) == ["clock: table A"]       # an impossible point has none
+    assert clock_lines(rows) == ["clock (points 0, 2): table A", "clock (point 1): carried A"]
+    assert clock_lines(rows, lambda r: r["gpu"]) == ["clock (points h100, h100): table A", "clock (point a100): carried A"]
+    many = [{"point": i, "config.clock": "a" if i % 2 else "b"} for i in range(50)]
+    assert clock_lines(many)[0].endswith("38, ...): b") and clock_lines([]) == []

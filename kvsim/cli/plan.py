@@ -122,20 +122,6 @@ def _figures(df, swept: list[str], best: dict | None, has_slo: bool) -> list:
     return figs
 
 
-def _print_clocks(df) -> None:
-    """Which clock priced the steps: one line, or one per clock with its points where the sweep
-    changed it (a GPU, model, dtype or async scheduling with a table measured, another without)."""
-    if "config.clock" not in df:
-        return
-    ran = df[df["config.clock"].notna()]
-    clocks = list(dict.fromkeys(ran["config.clock"]))
-    for clock in clocks:
-        points = ran.loc[ran["config.clock"] == clock, "point"].tolist()
-        where = "" if len(clocks) == 1 else \
-            f" (point{'s' if len(points) > 1 else ''} {', '.join(map(str, points[:20]))}{', ...' if len(points) > 20 else ''})"
-        print(f"clock{where}: {clock}")
-
-
 def _aliases(name: str) -> tuple[str, ...]:
     from kvsim.planner.slo import METRIC_ALIASES
 
@@ -179,7 +165,8 @@ def _run(args, axes, constraints, search, formats) -> int:
 
     from kvsim.cli.outputs import write_files
     from kvsim.planner.rate_search import STEP, run_rate_search
-    from kvsim.planner.sweep import cheapest, expand_grid, load_requests, mark_pareto, mark_slo, run_sweep
+    from kvsim.planner.sweep import (cheapest, clock_lines, expand_grid, load_requests, mark_pareto, mark_slo,
+                                     run_sweep)
     from kvsim.planner.sweep_journal import SweepJournal, fingerprint
     from kvsim.simulator.footprint import WorkloadSize, check_requests_in_memory
     from kvsim.workloads import workload_size
@@ -227,7 +214,8 @@ def _run(args, axes, constraints, search, formats) -> int:
     # the table first: whatever happens to the files below, the sweep's result is on the terminal
     with pd.option_context("display.max_rows", 500, "display.width", 200, "display.max_columns", 50):
         print(_terminal_table(df, swept, bool(constraints), search).to_string(index=False))
-    _print_clocks(df)
+    for line in clock_lines(df.to_dict("records")):
+        print(line)
     if search is not None:
         print(f"max_rate: the highest rate (requests/s) meeting {args.max_rate_under}, its replay's figures "
               f"beside; at next_rate ({(STEP - 1) * 100:.0f} % above) the SLO is missed")
