@@ -3,6 +3,7 @@
     kvsim profile (--model M | --hf-config config.json) --out table.csv [--max-num-seqs 256]
         [--max-num-batched-tokens 8192] [--max-model-len L] [--block-size 16] [--num-blocks N]
         [--repeat 7] [--seed 0] [--device cuda|cpu]
+    kvsim profile --engine vllm ...     (real vLLM's own steps: kvsim.cli.profile_vllm)
 
 The step executor (kernels.executor: random bf16 weights of the model's shape, a paged KV pool,
 CUDA graphs for decode) runs every point of ``kernels.profile.default_grid`` within the limits,
@@ -41,24 +42,58 @@ def _positive(text: str) -> int:
     return value
 
 
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {text}")
+    return value
+
+
+# kvsim's own executor's settings, None unless given (real vLLM takes none of them)
+EXECUTOR_DEFAULTS = dict(max_num_seqs=256, max_num_batched_tokens=8192, block_size=16, repeat=7,
+                         seed=0, device="cuda")
+# real vLLM's settings (--engine vllm), None unless given
+VLLM_ONLY = ("from_runs", "runs", "vllm_python", "quantization", "kv_cache_dtype", "grid",
+             "gpu_memory_utilization", "measure_async_off")
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--engine", choices=("kvsim", "vllm"), default="kvsim",
+                   help="whose steps are timed: kvsim's own executor (default) or real vLLM's, in its own "
+                        "Python (--vllm-python)")
     which = p.add_mutually_exclusive_group()
     which.add_argument("--model", help="model preset (default Llama-3.1-8B)")
     which.add_argument("--hf-config", metavar="FILE", help="a Hugging Face config.json (llama, mistral, qwen2, qwen3)")
     p.add_argument("--out", required=True, metavar="CSV", help="the cost table to write")
-    p.add_argument("--max-num-seqs", type=_positive, default=256)
-    p.add_argument("--max-num-batched-tokens", type=_positive, default=8192)
-    p.add_argument("--max-model-len", type=_positive, help="default: the model's, at most 32768")
-    p.add_argument("--block-size", type=_positive, default=16)
+    p.add_argument("--max-num-seqs", type=_positive, help="default 256 (vllm: vllm serve's for the GPU)")
+    p.add_argument("--max-num-batched-tokens", type=_positive, help="default 8192")
+    p.add_argument("--max-model-len", type=_positive,
+                   help="default: the model's, at most 32768 (vllm: 10240, the plans' longest request and more)")
+    p.add_argument("--block-size", type=_positive, help="default 16")
     p.add_argument("--num-blocks", type=_positive, help="KV pool blocks (default: what the grid needs, "
                                                         "within the GPU's free memory)")
-    p.add_argument("--repeat", type=_positive, default=7, help="timed runs per step shape (median kept)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--repeat", type=_positive, help="timed runs per step shape, the median kept (default 7)")
+    p.add_argument("--seed", type=int, help="default 0")
     p.add_argument("--time-budget-s", type=_positive, metavar="S",
                    help="stop measuring new shapes after S seconds (the table says how many it has)")
-    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
-                   help="cpu: Triton interpreter, for tests (not a GPU's times)")
+    p.add_argument("--device", choices=("cuda", "cpu"),
+                   help="cpu: Triton interpreter, for tests (not a GPU's times; default cuda)")
     p.add_argument("--quiet", action="store_true")
+    real = p.add_argument_group("real vLLM (--engine vllm; kvsim.cli.profile_vllm)")
+    real.add_argument("--from-runs", metavar="DIR",
+                      help="no GPU: the table from runs already served (RUNS/NAME, as bench/results/vllm_h100/ENGINE)")
+    real.add_argument("--runs", metavar="DIR", help="where the engines' runs go (default: TABLE.runs beside --out)")
+    real.add_argument("--vllm-python", metavar="PY", help="the Python with vLLM installed (default $KVSIM_VLLM_PYTHON)")
+    real.add_argument("--quantization", help="vLLM's --quantization (fp8: fp8 weights)")
+    real.add_argument("--kv-cache-dtype", help="vLLM's --kv-cache-dtype (fp8)")
+    real.add_argument("--gpu-memory-utilization", type=_fraction, help="vLLM's (default 0.9)")
+    real.add_argument("--grid", choices=("fine", "small", "large"),
+                      help="the step shapes (bench/vllm_gpu/plans.py; default fine)")
+    real.add_argument("--measure-async-off", action="store_true", default=None,
+                      help="also serve waves with async scheduling off: the table's '# async off:' line")
 
 
 def check_output(path: str) -> None:
@@ -77,6 +112,15 @@ def check_output(path: str) -> None:
 
 
 def run(args, command: str | None = None) -> int:
+    if args.engine == "vllm":
+        from kvsim.cli import profile_vllm
+        return profile_vllm.run(args)
+    given = [opt for opt in VLLM_ONLY if getattr(args, opt) is not None]
+    if given:
+        raise InputError(f"--{given[0].replace('_', '-')} is an option of --engine vllm", field=given[0])
+    for opt, default in EXECUTOR_DEFAULTS.items():
+        if getattr(args, opt) is None:
+            setattr(args, opt, default)
     check_output(args.out)
     if args.device == "cpu":
         os.environ.setdefault("TRITON_INTERPRET", "1")   # before the kernels are imported
