@@ -15,6 +15,7 @@ validate, profile, cache-curve):
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from collections.abc import Callable, Sequence
 
 from kvsim.errors import InputError
@@ -40,3 +41,18 @@ def write_files(writes: Sequence[tuple[str | os.PathLike, Callable[[], object]]]
         kept = f"; written: {', '.join(written)}" if written else ""
         raise InputError(f"could not write {'; '.join(failed)}; the results were printed above{kept}")
     return written
+
+
+def check_output(path: str) -> None:
+    """InputError unless ``path`` can be written (checked before any work: a file is created and
+    removed in its folder, since os.access answers yes to root on a read-only file system)."""
+    from kvsim.simulator.result import prepare_output
+
+    out = Path(path)
+    if out.is_dir():
+        raise InputError("is a directory", file=path)
+    if not out.parent.exists():
+        raise InputError(f"directory {out.parent} does not exist", file=path)
+    if not os.access(out.parent, os.W_OK) or (out.exists() and not os.access(out, os.W_OK)):
+        raise InputError("not writable", file=path)
+    prepare_output(path)

@@ -17,9 +17,9 @@ import argparse
 import os
 import shlex
 import sys
-from pathlib import Path
 
 from kvsim.cli.argtypes import Parser
+from kvsim.cli.outputs import check_output
 from kvsim.errors import InputError
 
 GIB = 2**30
@@ -94,21 +94,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                       help="the step shapes (bench/vllm_gpu/plans.py; default fine)")
     real.add_argument("--measure-async-off", action="store_true", default=None,
                       help="also serve waves with async scheduling off: the table's '# async off:' line")
-
-
-def check_output(path: str) -> None:
-    """InputError unless ``path`` can be written (checked before any work: a file is created and
-    removed in its folder, since os.access answers yes to root on a read-only file system)."""
-    from kvsim.simulator.result import prepare_output
-
-    out = Path(path)
-    if out.is_dir():
-        raise InputError("is a directory", file=path)
-    if not out.parent.exists():
-        raise InputError(f"directory {out.parent} does not exist", file=path)
-    if not os.access(out.parent, os.W_OK) or (out.exists() and not os.access(out, os.W_OK)):
-        raise InputError("not writable", file=path)
-    prepare_output(path)
 
 
 def run(args, command: str | None = None) -> int:

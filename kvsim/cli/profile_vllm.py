@@ -41,6 +41,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from kvsim.cli.outputs import check_output
 from kvsim.errors import InputError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -239,8 +240,6 @@ def build_table(engine_dir: Path, out: str) -> None:
 
 def run(args, say=print) -> int:
     """``kvsim profile --engine vllm`` (module doc); the table at ``args.out``."""
-    from kvsim.cli.profile import check_output
-
     given = [opt for opt in EXECUTOR_ONLY if getattr(args, opt) is not None]
     if given:
         raise InputError(f"--{given[0].replace('_', '-')} is an option of kvsim's own executor (--engine kvsim); "
