@@ -465,11 +465,41 @@ def _vllm_clock(s: EngineSettings, model: ModelSpec, gpu: GpuSpec, async_schedul
 ASYNC_OFF_TABLES = {"dense": "llama8b-bf16-fine_H100.csv", "moe": "qwen3-30b-a3b-fine_H100.csv"}
 
 
+# the tables whose measured way in and out (their '# frontend:' line: vLLM's frontend, CPU and IPC,
+# no GPU work) the roofline takes, by the GPU whose machine served them and the model's kind; on
+# another GPU the H100's
+FRONTEND_TABLES = {"H100-80GB-SXM": {"dense": "llama8b-bf16-fine_H100.csv", "moe": "qwen3-30b-a3b-fine_H100.csv"},
+                   "H200": {"dense": "llama8b-bf16_H200.csv", "moe": "qwen3-30b-a3b_H200.csv"}}
+
+
+def _kind(model: ModelSpec) -> str:
+    """'moe' for a model with routed experts, else 'dense' (the measured engine a roofline borrows from)."""
+    return "moe" if model.weights is not None and model.weights.breakdown.num_experts else "dense"
+
+
+def measured_frontend(model: ModelSpec, gpu: GpuSpec) -> tuple[float, float, float, str] | None:
+    """A request's way in and a token's way out (in_s, in_s per prompt token, out_s, source) for a
+    roofline: the '# frontend:' line of the measured engine of the model's kind on the GPU
+    (FRONTEND_TABLES), on a GPU without one the H100's, said extrapolated; None where that table
+    has no line or is not there."""
+    tables = FRONTEND_TABLES.get(gpu.name)
+    name = (tables or FRONTEND_TABLES["H100-80GB-SXM"])[_kind(model)]
+    if not (TABLES_DIR / name).is_file():    # installed without the measured tables
+        return None
+    way = getattr(shipped_cost(str(TABLES_DIR / name)), "frontend_s", None)
+    if not way or not any(way):
+        return None
+    where = "" if tables else f", extrapolated to {gpu.name}"
+    return (*way, f"{name}'s frontend line: real vLLM 0.23.0's lone prompts{where}")
+
+
 def extrapolated_async_off(model: ModelSpec) -> tuple[float, float, str] | None:
     """What async scheduling hides a step, for a model no async-off run measured: the '# async off:'
     line (s per step, s per sequence, source) of the measured engine of its kind (ASYNC_OFF_TABLES:
     dense or MoE), said extrapolated; None where that table has no line."""
-    kind = "moe" if model.weights is not None and model.weights.breakdown.num_experts else "dense"
+    kind = _kind(model)
+    if not (TABLES_DIR / ASYNC_OFF_TABLES[kind]).is_file():    # installed without the measured tables
+        return None
     line = getattr(shipped_cost(str(TABLES_DIR / ASYNC_OFF_TABLES[kind])), "async_off", None)
     if line is None:
         return None
@@ -513,7 +543,8 @@ def _step_cost(s: EngineSettings, model: ModelSpec | None, gpu: GpuSpec | None,
                             step_overhead_s=s.step_overhead_s,
                             bandwidth_efficiency=s.bandwidth_efficiency,
                             flops_efficiency=flops, flops_source=source,
-                            decode=None if given else measured_decode(gpu))
+                            decode=None if given else measured_decode(gpu),
+                            frontend=None if given else measured_frontend(model, gpu))
         # async off: the measured shares come from steps that async scheduling overlapped with
         # their CPU work; a synchronous run pays it, as the nearest measured engine's line says
         hidden = extrapolated_async_off(model) if async_scheduling is False and not given else None

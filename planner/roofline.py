@@ -141,11 +141,16 @@ class RooflineCost:
         decode: measured DecodeShares (``measured_decode``): the weight and KV bytes at their own
             shares of the bandwidth (an untied input embedding not streamed) and ``num_layers x
             layer_s`` a step, in place of bandwidth_efficiency and step_overhead_s.
+        frontend: (in_s, in_s per prompt token, out_s, source): a request's way in to the engine
+            and a token's way out to the client (vLLM's frontend: CPU and IPC, no GPU work), as a
+            measured table's ``# frontend:`` line gives them (``frontend_s``, which the engine
+            adds outside the steps); None: no way in or out.
     """
 
     def __init__(self, model: ModelSpec, gpu: GpuSpec, *, tp: int = 1, kv_dtype: str = "auto",
                  step_overhead_s: float = DEFAULT_STEP_OVERHEAD_S, bandwidth_efficiency: float = 1.0,
-                 flops_efficiency: float = 1.0, flops_source: str = "", decode: DecodeShares | None = None):
+                 flops_efficiency: float = 1.0, flops_source: str = "", decode: DecodeShares | None = None,
+                 frontend: tuple[float, float, float, str] | None = None):
         if step_overhead_s < 0:
             raise InputError(f"step_overhead_s must be >= 0, got {step_overhead_s}")
         for name, value in (("bandwidth_efficiency", bandwidth_efficiency),
@@ -180,6 +185,8 @@ class RooflineCost:
         self.allreduce = allreduce_link(gpu.name) if tp > 1 else None
         self.allreduce_bytes_per_token = model.hidden_size * max(2, dtype_bytes(model.dtype))
         self._last_allreduce = (None, 0.0)
+        self.frontend_s = tuple(frontend[:3]) if frontend is not None else (0.0, 0.0, 0.0)
+        self.frontend_source = frontend[3] if frontend is not None else ""
 
     def describe(self) -> str:
         """The clock's source: the roofline, its model and GPU, and the peaks it assumes."""
@@ -197,7 +204,15 @@ class RooflineCost:
         return (f"roofline of {self.model.name} on {self.gpu.name} (tp {self.tp}): "
                 f"{memory} and {self.peak_flops_per_s / 1e12:.0f} TFLOP/s ({shares}), {fixed}"
                 f"{'; the FLOP/s share of ' + self.flops_source if self.flops_source else ''}"
-                f"{self._describe_allreduce()}{self._describe_routing()}; not measured: --cost-table for a measured clock")
+                f"{self._describe_allreduce()}{self._describe_routing()}{self._describe_frontend()}"
+                f"; not measured: --cost-table for a measured clock")
+
+    def _describe_frontend(self) -> str:
+        if not self.frontend_source:
+            return ""
+        way_in, per_token, way_out = self.frontend_s
+        return (f"; a request's way in {way_in * 1e3:.2f} ms + {per_token * 1e6:.2f} us a prompt token and a "
+                f"token's way out {way_out * 1e3:.2f} ms ({self.frontend_source})")
 
     def _describe_routing(self) -> str:
         if self._moe_weights is None:

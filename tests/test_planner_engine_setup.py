@@ -215,3 +215,40 @@ def test_a_table_measured_with_async_scheduling_is_no_clock_for_a_synchronous_ru
     bf16 = dict(model="Llama-3.1-8B", gpu="h100", max_model_len=8192,
                 cost_table=str(tables / "llama8b-bf16-fine_H100.csv"))
     assert isinstance(build_engine(async_scheduling=False, **bf16).cost, SyncCost)
+
+
+def test_the_default_roofline_takes_the_measured_engines_way_in_and_out():
+    """vLLM's frontend (a request's way in to the scheduler, a token's way out to the client: CPU
+    and IPC, no GPU work) is no step's price: the roofline takes the '# frontend:' line of the
+    measured engine of the model's kind on the GPU (on another GPU the H100's, said so), and the
+    engine adds it outside the steps, as for a table; a roofline parameter given leaves it out."""
+    from kvsim.planner.engine_setup import FRONTEND_TABLES
+    from kvsim.planner.vllm_tables import TABLES_DIR, shipped_cost
+    from kvsim.simulator import simulate
+    from kvsim.workloads import Request
+
+    def roof(model, gpu, **kw):
+        return build_engine(model=model, gpu=gpu, max_model_len=8192, cost_table="roofline", **kw)
+
+    for model, gpu, kind in (("Qwen2.5-7B", "h100", "dense"), ("Qwen2.5-7B", "h200", "dense"),
+                             ("gpt-oss-20b", "h200", "moe"), ("DeepSeek-V2-Lite", "h100", "moe")):
+        cost = roof(model, gpu).cost
+        table = FRONTEND_TABLES[cost.gpu.name][kind]
+        assert cost.frontend_s == shipped_cost(str(TABLES_DIR / table)).frontend_s and all(cost.frontend_s)
+        assert f"({table}'s frontend line: real vLLM 0.23.0's lone prompts)" in cost.describe()
+    assert FRONTEND_TABLES["H200"]["dense"] != FRONTEND_TABLES["H100-80GB-SXM"]["dense"]   # each GPU's host
+    a100 = roof("Qwen2.5-7B", "a100").cost
+    assert a100.frontend_s == roof("Qwen2.5-7B", "h100").cost.frontend_s
+    assert "extrapolated to A100" in a100.describe()
+    for kw in (dict(bandwidth_efficiency=0.8), dict(step_overhead_s=0.004)):
+        given = roof("Qwen2.5-7B", "h100", **kw).cost
+        assert given.frontend_s == (0.0, 0.0, 0.0) and "way in" not in given.describe()
+    # a lone request: its TTFT is the way in, its steps and the way out
+    setup = roof("Qwen2.5-7B", "h100")
+    bare = roof("Qwen2.5-7B", "h100", step_overhead_s=setup.cost.step_overhead_s).cost
+    way_in, per_token, way_out = setup.cost.frontend_s
+    ttft = {}
+    for name, cost in (("with", setup.cost), ("without", bare)):
+        res = simulate(iter([Request(0, 0.0, 1024, 4)]), setup.config, cost)
+        ttft[name] = float(res.requests["ttft_s"].iloc[0])
+    assert ttft["with"] - ttft["without"] == pytest.approx(way_in + 1024 * per_token + way_out, rel=1e-3, abs=2e-6)
