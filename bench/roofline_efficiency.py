@@ -5,15 +5,18 @@
 Every shipped table of real vLLM 0.23.0's grid steps (tables/vllm/ENGINE_H100.csv and
 ENGINE_H200.csv, bench/vllm_gpu/grid_table.py; the engines' closed-loop and trace runs are not in
 them) has mixed rows: steps with prompt tokens, run eagerly, most of them compute-bound. Priced by
-the roofline as kvsim's default runs it (the datasheet's bandwidth, DEFAULT_STEP_OVERHEAD_S) with a
-FLOP/s share e, a row costs ``max(bytes / bandwidth, flops / (peak * e)) + overhead``. For each
-weight class (planner.roofline.weight_class: bf16, fp8, bf16-moe, mxfp4-moe) e is the share on a
-0.01 grid that minimizes the mean squared relative error of the class's rows, every table weighing
+the roofline as kvsim's default runs it (the decode shares below) with a FLOP/s share e and a time
+m a layer that a step with prompt tokens pays beyond a decode step (its attention runs outside the
+CUDA graph: vLLM's piecewise graphs), a row costs ``max(bytes / bandwidth, flops / (peak * e)) +
+overhead + layers * m``. For each weight class (planner.roofline.weight_class: bf16, fp8, bf16-moe,
+mxfp4-moe) e is the share on a 0.01 grid and m >= 0 (to the microsecond; least squares at each e)
+the pair that minimizes the mean squared relative error of the class's rows, every table weighing
 the same (rows that started an idle engine left out: their time is CPU work, not FLOPs). It prints
-the fit beside planner.roofline.MEASURED_FLOPS_EFFICIENCY, and for every engine the rows' median
-|error| at the datasheet peak, at its class's share, and at the share fitted without that engine
-(where its class has another engine), which is the figure that says how the share carries to a
-model that was not measured.
+the fit beside planner.roofline.MEASURED_FLOPS_EFFICIENCY and MEASURED_MIXED_LAYER_S, and for
+every engine the rows' median |error| at the datasheet peak without m, at its class's fit, and at
+the fit without that engine (where its class has another engine), which is the figure that says
+how the fit carries to a model that was not measured; the same for the rows of short prompts
+(memory-bound), where m shows.
 
 The decode side (planner.roofline.MEASURED_DECODE), fitted first, per GPU: the decode rows of the
 dense engines' tables (CUDA-graph steps; the MoE engines' routing under dummy weights is not a
@@ -38,8 +41,9 @@ if str(ROOT) not in sys.path:
 
 from bench.vllm_compare import CONFIGS, ENGINES  # noqa: E402
 from kvsim.planner.presets import get_gpu, load_hf_config  # noqa: E402
-from kvsim.planner.roofline import (MEASURED_DECODE, MEASURED_FLOPS_EFFICIENCY, DecodeShares,  # noqa: E402
-                                    RooflineCost, measured_decode, weight_class)
+from kvsim.planner.roofline import (MEASURED_DECODE, MEASURED_FLOPS_EFFICIENCY,  # noqa: E402
+                                    MEASURED_MIXED_LAYER_S, DecodeShares, RooflineCost, measured_decode,
+                                    weight_class)
 from kvsim.planner.weights import serve_weights_as  # noqa: E402
 from kvsim.simulator.cost import StepBatch  # noqa: E402
 
@@ -49,8 +53,8 @@ SHARES = np.round(np.arange(0.30, 1.0001, 0.01), 2)
 
 
 def engine_rows(engine: str, gpu: str) -> tuple[str, np.ndarray] | None:
-    """(weight class, rows of [memory s, compute s at the peak, overhead s, measured s]) of an
-    engine's table on a GPU, its mixed rows that did not start an idle engine; None without one."""
+    """(weight class, rows of [memory s, compute s at the peak, overhead s, measured s, layers]) of
+    an engine's table on a GPU, its mixed rows that did not start an idle engine; None without one."""
     path = TABLES / f"{engine}_{gpu}.csv"
     if not path.exists():
         return None
@@ -66,7 +70,7 @@ def engine_rows(engine: str, gpu: str) -> tuple[str, np.ndarray] | None:
                                                       "num_scheduled_tokens", "kv_read_tokens", "attn_token_pairs")))
             mem_s, _, comp_s, _ = roof._lines(batch)
             rows.append((mem_s, comp_s, roof.step_overhead_s + roof.allreduce_s(batch.num_scheduled_tokens),
-                         float(row["step_s"])))
+                         float(row["step_s"]), model.num_layers))
     return weight_class(model), np.array(rows)
 
 
@@ -134,19 +138,30 @@ def fitted_decode(tables: dict) -> dict[str, DecodeShares]:
             for gpu in GPUS}
 
 
-def priced(rows: np.ndarray, share: float) -> np.ndarray:
-    return np.maximum(rows[:, 0], rows[:, 1] / share) + rows[:, 2]
+def priced(rows: np.ndarray, share: float, mixed_layer_s: float = 0.0) -> np.ndarray:
+    return np.maximum(rows[:, 0], rows[:, 1] / share) + rows[:, 2] + rows[:, 4] * mixed_layer_s
 
 
-def rel_errors(rows: np.ndarray, share: float) -> np.ndarray:
-    return priced(rows, share) / rows[:, 3] - 1.0
+def rel_errors(rows: np.ndarray, share: float, mixed_layer_s: float = 0.0) -> np.ndarray:
+    return priced(rows, share, mixed_layer_s) / rows[:, 3] - 1.0
 
 
-def fit_share(tables: list[np.ndarray]) -> float:
-    """The share on SHARES that minimizes the tables' mean squared relative errors, each table
-    weighing the same (the smallest such share on a tie)."""
-    loss = [sum(float(np.mean(rel_errors(t, e) ** 2)) for t in tables) for e in SHARES]
-    return float(SHARES[int(np.argmin(loss))])
+def _layer_s_at(tables: list[np.ndarray], share: float) -> float:
+    """The time a layer (>= 0, to the microsecond) that minimizes the tables' mean squared relative
+    errors at ``share``, each table weighing the same: a least squares in one unknown."""
+    num = den = 0.0
+    for t in tables:
+        x, r = t[:, 4] / t[:, 3], 1.0 - priced(t, share) / t[:, 3]
+        num, den = num + float(np.mean(x * r)), den + float(np.mean(x * x))
+    return round(max(0.0, num / den) * 1e6) / 1e6
+
+
+def fit_share(tables: list[np.ndarray]) -> tuple[float, float]:
+    """(share on SHARES, time a layer) minimizing the tables' mean squared relative errors, each
+    table weighing the same (the smallest such share on a tie)."""
+    pairs = [(float(e), _layer_s_at(tables, e)) for e in SHARES]
+    loss = [sum(float(np.mean(rel_errors(t, e, m) ** 2)) for t in tables) for e, m in pairs]
+    return pairs[int(np.argmin(loss))]
 
 
 def load_all() -> dict[tuple[str, str], tuple[str, np.ndarray]]:
@@ -160,8 +175,9 @@ def load_all() -> dict[tuple[str, str], tuple[str, np.ndarray]]:
     return found
 
 
-def fitted_shares(tables: dict) -> dict[str, float]:
-    """Each weight class's share, fitted to all of its tables."""
+def fitted_shares(tables: dict) -> dict[str, tuple[float, float]]:
+    """Each weight class's (share, time a layer of a step with prompt tokens), fitted to all of its
+    tables."""
     classes = sorted({cls for cls, _ in tables.values()})
     return {cls: fit_share([rows for c, rows in tables.values() if c == cls]) for cls in classes}
 
@@ -186,23 +202,25 @@ def main(argv: list[str] | None = None) -> int:
     print()
     tables = load_all()
     shares = fitted_shares(tables)
-    print("weight class   fitted share   shipped (planner.roofline.MEASURED_FLOPS_EFFICIENCY)   tables")
-    for cls, share in shares.items():
+    print("weight class   fitted share, time a layer   shipped (MEASURED_FLOPS_EFFICIENCY, MEASURED_MIXED_LAYER_S)   tables")
+    for cls, (share, layer_s) in shares.items():
         n = sum(1 for c, _ in tables.values() if c == cls)
-        print(f"  {cls:<12} {share:12.2f}   {MEASURED_FLOPS_EFFICIENCY.get(cls, float('nan')):8.2f}"
-              f"{'':>44}{n}")
-    print("\nmixed rows' median |error| (signed): at the datasheet peak, at the class's share, and at the share "
-          "fitted without the engine")
+        print(f"  {cls:<12} {share:12.2f}, {layer_s * 1e6:4.0f} us   {MEASURED_FLOPS_EFFICIENCY.get(cls, float('nan')):8.2f}, "
+              f"{MEASURED_MIXED_LAYER_S.get(cls, float('nan')) * 1e6:4.0f} us{'':>34}{n}")
+    print("\nmixed rows' median |error| (signed), all / short prompts (memory-bound): at the datasheet peak "
+          "without the time a layer, at the class's fit, and at the fit without the engine")
     for (engine, gpu), (cls, rows) in tables.items():
         others = [r for (e, _), (c, r) in tables.items() if c == cls and e != engine]
+        short = rows[:, 0] > rows[:, 1] / shares[cls][0]
         cells = []
-        for share in (1.0, shares[cls], fit_share(others) if others else None):
-            if share is None:
-                cells.append(f"{'(no other engine)':>24}")
+        for fit in ((1.0, 0.0), shares[cls], fit_share(others) if others else None):
+            if fit is None:
+                cells.append(f"{'(no other engine)':>34}")
                 continue
-            err = rel_errors(rows, share)
-            cells.append(f"{share:4.2f}: {100 * np.median(np.abs(err)):5.1f} % ({100 * np.median(err):+6.1f})")
-        print(f"  {engine:<14} {gpu}  {cls:<10} {len(rows):4d} rows  " + "   ".join(cells))
+            err = rel_errors(rows, *fit)
+            part = f" / {100 * np.median(np.abs(err[short])):5.1f} %" if short.any() else " /     -  "
+            cells.append(f"{fit[0]:4.2f}, {fit[1] * 1e6:3.0f} us: {100 * np.median(np.abs(err)):5.1f} %{part}")
+        print(f"  {engine:<14} {gpu}  {cls:<10} {len(rows):4d} rows ({int(short.sum()):3d} short)  " + "   ".join(cells))
     return 0
 
 

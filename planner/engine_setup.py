@@ -73,7 +73,7 @@ from kvsim.planner.capacity import (DEFAULT_BLOCK_SIZE, DEFAULT_GPU_MEMORY_UTILI
                                     compute_capacity, kv_cache_group_specs, model_kv_groups,
                                     vllm_batch_defaults)
 from kvsim.planner.presets import get_gpu, get_model
-from kvsim.planner.roofline import (DEFAULT_STEP_OVERHEAD_S, RooflineCost, measured_decode,
+from kvsim.planner.roofline import (DEFAULT_STEP_OVERHEAD_S, RooflineCost, measured_decode, measured_mixed_layer_s,
                                     measured_flops_efficiency)
 from kvsim.planner.specs import GpuSpec, ModelSpec
 from kvsim.planner.tiers import block_bytes, build_tiers
@@ -544,6 +544,7 @@ def _step_cost(s: EngineSettings, model: ModelSpec | None, gpu: GpuSpec | None,
                             bandwidth_efficiency=s.bandwidth_efficiency,
                             flops_efficiency=flops, flops_source=source,
                             decode=None if given else measured_decode(gpu),
+                            mixed_layer_s=0.0 if given else measured_mixed_layer_s(model),
                             frontend=None if given else measured_frontend(model, gpu))
         # async off: the measured shares come from steps that async scheduling overlapped with
         # their CPU work; a synchronous run pays it, as the nearest measured engine's line says

@@ -51,7 +51,13 @@ DEFAULT_STEP_OVERHEAD_S = 0.002
 # real vLLM's grid steps, tables/vllm/ENGINE_H100.csv and ENGINE_H200.csv, with the rest of the
 # roofline as it is (bench/roofline_efficiency.py prints the fit; tests check these against it).
 # Measured on the H100 and H200 (one compute die); on any other GPU the same share is assumed.
-MEASURED_FLOPS_EFFICIENCY = {"bf16": 0.74, "fp8": 0.59, "bf16-moe": 0.58, "mxfp4-moe": 0.79}
+MEASURED_FLOPS_EFFICIENCY = {"bf16": 0.76, "fp8": 0.62, "bf16-moe": 0.58, "mxfp4-moe": 0.79}
+# ... and the time a layer that a step with prompt tokens pays beyond a decode step: vLLM runs such a
+# step on piecewise CUDA graphs, its attention outside them (a decode step is one full graph), which
+# shows in short prompts (Llama-3.1-8B bf16 on the H100: 64-128 tokens 8.6-9.0 ms against 6.6 ms a
+# decode step). Fitted with the share above (the pair that best prices the class's mixed rows);
+# the MoE classes' short rows are priced off by their dummy weights' routing either way and fit 0.
+MEASURED_MIXED_LAYER_S = {"bf16": 63e-6, "fp8": 112e-6, "bf16-moe": 0.0, "mxfp4-moe": 0.0}
 MEASURED_FLOPS_GPUS = ("H100-80GB-SXM", "H200")
 # what each class was measured on (real vLLM 0.23.0, dummy weights)
 MEASURED_FLOPS_ENGINES = {"bf16": "Llama-3.1-8B, Qwen3-32B", "fp8": "Llama-3.1-8B fp8, Llama-3.1-70B fp8",
@@ -108,6 +114,12 @@ def weight_class(model: ModelSpec) -> str:
     return "bf16-moe" if moe else "bf16"
 
 
+def measured_mixed_layer_s(model: ModelSpec) -> float:
+    """The measured time a layer that a step with prompt tokens pays beyond a decode step, for the
+    model's weights (MEASURED_MIXED_LAYER_S)."""
+    return MEASURED_MIXED_LAYER_S[weight_class(model)]
+
+
 def measured_flops_efficiency(model: ModelSpec, gpu: GpuSpec) -> tuple[float, str]:
     """(the measured share of the datasheet FLOP/s for the model's weights, what it says of
     itself): MEASURED_FLOPS_EFFICIENCY; on a GPU other than the ones measured, extrapolated."""
@@ -141,6 +153,8 @@ class RooflineCost:
         decode: measured DecodeShares (``measured_decode``): the weight and KV bytes at their own
             shares of the bandwidth (an untied input embedding not streamed) and ``num_layers x
             layer_s`` a step, in place of bandwidth_efficiency and step_overhead_s.
+        mixed_layer_s: a time a layer that a step with prompt tokens pays beyond a decode step
+            (``measured_mixed_layer_s``: its attention outside the CUDA graph).
         frontend: (in_s, in_s per prompt token, out_s, source): a request's way in to the engine
             and a token's way out to the client (vLLM's frontend: CPU and IPC, no GPU work), as a
             measured table's ``# frontend:`` line gives them (``frontend_s``, which the engine
@@ -150,7 +164,7 @@ class RooflineCost:
     def __init__(self, model: ModelSpec, gpu: GpuSpec, *, tp: int = 1, kv_dtype: str = "auto",
                  step_overhead_s: float = DEFAULT_STEP_OVERHEAD_S, bandwidth_efficiency: float = 1.0,
                  flops_efficiency: float = 1.0, flops_source: str = "", decode: DecodeShares | None = None,
-                 frontend: tuple[float, float, float, str] | None = None):
+                 frontend: tuple[float, float, float, str] | None = None, mixed_layer_s: float = 0.0):
         if step_overhead_s < 0:
             raise InputError(f"step_overhead_s must be >= 0, got {step_overhead_s}")
         for name, value in (("bandwidth_efficiency", bandwidth_efficiency),
@@ -185,6 +199,10 @@ class RooflineCost:
         self.allreduce = allreduce_link(gpu.name) if tp > 1 else None
         self.allreduce_bytes_per_token = model.hidden_size * max(2, dtype_bytes(model.dtype))
         self._last_allreduce = (None, 0.0)
+        if mixed_layer_s < 0:
+            raise InputError(f"mixed_layer_s must be >= 0, got {mixed_layer_s}")
+        self.mixed_layer_s = mixed_layer_s
+        self.mixed_step_s = model.num_layers * mixed_layer_s   # beyond a decode step's fixed part
         self.frontend_s = tuple(frontend[:3]) if frontend is not None else (0.0, 0.0, 0.0)
         self.frontend_source = frontend[3] if frontend is not None else ""
 
@@ -201,6 +219,9 @@ class RooflineCost:
             shares = (f"{share:.0%}, {self.decode.kv:.0%} and {self.flops_efficiency:.0%} of the datasheet; "
                       f"the bandwidth shares of {self.decode.source}")
             fixed = f"{self.decode.layer_s * 1e6:g} us a layer, {self.step_overhead_s * 1e3:.2f} ms a step"
+        if self.mixed_layer_s:
+            fixed += (f", a step with prompt tokens {self.mixed_layer_s * 1e6:g} us a layer more "
+                      f"({self.mixed_step_s * 1e3:.2f} ms: its attention outside the CUDA graph)")
         return (f"roofline of {self.model.name} on {self.gpu.name} (tp {self.tp}): "
                 f"{memory} and {self.peak_flops_per_s / 1e12:.0f} TFLOP/s ({shares}), {fixed}"
                 f"{'; the FLOP/s share of ' + self.flops_source if self.flops_source else ''}"
@@ -279,9 +300,10 @@ class RooflineCost:
         if batch.num_scheduled_tokens <= 0:
             return 0.0
         mem0, _, comp0, _ = self._lines(batch)
+        fixed = self.step_overhead_s + (self.mixed_step_s if batch.num_prefill_tokens else 0.0)
         if self.allreduce is None:
-            return max(mem0, comp0) + self.step_overhead_s
-        return max(mem0, comp0) + self.allreduce_s(batch.num_scheduled_tokens) + self.step_overhead_s
+            return max(mem0, comp0) + fixed
+        return max(mem0, comp0) + self.allreduce_s(batch.num_scheduled_tokens) + fixed
 
     def run_time_s(self, batch, num_steps: int) -> float:
         """Total duration of num_steps decode steps, step j having every context j tokens longer.

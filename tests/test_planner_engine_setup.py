@@ -1,13 +1,15 @@
 """planner.engine_setup.build_engine: the one (model, GPU, flags) -> EngineConfig + cost builder."""
 from __future__ import annotations
 
+import copy
+
 import pytest
 
 from kvsim.errors import InputError
 from kvsim.planner.capacity import compute_capacity, vllm_batch_defaults
 from kvsim.planner.engine_setup import DEFAULT_MAX_MODEL_LEN, build_engine
 from kvsim.planner.presets import custom_gpu, get_gpu, get_model
-from kvsim.planner.roofline import MEASURED_DECODE, RooflineCost
+from kvsim.planner.roofline import MEASURED_DECODE, MEASURED_FLOPS_EFFICIENCY, MEASURED_MIXED_LAYER_S, RooflineCost
 from kvsim.simulator.cost import CarriedCost, FixedStepCost, ScaledCost, StepBatch, SyncCost, TableCost
 from kvsim.simulator.cost_table import StepShapeCost
 
@@ -149,15 +151,17 @@ def test_step_time_models_in_order(tmp_path):
     roof = build_engine(model="Llama-3.1-70B", gpu="h200", tensor_parallel_size=4,
                         kv_cache_dtype="fp8", num_gpu_blocks=100).cost
     # the roofline at real vLLM's measured FLOP/s share for bf16 weights and its decode shares
-    # (bandwidth of weights and KV, time a layer) on the GPU (planner.roofline)
-    ref = RooflineCost(get_model("Llama-3.1-70B"), get_gpu("h200"), tp=4, kv_dtype="fp8", flops_efficiency=0.74,
-                       decode=MEASURED_DECODE["H200"])
+    # (bandwidth of weights and KV, time a layer) on the GPU, and the time a layer of a step with
+    # prompt tokens (planner.roofline)
+    ref = RooflineCost(get_model("Llama-3.1-70B"), get_gpu("h200"), tp=4, kv_dtype="fp8",
+                       flops_efficiency=MEASURED_FLOPS_EFFICIENCY["bf16"], decode=MEASURED_DECODE["H200"],
+                       mixed_layer_s=MEASURED_MIXED_LAYER_S["bf16"])
     assert roof.step_time_s(PREFILL) == ref.step_time_s(PREFILL)
     scaled = build_engine(num_gpu_blocks=100, step_time_scale=2.5, cost_table="roofline").cost
     assert isinstance(scaled, ScaledCost)
-    assert scaled.step_time_s(PREFILL) == 2.5 * RooflineCost(get_model("Llama-3.1-8B"), get_gpu("h100"),
-                                                             flops_efficiency=0.74, decode=MEASURED_DECODE[
-                                                                 "H100-80GB-SXM"]).step_time_s(PREFILL)
+    assert scaled.step_time_s(PREFILL) == 2.5 * RooflineCost(
+        get_model("Llama-3.1-8B"), get_gpu("h100"), flops_efficiency=MEASURED_FLOPS_EFFICIENCY["bf16"],
+        decode=MEASURED_DECODE["H100-80GB-SXM"], mixed_layer_s=MEASURED_MIXED_LAYER_S["bf16"]).step_time_s(PREFILL)
     measured = build_engine(num_gpu_blocks=100, step_time_scale=2.5).cost      # the default clock, scaled
     assert measured.step_time_s(PREFILL) == 2.5 * measured.inner.step_time_s(PREFILL)
     assert isinstance(measured.inner, StepShapeCost)
@@ -245,7 +249,8 @@ def test_the_default_roofline_takes_the_measured_engines_way_in_and_out():
         assert given.frontend_s == (0.0, 0.0, 0.0) and "way in" not in given.describe()
     # a lone request: its TTFT is the way in, its steps and the way out
     setup = roof("Qwen2.5-7B", "h100")
-    bare = roof("Qwen2.5-7B", "h100", step_overhead_s=setup.cost.step_overhead_s).cost
+    bare = copy.copy(setup.cost)
+    bare.frontend_s = (0.0, 0.0, 0.0)
     way_in, per_token, way_out = setup.cost.frontend_s
     ttft = {}
     for name, cost in (("with", setup.cost), ("without", bare)):

@@ -3,6 +3,7 @@ import math
 
 import pytest
 
+from kvsim.errors import InputError
 from kvsim.planner.presets import get_gpu, get_model
 from kvsim.planner.roofline import RooflineCost
 
@@ -145,29 +146,63 @@ def test_shipped_flops_shares_are_the_fit_to_real_vllm_tables():
     # planner.roofline's shares are what bench/roofline_efficiency.py fits to the shipped tables of
     # real vLLM's grid steps: a table refitted or a share edited by hand fails here
     from bench.roofline_efficiency import fitted_shares, load_all
-    from kvsim.planner.roofline import MEASURED_FLOPS_EFFICIENCY
+    from kvsim.planner.roofline import MEASURED_FLOPS_EFFICIENCY, MEASURED_MIXED_LAYER_S
 
-    assert fitted_shares(load_all()) == MEASURED_FLOPS_EFFICIENCY
+    assert fitted_shares(load_all()) == {cls: (share, MEASURED_MIXED_LAYER_S[cls])
+                                         for cls, share in MEASURED_FLOPS_EFFICIENCY.items()}
 
 
-def test_the_share_fit_recovers_a_known_share():
+def test_the_share_fit_recovers_a_known_share_and_time_a_layer():
     import numpy as np
 
     from bench.roofline_efficiency import fit_share, priced
 
     rng = np.random.default_rng(0)
     mem, comp = rng.uniform(1e-3, 5e-3, 40), rng.uniform(1e-3, 0.1, 40)
-    rows = np.stack([mem, comp, np.full(40, 0.002), np.zeros(40)], axis=1)
+    layers = rng.choice([32, 64], 40)
+    rows = np.stack([mem, comp, np.full(40, 0.002), np.zeros(40), layers], axis=1)
     rows[:, 3] = priced(rows, 0.63)
-    assert fit_share([rows]) == 0.63
+    assert fit_share([rows]) == (0.63, 0.0)
+    timed = rows.copy()
+    timed[:, 3] = priced(rows, 0.63, 71e-6)       # a step with prompt tokens: 71 us a layer more
+    assert fit_share([timed]) == (0.63, 71e-6)
     other = rows.copy()
     other[:, 3] = priced(rows, 0.81)
-    assert 0.63 <= fit_share([rows, other]) <= 0.81
+    assert 0.63 <= fit_share([rows, other])[0] <= 0.81
+
+
+def test_a_step_with_prompt_tokens_pays_its_time_a_layer():
+    """vLLM runs a step with prompt tokens on piecewise CUDA graphs, its attention outside them: the
+    roofline adds layers x mixed_layer_s to such a step, never to a decode step (nor to a run of
+    them); the default roofline takes the measured time for the weights, none where a roofline
+    parameter is given."""
+    from kvsim.planner.engine_setup import build_engine
+    from kvsim.planner.roofline import MEASURED_MIXED_LAYER_S
+
+    model = get_model("Qwen2.5-7B")
+    bare = RooflineCost(model, get_gpu("h100"))
+    timed = RooflineCost(model, get_gpu("h100"), mixed_layer_s=80e-6)
+    prefill = StepBatch(num_seqs=2, num_prefill_tokens=300, num_decode_tokens=1, num_scheduled_tokens=301,
+                        kv_read_tokens=900, attn_token_pairs=60_000)
+    assert timed.step_time_s(prefill) - bare.step_time_s(prefill) == pytest.approx(model.num_layers * 80e-6)
+    step = decode(16, 2000)
+    assert timed.step_time_s(step) == bare.step_time_s(step) and timed.run_time_s(step, 9) == bare.run_time_s(step, 9)
+    assert "80 us a layer more" not in bare.describe()
+    with pytest.raises(InputError, match="mixed_layer_s"):
+        RooflineCost(model, get_gpu("h100"), mixed_layer_s=-1e-6)
+    for kwargs, cls in ((dict(model="Llama-3.1-8B"), "bf16"), (dict(model="Llama-3.1-8B", weight_dtype="fp8"), "fp8"),
+                        (dict(model="gpt-oss-20b"), "mxfp4-moe")):
+        cost = build_engine(gpu="h200", num_gpu_blocks=100, cost_table="roofline", **kwargs).cost
+        assert cost.mixed_layer_s == MEASURED_MIXED_LAYER_S[cls]
+        assert ("a layer more" in cost.describe()) == bool(MEASURED_MIXED_LAYER_S[cls])
+    assert MEASURED_MIXED_LAYER_S["bf16"] > 0 and MEASURED_MIXED_LAYER_S["fp8"] > 0
+    given = build_engine(gpu="h200", num_gpu_blocks=100, model="Llama-3.1-8B", step_overhead_s=0.003).cost
+    assert given.mixed_layer_s == 0.0
 
 
 @pytest.mark.parametrize("kwargs,share,cls", [
-    (dict(model="Llama-3.1-8B"), 0.74, "bf16"),
-    (dict(model="Llama-3.1-8B", weight_dtype="fp8"), 0.59, "fp8"),
+    (dict(model="Llama-3.1-8B"), 0.76, "bf16"),
+    (dict(model="Llama-3.1-8B", weight_dtype="fp8"), 0.62, "fp8"),
     (dict(model="DeepSeek-V2-Lite"), 0.58, "bf16-moe"),
     (dict(model="gpt-oss-20b"), 0.79, "mxfp4-moe"),
 ])
@@ -186,8 +221,10 @@ def test_the_default_roofline_takes_real_vllms_share_for_the_weights(kwargs, sha
     step = StepBatch(num_seqs=1, num_prefill_tokens=8192, num_scheduled_tokens=8192, kv_read_tokens=8192,
                      attn_token_pairs=8192 * 8193 // 2)
     measured = build_engine(gpu="h200", num_gpu_blocks=100, cost_table="roofline", **kwargs).cost
-    fixed = measured.step_overhead_s          # real vLLM's time a layer, times the layers (both clocks)
-    assert fixed == given.step_overhead_s > 0
+    # real vLLM's time a layer, times the layers, and the time a layer of a step with prompt tokens
+    # (both clocks)
+    fixed = measured.step_overhead_s + measured.mixed_step_s
+    assert fixed == given.step_overhead_s + given.mixed_step_s > 0
     assert (measured.step_time_s(step) - fixed) == pytest.approx((given.step_time_s(step) - fixed) / share, rel=1e-9)
 
 
