@@ -22,9 +22,18 @@ schedule of step k + 2, made when step k ends: kvsim, which schedules step k + 1
 ends, shows that schedule only the requests that arrived before step k started and keeps the
 rest in the ``inbox`` until the next (docs/FIDELITY.md rule 36). The step clock keeps the
 oracle's rule (arrivals at step s join schedule s): ``BatchQueue`` takes every arrival at once.
+
+With a measured table's ``first_step`` (simulator.cost_table.FirstStep) a burst that reaches an
+idle engine is split as real vLLM splits it: the engine core wakes on the first request and
+schedules what has reached it by then (a cutoff drawn from the measured bursts, the replica's own
+seeded draw), and the rest join the next step. Under async scheduling the first step's tokens come
+back only once the next step's launch has returned, which for a step on no CUDA graph (more tokens
+than the largest graph) is tens of ms of CPU: they come back with the next step's
+(``first_tokens``, called when a detailed step has sampled).
 """
 from __future__ import annotations
 
+import random
 from collections import deque
 
 
@@ -49,6 +58,10 @@ class SyncBatches:
 
     def step_ran(self, start_ns: int, end_ns: int) -> None:
         """A step (or a decode run's last step) ran from ``start_ns`` to ``end_ns``."""
+
+    def first_tokens(self, out, start_ns: int, end_ns: int) -> None:
+        """A detailed step ``out`` that ran from ``start_ns`` to ``end_ns`` has sampled: when the
+        client sees its first tokens (at ``end_ns``, set by the scheduler, unless held back)."""
 
     @property
     def num_done(self) -> int:
@@ -91,11 +104,16 @@ class LookaheadQueue(BatchQueue):
 
     lookahead = True
 
-    def __init__(self, sched, rec):
+    def __init__(self, sched, rec, first_step=None, seed: int = 0):
         super().__init__(sched, rec)
         self.inbox: deque = deque()
         self.step_start_ns = -1   # the last step that ran: its start (when it was scheduled)
         self.step_end_ns = -1     # ... and its end
+        self.first_step = first_step     # a measured table's FirstStep, or None: a burst is taken whole
+        self._rng = random.Random(seed)
+        # a split burst: "first" until its first step has sampled, then that step's sequences
+        # with their first tokens, until the next step has
+        self.split: str | list | None = None
 
     def arrive(self, req, sent_ns: int, now_ns: int) -> None:
         self.inbox.append((req, sent_ns, now_ns))
@@ -104,20 +122,47 @@ class LookaheadQueue(BatchQueue):
         """Before the schedule at ``now_ns``: right after a step that ran to ``now_ns``, the
         requests that arrived by that step's start (vLLM scheduled this step then); else, or
         ``at_once`` (vLLM schedules with everything that arrived: the engine was idle, or it
-        waited for the batch in flight with nothing else to schedule), every one."""
+        waited for the batch in flight with nothing else to schedule), every one; at an idle
+        engine with ``first_step``, the share of a burst its first step takes (module doc)."""
+        if self.split == "first":
+            return      # the rest of a split burst waits for the schedule after its first step
         cutoff = now_ns if at_once or self.step_end_ns != now_ns else self.step_start_ns
         inbox, add = self.inbox, self.sched.add_request
-        while inbox and inbox[0][2] <= cutoff:
+        limit = len(inbox)
+        if at_once and self.first_step is not None and not self.sched.has_unfinished():
+            k = sum(1 for entry in inbox if entry[2] <= cutoff)
+            if k > 1:
+                limit = self.first_step.taken(k, self._rng)
+                self.split = "first" if limit < k else None
+        while limit and inbox and inbox[0][2] <= cutoff:
             req, sent_ns, _ = inbox.popleft()
             add(req, sent_ns)
+            limit -= 1
 
     def step_ran(self, start_ns: int, end_ns: int) -> None:
         self.step_start_ns, self.step_end_ns = start_ns, end_ns
 
+    def first_tokens(self, out, start_ns: int, end_ns: int) -> None:
+        """A split burst's first step: its sequences' first tokens come back with the next step's
+        when that one runs on no CUDA graph (module doc)."""
+        split = self.split
+        if split is None:
+            return
+        if split == "first":
+            self.split = [seq for seq, _ in out.entries if seq.first_token_ns == end_ns]
+            return
+        if out.num_scheduled_tokens > self.first_step.graph_tokens:
+            for seq in split:
+                if seq.first_token_ns == start_ns:    # (the step before this one ended as it began)
+                    seq.first_token_ns = end_ns
+        self.split = None
 
-def batch_hooks(config, sched, rec, clock: bool = True) -> SyncBatches:
+
+def batch_hooks(config, sched, rec, clock: bool = True, first_step=None, seed: int = 0) -> SyncBatches:
     """The batch hooks of a replica of ``config`` (async scheduling or not) and its scheduler;
-    ``clock``: timed (False: the step clock, where arrivals keep the oracle's rule)."""
+    ``clock``: timed (False: the step clock, where arrivals keep the oracle's rule);
+    ``first_step``: how a burst meets an idle engine (a measured table's; async on a clock only),
+    drawn with ``seed``."""
     if not config.async_scheduling:
         return SyncBatches(sched, rec)
-    return (LookaheadQueue if clock else BatchQueue)(sched, rec)
+    return LookaheadQueue(sched, rec, first_step, seed) if clock else BatchQueue(sched, rec)

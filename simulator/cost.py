@@ -247,6 +247,7 @@ class ScaledCost:
         self.idle_start_s = self.scale * getattr(inner, "idle_start_s", 0.0)
         self.idle_start_min_wait_s = getattr(inner, "idle_start_min_wait_s", 0.0)   # a wait, not a step
         self.frontend_s = getattr(inner, "frontend_s", (0.0, 0.0, 0.0))   # not steps: not scaled
+        self.first_step = getattr(inner, "first_step", None)   # how a burst meets an idle engine
 
     def step_time_s(self, batch: StepBatch) -> float:
         return self.scale * self.inner.step_time_s(batch)
@@ -271,6 +272,7 @@ class SyncCost:
         self.idle_start_s = getattr(inner, "idle_start_s", 0.0)
         self.idle_start_min_wait_s = getattr(inner, "idle_start_min_wait_s", 0.0)
         self.frontend_s = getattr(inner, "frontend_s", (0.0, 0.0, 0.0))
+        self.first_step = getattr(inner, "first_step", None)   # how a burst meets an idle engine
 
     def _cpu(self, batch: StepBatch) -> float:
         return self.cpu_s + self.cpu_per_seq_s * batch.num_seqs
@@ -302,6 +304,7 @@ class CarriedCost:
         self.idle_start_s = getattr(inner, "idle_start_s", 0.0)
         self.idle_start_min_wait_s = getattr(inner, "idle_start_min_wait_s", 0.0)
         self.frontend_s = getattr(inner, "frontend_s", (0.0, 0.0, 0.0))   # CPU and IPC, not the GPU
+        self.first_step = getattr(inner, "first_step", None)   # how a burst meets an idle engine
 
     def _ratio(self, batch: StepBatch) -> float:
         src = self.source.step_time_s(batch)

@@ -59,6 +59,7 @@ import bisect
 import csv
 import math
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -296,6 +297,56 @@ def _frontend(provenance: dict, path: str) -> tuple[float, float, float]:
     return values
 
 
+_FIRST_STEP = re.compile(r"sends (\S+) s then (\S+) s apart, cutoffs ((?:\S+-\S+ ?)+) s after the first send "
+                         r".*; graphs to (\d+) tokens$")
+
+
+@dataclass(frozen=True)
+class FirstStep:
+    """How an idle engine's first step takes a burst (the ``# first step:`` line of a table of real
+    vLLM's steps): the client sends a burst's requests ``first_gap_s`` then ``gap_s`` apart, and
+    the engine core, woken by the first, schedules what has reached it by a cutoff drawn from the
+    measured ``cutoffs_s`` spans (one span drawn, the cutoff uniform in it); the rest join the
+    next step. A step on no CUDA graph (more than ``graph_tokens`` tokens) takes tens of ms of CPU
+    to launch, and under async scheduling the step before it returns its tokens only when that
+    launch has: a split burst's first tokens come back with the next step's."""
+
+    first_gap_s: float
+    gap_s: float
+    cutoffs_s: tuple[tuple[float, float], ...]
+    graph_tokens: int
+
+    def taken(self, k: int, rng) -> int:
+        """Of ``k`` requests that reached an idle engine together, how many its first step takes
+        (``rng``: a random.Random, the replica's own)."""
+        lo, hi = self.cutoffs_s[rng.randrange(len(self.cutoffs_s))]
+        cutoff = rng.uniform(lo, hi)
+        sent = 0.0
+        for i in range(1, k):
+            sent += self.first_gap_s if i == 1 else self.gap_s
+            if sent > cutoff:
+                return i
+        return k
+
+
+def _first_step(provenance: dict, path: str) -> FirstStep | None:
+    """A table's ``# first step:`` line (grid_table.burst_cutoffs); None without it."""
+    text = provenance.get("first step")
+    if text is None:
+        return None
+    m = _FIRST_STEP.match(text)
+    try:
+        spans = tuple(tuple(float(x) for x in span.split("-")) for span in m.group(3).split()) if m else ()
+        first_gap, gap, graph_tokens = (float(m.group(1)), float(m.group(2)), int(m.group(4))) if m else (-1, -1, 0)
+    except ValueError:
+        spans, first_gap, gap, graph_tokens = (), -1.0, -1.0, 0
+    if not spans or min(first_gap, gap) < 0 or any(len(x) != 2 or not 0 <= x[0] <= x[1] for x in spans) \
+            or graph_tokens < 1:
+        raise InputError("'# first step:' must read 'sends A s then B s apart, cutoffs LO-HI ... s after the "
+                         f"first send (...); graphs to N tokens', got {text!r}", file=path)
+    return FirstStep(first_gap, gap, spans, graph_tokens)
+
+
 def _idle_wait(provenance: dict, path: str) -> float:
     """A table's ``# idle wait:`` line (``S s (...)``): the shortest idle wait after which a step
     pays c_idle (the hot plan measured lone prompts after shorter ones at their own price); 0
@@ -360,6 +411,8 @@ class StepShapeCost:
             request's way in and a token's way out, outside the steps (the engine adds them).
         idle_start_min_wait_s: the ``# idle wait:`` line: the engine adds c_idle only after an
             idle wait this long or longer (0 without the line: after any).
+        first_step: the ``# first step:`` line (FirstStep: how an idle engine's first step takes a
+            burst; None without it: whole).
         async_off: the ``# async off:`` line, (s per step, s per sequence, source): what every
             step costs more with async scheduling off than this table, measured with it on, prices
             it, a fixed part and one per request in the step (the engine's
@@ -415,6 +468,7 @@ class StepShapeCost:
         self.frontend_s = _frontend(self.provenance, path)
         self.idle_start_min_wait_s = _idle_wait(self.provenance, path)
         self.async_off = _async_off(self.provenance, path)
+        self.first_step = _first_step(self.provenance, path)
 
     def _lines(self, decode: dict[int, list[tuple[float, float]]]) -> list[tuple[float, float]]:
         """Each graph size's (a_s, b_s). A size measured only at nearly one KV length (its
@@ -726,6 +780,9 @@ class StepShapeCost:
             a, b, c = self.frontend_s
             dropped += (f"; a request's way in {a * 1e3:.2f} ms + {b * 1e6:.2f} us per prompt token, "
                         f"a token's way out {c * 1e3:.2f} ms")
+        if self.first_step is not None:
+            dropped += (f"; an idle engine's first step takes a burst's requests sent within a cutoff drawn "
+                        f"from {len(self.first_step.cutoffs_s)} measured bursts")
         return f"measured table {_shown(self.path)} ({what or 'no provenance'}){dropped}"
 
     def __repr__(self) -> str:

@@ -117,7 +117,7 @@ class _Replica:
     """One serving replica: its allocator, its scheduler and its recorder."""
 
     def __init__(self, index: int, config: EngineConfig, seed: int, recorder: Recorder,
-                 step_clock: bool, offload: Sequence[TierConfig] = ()):
+                 step_clock: bool, offload: Sequence[TierConfig] = (), first_step=None):
         self.index = index
         self.allocator = make_allocator(config)
         self.offload = make_connector(config, offload, self.allocator) if offload else None
@@ -128,7 +128,9 @@ class _Replica:
         self.rec = recorder.replica(index, self.sched, self.allocator, step_clock)
         # when a step's finished requests are freed (async: after the next schedule) and when
         # the scheduler sees an arrival (async on a clock: at the schedule after the next)
-        self.batch = batch_hooks(config, self.sched, self.rec, clock=not step_clock)
+        # (and how a burst meets it idle: a measured table's first step, the replica's own draw)
+        self.batch = batch_hooks(config, self.sched, self.rec, clock=not step_clock, first_step=first_step,
+                                 seed=seed + index)
         # what the connector does at each moment of the loop (nothing without one)
         self.io = transfer_hooks(self.offload, self.sched, held=self.batch.held)
         self.wake: simpy.Event | None = None
@@ -226,7 +228,8 @@ class Simulation:
                                  record_requests=record_requests,
                                  offload_tiers=tuple(t.name for t in offload))
         self.offload = offload
-        self.replicas = [_Replica(i, config, seed, self.recorder, self.step_clock, self.offload)
+        self.replicas = [_Replica(i, config, seed, self.recorder, self.step_clock, self.offload,
+                                  getattr(cost_model, "first_step", None))
                          for i in range(replicas)]
         for rep in self.replicas:
             rep.rec.way_out_ns = self.way_out_ns
@@ -744,6 +747,7 @@ class Simulation:
         sched, rec = rep.sched, rep.rec
         tokens0, first0 = sched.num_generated_tokens, sched.num_first_tokens
         finished = sched.finish_step(out, end, idx)
+        rep.batch.first_tokens(out, t, end)
         rep.batch.step_ran(t, end)
         if self.token_log is not None:
             tokens = sched.num_generated_tokens - tokens0

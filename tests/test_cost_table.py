@@ -526,3 +526,33 @@ def test_one_artefact_row_does_not_bend_the_eager_curve(tmp_path, monkeypatch):
     plain, plain_clean = StepShapeCost(tmp_path / "a" / "table.csv"), StepShapeCost(make_table(tmp_path))
     assert plain.step_time_s(batch) < 0.9 * truth
     assert (list(plain_clean.knots_s), list(plain_clean.coef)) == (list(clean.knots_s), list(clean.coef))
+
+
+def test_a_tables_first_step_line_is_read_and_a_bad_one_named(tmp_path):
+    """'# first step: sends A s then B s apart, cutoffs LO-HI ... s after the first send (...);
+    graphs to N tokens' (grid_table.burst_cutoffs): FirstStep, whose draw takes the requests sent
+    within the drawn cutoff; the clock line says so. A table without it takes bursts whole."""
+    import random
+
+    from kvsim.simulator.cost_table import FirstStep
+
+    assert StepShapeCost(make_table(tmp_path)).first_step is None
+    (tmp_path / "f").mkdir()
+    path = make_table(tmp_path / "f")
+    body = path.read_text()
+    path.write_text("# first step: sends 0.0004 s then 0.0002 s apart, cutoffs 0.000500-0.000500 "
+                    "0.000000-0.000100 s after the first send (2 bursts of the grid at an idle engine); "
+                    "graphs to 512 tokens\n" + body)
+    cost = StepShapeCost(path)
+    assert cost.first_step == FirstStep(0.0004, 0.0002, ((0.0005, 0.0005), (0.0, 0.0001)), 512)
+    assert "first step takes a burst's requests sent within a cutoff drawn from 2 measured bursts" in cost.describe()
+    one = FirstStep(0.0004, 0.0002, ((0.0007, 0.0007),), 512)      # sends at 0, 0.4, 0.6, 0.8 ms
+    assert [one.taken(k, random.Random(0)) for k in (1, 2, 3, 4, 9)] == [1, 2, 3, 3, 3]
+    draws = [cost.first_step.taken(4, random.Random(seed)) for seed in range(40)]
+    assert set(draws) == {1, 2}                                       # one span each: 0.1 or 0.5 ms
+    for bad in ("sends 0.0004 s then 0.0002 s apart, cutoffs 0.0005-0.0001 s after the first send (x); graphs to 512 tokens",
+                "sends -1 s then 0.0002 s apart, cutoffs 0-0.1 s after the first send (x); graphs to 512 tokens",
+                "sends 0.0004 s then 0.0002 s apart; graphs to 512 tokens"):
+        path.write_text(f"# first step: {bad}\n" + body)
+        with pytest.raises(InputError, match="first step"):
+            StepShapeCost(path)

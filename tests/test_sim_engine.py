@@ -312,3 +312,61 @@ def test_an_idle_start_costs_c_idle_only_after_the_tables_idle_wait():
     assert hot[0] == pytest.approx(any_wait[0]) and hot[0] > 0.05             # the first: idle
     assert all(any_wait[i] - hot[i] == pytest.approx(0.05, abs=1e-6) for i in range(1, 5))
     assert ttfts(0.010, [late], None)[9] == pytest.approx(ttfts(0.0, [late], None)[9])
+
+
+class _BurstCost:
+    """10 ms steps, with a measured table's first step: sends 0.4 ms then 0.2 ms apart, the cutoff
+    drawn from ``spans_s``, CUDA graphs to ``graph_tokens`` tokens."""
+
+    def __init__(self, *spans_s: tuple[float, float], graph_tokens: int = 512):
+        from kvsim.simulator.cost_table import FirstStep
+
+        self.fixed = FixedStepCost(0.01)
+        self.first_step = FirstStep(0.0004, 0.0002, spans_s, graph_tokens)
+
+    def step_time_s(self, batch):
+        return self.fixed.step_time_s(batch)
+
+    def run_time_s(self, batch, num_steps):
+        return self.fixed.run_time_s(batch, num_steps)
+
+    def describe(self):
+        return "10 ms steps, bursts split as drawn"
+
+
+def test_a_burst_at_an_idle_engine_is_split_as_the_tables_first_step_says():
+    """vLLM's engine core schedules what has reached it when the first request of a burst wakes
+    it: the first step takes the requests sent within the drawn cutoff and the next step the rest.
+    Under async scheduling the first step's tokens come back with the next step's when that one
+    runs on no CUDA graph (more tokens than the largest graph), with its own when it runs on one."""
+    burst = [Request(request_id=i, arrival_s=0.0, prompt_tokens=256, output_tokens=4) for i in range(4)]
+
+    def run(cost, async_scheduling=True):
+        res = simulate(iter(burst), _cfg(async_scheduling=async_scheduling), cost, record_steps=True)
+        return res.requests.set_index("request_id"), res.timeseries
+
+    whole, steps = run(FixedStepCost(0.01))
+    assert steps["new_reqs"].iloc[0] == 4 and whole["first_token_step"].nunique() == 1
+    # a cutoff 0.5 ms after the first send: the sends at 0 and 0.4 ms make the first step
+    eager, steps = run(_BurstCost((0.0005, 0.0005), graph_tokens=513))   # next: 512 + 2 tokens, eager
+    assert steps["new_reqs"].iloc[0] == 2 and steps["new_reqs"].iloc[1] == 2
+    assert eager.loc[0, "first_token_step"] == 0 and eager.loc[2, "first_token_step"] == 1
+    assert eager.loc[0, "ttft_s"] == pytest.approx(eager.loc[2, "ttft_s"])        # with the next step's
+    assert eager.loc[2, "ttft_s"] == pytest.approx(whole.loc[0, "ttft_s"] + 0.01)
+    graph, _ = run(_BurstCost((0.0005, 0.0005), graph_tokens=514))     # the next step on a graph
+    assert graph.loc[0, "ttft_s"] == pytest.approx(whole.loc[0, "ttft_s"])
+    assert graph.loc[2, "ttft_s"] == pytest.approx(whole.loc[0, "ttft_s"] + 0.01)
+    # a cutoff past every send: whole; async scheduling off: no split (and no table says how)
+    assert run(_BurstCost((0.01, 0.01)))[1]["new_reqs"].iloc[0] == 4
+    assert run(_BurstCost((0.0005, 0.0005)), async_scheduling=False)[1]["new_reqs"].iloc[0] == 4
+
+
+def test_the_first_steps_draw_is_the_replicas_own_and_seeded():
+    cost = _BurstCost((0.0, 0.0003), (0.0004, 0.0009), (0.0, 0.002))
+    reqs = [Request(request_id=i, arrival_s=0.5 * (i // 8), prompt_tokens=64, output_tokens=2) for i in range(64)]
+
+    def first_tokens(seed):
+        res = simulate(iter(reqs), _cfg(async_scheduling=True), cost, seed=seed)
+        return res.requests["first_token_step"].tolist()
+    assert first_tokens(3) == first_tokens(3)
+    assert len({tuple(first_tokens(s)) for s in range(6)}) > 1      # the draw moves with the seed

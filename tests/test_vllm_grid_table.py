@@ -200,3 +200,34 @@ def test_the_async_off_line_is_a_line_in_the_batch_size_through_back_to_back_ste
     assert [r.name for r in runs] == ["wave-768-x4-o16", "cl-1024-128-c64"]
     per_step, per_seq, steps = grid_table.async_off_fit(table, runs)
     assert steps == 10 and per_step == pytest.approx(0.0013, abs=1e-9) and per_seq == pytest.approx(5e-5, abs=1e-10)
+
+
+def test_the_first_step_line_spans_the_cutoff_of_each_burst_at_an_idle_engine(tmp_path):
+    """grid_table.burst_cutoffs: per burst (requests sent within 5 ms) that reached an idle engine,
+    the first step's prompts say the cutoff lies between the last send it took and the first it
+    did not; a burst taken whole spans one later gap past its last send; a burst the token budget
+    cut, or one that met a busy engine, is left out. The shipped tables carry the line."""
+    import gzip
+
+    run = tmp_path / "grid"
+    run.mkdir()
+    sends = {0: [0.0, 0.0004, 0.0006, 0.0008],          # first step takes 2
+             1: [1.0, 1.0005, 1.0007],                   # taken whole
+             2: [2.0, 2.0004, 2.0006],                   # the budget: 1 of 3 x 5,000 tokens
+             3: [3.0, 3.0004]}                           # sent while a step ran
+    prompts = {0: 100, 1: 100, 2: 5000, 3: 100}
+    reqs = [{"sent_s": t, "prompt_tokens": prompts[b]} for b, ts in sends.items() for t in ts]
+    with gzip.open(run / "requests.jsonl.gz", "wt") as f:
+        f.write("".join(json.dumps(r) + "\n" for r in reqs))
+    # steps: (t_done, step_s, prefill seqs, seqs); one ran from 2.99 to 3.01
+    steps = [(0.02, 0.019, 2, 2), (0.04, 0.01, 2, 4), (1.02, 0.019, 3, 3), (2.02, 0.019, 1, 1),
+             (3.01, 0.02, 0, 1), (3.03, 0.01, 2, 3)]
+    with open(run / "steps.csv", "w") as f:
+        f.write("t_done_s,step_s,num_prefill_seqs,num_seqs\n")
+        f.writelines(f"{a},{b},{c},{d}\n" for a, b, c, d in steps)
+    first_gap, gap, spans = grid_table.burst_cutoffs(run, 8192)
+    assert first_gap == pytest.approx(0.00045) and gap == pytest.approx(0.0002)
+    assert spans == [pytest.approx((0.0004, 0.0006)), pytest.approx((0.0007, 0.0009))]
+    for table in TABLES:
+        line = next(ln for ln in table.read_text().splitlines() if ln.startswith("# first step:"))
+        assert "bursts of the grid at an idle engine" in line and StepShapeCost(table).first_step is not None

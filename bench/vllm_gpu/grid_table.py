@@ -177,6 +177,46 @@ def knots(rows: list[dict]) -> list[int]:
     return out if len(out) >= 2 else [1, *out]
 
 
+# requests the harness sent within this long of the first make one burst
+BURST_WINDOW_S = 0.005
+
+
+def burst_cutoffs(run: Path, max_num_batched_tokens: int) -> tuple[float, float, list[tuple[float, float]]]:
+    """How an idle engine's first step takes a burst (requests sent together: the grid's decode
+    points send their batch at once): (the client's first gap between two sends, its later gaps
+    (medians, s), per burst the span of the cutoff: the first step took the requests sent up to
+    ``lo`` after the first and not the one sent at ``hi``). vLLM's engine core schedules as soon as
+    it wakes on the first request and takes what has reached it; the rest join the step scheduled
+    next. A burst whose first step is all it had (``hi`` unknown) spans one later gap beyond its
+    last send; one whose next prompt would not have fitted the token budget, or that reached a
+    busy engine, says nothing and is left out."""
+    with open(run / "steps.csv", newline="") as f:
+        steps = [(float(r["t_done_s"]) - float(r["step_s"]), float(r["t_done_s"]), int(r["num_prefill_seqs"]),
+                  int(r["num_seqs"])) for r in csv.DictReader(f)]
+    with gzip.open(run / "requests.jsonl.gz", "rt") as f:
+        reqs = sorted((json.loads(line) for line in f), key=lambda r: r["sent_s"])
+    bursts, i = [], 0
+    while i < len(reqs):
+        j = i
+        while j + 1 < len(reqs) and reqs[j + 1]["sent_s"] - reqs[i]["sent_s"] < BURST_WINDOW_S:
+            j += 1
+        burst, i = reqs[i:j + 1], j + 1
+        first = burst[0]["sent_s"]
+        nxt = next((s for s in steps if s[1] > first), None)
+        if len(burst) < 2 or nxt is None or any(a < first < b for a, b, _, _ in steps) or nxt[2] != nxt[3]:
+            continue                         # one request, no step after it, or a busy engine
+        taken = nxt[2]
+        if taken < len(burst) and sum(r["prompt_tokens"] for r in burst[:taken + 1]) > max_num_batched_tokens:
+            continue                         # the budget, not the race, ended the first step
+        bursts.append(([r["sent_s"] - first for r in burst], taken))
+    gaps = [b[0][1] for b in bursts]
+    later = [y - x for b in bursts for x, y in zip(b[0][1:], b[0][2:])]
+    first_gap = float(np.median(gaps)) if gaps else 0.0
+    later_gap = float(np.median(later)) if later else first_gap
+    spans = [(sent[taken - 1], sent[taken] if taken < len(sent) else sent[-1] + later_gap) for sent, taken in bursts]
+    return first_gap, later_gap, spans
+
+
 def idle_run(engine: Path) -> Path | None:
     """The idle-plan run beside an engine's folder (``llama8b-fp8-fine`` -> ``llama8b-fp8-idle``):
     its second serving where the plan served it twice (plans.py --again: gpt-oss's first serving
@@ -286,10 +326,12 @@ def _from_root(folder: Path) -> str:
 
 def provenance(folder: Path, meta: dict, num_rows: int, dropped: int, knot_tokens: list[int],
                idle: Path | None = None, hot: list[Path] = (),
-               async_off: tuple[float, float, int, list[Path]] | None = None) -> list[str]:
+               async_off: tuple[float, float, int, list[Path]] | None = None,
+               first_step: tuple[float, float, list[tuple[float, float]]] | None = None,
+               graph_tokens: int | None = None) -> list[str]:
     """The table's ``#`` lines: what kvsim's table readers and ``mismatches`` look for
     (``async_off``: seconds per step and per sequence, steps, and the async-off workloads they were
-    measured on)."""
+    measured on; ``first_step``: burst_cutoffs' figures; ``graph_tokens``: the largest CUDA graph)."""
     args, core = meta.get("engine_args", {}), meta.get("engine_core", {})
     way = frontend(idle) if idle else None
     versions = meta.get("versions", {})
@@ -320,6 +362,10 @@ def provenance(folder: Path, meta: dict, num_rows: int, dropped: int, knot_token
            f"batch size through {async_off[2]} back-to-back steps of "
            f"{' and '.join(dict.fromkeys(_from_root(r.parent if r.parent.name.endswith('-wave') else r) for r in async_off[3]))}, served with async scheduling off: result to "
            f"result, less this table's price)"] if async_off else []),
+        *([f"# first step: sends {first_step[0]:.6f} s then {first_step[1]:.6f} s apart, cutoffs "
+           f"{' '.join(f'{lo:.6f}-{hi:.6f}' for lo, hi in first_step[2])} s after the first send "
+           f"({len(first_step[2])} bursts of the grid at an idle engine); graphs to {graph_tokens} tokens"]
+          if first_step and first_step[2] else []),
         f"# source: {_from_root(folder)}/grid" + (f" and {_from_root(idle)}" if idle else "")
         + "".join(f" and {_from_root(run)}" for run in hot)
         + " (held out: every closed-loop and trace run of the same engine)",
@@ -351,10 +397,14 @@ def main(argv: list[str] | None = None) -> int:
         dropped += more_dropped
     a.out.parent.mkdir(parents=True, exist_ok=True)
 
+    core = meta.get("engine_core", {})
+    first_step = burst_cutoffs(a.engine / "grid", int(core.get("max_num_batched_tokens") or 8192)) \
+        if (a.engine / "grid" / "requests.jsonl.gz").is_file() else None    # (no requests: no bursts)
+
     def write(async_off=None):
         with open(a.out, "w", newline="") as f:
             f.write("\n".join(provenance(a.engine, meta, len(rows), dropped, knots(rows), idle, hot,
-                                         async_off)) + "\n")
+                                         async_off, first_step, max(sizes))) + "\n")
             # the idle-start column where the idle plan measured lone prompts cleanly; the grid's own
             # idle starts alone are too few and carry the harness's waits (a decode point's prompts
             # sent one by one: Llama-3.1-8B bf16 H100, a lone 4,096-token prompt at 98.6-133.8 ms)
