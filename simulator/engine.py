@@ -6,7 +6,8 @@ Processes (SimPy, time in integer nanoseconds so that runs of steps add up exact
   trace), hands each to the router (router.py) at its arrival time, rejects the ones that can
   never be served, and wakes an idle replica. With a measured table's frontend (``frontend_s``:
   a request's way in and a token's way out, outside the steps) a request is sent at its arrival
-  time and reaches the router the way in later (``_deliver``, in the order sent), and the client
+  time and reaches the router the way in later, in the order sent (in an open loop the client
+  carries it itself; under a concurrency limit ``_deliver``, one courier for all), and the client
   sees each token, and a freed concurrency slot, the way out after its step.
 * ``_engine`` (one per replica), the step loop: at each step boundary it records, then either
   applies a run of identical decode steps at once (``Scheduler.plan_decode_run`` /
@@ -273,6 +274,10 @@ class Simulation:
         self.way_out_ns = to_ns(way_out_s)
         self._client_due_ns = _NEVER
         self.deliveries: deque[int] = deque()   # requests on their way in: when each arrives
+        self._on_the_way: deque = deque()       # ... and (request, sent ns) of each, in that order
+        self._courier_wake: simpy.Event | None = None    # the courier waits for a request to carry
+        self._courier = None
+        self._last_delivery_ns = -1             # when the last request sent reached the scheduler
         self.sending_done = False
 
     # ------------------------------------------------------------------ public stepping API
@@ -367,8 +372,11 @@ class Simulation:
                                  f"the previous request's {last_ns / NS_PER_S} s (sort the trace)",
                                  field="arrival")
             last_ns = t_ns
+            # an open loop with a frontend: nothing waits on the client, which carries the
+            # request in itself, waking once at its arrival at the scheduler (below)
+            carry = frontend and limit is None and not self.deliveries
             self._due(t_ns + self._way_in_ns(req))
-            if t_ns > env.now:
+            if t_ns > env.now and not carry:
                 yield env.timeout(t_ns - env.now)
             if limit is not None:
                 while self.in_flight >= limit:
@@ -381,12 +389,25 @@ class Simulation:
                 # with a frontend, a freed slot is seen at the client the way out after it frees
                 t_ns = max(env.now, self.slot_freed_ns + self.way_out_ns) \
                     if frontend and self.slot_freed_ns >= 0 else env.now
-            if frontend:
+            if carry:     # (one event a request, as without a frontend)
+                engine_ns = max(t_ns + self._way_in_ns(req), self._last_delivery_ns)
+                self._last_delivery_ns = engine_ns
+                self._due(engine_ns)
+                if engine_ns > env.now:
+                    yield env.timeout(engine_ns - env.now)
+                self._arrive(req, t_ns)
+            elif frontend:
                 self.in_flight += 1       # sent: its slot is taken
-                engine_ns = max(t_ns + self._way_in_ns(req), self.deliveries[-1] if self.deliveries else -1)
+                engine_ns = max(t_ns + self._way_in_ns(req), self.deliveries[-1] if self.deliveries else -1,
+                                self._last_delivery_ns)
+                self._last_delivery_ns = engine_ns
                 self.deliveries.append(engine_ns)
+                self._on_the_way.append((req, t_ns))
                 self._due(_NEVER)
-                env.process(self._deliver(req, t_ns, engine_ns))
+                if self._courier is None:
+                    self._courier = env.process(self._deliver())
+                elif self._courier_wake is not None and not self._courier_wake.triggered:
+                    self._courier_wake.succeed()
             else:
                 self._arrive(req, t_ns)
             count += 1
@@ -396,6 +417,8 @@ class Simulation:
         self._due(_NEVER)
         self.sending_done = True
         self.arrivals_done = not self.deliveries
+        if self._courier_wake is not None and not self._courier_wake.triggered:
+            self._courier_wake.succeed()      # nothing more to carry: the courier ends
         if self._progress is not None:
             self._progress.update(count % 1000)
             self._progress.close()
@@ -411,15 +434,27 @@ class Simulation:
         self._client_due_ns = client_ns
         self.next_arrival_ns = min(self.deliveries[0], client_ns) if self.deliveries else client_ns
 
-    def _deliver(self, req, sent_ns: int, engine_ns: int):
-        """A request on its way in reaches the scheduler (in the order they were sent)."""
-        if engine_ns > self.env.now:
-            yield self.env.timeout(engine_ns - self.env.now)
-        self.deliveries.popleft()
-        self._arrive(req, sent_ns, sent=True)
-        self._due(self._client_due_ns)
-        if self.sending_done and not self.deliveries:
-            self.arrivals_done = True
+    def _deliver(self):
+        """The requests on their way in reach the scheduler, in the order they were sent (their
+        times never decrease): one process for all of them, one timeout each, that waits for the
+        client's next send when none is on the way."""
+        env, times, items = self.env, self.deliveries, self._on_the_way
+        while True:
+            if not times:
+                if self.sending_done:
+                    return
+                self._courier_wake = env.event()
+                yield self._courier_wake
+                self._courier_wake = None
+                continue
+            if times[0] > env.now:
+                yield env.timeout(times[0] - env.now)
+            times.popleft()
+            req, sent_ns = items.popleft()
+            self._arrive(req, sent_ns, sent=True)
+            self._due(self._client_due_ns)
+            if self.sending_done and not times:
+                self.arrivals_done = True
 
     def _request_done(self) -> None:
         """A request left the engine (finished or rejected) under a concurrency limit: its slot
