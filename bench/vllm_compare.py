@@ -127,7 +127,16 @@ def trace_requests(folder: Path) -> list:
 
 
 def simulated(engine: str, spec: dict, meta: dict, clock: str, requests: list | None = None,
-              gpu: str = "H200") -> dict:
+              gpu: str = "H200", seeds: int = 1) -> dict:
+    """kvsim's metrics of one point under one clock: with ``seeds`` > 1 the mean of each over the
+    engine seeds 0 .. seeds - 1 (a measured table splits a burst at an idle engine by a seeded
+    draw, so a closed loop's start is a draw; the workload stays the same)."""
+    runs = [_simulated(engine, spec, meta, clock, requests, gpu, seed) for seed in range(seeds)]
+    return {k: (float(np.mean([r[k] for r in runs])) if k != "completed" else runs[0][k]) for k in runs[0]}
+
+
+def _simulated(engine: str, spec: dict, meta: dict, clock: str, requests: list | None, gpu: str,
+               seed: int) -> dict:
     from kvsim import workloads
     from kvsim.planner.engine_setup import build_engine
     from kvsim.planner.presets import load_hf_config
@@ -154,7 +163,7 @@ def simulated(engine: str, spec: dict, meta: dict, clock: str, requests: list | 
         limit = w.max_concurrency
     else:                  # a trace excerpt at its arrival times
         w, limit = requests, None
-    res = simulate(iter(w), setup.config, setup.cost, max_concurrency=limit, record_token_times=True)
+    res = simulate(iter(w), setup.config, setup.cost, max_concurrency=limit, record_token_times=True, seed=seed)
     m = serve_metrics(res.requests, res.token_times, percentiles=[50])
     return {"mean_ttft_ms": m["mean_ttft_ms"], "median_tpot_ms": _median_tpot(res.requests),
             "mean_e2el_ms": m["mean_e2el_ms"], "completed": m["completed"]}
@@ -225,7 +234,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--traces", action="store_true",
                     help="also the Azure trace excerpt of each engine, at its arrival times (held out); the "
                          "summary then lists it on its own")
+    ap.add_argument("--seeds", type=int, default=1,
+                    help="kvsim's figures as the mean over engine seeds 0 .. N-1 (a burst at an idle engine is "
+                         "split by a seeded draw; default 1: seed 0)")
     a = ap.parse_args(argv)
+    if a.seeds < 1:
+        ap.error(f"--seeds must be >= 1, got {a.seeds}")
     clocks = [c for c in a.clocks.split(",") if c]
     results = GPUS[a.gpu][0]
     a.engines = a.engines or [e for b in ENGINES for e in (b, *(b + k for k in RUN_KINDS))
@@ -253,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
                 if clock.startswith("carried-") and not any(
                         grid_table(engine, c, source).exists() for c in ("vllm-fine", "vllm-grid")):
                     continue        # no table of that GPU to carry (Llama-3.1-70B: the H200's alone)
-                sim = simulated(engine, spec, meta, clock, reqs, a.gpu)
+                sim = simulated(engine, spec, meta, clock, reqs, a.gpu, a.seeds)
                 assert sim["completed"] == real["completed"], (engine, point.name, clock)
                 for k in METRICS:
                     row[f"{clock}_{k}"] = sim[k]

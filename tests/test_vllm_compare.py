@@ -3,9 +3,12 @@ engine settings, with every request of the measured run, and reports finite erro
 from __future__ import annotations
 
 import csv
+import json
 import math
 
-from bench.vllm_compare import RESULTS, main, measured
+import pytest
+
+from bench.vllm_compare import GPUS, RESULTS, _simulated, main, measured, simulated
 
 
 def test_measured_figures_are_vllm_bench_serves(tmp_path):
@@ -152,3 +155,30 @@ def test_held_out_async_off_on_the_h100_is_priced_by_the_table_and_what_async_hi
         tpot = sorted(abs(float(r["default_median_tpot_ms_err"])) for (e, p), r in rows.items()
                       if e == engine and p.startswith("cl-") and r["fitted"] == "False")
         assert len(tpot) == 3 and tpot[1] < 0.05, engine
+
+
+def test_seeds_average_kvsims_figures_over_the_bursts_draws(tmp_path):
+    """A measured table splits a burst at an idle engine by a seeded draw, so a closed loop's start
+    is a draw: --seeds N reports the mean of kvsim's figures over engine seeds 0 .. N-1 (seed 0
+    alone by default); the measured side does not move."""
+    import pandas as pd
+
+    def point(seeds):
+        out = tmp_path / f"s{seeds}.csv"
+        assert main(["--gpu", "H100", "--engines", "qwen3-30b-a3b-wave", "--clocks", "default",
+                     "--seeds", str(seeds), "--csv", str(out)]) == 0
+        return pd.read_csv(out).set_index("point")
+
+    one, three = point(1), point(3)
+    assert (one["vllm_mean_ttft_ms"] == three["vllm_mean_ttft_ms"]).all()
+    folder = GPUS["H100"][0] / "qwen3-30b-a3b-wave"
+    spec = json.loads((folder / "wave-768-x4-o16" / "workload.json").read_text())
+    meta = json.loads((folder / "meta.json").read_text())
+    alone = simulated("qwen3-30b-a3b-wave", spec, meta, "default", gpu="H100")
+    assert one.loc["wave-768-x4-o16", "default_mean_ttft_ms"] == pytest.approx(alone["mean_ttft_ms"])
+    runs = [_simulated("qwen3-30b-a3b-wave", spec, meta, "default", None, "H100", s) for s in range(3)]
+    assert three.loc["wave-768-x4-o16", "default_mean_ttft_ms"] == pytest.approx(
+        sum(r["mean_ttft_ms"] for r in runs) / 3)
+    assert len({r["mean_ttft_ms"] for r in runs}) > 1          # the draw moves a wave's TTFT
+    with pytest.raises(SystemExit):
+        main(["--seeds", "0"])
