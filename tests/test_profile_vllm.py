@@ -139,6 +139,8 @@ def test_a_second_try_keeps_the_finished_runs_and_serves_the_rest(tmp_path, caps
         ["qwen3-30b-a3b-hot", "qwen3-30b-a3b-noasync-wave"]
     assert "qwen3-30b-a3b-idle: served already, kept" in capsys.readouterr().out
     assert as_shipped(out, runs) == shipped()
+    assert main([*argv, "--vllm-python", str(fake_vllm(tmp_path)), "--quiet"]) == 0     # all kept, silent
+    assert capsys.readouterr().out == "" and len(calls(tmp_path)) == 5
 
 
 def test_ctrl_c_keeps_the_finished_runs(tmp_path, monkeypatch, capsys):

@@ -30,8 +30,10 @@ fits kvsim's step model to them (simulator.cost_table.StepShapeCost).
 """
 from __future__ import annotations
 
+import contextlib
 import gzip
 import importlib.util
+import io
 import json
 import os
 import re
@@ -225,21 +227,26 @@ def serve(py: str, engine: Engine, runs: Path, model_dir: Path, args, say) -> No
     pack(run)
 
 
-def build_table(engine_dir: Path, out: str) -> None:
+def build_table(engine_dir: Path, out: str, quiet: bool = False) -> None:
     """The cost table bench/vllm_gpu/grid_table.py makes of an engine's runs (its grid, with the
-    idle, hot and async-off runs beside it where they are)."""
+    idle, hot and async-off runs beside it where they are); ``quiet``: without its summary line."""
     if not (engine_dir / "grid" / "steps.csv").is_file():
         raise InputError("no grid run here (GRID/steps.csv): give the folder kvsim profile --engine vllm "
                          "wrote, RUNS/NAME", file=str(engine_dir))
     if not (engine_dir / "meta.json").is_file():
         raise InputError("no meta.json: the run did not finish", file=str(engine_dir))
-    rc = bench_module("grid_table").main([str(engine_dir), "--out", out])
+    grid_table = bench_module("grid_table")
+    with contextlib.redirect_stdout(io.StringIO()) if quiet else contextlib.nullcontext():
+        rc = grid_table.main([str(engine_dir), "--out", out])
     if rc != 0:
         raise InputError("grid_table.py could not read these runs", file=str(engine_dir))
 
 
-def run(args, say=print) -> int:
-    """``kvsim profile --engine vllm`` (module doc); the table at ``args.out``."""
+def run(args, say=None) -> int:
+    """``kvsim profile --engine vllm`` (module doc); the table at ``args.out`` (``say``: where the
+    progress lines go; none with ``--quiet``)."""
+    if say is None:
+        say = (lambda *_a, **_k: None) if args.quiet else print
     given = [opt for opt in EXECUTOR_ONLY if getattr(args, opt) is not None]
     if given:
         raise InputError(f"--{given[0].replace('_', '-')} is an option of kvsim's own executor (--engine kvsim); "
@@ -249,7 +256,7 @@ def run(args, say=print) -> int:
             setattr(args, opt, default)
     check_output(args.out)
     if args.from_runs is not None:
-        build_table(Path(args.from_runs), args.out)
+        build_table(Path(args.from_runs), args.out, args.quiet)
         return 0
     name, config, spec = model_config(args.model, args.hf_config)
     runs = Path(args.runs) if args.runs else Path(args.out).with_suffix(".runs")
@@ -277,5 +284,5 @@ def run(args, say=print) -> int:
         print(f"interrupted: the finished runs stay under {runs}; the same command goes on from there",
               file=sys.stderr)
         return 130
-    build_table(runs / engine_name, args.out)
+    build_table(runs / engine_name, args.out, args.quiet)
     return 0
