@@ -125,7 +125,9 @@ class LookaheadQueue(BatchQueue):
         waited for the batch in flight with nothing else to schedule), every one; at an idle
         engine with ``first_step``, the share of a burst its first step takes (module doc)."""
         if self.split == "first":
-            return      # the rest of a split burst waits for the schedule after its first step
+            if self.sched.has_unfinished():
+                return      # the rest of a split burst waits for the schedule after its first step
+            self.split = None   # the first share never ran (rejected): the rest come in now
         cutoff = now_ns if at_once or self.step_end_ns != now_ns else self.step_start_ns
         inbox, add = self.inbox, self.sched.add_request
         limit = len(inbox)

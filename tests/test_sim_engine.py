@@ -370,3 +370,33 @@ def test_the_first_steps_draw_is_the_replicas_own_and_seeded():
         return res.requests["first_token_step"].tolist()
     assert first_tokens(3) == first_tokens(3)
     assert len({tuple(first_tokens(s)) for s in range(6)}) > 1      # the draw moves with the seed
+
+
+def test_a_split_bursts_rest_is_not_held_when_its_first_share_never_ran():
+    """The rest of a split burst waits for the schedule after the first step; where the first
+    share left the engine without a step (the head rejected), the rest are taken at once."""
+    from kvsim.simulator.batch_hooks import LookaheadQueue
+    from kvsim.simulator.cost_table import FirstStep
+
+    class Sched:
+        def __init__(self):
+            self.added, self.unfinished = [], False
+
+        def add_request(self, req, sent_ns):
+            self.added.append(req)
+            self.unfinished = True
+
+        def has_unfinished(self):
+            return self.unfinished
+
+    sched = Sched()
+    hooks = LookaheadQueue(sched, rec=None, first_step=FirstStep(0.0004, 0.0002, ((0.0001, 0.0001),), 512))
+    for i in range(3):
+        hooks.arrive(i, 0, 0)
+    hooks.take_arrivals(0, at_once=True)
+    assert sched.added == [0] and hooks.split == "first"
+    hooks.take_arrivals(0, at_once=False)
+    assert sched.added == [0]                      # held while the first share is in the engine
+    sched.unfinished = False                       # ... which left without a step
+    hooks.take_arrivals(5, at_once=True)
+    assert sched.added[:2] == [0, 1] and hooks.inbox is not None
