@@ -97,3 +97,18 @@ def test_the_wave_plan_sends_one_wave_shape_after_decode_phases_of_several_lengt
     assert plans.WAVE_ISL not in held_out
     built = harness.build_requests(points[-1], vocab_size=32000)
     assert len(built) == plans.WAVE_COUNT * plans.WAVE_C and all(r["output_tokens"] == plans.WAVE_OSLS[-1] for r in built)
+
+
+def test_the_start_plan_sends_one_burst_a_workload_at_lengths_no_other_plan_uses():
+    plan = plans.build_plan("start", None, 40.0, 10240, False)
+    assert len(plan) == len(plans.START_PROMPTS) * len(plans.START_SIZES) * plans.START_REPEATS
+    assert len({w["name"] for w in plan}) == len(plan)
+    assert all(w["kind"] == "closed" and w["n"] == w["concurrency"] > 1 and w["osl"] == 2 for w in plan)
+    assert {w["concurrency"] for w in plan} == set(plans.START_SIZES) and min(plans.START_SIZES) == 2
+    # no size of one length runs back to back with itself
+    assert all(a["name"].rsplit("-", 1)[0] != b["name"].rsplit("-", 1)[0] for a, b in zip(plan, plan[1:]))
+    others = {w["isl"] for w in plans.closed_points("small") + plans.closed_points("large")}
+    others |= {isl for isl, _ in plans.BURST_POINTS} | {plans.WAVE_ISL} | set(plans.HOT_PROMPTS) | set(plans.IDLE_PROMPTS)
+    assert not others & set(plans.START_PROMPTS)
+    built = harness.build_requests(plan[3], vocab_size=32000)
+    assert len(built) == plan[3]["concurrency"] and all(r["arrival_s"] == 0.0 for r in built)

@@ -74,8 +74,9 @@ engine() {  # name -> "model_dir plan flags..."
     # idle.json); BASE-hot: lone prompts right after the last request finished (plans.py --size
     # hot > hot.json); BASE-burst: C prompts sent at once, four waves (plans.py --size burst >
     # burst.json); BASE-wave: the same waves after decode phases of several lengths (plans.py
-    # --size wave > wave.json); gpt-oss's with --again, in their own PLANS folder. BASE's model and flags
-    *-idle|*-hot|*-burst|*-wave)
+    # --size wave > wave.json); BASE-start: one burst at an idle engine a workload (plans.py --size
+    # start > start.json); gpt-oss's with --again, in their own PLANS folder. BASE's model and flags
+    *-idle|*-hot|*-burst|*-wave|*-start)
       local plan=${1##*-} spec
       spec=$(engine "${1%-*}") || return 1
       set -- $spec

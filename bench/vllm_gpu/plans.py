@@ -26,6 +26,13 @@ Three kinds of workload per engine (harness.py's docstring defines them):
   after a decode step: 178 ms real, 66 ms priced), and the grid has no such steps to fit (its
   prefills are lone prompts or chunks of ~8k tokens).
 
+* ``start``: one burst of C prompts at an idle engine per workload (``--size start``: closed loops
+  ``start-ISL-xC-rR`` of exactly C requests of 2 output tokens, C of START_SIZES, START_REPEATS
+  times each, at lengths no other plan uses): how many of a burst real vLLM's first step takes
+  (every held-out closed loop starts with such a burst; the grid's bursts are 15-37 prompts, and
+  kvsim's '# first step:' draw from them splits 2-prompt bursts about half the time where the
+  burst plan's runs split a third). Not yet measured.
+
 * ``wave``: the same waves of prompts after decode phases of different lengths (``--size wave``:
   closed loops ``wave-ISL-xC-oOSL``, WAVE_ISL x WAVE_C at WAVE_OSLS output tokens, WAVE_COUNT waves
   each): whether a wave costs more after a long decode phase (Qwen3-30B-A3B's held-out loop
@@ -79,6 +86,13 @@ BURST_WAVES = 4
 # the wave plan: one wave shape (a length the held-out loops do not use) after decode phases of
 # these many output tokens
 WAVE_ISL, WAVE_C, WAVE_OSLS, WAVE_COUNT = 768, 4, (2, 16, 64, 256), 4
+# the start plan: one burst of C prompts at an idle engine per workload (a closed loop of exactly
+# C requests of 2 output tokens), START_REPEATS times per (length, C), at lengths no other plan
+# uses: how many of a burst the engine's first step takes (the '# first step:' line's fit set
+# beside the grid's bursts, which are larger: 15-37 prompts)
+START_PROMPTS = (192, 640, 1536)
+START_SIZES = (2, 3, 4, 6, 8, 12, 16)
+START_REPEATS = 6
 # (isl, osl, concurrencies): the first pair is the full sweep
 SWEEPS = {
     "small": [(1024, 128, (1, 4, 16, 64, 128)), (4096, 128, (1, 16, 64)), (256, 512, (1, 16, 128))],
@@ -140,6 +154,15 @@ def wave_points() -> list[dict]:
     return [dict(points[0], name="wave-warmup", seed=15), *points]
 
 
+def start_points() -> list[dict]:
+    """The start plan: per prompt length, burst size and repeat, one workload that sends C prompts
+    at once to an idle engine (the harness resets the prefix cache between workloads) and ends
+    when they have their 2 tokens; the repeats interleave so that no size runs back to back."""
+    return [{"name": f"start-{isl}-x{c}-r{r}", "kind": "closed", "isl": isl, "osl": 2, "n": c,
+             "concurrency": c, "isl_range": 0.0, "osl_range": 0.0, "seed": 16 + r}
+            for r in range(START_REPEATS) for isl in START_PROMPTS for c in START_SIZES]
+
+
 def azure_excerpt(path: Path, seconds: float, max_model_len: int) -> list[list]:
     rows, first = [], None
     with open(path, newline="") as f:
@@ -178,6 +201,8 @@ def build_plan(size: str, traces: Path | None, trace_s: float, max_model_len: in
         return burst_points()
     if size == "wave":
         return wave_points()
+    if size == "start":
+        return start_points()
     grid = GRID[size]
     plan = [{"name": "grid", "kind": "grid", "decode": [list(d) for d in grid["decode"]],
              "prefill": grid["prefill"], "mixed": [list(m) for m in grid.get("mixed", [])], "seed": 1}]
@@ -203,7 +228,7 @@ def served_again(plan: list[dict]) -> list[dict]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--size", choices=sorted(GRID) + ["idle", "hot", "burst", "wave"], required=True)
+    p.add_argument("--size", choices=sorted(GRID) + ["idle", "hot", "burst", "wave", "start"], required=True)
     p.add_argument("--traces", type=Path)
     p.add_argument("--trace-s", type=float, default=40.0)
     p.add_argument("--max-model-len", type=int, default=10240)
