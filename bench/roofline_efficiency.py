@@ -121,15 +121,21 @@ def fit_decode(tables: list[np.ndarray]) -> DecodeShares:
     return DecodeShares(round(1.0 / inv_w, 2), round(1.0 / inv_k, 2), round(layer_s * 1e6) / 1e6, "")
 
 
-def load_decode() -> dict[tuple[str, str], tuple[str, np.ndarray]]:
-    """(engine, GPU) -> (weight class, decode rows) for every shipped grid table."""
+def _load(rows_of) -> dict[tuple[str, str], tuple[str, np.ndarray]]:
+    """(engine, GPU) -> ``rows_of(engine, GPU)`` (weight class, rows) for every shipped grid table
+    that has such rows."""
     found = {}
     for engine in ENGINES:
         for gpu in GPUS:
-            got = decode_rows(engine, gpu)
+            got = rows_of(engine, gpu)
             if got is not None and len(got[1]):
                 found[(engine, gpu)] = got
     return found
+
+
+def load_decode() -> dict[tuple[str, str], tuple[str, np.ndarray]]:
+    """(engine, GPU) -> (weight class, decode rows) for every shipped grid table."""
+    return _load(decode_rows)
 
 
 def fitted_decode(tables: dict) -> dict[str, DecodeShares]:
@@ -165,14 +171,8 @@ def fit_share(tables: list[np.ndarray]) -> tuple[float, float]:
 
 
 def load_all() -> dict[tuple[str, str], tuple[str, np.ndarray]]:
-    """(engine, GPU) -> (weight class, rows) for every shipped grid table."""
-    found = {}
-    for engine in ENGINES:
-        for gpu in GPUS:
-            got = engine_rows(engine, gpu)
-            if got is not None and len(got[1]):
-                found[(engine, gpu)] = got
-    return found
+    """(engine, GPU) -> (weight class, mixed rows) for every shipped grid table."""
+    return _load(engine_rows)
 
 
 def fitted_shares(tables: dict) -> dict[str, tuple[float, float]]:

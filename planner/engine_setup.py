@@ -78,7 +78,7 @@ from kvsim.planner.roofline import (DEFAULT_STEP_OVERHEAD_S, RooflineCost, measu
 from kvsim.planner.specs import GpuSpec, ModelSpec
 from kvsim.planner.tiers import block_bytes, build_tiers
 from kvsim.planner.weights import serve_weights_as
-from kvsim.planner.vllm_tables import (ROOFLINE, TABLES_DIR, VLLM, fitting_table, shipped_cost, table_gpu,
+from kvsim.planner.vllm_tables import (ROOFLINE, VLLM, fitting_table, shipped_cost, shipped_header, table_gpu,
                                        vllm_table_for)
 from kvsim.simulator.config import EngineConfig, parse_kv_groups
 from kvsim.simulator.modes import MODES, Mode
@@ -482,11 +482,12 @@ def measured_frontend(model: ModelSpec, gpu: GpuSpec) -> tuple[float, float, flo
     roofline: the '# frontend:' line of the measured engine of the model's kind on the GPU
     (FRONTEND_TABLES), on a GPU without one the H100's, said extrapolated; None where that table
     has no line or is not there."""
+    from kvsim.simulator.cost_table import frontend_line   # numpy: not for `--help`
+
     tables = FRONTEND_TABLES.get(gpu.name)
     name = (tables or FRONTEND_TABLES["H100-80GB-SXM"])[_kind(model)]
-    if not (TABLES_DIR / name).is_file():    # installed without the measured tables
-        return None
-    way = getattr(shipped_cost(str(TABLES_DIR / name)), "frontend_s", None)
+    header = shipped_header(name)     # the line alone: no table fitted for it
+    way = frontend_line(header, name) if header is not None else None
     if not way or not any(way):
         return None
     where = "" if tables else f", extrapolated to {gpu.name}"
@@ -497,13 +498,14 @@ def extrapolated_async_off(model: ModelSpec) -> tuple[float, float, str] | None:
     """What async scheduling hides a step, for a model no async-off run measured: the '# async off:'
     line (s per step, s per sequence, source) of the measured engine of its kind (ASYNC_OFF_TABLES:
     dense or MoE), said extrapolated; None where that table has no line."""
-    kind = _kind(model)
-    if not (TABLES_DIR / ASYNC_OFF_TABLES[kind]).is_file():    # installed without the measured tables
-        return None
-    line = getattr(shipped_cost(str(TABLES_DIR / ASYNC_OFF_TABLES[kind])), "async_off", None)
+    from kvsim.simulator.cost_table import async_off_line   # numpy: not for `--help`
+
+    name = ASYNC_OFF_TABLES[_kind(model)]
+    header = shipped_header(name)     # the line alone: no table fitted for it
+    line = async_off_line(header, name) if header is not None else None
     if line is None:
         return None
-    return line[0], line[1], f"{ASYNC_OFF_TABLES[kind]}'s line, extrapolated to {model.name}: {line[2]}"
+    return line[0], line[1], f"{name}'s line, extrapolated to {model.name}: {line[2]}"
 
 
 def _step_cost(s: EngineSettings, model: ModelSpec | None, gpu: GpuSpec | None,

@@ -40,6 +40,13 @@ def measured_tables() -> tuple[tuple[Path, dict[str, str], int], ...]:
     return tuple(out)
 
 
+def shipped_header(name: str) -> dict[str, str] | None:
+    """The ``#`` header of the shipped table ``name`` (its file name), read once with the rest
+    (measured_tables: no fit); None where it is not there (installed without the tables)."""
+    path = (TABLES_DIR / name).resolve()
+    return next((provenance for t, provenance, _ in measured_tables() if t.resolve() == path), None)
+
+
 def shipped_cost(path):
     """The cost model of a table (simulator.cost_table.load_cost_table); a shipped one is read and
     fitted once per process (the default clock of a sweep's every point)."""

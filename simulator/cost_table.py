@@ -279,7 +279,7 @@ _REPO = Path(__file__).resolve().parent.parent
 _FRONTEND = re.compile(r"in_s (\S+) \+ (\S+) per prompt token, out_s (\S+)")
 
 
-def _frontend(provenance: dict, path: str) -> tuple[float, float, float]:
+def frontend_line(provenance: dict, path: str) -> tuple[float, float, float]:
     """A table's ``# frontend:`` line (``in_s A + B per prompt token, out_s C``, seconds): a
     request's way in (send -> schedulable) and a token's way out (step end -> client); zeros
     without the line."""
@@ -367,7 +367,7 @@ def _idle_wait(provenance: dict, path: str) -> float:
 _ASYNC_OFF = re.compile(r"\+(\S+) s per step(?: \+(\S+) s per sequence)? \((.+)\)$")
 
 
-def _async_off(provenance: dict, path: str) -> tuple[float, float, str] | None:
+def async_off_line(provenance: dict, path: str) -> tuple[float, float, str] | None:
     """A table's ``# async off:`` line (``+S s per step [+P s per sequence] (where it was
     measured)``): what a step costs more with async scheduling off than the table (measured with it
     on) prices it, S plus P for each request in the step, and its source; None without the line."""
@@ -465,9 +465,9 @@ class StepShapeCost:
         self.decode_lines = self._lines(decode)
         self._fit_eager(eager, path)
         self._fit_floor(skewed, path, context_floor)
-        self.frontend_s = _frontend(self.provenance, path)
+        self.frontend_s = frontend_line(self.provenance, path)
         self.idle_start_min_wait_s = _idle_wait(self.provenance, path)
-        self.async_off = _async_off(self.provenance, path)
+        self.async_off = async_off_line(self.provenance, path)
         self.first_step = _first_step(self.provenance, path)
 
     def _lines(self, decode: dict[int, list[tuple[float, float]]]) -> list[tuple[float, float]]:
