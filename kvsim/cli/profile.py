@@ -52,12 +52,29 @@ def _fraction(text: str) -> float:
     return value
 
 
-# kvsim's own executor's settings, None unless given (real vLLM takes none of them)
-EXECUTOR_DEFAULTS = dict(max_num_seqs=256, max_num_batched_tokens=8192, block_size=16, repeat=7,
-                         seed=0, device="cuda")
-# real vLLM's settings (--engine vllm), None unless given
-VLLM_ONLY = ("from_runs", "runs", "vllm_python", "quantization", "kv_cache_dtype", "grid",
-             "gpu_memory_utilization", "measure_async_off")
+# which engine takes each option, and its default there (None: none, or one worked out later);
+# an option given to the other engine is an error, one left unset takes its engine's default
+ENGINE_OPTIONS = {
+    "max_num_seqs": {"kvsim": 256, "vllm": None}, "max_model_len": {"kvsim": None, "vllm": 10240},
+    "max_num_batched_tokens": {"kvsim": 8192}, "block_size": {"kvsim": 16}, "num_blocks": {"kvsim": None},
+    "repeat": {"kvsim": 7}, "seed": {"kvsim": 0}, "time_budget_s": {"kvsim": None}, "device": {"kvsim": "cuda"},
+    "from_runs": {"vllm": None}, "runs": {"vllm": None}, "vllm_python": {"vllm": None},
+    "quantization": {"vllm": None}, "kv_cache_dtype": {"vllm": None}, "gpu_memory_utilization": {"vllm": 0.9},
+    "grid": {"vllm": "fine"}, "measure_async_off": {"vllm": False},
+}
+WRONG_ENGINE = {"kvsim": "is an option of --engine vllm",
+                "vllm": "is an option of kvsim's own executor (--engine kvsim); real vLLM runs with its own"}
+
+
+def settle_options(args, engine: str) -> None:
+    """Refuse an option of the other engine (one line, InputError); give the unset ones ``engine``'s
+    defaults."""
+    for opt, engines in ENGINE_OPTIONS.items():
+        if engine not in engines:
+            if getattr(args, opt) is not None:
+                raise InputError(f"--{opt.replace('_', '-')} {WRONG_ENGINE[engine]}", field=opt)
+        elif getattr(args, opt) is None:
+            setattr(args, opt, engines[engine])
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -100,12 +117,7 @@ def run(args, command: str | None = None) -> int:
     if args.engine == "vllm":
         from kvsim.cli import profile_vllm
         return profile_vllm.run(args)
-    given = [opt for opt in VLLM_ONLY if getattr(args, opt) is not None]
-    if given:
-        raise InputError(f"--{given[0].replace('_', '-')} is an option of --engine vllm", field=given[0])
-    for opt, default in EXECUTOR_DEFAULTS.items():
-        if getattr(args, opt) is None:
-            setattr(args, opt, default)
+    settle_options(args, "kvsim")
     check_output(args.out)
     if args.device == "cpu":
         os.environ.setdefault("TRITON_INTERPRET", "1")   # before the kernels are imported

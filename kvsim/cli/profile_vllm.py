@@ -50,11 +50,6 @@ ROOT = Path(__file__).resolve().parents[2]
 VLLM_GPU = ROOT / "bench" / "vllm_gpu"
 # the plans' folder under --runs, and the model's config.json folder the engines load
 PLANS, MODEL = "plans", "model"
-# the options of kvsim's own executor that real vLLM does not take (its own settings are vLLM's)
-EXECUTOR_ONLY = ("max_num_batched_tokens", "block_size", "num_blocks", "repeat", "seed", "time_budget_s",
-                 "device")
-# real vLLM's settings left unset: what the runs of bench/results/ used
-VLLM_DEFAULTS = dict(gpu_memory_utilization=0.9, grid="fine", measure_async_off=False, max_model_len=10240)
 # a model this large (all weights, or those a token reads) takes the large plans: its lone
 # 4,096-token prefill outlasts the idle plan's default gaps (Qwen3-32B: 0.41 s on an H100)
 LARGE_PARAMS, LARGE_ACTIVE_PARAMS = 30e9, 5e9
@@ -247,13 +242,8 @@ def run(args, say=None) -> int:
     progress lines go; none with ``--quiet``)."""
     if say is None:
         say = (lambda *_a, **_k: None) if args.quiet else print
-    given = [opt for opt in EXECUTOR_ONLY if getattr(args, opt) is not None]
-    if given:
-        raise InputError(f"--{given[0].replace('_', '-')} is an option of kvsim's own executor (--engine kvsim); "
-                         f"real vLLM runs with its own", field=given[0])
-    for opt, default in VLLM_DEFAULTS.items():
-        if getattr(args, opt) is None:
-            setattr(args, opt, default)
+    from kvsim.cli.profile import settle_options
+    settle_options(args, "vllm")
     check_output(args.out)
     if args.from_runs is not None:
         build_table(Path(args.from_runs), args.out, args.quiet)
