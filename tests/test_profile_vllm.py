@@ -206,23 +206,23 @@ def test_a_large_model_takes_the_idle_plans_longer_gaps(tmp_path):
 
 
 def test_each_option_belongs_to_its_engines_and_the_other_refuses_it():
-    """One table (kvsim.cli.profile.ENGINE_OPTIONS) says which engine takes each option: every option
+    """One table (kvsim.cli.profile_options.ENGINE_OPTIONS) says which engine takes each option: every option
     of `kvsim profile` but the common ones is in it, and one engine's option given to the other is
     refused by name."""
     import argparse
 
-    from kvsim.cli import profile
+    from kvsim.cli import profile, profile_options
 
     p = argparse.ArgumentParser()
     profile.add_arguments(p)
     dests = {a.dest for a in p._actions if a.dest != "help"}
-    assert dests - set(profile.ENGINE_OPTIONS) == {"engine", "model", "hf_config", "out", "quiet"}
-    for opt, engines in profile.ENGINE_OPTIONS.items():
+    assert dests - set(profile_options.ENGINE_OPTIONS) == {"engine", "model", "hf_config", "out", "quiet"}
+    for opt, engines in profile_options.ENGINE_OPTIONS.items():
         for engine in {"kvsim", "vllm"} - set(engines):
             args = p.parse_args(["--out", "t.csv"])
             setattr(args, opt, "x")
             with pytest.raises(InputError, match=f"--{opt.replace('_', '-')} is an option of"):
-                profile.settle_options(args, engine)
+                profile_options.settle_options(args, engine)
     args = p.parse_args(["--out", "t.csv", "--engine", "vllm"])
-    profile.settle_options(args, "vllm")
+    profile_options.settle_options(args, "vllm")
     assert (args.grid, args.max_model_len, args.repeat) == ("fine", 10240, None)

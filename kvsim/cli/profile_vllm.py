@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvsim.cli.outputs import check_output
+from kvsim.cli.profile_options import settle_options
 from kvsim.errors import InputError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -242,7 +243,6 @@ def run(args, say=None) -> int:
     progress lines go; none with ``--quiet``)."""
     if say is None:
         say = (lambda *_a, **_k: None) if args.quiet else print
-    from kvsim.cli.profile import settle_options
     settle_options(args, "vllm")
     check_output(args.out)
     if args.from_runs is not None:
