@@ -59,9 +59,12 @@ class SyncBatches:
     def step_ran(self, start_ns: int, end_ns: int) -> None:
         """A step (or a decode run's last step) ran from ``start_ns`` to ``end_ns``."""
 
-    def first_tokens(self, out, start_ns: int, end_ns: int) -> None:
+    def first_tokens(self, out, start_ns: int, end_ns: int) -> tuple[int, int]:
         """A detailed step ``out`` that ran from ``start_ns`` to ``end_ns`` has sampled: when the
-        client sees its first tokens (at ``end_ns``, set by the scheduler, unless held back)."""
+        client sees its first tokens (at ``end_ns``, set by the scheduler, unless held back).
+        Returns (first tokens of the step before that come back at ``end_ns`` instead, how many of
+        their sequences' second tokens this step sampled): (0, 0) but for a split burst."""
+        return 0, 0
 
     @property
     def num_done(self) -> int:
@@ -144,20 +147,24 @@ class LookaheadQueue(BatchQueue):
     def step_ran(self, start_ns: int, end_ns: int) -> None:
         self.step_start_ns, self.step_end_ns = start_ns, end_ns
 
-    def first_tokens(self, out, start_ns: int, end_ns: int) -> None:
+    def first_tokens(self, out, start_ns: int, end_ns: int) -> tuple[int, int]:
         """A split burst's first step: its sequences' first tokens come back with the next step's
-        when that one runs on no CUDA graph (module doc)."""
+        when that one runs on no CUDA graph (module doc), and so do their second tokens, sampled
+        by that step (SyncBatches.first_tokens)."""
         split = self.split
         if split is None:
-            return
+            return 0, 0
         if split == "first":
             self.split = [seq for seq, _ in out.entries if seq.first_token_ns == end_ns]
-            return
-        if out.num_scheduled_tokens > self.first_step.graph_tokens:
-            for seq in split:
-                if seq.first_token_ns == start_ns:    # (the step before this one ended as it began)
-                    seq.first_token_ns = end_ns
+            return 0, 0
         self.split = None
+        if out.num_scheduled_tokens <= self.first_step.graph_tokens:
+            return 0, 0
+        held = [seq for seq in split if seq.first_token_ns == start_ns]  # (the step before ended as this began)
+        for seq in held:
+            seq.first_token_ns = end_ns
+        ids = {id(seq) for seq in held}
+        return len(held), sum(1 for seq, _ in out.scheduled if id(seq) in ids)
 
 
 def batch_hooks(config, sched, rec, clock: bool = True, first_step=None, seed: int = 0) -> SyncBatches:

@@ -136,6 +136,7 @@ class _Replica:
         self.io = transfer_hooks(self.offload, self.sched, held=self.batch.held)
         self.wake: simpy.Event | None = None
         self.num_steps = 0
+        self.token_row = -1       # the token log row of its last detailed step (simulator.token_log)
         self.idle_start = True    # the next priced step starts the replica from idle
 
 
@@ -782,11 +783,14 @@ class Simulation:
         sched, rec = rep.sched, rep.rec
         tokens0, first0 = sched.num_generated_tokens, sched.num_first_tokens
         finished = sched.finish_step(out, end, idx)
-        rep.batch.first_tokens(out, t, end)
+        held, seconds = rep.batch.first_tokens(out, t, end)
         rep.batch.step_ran(t, end)
         if self.token_log is not None:
             tokens = sched.num_generated_tokens - tokens0
-            self.token_log.step(end, end - t, tokens, tokens - (sched.num_first_tokens - first0))
+            row = self.token_log.step(end, end - t, tokens, tokens - (sched.num_first_tokens - first0))
+            if held:
+                self.token_log.hold_first_tokens(rep.token_row, held, end, row, seconds)
+            rep.token_row = row
         rep.io.step_end(end)
         rec.last_step = out
         assert not finished or last, "a request finished inside a decode run"

@@ -400,3 +400,28 @@ def test_a_split_bursts_rest_is_not_held_when_its_first_share_never_ran():
     sched.unfinished = False                       # ... which left without a step
     hooks.take_arrivals(5, at_once=True)
     assert sched.added[:2] == [0, 1] and hooks.inbox is not None
+
+
+def test_a_split_bursts_held_first_tokens_come_out_with_their_second_in_the_token_log():
+    """The token stream a benchmark client sees (simulator.token_log): a split burst's first share
+    gets its first tokens with the next (eager) step's, and its second tokens, sampled by that
+    step, at the same moment: gaps of 0, not that step's duration; with the next step on a CUDA
+    graph every token stays where it was sampled."""
+    burst = [Request(request_id=i, arrival_s=0.0, prompt_tokens=256, output_tokens=4) for i in range(4)]
+
+    def log(graph_tokens):
+        res = simulate(iter(burst), _cfg(async_scheduling=True), _BurstCost((0.0005, 0.0005), graph_tokens=graph_tokens),
+                       record_token_times=True)
+        t = res.token_times
+        return res.requests.set_index("request_id"), {k: t[k].tolist() for k in t}
+
+    reqs, t = log(513)                         # the next step (512 + 2 tokens) eager: held
+    assert sum(t["num_tokens"]) == 16 and sum(t["num_gap_tokens"]) == 12
+    first_end = int(round(reqs.loc[0, "first_token_s"] * 1e9))
+    assert reqs.loc[0, "first_token_s"] == reqs.loc[2, "first_token_s"]
+    at_first_step = [n for end, n in zip(t["end_ns"], t["num_tokens"]) if end < first_end]
+    assert sum(at_first_step) == 0                       # nothing comes out at the first step's end
+    zero_gaps = [g for d, g in zip(t["duration_ns"], t["num_gap_tokens"]) if d == 0]
+    assert zero_gaps == [2]                              # the first share's second tokens
+    reqs, t = log(514)                         # on a graph: no row of duration 0
+    assert sum(t["num_tokens"]) == 16 and 0 not in t["duration_ns"]
