@@ -55,10 +55,10 @@ ENGINES = {
 }
 
 
-# the runs beside an engine's own, by their folder's suffix: its idle-, burst- and wave-plan runs (the
-# wave plan also with async scheduling off), and its workloads served twice (plans.py --again,
-# without or with a warm-up); a longer suffix before the one it ends with
-RUN_KINDS = ("-idle", "-twice", "-warm", "-burst", "-noasync-wave", "-wave", "-noasync")
+# wave plan also with async scheduling off), its workloads served twice (plans.py --again,
+# without or with a warm-up) and its held-out closed loops served again in a fresh engine
+# (plans.py --rounds); a longer suffix before the one it ends with
+RUN_KINDS = ("-idle", "-twice", "-warm", "-burst", "-noasync-wave", "-wave", "-noasync", "-rerun")
 
 
 def base_engine(engine: str) -> str:

@@ -148,3 +148,17 @@ def test_triton_compiles_are_logged_and_counted_in_the_steps_they_stall(tmp_path
     jit = harness.jit_rows(lines, t0, t0 + 3.0)
     assert [(j["kernel"], round(j["t0_s"], 9), round(j["t1_s"], 9)) for j in jit] == \
         [("_topk_forward", 1.2, 1.8), ("_matmul_ogs", 1.9, 2.1)]
+
+
+def test_the_host_is_recorded_with_a_speed_probe_that_measures(monkeypatch):
+    """meta.json's host: what an eager step's launch time depends on (one core's speed). The probe
+    reads the loop's median time: a loop that takes twice as long reads twice the milliseconds."""
+    info = harness.host_info()
+    assert {"cpu_model", "cpus", "cpus_usable", "loadavg", "cpu_probe_ms"} <= set(info)
+    assert info["cpus"] >= 1 and info["cpu_probe_ms"] > 0
+
+    def probe_with_loops_of(seconds):
+        ticks = iter(range(1000))
+        monkeypatch.setattr(harness.time, "perf_counter", lambda: seconds * next(ticks))
+        return harness.cpu_probe_ms(rounds=3, n=10)
+    assert probe_with_loops_of(0.010) == 10.0 and probe_with_loops_of(0.020) == 20.0

@@ -112,3 +112,20 @@ def test_the_start_plan_sends_one_burst_a_workload_at_lengths_no_other_plan_uses
     assert not others & set(plans.START_PROMPTS)
     built = harness.build_requests(plan[3], vocab_size=32000)
     assert len(built) == plan[3]["concurrency"] and all(r["arrival_s"] == 0.0 for r in built)
+
+
+def test_a_plan_in_rounds_has_each_client_send_that_many_requests_under_a_name_that_says_so():
+    plan = plans.build_plan("small", None, 40.0, 10240, False)
+    rounds = plans.in_rounds(plan, 8)
+    assert len(rounds) == len(plan)
+    for before, after in zip(plan, rounds):
+        if before["name"].startswith("cl-"):
+            assert after["n"] == 8 * before["concurrency"] and after["name"] == f"{before['name']}-n{after['n']}"
+            assert {k: v for k, v in after.items() if k not in ("n", "name")} == \
+                   {k: v for k, v in before.items() if k not in ("n", "name")}
+            assert len(harness.build_requests(after, vocab_size=32000)) == after["n"]
+        else:
+            assert after == before
+    from bench.vllm_compare import base_engine, point_key
+    assert base_engine("qwen3-30b-a3b-rerun") == "qwen3-30b-a3b"       # its settings and tables
+    assert point_key("cl-1024-128-c4-n32") == (False, [1024, 128, 4, 32])

@@ -75,8 +75,10 @@ engine() {  # name -> "model_dir plan flags..."
     # hot > hot.json); BASE-burst: C prompts sent at once, four waves (plans.py --size burst >
     # burst.json); BASE-wave: the same waves after decode phases of several lengths (plans.py
     # --size wave > wave.json); BASE-start: one burst at an idle engine a workload (plans.py --size
-    # start > start.json); gpt-oss's with --again, in their own PLANS folder. BASE's model and flags
-    *-idle|*-hot|*-burst|*-wave|*-start)
+    # start > start.json); BASE-rerun: held-out closed loops served again in a fresh engine
+    # (plans.py --size small --only ... --rounds 8 > rerun.json); gpt-oss's with --again, in their
+    # own PLANS folder. BASE's model and flags
+    *-idle|*-hot|*-burst|*-wave|*-start|*-rerun)
       local plan=${1##*-} spec
       spec=$(engine "${1%-*}") || return 1
       set -- $spec

@@ -16,7 +16,8 @@ What a run leaves under ``--out``:
 
 * ``meta.json``: versions, GPU, the resolved engine settings (the engine core's own, from the
   probe), start-up figures (from vLLM's log: KV cache memory and tokens, CUDA-graph memory,
-  compile and capture time, time to ready), the monotonic<->wall clock pair;
+  compile and capture time, time to ready), the monotonic<->wall clock pair, the host (CPU model,
+  CPUs, load average and a single-thread speed probe, before the plan and after: ``host_info``);
 * ``<workload>/requests.jsonl``: per request the arrival, send, first-token, every token's and
   finish times (seconds from the workload's start, front-end process), prompt and output tokens;
 * ``<workload>/steps.csv``: per engine step, measured in the engine core by the probe plugin
@@ -214,6 +215,35 @@ def jit_rows(lines: list[dict], t0: float, t1: float) -> list[dict]:
             for j in sorted((j for j in lines if "jit" in j), key=lambda j: j["t0"]) if t0 <= j["t0"] <= t1]
 
 
+def cpu_probe_ms(rounds: int = 5, n: int = 200_000) -> float:
+    """A single-thread speed probe of the host: the median milliseconds of a fixed pure-Python loop
+    (an eager step's launch is Python on one core, so instances on slower or busier hosts launch
+    slower: Qwen3-30B-A3B's eager steps took 45 ms in one H100 engine and 75 ms in another)."""
+    times = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        acc = 0
+        for i in range(n):
+            acc += i * i % 7
+        times.append(time.perf_counter() - t0)
+    return round(1e3 * sorted(times)[len(times) // 2], 3)
+
+
+def host_info() -> dict:
+    """The host the engine runs on: CPU model, logical CPUs (all and this process's), load average
+    and the speed probe (cpu_probe_ms)."""
+    model = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
+    except OSError:
+        pass
+    return {"cpu_model": model, "cpus": os.cpu_count(),
+            "cpus_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+            "loadavg": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+            "cpu_probe_ms": cpu_probe_ms()}
+
+
 def write_csv(path: Path, rows: list[dict], columns) -> None:
     with open(path, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(columns), extrasaction="ignore")
@@ -356,7 +386,8 @@ async def main_async(args) -> None:
                                        usage_context=UsageContext.OPENAI_API_SERVER)
     ready_s = time.monotonic() - t_start
     meta = {"name": args.name, "engine_args": kwargs, "ready_s": ready_s,
-            "clock_pair": {"monotonic": time.monotonic(), "wall": time.time()}, "workloads": {}}
+            "clock_pair": {"monotonic": time.monotonic(), "wall": time.time()}, "workloads": {},
+            "host": host_info()}
     # warm-up: every batch path once, outside the measured workloads
     warm = {"name": "warmup", "kind": "closed", "isl": 600, "osl": 24, "n": 8, "concurrency": 8}
     await run_workload(engine, warm, build_requests(warm, vocab), SamplingParams, RequestOutputKind.DELTA)
@@ -399,6 +430,7 @@ def finish(out: Path) -> None:
                 lines.append(json.loads(line))
             except json.JSONDecodeError:
                 pass  # a line cut by the engine's exit
+    meta.setdefault("host", {})["after"] = host_info()      # the same, once the plan was served
     engine_meta = next((l["meta"] for l in lines if "meta" in l), {})
     meta["engine_core"] = engine_meta
     log = out / "vllm.log"

@@ -221,6 +221,15 @@ def build_plan(size: str, traces: Path | None, trace_s: float, max_model_len: in
     return plan
 
 
+def in_rounds(plan: list[dict], rounds: int) -> list[dict]:
+    """The plan's closed loops ``cl-ISL-OSL-cC`` with ``rounds`` x C requests each (every client
+    sends ``rounds`` in turn), named ``cl-ISL-OSL-cC-nN``; the other workloads as they are. More
+    rounds a point: a wave's cost is measured more than twice (the 2C points' are), so one slow
+    wave weighs less in its mean TTFT."""
+    return [dict(e, n=rounds * e["concurrency"], name=f"{e['name']}-n{rounds * e['concurrency']}")
+            if e["name"].startswith("cl-") and e["kind"] == "closed" else e for e in plan]
+
+
 def served_again(plan: list[dict]) -> list[dict]:
     """The plan, then each of its workloads again (same requests, same seed) named NAME-again."""
     return plan + [dict(e, name=f"{e['name']}-again") for e in plan if e["kind"] != "grid"]
@@ -240,6 +249,8 @@ def main() -> None:
                    help="serve every workload a second time, as NAME-again, in the same engine: what a "
                         "kernel compiled on its first use (vLLM's 'Triton kernel JIT compilation during "
                         "inference') costs shows as the difference")
+    p.add_argument("--rounds", type=int, help="closed loops of this many requests a client (n = ROUNDS x C), "
+                                              "named cl-ISL-OSL-cC-nN (in_rounds)")
     p.add_argument("--out", type=Path, required=True)
     a = p.parse_args()
     plan = build_plan(a.size, a.traces, a.trace_s, a.max_model_len, a.mooncake,
@@ -247,6 +258,8 @@ def main() -> None:
     if a.only:
         keep = set(a.only.split(","))
         plan = [e for e in plan if e["name"] in keep]
+    if a.rounds:
+        plan = in_rounds(plan, a.rounds)
     if a.again:
         plan = served_again(plan)
     a.out.write_text(json.dumps(plan))
