@@ -56,9 +56,11 @@ ENGINES = {
 
 
 # wave plan also with async scheduling off), its workloads served twice (plans.py --again,
-# without or with a warm-up) and its held-out closed loops served again in a fresh engine
-# (plans.py --rounds); a longer suffix before the one it ends with
-RUN_KINDS = ("-idle", "-twice", "-warm", "-burst", "-noasync-wave", "-wave", "-noasync", "-rerun")
+# without or with a warm-up, or timing each Triton compile: -jit, then in a second engine that
+# finds them in Triton's disk cache: -cached) and its held-out closed loops served again in a
+# fresh engine (plans.py --rounds); a longer suffix before the one it ends with
+RUN_KINDS = ("-idle", "-twice", "-warm", "-burst", "-noasync-wave", "-wave", "-noasync", "-rerun", "-jit",
+             "-cached")
 
 
 def base_engine(engine: str) -> str:

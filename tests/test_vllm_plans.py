@@ -128,4 +128,5 @@ def test_a_plan_in_rounds_has_each_client_send_that_many_requests_under_a_name_t
             assert after == before
     from bench.vllm_compare import base_engine, point_key
     assert base_engine("qwen3-30b-a3b-rerun") == "qwen3-30b-a3b"       # its settings and tables
+    assert base_engine("gpt-oss-20b-jit") == base_engine("gpt-oss-20b-cached") == "gpt-oss-20b"
     assert point_key("cl-1024-128-c4-n32") == (False, [1024, 128, 4, 32])
