@@ -119,6 +119,7 @@ def test_triton_compiles_are_logged_and_counted_in_the_steps_they_stall(tmp_path
 
     class Kernel:                            # a JITFunction's shape: .fn, ._do_compile(key, ...)
         fn = SimpleNamespace(__qualname__="_matmul_ogs")
+        arg_names = ["X", "M"]
 
         def _do_compile(self, key, signature, *rest):
             if key == "bad":
@@ -133,6 +134,7 @@ def test_triton_compiles_are_logged_and_counted_in_the_steps_they_stall(tmp_path
     probe._state["file"].flush()
     lines = [json.loads(line) for line in log.read_text().splitlines()]
     assert [(j["jit"], j["key"]) for j in lines] == [("_matmul_ogs", "(16, 'i32', 'D')"), ("_matmul_ogs", "bad")]
+    assert {j["args"] for j in lines} == {"X,M"}          # what each place in the key is
     assert all(j["t1"] >= j["t0"] for j in lines)
 
     t0 = 100.0
@@ -141,13 +143,13 @@ def test_triton_compiles_are_logged_and_counted_in_the_steps_they_stall(tmp_path
              {"sched_t0": t0 + 2.0, "sched_t1": t0 + 2.001, "done_t": t0 + 2.01, "upd_t1": t0 + 2.011,
               "reqs": [[1, 513, "d"]]},
              {"jit": "_topk_forward", "t0": t0 + 1.2, "t1": t0 + 1.8, "key": "k1"},
-             {"jit": "_matmul_ogs", "t0": t0 + 1.9, "t1": t0 + 2.1, "key": "k2"},
+             {"jit": "_matmul_ogs", "t0": t0 + 1.9, "t1": t0 + 2.1, "key": "k2", "args": "X,M"},
              {"jit": "_warmup", "t0": t0 - 5.0, "t1": t0 - 4.0, "key": "k0"}]
     rows = harness.step_rows(lines, t0, t0 + 3.0)
     assert [round(r["jit_s"], 9) for r in rows] == [0.7, 0.01]
     jit = harness.jit_rows(lines, t0, t0 + 3.0)
-    assert [(j["kernel"], round(j["t0_s"], 9), round(j["t1_s"], 9)) for j in jit] == \
-        [("_topk_forward", 1.2, 1.8), ("_matmul_ogs", 1.9, 2.1)]
+    assert [(j["kernel"], round(j["t0_s"], 9), round(j["t1_s"], 9), j["arg_names"]) for j in jit] == \
+        [("_topk_forward", 1.2, 1.8, ""), ("_matmul_ogs", 1.9, 2.1, "X,M")]
 
 
 def test_the_host_is_recorded_with_a_speed_probe_that_measures(monkeypatch):

@@ -23,7 +23,7 @@ What a run leaves under ``--out``:
 * ``<workload>/steps.csv``: per engine step, measured in the engine core by the probe plugin
   (``kvsim_vllm_probe``), kvsim's StepBatch fields and ``step_s`` (``jit_s``: the Triton JIT
   compiles within it); ``<workload>/jit.csv``: every Triton JIT compile of the engine core while
-  the workload ran (kernel, start, end, specialisation key);
+  the workload ran (kernel, start, end, specialisation key, the kernel's argument names in order);
 * ``gpu.csv``: the SM clock and power draw every 500 ms (nvidia-smi), ``vllm.log``.
 
 Plan entries (``plan.json``: a list), each with a unique ``name``:
@@ -59,7 +59,7 @@ from pathlib import Path
 STEP_COLUMNS = ("num_seqs", "num_prefill_seqs", "num_prefill_tokens", "num_decode_tokens",
                 "num_scheduled_tokens", "kv_read_tokens", "attn_token_pairs", "max_context_tokens",
                 "step_s", "sched_cpu_s", "update_cpu_s", "t_done_s", "t_sched_s", "jit_s")
-JIT_COLUMNS = ("kernel", "t0_s", "t1_s", "key")
+JIT_COLUMNS = ("kernel", "t0_s", "t1_s", "key", "arg_names")
 
 
 # ---------------------------------------------------------------- prompts (pure, tested on CPU)
@@ -211,7 +211,8 @@ def step_rows(lines: list[dict], t0: float, t1: float) -> list[dict]:
 
 def jit_rows(lines: list[dict], t0: float, t1: float) -> list[dict]:
     """The probe's Triton JIT compiles that began in [t0, t1], in order, times from ``t0``."""
-    return [{"kernel": j["jit"], "t0_s": j["t0"] - t0, "t1_s": j["t1"] - t0, "key": j["key"]}
+    return [{"kernel": j["jit"], "t0_s": j["t0"] - t0, "t1_s": j["t1"] - t0, "key": j["key"],
+             "arg_names": j.get("args", "")}
             for j in sorted((j for j in lines if "jit" in j), key=lambda j: j["t0"]) if t0 <= j["t0"] <= t1]
 
 

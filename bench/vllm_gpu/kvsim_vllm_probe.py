@@ -79,8 +79,10 @@ def time_compiles(jit_function) -> bool:
         finally:
             key = args[0] if args else kwargs.get("key")
             name = getattr(getattr(self, "fn", None), "__qualname__", type(self).__name__)
-            _out().write(json.dumps({"jit": name, "t0": t0, "t1": time.monotonic(), "key": str(key)[:KEY_CHARS]},
-                                    separators=(",", ":")) + "\n")
+            # the key lists each argument's specialisation in order: their names say which changed
+            args = ",".join(getattr(self, "arg_names", None) or ())
+            _out().write(json.dumps({"jit": name, "t0": t0, "t1": time.monotonic(), "key": str(key)[:KEY_CHARS],
+                                     "args": args}, separators=(",", ":")) + "\n")
 
     jit_function._do_compile = timed_compile
     jit_function._kvsim_probe = True
