@@ -177,7 +177,10 @@ def test_replay_prints_the_same_summary_with_and_without_out(tmp_path, capsys):
     assert [ln for ln in with_out if "wall" not in ln] == [ln for ln in without if "wall" not in ln]
 
 
-def test_the_progress_bar_knows_the_total(capsys):
+def test_the_progress_bar_knows_the_total(capsys, monkeypatch):
+    import sys
+
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True, raising=False)   # the bar is for a terminal
     assert main(["replay", SPEC, "--num-blocks", "300", "--step-s", "0.01"]) == 0
     assert "/30 " in capsys.readouterr().err   # tqdm's "n/total" with the spec's n=30
 

@@ -218,3 +218,18 @@ def test_a_pool_vllm_would_not_start_with_max_model_len_is_a_warning_before_the_
     assert max_model_len_warning(EngineConfig(num_blocks=127, block_size=16, max_model_len=2048))
     assert max_model_len_warning(EngineConfig(allocator="max", capacity_tokens=1000,
                                               max_model_len=2048)) is None
+
+
+def test_replay_into_a_pipe_shows_no_progress_bar():
+    """The bar is for a terminal: into a pipe or a file, stderr has no carriage-return noise and
+    the output starts with the clock line."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    out = subprocess.run([sys.executable, "-m", "kvsim.cli", "replay", "--model", "Llama-3.1-8B",
+                          "random:isl=256,osl=16,n=8,rate=4,seed=1"], capture_output=True, text=True,
+                         cwd=Path(__file__).resolve().parent.parent, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "\r" not in out.stderr and "req/s" not in out.stderr
+    assert out.stdout.startswith("clock: ")

@@ -109,11 +109,12 @@ def run_one(args, allocator: str, record_requests: bool = True,
 
 def _progress(requests, total: int | None):
     """A tqdm bar on stderr over the requests as the simulation pulls them (total and ETA when
-    the workload's size is known)."""
+    the workload's size is known); on a terminal only (``disable=None``): redirected to a file or
+    a pipe, its carriage returns would be noise in front of the clock line."""
     from tqdm import tqdm
 
     return tqdm(requests, total=total, unit="req", desc="replay", file=sys.stderr, mininterval=0.5,
-                leave=False)
+                leave=False, disable=None)
 
 
 def overload_message(summary: dict, timeseries, label: str = "") -> str | None:

@@ -46,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
                      sharegpt_file=args.sharegpt_file)
     config = ReproConfig.quick(**overrides) if args.quick else ReproConfig(**overrides)
     start = time.perf_counter()
-    results = run_reproduction(config, progress=not args.quiet)
+    results = run_reproduction(config, progress=not args.quiet and sys.stderr.isatty())   # a bar on a terminal only
     if not args.quiet:   # the report on the terminal first, whatever happens to the files
         print(render_markdown(results))
     try:
