@@ -27,6 +27,7 @@ priced with the engine's settings and tables.
 from __future__ import annotations
 
 import argparse
+import csv
 import gzip
 import json
 import sys
@@ -90,12 +91,47 @@ def serving(point: str) -> str:
     return "again" if point.endswith(AGAIN) else ""
 
 
-def measured(folder: Path) -> dict:
-    """vllm bench serve's figures of one measured run (TTFT and E2E from the send)."""
+# a stall: a step of STALL_S or more that took STALL_RATIO times its price or more (gpt-oss's
+# first-use Triton compiles: 0.6-2.4 s a step; Llama-3.1-70B fp8's 8,192-token prefills take 1 s,
+# at their price)
+STALL_S, STALL_RATIO = 0.4, 3.0
+
+
+def stall_free(folder: Path, cost) -> set[int]:
+    """The requests of a measured closed loop (their index) whose time to first token overlaps no
+    stall (a step of STALL_S or more, STALL_RATIO x its price under ``cost`` or more):
+    ``--stall-free``, kvsim's clock apart from first-use compiles, which it does not model (a stall
+    delays the requests waiting on it, and through them the rest of the loop)."""
+    from dataclasses import fields
+
+    from kvsim.simulator.cost import StepBatch
+
+    names = [f.name for f in fields(StepBatch)]
+    stalls = []
+    with open(folder / "steps.csv") as f:
+        for r in csv.DictReader(f):
+            step = float(r["step_s"])
+            if step >= STALL_S and step >= STALL_RATIO * cost.step_time_s(
+                    StepBatch(**{k: int(r.get(k) or 0) for k in names})):
+                stalls.append((float(r["t_done_s"]) - step, float(r["t_done_s"])))
+    keep = set()
+    with gzip.open(folder / "requests.jsonl.gz", "rt") as f:
+        for line in f:
+            r = json.loads(line)
+            if not any(a < r["first_token_s"] and b > r["sent_s"] for a, b in stalls):
+                keep.add(int(r["request_id"].rsplit("-", 1)[1]))
+    return keep
+
+
+def measured(folder: Path, keep: set[int] | None = None) -> dict:
+    """vllm bench serve's figures of one measured run (TTFT and E2E from the send); ``keep``: of
+    these requests only (by index)."""
     ttft, tpot, e2e = [], [], []
     with gzip.open(folder / "requests.jsonl.gz", "rt") as f:
         for line in f:
             r = json.loads(line)
+            if keep is not None and int(r["request_id"].rsplit("-", 1)[1]) not in keep:
+                continue
             t, lat = r["first_token_s"] - r["sent_s"], r["finish_s"] - r["sent_s"]
             ttft.append(t)
             e2e.append(lat)
@@ -129,21 +165,41 @@ def trace_requests(folder: Path) -> list:
 
 
 def simulated(engine: str, spec: dict, meta: dict, clock: str, requests: list | None = None,
-              gpu: str = "H200", seeds: int = 1) -> dict:
+              gpu: str = "H200", seeds: int = 1, keep: set[int] | None = None) -> dict:
     """kvsim's metrics of one point under one clock: with ``seeds`` > 1 the mean of each over the
     engine seeds 0 .. seeds - 1 (a measured table splits a burst at an idle engine by a seeded
-    draw, so a closed loop's start is a draw; the workload stays the same)."""
-    runs = [_simulated(engine, spec, meta, clock, requests, gpu, seed) for seed in range(seeds)]
+    draw, so a closed loop's start is a draw; the workload stays the same); ``keep``: over these
+    requests only (by index; the whole loop is simulated)."""
+    runs = [_simulated(engine, spec, meta, clock, requests, gpu, seed, keep) for seed in range(seeds)]
     return {k: (float(np.mean([r[k] for r in runs])) if k != "completed" else runs[0][k]) for k in runs[0]}
 
 
 def _simulated(engine: str, spec: dict, meta: dict, clock: str, requests: list | None, gpu: str,
-               seed: int) -> dict:
+               seed: int, keep: set[int] | None = None) -> dict:
     from kvsim import workloads
-    from kvsim.planner.engine_setup import build_engine
-    from kvsim.planner.presets import load_hf_config
     from kvsim.simulator import simulate
     from kvsim.simulator.serve_metrics import serve_metrics
+
+    setup = engine_setup(engine, meta, clock, gpu)
+    if requests is None:   # a closed-loop point
+        text = (f"random:isl={spec['isl']},osl={spec['osl']},n={spec['n']},concurrency={spec['concurrency']},"
+                f"seed={spec['seed']}")
+        w = workloads.workload_from_spec(text)
+        limit = w.max_concurrency
+    else:                  # a trace excerpt at its arrival times
+        w, limit = requests, None
+    res = simulate(iter(w), setup.config, setup.cost, max_concurrency=limit, record_token_times=True, seed=seed)
+    if keep is not None:
+        res.requests = res.requests[res.requests["request_id"].isin(keep)]
+    m = serve_metrics(res.requests, res.token_times, percentiles=[50])
+    return {"mean_ttft_ms": m["mean_ttft_ms"], "median_tpot_ms": _median_tpot(res.requests),
+            "mean_e2el_ms": m["mean_e2el_ms"], "completed": m["completed"]}
+
+
+def engine_setup(engine: str, meta: dict, clock: str, gpu: str):
+    """build_engine's setup of a measured engine (its settings as the run logged them) under ``clock``."""
+    from kvsim.planner.engine_setup import build_engine
+    from kvsim.planner.presets import load_hf_config
 
     config, weight_dtype, kv_dtype = ENGINES[base_engine(engine)]
     core = engine_core(meta, engine, gpu)
@@ -158,17 +214,7 @@ def _simulated(engine: str, spec: dict, meta: dict, clock: str, requests: list |
     setup = build_engine(async_scheduling=core["async_scheduling"], **kwargs)
     if clock.startswith("carried-"):     # the engine's table of another GPU, carried by the rooflines' ratio
         setup = carried_setup(setup, engine, clock.removeprefix("carried-").upper())
-    if requests is None:   # a closed-loop point
-        text = (f"random:isl={spec['isl']},osl={spec['osl']},n={spec['n']},concurrency={spec['concurrency']},"
-                f"seed={spec['seed']}")
-        w = workloads.workload_from_spec(text)
-        limit = w.max_concurrency
-    else:                  # a trace excerpt at its arrival times
-        w, limit = requests, None
-    res = simulate(iter(w), setup.config, setup.cost, max_concurrency=limit, record_token_times=True, seed=seed)
-    m = serve_metrics(res.requests, res.token_times, percentiles=[50])
-    return {"mean_ttft_ms": m["mean_ttft_ms"], "median_tpot_ms": _median_tpot(res.requests),
-            "mean_e2el_ms": m["mean_e2el_ms"], "completed": m["completed"]}
+    return setup
 
 
 def carried_setup(setup, engine: str, source_gpu: str):
@@ -236,6 +282,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--traces", action="store_true",
                     help="also the Azure trace excerpt of each engine, at its arrival times (held out); the "
                          "summary then lists it on its own")
+    ap.add_argument("--stall-free", action="store_true",
+                    help=f"each closed loop's figures over the requests whose time to first token overlaps no "
+                         f"stall (a step of {STALL_S} s or more at {STALL_RATIO:g}x its default-clock price or "
+                         "more: first-use compiles, which kvsim does not model), on both sides; the loop itself "
+                         "is replayed whole")
     ap.add_argument("--seeds", type=int, default=1,
                     help="kvsim's figures as the mean over engine seeds 0 .. N-1 (a burst at an idle engine is "
                          "split by a seeded draw; default 1: seed 0)")
@@ -257,8 +308,13 @@ def main(argv: list[str] | None = None) -> int:
         for point in points:
             spec = json.loads((point / "workload.json").read_text())
             reqs = trace_requests(point) if spec["kind"] == "trace" else None
-            real = measured(point)
-            row = {"engine": engine, "point": point.name, **{f"vllm_{k}": real[k] for k in METRICS}}
+            keep = stall_free(point, engine_setup(engine, meta, "default", a.gpu).cost) \
+                if a.stall_free and reqs is None else None
+            if keep is not None and not keep:
+                continue        # every request waited on a stall: nothing to compare
+            real = measured(point, keep)
+            row = {"engine": engine, "point": point.name, **{f"vllm_{k}": real[k] for k in METRICS},
+                   "vllm_completed": real["completed"]}
             for clock in clocks:
                 if clock == "table" and (engine != "llama8b-bf16" or a.gpu != "H200"):
                     continue
@@ -269,7 +325,7 @@ def main(argv: list[str] | None = None) -> int:
                 if clock.startswith("carried-") and not any(
                         grid_table(engine, c, source).exists() for c in ("vllm-fine", "vllm-grid")):
                     continue        # no table of that GPU to carry (Llama-3.1-70B: the H200's alone)
-                sim = simulated(engine, spec, meta, clock, reqs, a.gpu, a.seeds)
+                sim = simulated(engine, spec, meta, clock, reqs, a.gpu, a.seeds, keep)
                 assert sim["completed"] == real["completed"], (engine, point.name, clock)
                 for k in METRICS:
                     row[f"{clock}_{k}"] = sim[k]

@@ -182,3 +182,45 @@ def test_seeds_average_kvsims_figures_over_the_bursts_draws(tmp_path):
     assert len({r["mean_ttft_ms"] for r in runs}) > 1          # the draw moves a wave's TTFT
     with pytest.raises(SystemExit):
         main(["--seeds", "0"])
+
+
+def test_stall_free_keeps_the_requests_no_stall_delayed_on_both_sides(tmp_path):
+    """--stall-free: a step of 0.4 s or more at 3x its price or more is a stall (a first-use
+    compile); the requests whose time to first token overlaps one are left out of the real figures
+    and of kvsim's (the loop is replayed whole); a long step at its price is no stall."""
+    import gzip
+
+    from bench.vllm_compare import stall_free
+    from kvsim.simulator.cost import FixedStepCost
+
+    point = tmp_path / "cl-256-16-c2"
+    point.mkdir()
+    cols = ["num_seqs", "num_prefill_seqs", "num_prefill_tokens", "num_decode_tokens", "num_scheduled_tokens",
+            "kv_read_tokens", "attn_token_pairs", "max_context_tokens", "step_s", "t_done_s"]
+    steps = [[1, 1, 256, 0, 256, 256, 32896, 256, 0.02, 0.02],       # request 0's prefill
+             [1, 1, 256, 1, 257, 513, 33153, 257, 0.70, 0.80],       # request 1's: a 0.7 s stall
+             [1, 1, 256, 1, 257, 513, 33153, 257, 0.02, 1.00]]       # request 2's
+    with open(point / "steps.csv", "w", newline="") as f:
+        csv.writer(f).writerows([cols, *steps])
+    reqs = [{"request_id": f"cl-256-16-c2-{i}", "sent_s": s, "first_token_s": t, "finish_s": t + 0.2,
+             "output_tokens": 16} for i, (s, t) in enumerate([(0.0, 0.021), (0.05, 0.81), (0.9, 1.01)])]
+    with gzip.open(point / "requests.jsonl.gz", "wt") as f:
+        f.write("".join(json.dumps(r) + "\n" for r in reqs))
+    assert stall_free(point, FixedStepCost(0.01)) == {0, 2}
+    assert stall_free(point, FixedStepCost(0.3)) == {0, 1, 2}         # 0.7 s is under 3 x 0.3 s
+    kept = measured(point, {0, 2})
+    assert kept["completed"] == 2 and kept["mean_ttft_ms"] == pytest.approx(1000 * (0.021 + 0.11) / 2)
+
+
+def test_stall_free_runs_on_the_committed_runs_and_leaves_out_gpt_oss_compiles(tmp_path):
+    whole, free = tmp_path / "whole.csv", tmp_path / "free.csv"
+    argv = ["--gpu", "H100", "--engines", "gpt-oss-20b", "--clocks", "default"]
+    assert main([*argv, "--csv", str(whole)]) == 0 and main([*argv, "--stall-free", "--csv", str(free)]) == 0
+    rows = {name: {r["point"]: r for r in csv.DictReader(path.open())} for name, path in (("whole", whole),
+                                                                                            ("free", free))}
+    stalled = [p for p in rows["whole"] if float(rows["free"][p]["vllm_completed"]) < float(rows["whole"][p]["vllm_completed"])]
+    assert stalled                                  # gpt-oss's first serving has compile stalls
+
+    def ttft_error(name):                           # kvsim's mean |TTFT error| over the stalled points
+        return sum(abs(float(rows[name][p]["default_mean_ttft_ms_err"])) for p in stalled) / len(stalled)
+    assert ttft_error("free") < ttft_error("whole") / 2     # most of the gap is the compiles
