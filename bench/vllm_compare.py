@@ -27,10 +27,12 @@ priced with the engine's settings and tables.
 from __future__ import annotations
 
 import argparse
+import copy
 import csv
 import gzip
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -165,22 +167,47 @@ def trace_requests(folder: Path) -> list:
 
 
 def simulated(engine: str, spec: dict, meta: dict, clock: str, requests: list | None = None,
-              gpu: str = "H200", seeds: int = 1, keep: set[int] | None = None) -> dict:
+              gpu: str = "H200", seeds: int = 1, keep: set[int] | None = None,
+              ran: list[int] | None = None) -> dict:
     """kvsim's metrics of one point under one clock: with ``seeds`` > 1 the mean of each over the
     engine seeds 0 .. seeds - 1 (a measured table splits a burst at an idle engine by a seeded
     draw, so a closed loop's start is a draw; the workload stays the same); ``keep``: over these
     requests only (by index; the whole loop is simulated)."""
-    runs = [_simulated(engine, spec, meta, clock, requests, gpu, seed, keep) for seed in range(seeds)]
+    runs = [_simulated(engine, spec, meta, clock, requests, gpu, seed, keep, ran) for seed in range(seeds)]
     return {k: (float(np.mean([r[k] for r in runs])) if k != "completed" else runs[0][k]) for k in runs[0]}
 
 
+# gpt-oss's largest CUDA graph in vLLM 0.23.0 (every measured engine's: max_cudagraph_capture_size)
+FIRST_USE_GRAPH_TOKENS = 1024
+
+
+def ran_before(folder: Path) -> list[int]:
+    """The token counts of every step its engine ran before this workload (the earlier workloads'
+    steps.csv, meta.json's order): what the engine had compiled by then (simulator.first_use)."""
+    meta = json.loads((folder.parent / "meta.json").read_text())
+    start = meta["workloads"][folder.name]["t0_monotonic"]
+    out = []
+    for name, w in meta["workloads"].items():
+        if w["t0_monotonic"] < start and (folder.parent / name / "steps.csv").exists():
+            with open(folder.parent / name / "steps.csv") as f:
+                out += [int(r["num_scheduled_tokens"]) for r in csv.DictReader(f)]
+    return out
+
+
 def _simulated(engine: str, spec: dict, meta: dict, clock: str, requests: list | None, gpu: str,
-               seed: int, keep: set[int] | None = None) -> dict:
+               seed: int, keep: set[int] | None = None, ran: list[int] | None = None) -> dict:
     from kvsim import workloads
     from kvsim.simulator import simulate
     from kvsim.simulator.serve_metrics import serve_metrics
 
     setup = engine_setup(engine, meta, clock, gpu)
+    if ran is not None and base_engine(engine).startswith("gpt-oss"):
+        # --first-use-compiles: the engine as it was, with what its earlier workloads compiled
+        from kvsim.simulator.first_use import RoutingCompiles
+
+        cost = copy.copy(setup.cost)
+        cost.first_use_compiles = RoutingCompiles(FIRST_USE_GRAPH_TOKENS).having_run(ran)
+        setup = replace(setup, cost=cost)
     if requests is None:   # a closed-loop point
         text = (f"random:isl={spec['isl']},osl={spec['osl']},n={spec['n']},concurrency={spec['concurrency']},"
                 f"seed={spec['seed']}")
@@ -287,6 +314,9 @@ def main(argv: list[str] | None = None) -> int:
                          f"stall (a step of {STALL_S} s or more at {STALL_RATIO:g}x its default-clock price or "
                          "more: first-use compiles, which kvsim does not model), on both sides; the loop itself "
                          "is replayed whole")
+    ap.add_argument("--first-use-compiles", action="store_true",
+                    help="gpt-oss: each replay pays the MoE routing's first-use compiles (simulator.first_use), "
+                         "its engine starting with what the measured engine had run before the workload")
     ap.add_argument("--seeds", type=int, default=1,
                     help="kvsim's figures as the mean over engine seeds 0 .. N-1 (a burst at an idle engine is "
                          "split by a seeded draw; default 1: seed 0)")
@@ -325,7 +355,8 @@ def main(argv: list[str] | None = None) -> int:
                 if clock.startswith("carried-") and not any(
                         grid_table(engine, c, source).exists() for c in ("vllm-fine", "vllm-grid")):
                     continue        # no table of that GPU to carry (Llama-3.1-70B: the H200's alone)
-                sim = simulated(engine, spec, meta, clock, reqs, a.gpu, a.seeds, keep)
+                sim = simulated(engine, spec, meta, clock, reqs, a.gpu, a.seeds, keep,
+                                ran_before(point) if a.first_use_compiles else None)
                 assert sim["completed"] == real["completed"], (engine, point.name, clock)
                 for k in METRICS:
                     row[f"{clock}_{k}"] = sim[k]

@@ -248,6 +248,7 @@ class ScaledCost:
         self.idle_start_min_wait_s = getattr(inner, "idle_start_min_wait_s", 0.0)   # a wait, not a step
         self.frontend_s = getattr(inner, "frontend_s", (0.0, 0.0, 0.0))   # not steps: not scaled
         self.first_step = getattr(inner, "first_step", None)   # how a burst meets an idle engine
+        self.first_use_compiles = getattr(inner, "first_use_compiles", None)   # a fresh engine's
 
     def step_time_s(self, batch: StepBatch) -> float:
         return self.scale * self.inner.step_time_s(batch)
@@ -273,6 +274,7 @@ class SyncCost:
         self.idle_start_min_wait_s = getattr(inner, "idle_start_min_wait_s", 0.0)
         self.frontend_s = getattr(inner, "frontend_s", (0.0, 0.0, 0.0))
         self.first_step = getattr(inner, "first_step", None)   # how a burst meets an idle engine
+        self.first_use_compiles = getattr(inner, "first_use_compiles", None)   # a fresh engine's
 
     def _cpu(self, batch: StepBatch) -> float:
         return self.cpu_s + self.cpu_per_seq_s * batch.num_seqs
@@ -305,6 +307,7 @@ class CarriedCost:
         self.idle_start_min_wait_s = getattr(inner, "idle_start_min_wait_s", 0.0)
         self.frontend_s = getattr(inner, "frontend_s", (0.0, 0.0, 0.0))   # CPU and IPC, not the GPU
         self.first_step = getattr(inner, "first_step", None)   # how a burst meets an idle engine
+        self.first_use_compiles = getattr(inner, "first_use_compiles", None)   # a fresh engine's
 
     def _ratio(self, batch: StepBatch) -> float:
         src = self.source.step_time_s(batch)

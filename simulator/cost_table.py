@@ -783,6 +783,9 @@ class StepShapeCost:
         if self.first_step is not None:
             dropped += (f"; an idle engine's first step takes a burst's requests sent within a cutoff drawn "
                         f"from {len(self.first_step.cutoffs_s)} measured bursts")
+        first_use = getattr(self, "first_use_compiles", None)     # set by planner.engine_setup
+        if first_use is not None:
+            dropped += f"; {first_use.describe()}"
         return f"measured table {_shown(self.path)} ({what or 'no provenance'}){dropped}"
 
     def __repr__(self) -> str:

@@ -137,6 +137,7 @@ class _Replica:
         self.wake: simpy.Event | None = None
         self.num_steps = 0
         self.token_row = -1       # the token log row of its last detailed step (simulator.token_log)
+        self.compiled = None      # the keys its first-use compiles have run (simulator.first_use)
         self.idle_start = True    # the next priced step starts the replica from idle
 
 
@@ -235,6 +236,7 @@ class Simulation:
                          for i in range(replicas)]
         for rep in self.replicas:
             rep.rec.way_out_ns = self.way_out_ns
+            rep.compiled = self.first_use.at_start(config.max_num_batched_tokens) if self.first_use else None
         if max_concurrency is not None:
             self.recorder.on_request_done = self._request_done
         # the longest context of each step, for a cost model that prices it (kept by the decode
@@ -270,6 +272,8 @@ class Simulation:
         (send -> schedulable: a + b per prompt token) and a token's way out (its step's end ->
         the client) (``frontend_s``); none for other clocks."""
         self.idle_start_ns = to_ns(getattr(cost_model, "idle_start_s", 0.0))
+        # a fresh engine's first-use compiles (simulator.first_use), each replica's own
+        self.first_use = getattr(cost_model, "first_use_compiles", None)
         self.idle_start_min_wait_ns = to_ns(getattr(cost_model, "idle_start_min_wait_s", 0.0))
         self.way_in_s, self.way_in_per_token_s, way_out_s = getattr(cost_model, "frontend_s", (0.0, 0.0, 0.0))
         self.way_out_ns = to_ns(way_out_s)
@@ -763,6 +767,8 @@ class Simulation:
                 end = t + max(1, self.timer.step_ns(batch))
             if idle_start:
                 end += self.idle_start_ns
+            if rep.compiled is not None:
+                end += to_ns(self.first_use.stall_s(rep.compiled, batch.num_scheduled_tokens))
             end += io.forward_stall_ns(t, end - t)   # flushed stores delay the forward
             bd_step = rec.breakdown()
             usage = rep.allocator.usage
