@@ -64,6 +64,7 @@ EngineConfig's 8192: a pool given in blocks says nothing about a model).
 """
 from __future__ import annotations
 
+import copy
 import os
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
@@ -170,6 +171,9 @@ class EngineSettings:
         table measured for another model, GPU (when the GPU sizes the pool), tensor parallel
         size, KV dtype or weight format is an InputError naming each difference, unless
         ``force_cost_table``.
+    first_use_compiles: a freshly started engine: an MXFP4 MoE model (gpt-oss) on real vLLM's table
+        pays its MoE routing's first-use Triton compiles (simulator.first_use); an InputError with
+        another clock or model.
     step_overhead_s, bandwidth_efficiency, flops_efficiency: roofline parameters; flops_efficiency
         None: the share of the datasheet FLOP/s that real vLLM's prefill steps reach for the
         model's weights (planner.roofline.measured_flops_efficiency), 1.0 the datasheet.
@@ -209,6 +213,7 @@ class EngineSettings:
     step_s: float | None = None
     cost_table: str | os.PathLike | None = None
     force_cost_table: bool = False
+    first_use_compiles: bool = False
     step_overhead_s: float = DEFAULT_STEP_OVERHEAD_S
     bandwidth_efficiency: float = 1.0
     flops_efficiency: float | None = None
@@ -527,6 +532,8 @@ def _step_cost(s: EngineSettings, model: ModelSpec | None, gpu: GpuSpec | None,
             raise InputError(f"{s.cost_table} was measured for another setup than this run's: "
                              f"{'; '.join(wrong)}. Match it, or pass --force-cost-table to use "
                              "its times anyway", field="cost_table")
+        if s.first_use_compiles:
+            cost = _with_first_use_compiles(cost, s.cost_table)
         # async off on a table measured with it on: each step also pays what async hid (CPU work:
         # carried to another GPU unscaled, as the frontend's times are)
         hidden = getattr(cost, "async_off", None)
@@ -536,6 +543,9 @@ def _step_cost(s: EngineSettings, model: ModelSpec | None, gpu: GpuSpec | None,
         if async_scheduling is False and measured_async and hidden is not None:
             cost = SyncCost(cost, *hidden)
     else:
+        if s.first_use_compiles:
+            raise InputError("first-use compiles are priced on real vLLM's table of an MXFP4 MoE model (gpt-oss), "
+                             "not on this run's clock", field="first_use_compiles")
         flops, source = (s.flops_efficiency, "") if s.flops_efficiency is not None else \
             measured_flops_efficiency(model, gpu)
         # real vLLM's decode shares (bandwidth of weights and KV, time a layer) unless the memory
@@ -555,6 +565,27 @@ def _step_cost(s: EngineSettings, model: ModelSpec | None, gpu: GpuSpec | None,
             cost = SyncCost(cost, *hidden)
     if s.step_time_scale != 1.0:
         cost = ScaledCost(cost, s.step_time_scale)
+    return cost
+
+
+def _with_first_use_compiles(cost, table) -> CostModel:
+    """A copy of real vLLM's ``table``'s cost model that prices a fresh engine's first-use compiles
+    (simulator.first_use: MXFP4 MoE routing, the table's largest CUDA graph); an InputError for a
+    table of another model or without the graph size (its '# first step:' line)."""
+    name = getattr(cost, "provenance", {}).get("model")
+    first_step = getattr(cost, "first_step", None)
+    try:
+        measured = get_model(name) if name else None
+    except InputError:
+        measured = None
+    if first_step is None or measured is None or _weight_method(measured) != "mxfp4" \
+            or measured.num_active_params >= measured.num_params:
+        raise InputError(f"first-use compiles are priced for an MXFP4 MoE model (gpt-oss) on real vLLM's table; "
+                         f"{table} is of {name or 'an unnamed model'}", field="first_use_compiles")
+    from kvsim.simulator.first_use import RoutingCompiles
+
+    cost = copy.copy(cost)       # the shipped table's model is shared by every run of the process
+    cost.first_use_compiles = RoutingCompiles(first_step.graph_tokens)
     return cost
 
 

@@ -64,6 +64,6 @@ class RoutingCompiles:
         return self.compile_s
 
     def describe(self) -> str:
-        return (f"first-use compiles of the MoE routing: {self.compile_s:.2f} s at an eager step (over "
+        return (f"first-use compiles of the MoE routing: {self.compile_s:.3g} s at an eager step (over "
                 f"{self.graph_tokens} tokens) whose token count, rounded up to 32, the engine has not run "
                 f"(measured on {self.measured_on})")

@@ -91,3 +91,25 @@ def test_the_engine_adds_a_compile_to_the_first_step_of_each_new_key_per_replica
     assert all(ttft[i] == pytest.approx(plain[i]) for i in (1, 2, 3))
     two = simulate(iter(reqs), cfg, _Compiling(), replicas=2).requests.set_index("request_id")["ttft_s"]
     assert sorted(round(t - p, 6) for t, p in zip(two, plain)) == [0.0, 0.0, 1.0, 1.0]
+
+
+def test_the_flag_prices_a_fresh_gpt_oss_engine_and_refuses_another_clock(capsys):
+    """kvsim replay --first-use-compiles: gpt-oss-20b on its H100 table says so on the clock line and
+    its eager steps pay; another model's table, or the roofline, is a one-line error."""
+    from kvsim.cli import main
+
+    spec = "random:isl=1024,osl=16,n=32,concurrency=16,seed=1"
+    argv = ["replay", "--model", "gpt-oss-20b", "--gpu", "h100", spec, "--quiet"]
+    assert main(argv) == 0
+    plain = capsys.readouterr().out
+    assert main([*argv, "--first-use-compiles"]) == 0
+    fresh = capsys.readouterr().out
+    assert "first-use compiles of the MoE routing" in fresh and "first-use" not in plain
+
+    def ttft_p50(text):
+        return float(next(line.split()[-1] for line in text.splitlines() if line.startswith("TTFT p50")))
+    assert ttft_p50(fresh) > ttft_p50(plain) + 0.5
+    for other in (["--model", "Llama-3.1-8B", "--gpu", "h100"], ["--model", "gpt-oss-20b", "--cost-table", "roofline"]):
+        assert main(["replay", *other, spec, "--quiet", "--first-use-compiles"]) == 2
+        err = capsys.readouterr().err
+        assert "first_use_compiles" in err and len(err.strip().splitlines()) == 1

@@ -215,6 +215,11 @@ def add_step_time_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--force-cost-table", action="store_true",
                    help="use --cost-table's times although it was measured for another model, GPU, TP, KV "
                         "dtype or weight format (otherwise an error)")
+    g.add_argument("--first-use-compiles", action="store_true",
+                   help="a freshly started vLLM engine: gpt-oss (MXFP4 MoE) on real vLLM's table pays its MoE "
+                        "routing's first-use Triton compiles, 0.73 s at each eager step whose token count, "
+                        "rounded up to 32, the engine has not run (measured on an H100; an error with another "
+                        "clock or model)")
     g.add_argument("--bandwidth-efficiency", type=fraction, default=1.0, metavar="FRACTION",
                    help="roofline: the share of the GPU's datasheet memory bandwidth a step reaches "
                         "(default 1.0; (0, 1])")
@@ -307,6 +312,7 @@ def engine_kwargs(args, **overrides) -> dict:
         scheduler=scheduler, async_scheduling=getattr(args, "async_scheduling", None),
         step_s=step_s_from_args(args), cost_table=getattr(args, "cost_table", None),
         force_cost_table=getattr(args, "force_cost_table", False),
+        first_use_compiles=getattr(args, "first_use_compiles", False),
         **roofline_kwargs(args), **offload_kwargs(args))
     kwargs.update(overrides)
     return kwargs
