@@ -177,10 +177,6 @@ def simulated(engine: str, spec: dict, meta: dict, clock: str, requests: list | 
     return {k: (float(np.mean([r[k] for r in runs])) if k != "completed" else runs[0][k]) for k in runs[0]}
 
 
-# gpt-oss's largest CUDA graph in vLLM 0.23.0 (every measured engine's: max_cudagraph_capture_size)
-FIRST_USE_GRAPH_TOKENS = 1024
-
-
 def ran_before(folder: Path) -> list[int]:
     """The token counts of every step its engine ran before this workload (the earlier workloads'
     steps.csv, meta.json's order): what the engine had compiled by then (simulator.first_use)."""
@@ -201,13 +197,17 @@ def _simulated(engine: str, spec: dict, meta: dict, clock: str, requests: list |
     from kvsim.simulator.serve_metrics import serve_metrics
 
     setup = engine_setup(engine, meta, clock, gpu)
-    if ran is not None and base_engine(engine).startswith("gpt-oss"):
-        # --first-use-compiles: the engine as it was, with what its earlier workloads compiled
-        from kvsim.simulator.first_use import RoutingCompiles
+    if ran is not None:   # --first-use-compiles where the clock prices them (kvsim --first-use-compiles)
+        from kvsim.errors import InputError
 
-        cost = copy.copy(setup.cost)
-        cost.first_use_compiles = RoutingCompiles(FIRST_USE_GRAPH_TOKENS).having_run(ran)
-        setup = replace(setup, cost=cost)
+        try:
+            fresh = engine_setup(engine, meta, clock, gpu, first_use_compiles=True)
+        except InputError:
+            fresh = None        # another model's table, or the roofline: none priced
+        if fresh is not None:   # the engine as it was, with what its earlier workloads compiled
+            cost = copy.copy(fresh.cost)
+            cost.first_use_compiles = cost.first_use_compiles.having_run(ran)
+            setup = replace(fresh, cost=cost)
     if requests is None:   # a closed-loop point
         text = (f"random:isl={spec['isl']},osl={spec['osl']},n={spec['n']},concurrency={spec['concurrency']},"
                 f"seed={spec['seed']}")
@@ -223,8 +223,9 @@ def _simulated(engine: str, spec: dict, meta: dict, clock: str, requests: list |
             "mean_e2el_ms": m["mean_e2el_ms"], "completed": m["completed"]}
 
 
-def engine_setup(engine: str, meta: dict, clock: str, gpu: str):
-    """build_engine's setup of a measured engine (its settings as the run logged them) under ``clock``."""
+def engine_setup(engine: str, meta: dict, clock: str, gpu: str, **extra):
+    """build_engine's setup of a measured engine (its settings as the run logged them) under
+    ``clock`` (``extra``: more of build_engine's settings)."""
     from kvsim.planner.engine_setup import build_engine
     from kvsim.planner.presets import load_hf_config
 
@@ -235,7 +236,7 @@ def engine_setup(engine: str, meta: dict, clock: str, gpu: str):
                   num_gpu_blocks=core["num_gpu_blocks"], block_size=core["block_size"],
                   max_model_len=meta["engine_args"]["max_model_len"], max_num_seqs=core["max_num_seqs"],
                   max_num_batched_tokens=core["max_num_batched_tokens"],
-                  cost_table=clock_table(engine, clock, gpu))
+                  cost_table=clock_table(engine, clock, gpu), **extra)
     if clock == "datasheet":
         kwargs["flops_efficiency"] = 1.0
     setup = build_engine(async_scheduling=core["async_scheduling"], **kwargs)
@@ -315,8 +316,9 @@ def main(argv: list[str] | None = None) -> int:
                          "more: first-use compiles, which kvsim does not model), on both sides; the loop itself "
                          "is replayed whole")
     ap.add_argument("--first-use-compiles", action="store_true",
-                    help="gpt-oss: each replay pays the MoE routing's first-use compiles (simulator.first_use), "
-                         "its engine starting with what the measured engine had run before the workload")
+                    help="each replay pays the first-use compiles its clock prices (kvsim --first-use-compiles: "
+                         "gpt-oss on real vLLM's table), its engine starting with what the measured engine had "
+                         "run before the workload")
     ap.add_argument("--seeds", type=int, default=1,
                     help="kvsim's figures as the mean over engine seeds 0 .. N-1 (a burst at an idle engine is "
                          "split by a seeded draw; default 1: seed 0)")
