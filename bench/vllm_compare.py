@@ -196,18 +196,20 @@ def _simulated(engine: str, spec: dict, meta: dict, clock: str, requests: list |
     from kvsim.simulator import simulate
     from kvsim.simulator.serve_metrics import serve_metrics
 
-    setup = engine_setup(engine, meta, clock, gpu)
+    setup = None
     if ran is not None:   # --first-use-compiles where the clock prices them (kvsim --first-use-compiles)
         from kvsim.errors import InputError
 
         try:
             fresh = engine_setup(engine, meta, clock, gpu, first_use_compiles=True)
         except InputError:
-            fresh = None        # another model's table, or the roofline: none priced
-        if fresh is not None:   # the engine as it was, with what its earlier workloads compiled
+            pass                # another model's table, or the roofline: none priced
+        else:                   # the engine as it was, with what its earlier workloads compiled
             cost = copy.copy(fresh.cost)
             cost.first_use_compiles = cost.first_use_compiles.having_run(ran)
             setup = replace(fresh, cost=cost)
+    if setup is None:
+        setup = engine_setup(engine, meta, clock, gpu)
     if requests is None:   # a closed-loop point
         text = (f"random:isl={spec['isl']},osl={spec['osl']},n={spec['n']},concurrency={spec['concurrency']},"
                 f"seed={spec['seed']}")
@@ -333,6 +335,8 @@ def main(argv: list[str] | None = None) -> int:
     for engine in a.engines:
         folder = results / engine
         meta = json.loads((folder / "meta.json").read_text())
+        # --stall-free: a stall is priced against the engine's default clock (one setup an engine)
+        stall_cost = engine_setup(engine, meta, "default", a.gpu).cost if a.stall_free else None
         points = sorted((p for pattern in CLOSED_LOOPS for p in folder.glob(pattern + "*")
                          if p.name != WARMUP), key=lambda p: point_key(p.name))
         if a.traces:
@@ -340,7 +344,7 @@ def main(argv: list[str] | None = None) -> int:
         for point in points:
             spec = json.loads((point / "workload.json").read_text())
             reqs = trace_requests(point) if spec["kind"] == "trace" else None
-            keep = stall_free(point, engine_setup(engine, meta, "default", a.gpu).cost) \
+            keep = stall_free(point, stall_cost) \
                 if a.stall_free and reqs is None else None
             if keep is not None and not keep:
                 continue        # every request waited on a stall: nothing to compare
