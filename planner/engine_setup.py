@@ -171,9 +171,9 @@ class EngineSettings:
         table measured for another model, GPU (when the GPU sizes the pool), tensor parallel
         size, KV dtype or weight format is an InputError naming each difference, unless
         ``force_cost_table``.
-    first_use_compiles: a freshly started engine: an MXFP4 MoE model (gpt-oss) on real vLLM's table
-        pays its MoE routing's first-use Triton compiles (simulator.first_use); an InputError with
-        another clock or model.
+    first_use_compiles: a freshly started engine: on real vLLM's table its steps pay the first-use
+        Triton compiles (simulator.first_use: every model's slot mapping, an MXFP4 MoE model's
+        routing); an InputError with another clock.
     step_overhead_s, bandwidth_efficiency, flops_efficiency: roofline parameters; flops_efficiency
         None: the share of the datasheet FLOP/s that real vLLM's prefill steps reach for the
         model's weights (planner.roofline.measured_flops_efficiency), 1.0 the datasheet.
@@ -544,7 +544,7 @@ def _step_cost(s: EngineSettings, model: ModelSpec | None, gpu: GpuSpec | None,
             cost = SyncCost(cost, *hidden)
     else:
         if s.first_use_compiles:
-            raise InputError("first-use compiles are priced on real vLLM's table of an MXFP4 MoE model (gpt-oss), "
+            raise InputError("first-use compiles are priced on real vLLM's table (kvsim profile --engine vllm), "
                              "not on this run's clock", field="first_use_compiles")
         flops, source = (s.flops_efficiency, "") if s.flops_efficiency is not None else \
             measured_flops_efficiency(model, gpu)
@@ -570,22 +570,30 @@ def _step_cost(s: EngineSettings, model: ModelSpec | None, gpu: GpuSpec | None,
 
 def _with_first_use_compiles(cost, table) -> CostModel:
     """A copy of real vLLM's ``table``'s cost model that prices a fresh engine's first-use compiles
-    (simulator.first_use: MXFP4 MoE routing, the table's largest CUDA graph); an InputError for a
-    table of another model or without the graph size (its '# first step:' line)."""
-    name = getattr(cost, "provenance", {}).get("model")
-    first_step = getattr(cost, "first_step", None)
+    (simulator.first_use: the slot mapping's for every model; an MXFP4 MoE model's routing too,
+    eager beyond the table's largest CUDA graph); an InputError for a table that is not real
+    vLLM's (kvsim's own executor's), or an MXFP4 MoE model's without the graph size (its '# first
+    step:' line)."""
+    from kvsim.simulator.first_use import FirstUseCompiles, SlotMappingCompiles, routing_compiles
+
+    provenance = getattr(cost, "provenance", {})
+    if not provenance.get("executor", "").startswith("vllm"):
+        raise InputError(f"first-use compiles are priced on real vLLM's table (kvsim profile --engine vllm); "
+                         f"{table} is not one", field="first_use_compiles")
+    name = provenance.get("model")
     try:
         measured = get_model(name) if name else None
     except InputError:
         measured = None
-    if first_step is None or measured is None or _weight_method(measured) != "mxfp4" \
-            or measured.num_active_params >= measured.num_params:
-        raise InputError(f"first-use compiles are priced for an MXFP4 MoE model (gpt-oss) on real vLLM's table; "
-                         f"{table} is of {name or 'an unnamed model'}", field="first_use_compiles")
-    from kvsim.simulator.first_use import RoutingCompiles
-
+    rules = [SlotMappingCompiles()]
+    if measured is not None and _weight_method(measured) == "mxfp4" and measured.num_active_params < measured.num_params:
+        first_step = getattr(cost, "first_step", None)
+        if first_step is None:
+            raise InputError(f"first-use compiles of an MXFP4 MoE model's routing need the table's largest CUDA "
+                             f"graph ('# first step:' line); {table} has none", field="first_use_compiles")
+        rules.append(routing_compiles(first_step.graph_tokens, name))
     cost = copy.copy(cost)       # the shipped table's model is shared by every run of the process
-    cost.first_use_compiles = RoutingCompiles(first_step.graph_tokens)
+    cost.first_use_compiles = FirstUseCompiles(tuple(rules))
     return cost
 
 

@@ -544,6 +544,9 @@ class Simulation:
                 sched.plan_decode_run(_NEVER)
             if rep.batch.inbox and k > 1:
                 k = 1    # arrivals wait for this step's end: the next schedule sees them
+            if k > 0 and rep.compiled is not None and \
+                    self.first_use.compiles(rep.compiled, len(sched.running) - rep.batch.num_done):
+                k = 0    # a decode step that compiles on first use (simulator.first_use): in detail
             run = None     # a decode run stepped one by one
             if k > 0:
                 run = self._plan_run(rep, now, k, bd_start)

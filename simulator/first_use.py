@@ -1,28 +1,43 @@
-"""First-use Triton compiles of vLLM's MXFP4 MoE routing: what a fresh gpt-oss engine pays.
+"""First-use Triton compiles of real vLLM: what a freshly started engine pays on its first steps.
 
-vLLM 0.23.0 serves gpt-oss (MXFP4 experts) on Hopper with its 'TRITON' Mxfp4 MoE backend, whose
-routing kernels (triton_kernels' ``_topk_forward`` and ``_sum_bitmatrix_rows``) take the token
-count's bitmatrix stride as a compile-time constant: the step's tokens rounded up to 32, beside
-Triton's own specialisation of the token count (divisible by 16 or not). A step on a CUDA graph
-replays kernels captured at start-up; an eager step (more tokens than the largest graph) whose
-key (tokens rounded up to 32, divisible by 16) the engine has not run before compiles both
-kernels first, inside the step (0.73 s on an H100). vLLM's start-up profile run at
-``max_num_batched_tokens`` compiles that one key.
+A Triton kernel compiles once for each specialisation of its arguments, the first time a step
+needs it, inside that step. Two of vLLM 0.23.0's kernels compile in the steps of a fresh engine
+(each compile timed by the harness's probe, ``jit.csv`` of bench/results/vllm_h100/):
 
-The rule predicted every routing compile of two fresh H100 engines exactly (29 of 29:
-bench/results/vllm_h100/gpt-oss-20b-jit and -cached, each compile timed by the harness's probe,
-``jit.csv``), and the steps of 0.4 s or more of the earlier gpt-oss-20b runs (0-13 a workload)
-within one a workload. Not modelled: the expert matmuls' own first compiles (two kernels of 1.2-1.7 s,
-once an engine, at its first eager steps with decodes beside prompts), and any compile of a
-kernel another vLLM version or GPU may add. The H100's seconds carry to the other GPUs and to
-gpt-oss-120b as measured on gpt-oss-20b (compile time is CPU work, not the GPU's): extrapolated.
+* ``_compute_slot_mapping_kernel`` (the input preparation of every step, every model: outside
+  any CUDA graph), specialised by the step's token count as Triton does an integer: equal to 1,
+  divisible by 16, or neither. The third compiles at start-up; a fresh engine's first step of
+  one token and its first of a multiple of 16 tokens each compile one (0.14 s on the mean).
+* gpt-oss's MXFP4 MoE routing (vLLM's 'TRITON' Mxfp4 MoE backend on Hopper: triton_kernels'
+  ``_topk_forward`` and ``_sum_bitmatrix_rows``), whose bitmatrix stride (the step's tokens
+  rounded up to 32) is a compile-time constant beside the token count's divisibility by 16. A step
+  on a CUDA graph replays kernels captured at start-up; an eager step (more tokens than the largest
+  graph) whose key the engine has not run compiles both (on the mean 0.73 s on gpt-oss-20b, 1.49 s
+  on gpt-oss-120b). vLLM's start-up profile run at ``max_num_batched_tokens`` compiles that one key.
+
+The rules predict every compile of these kernels in the fresh engines measured (tests/
+test_first_use.py reads them): the routing's 47 of gpt-oss-20b-jit, -cached and gpt-oss-120b-jit,
+and the slot mapping's of gpt-oss-20b-jit, gpt-oss-120b-jit and both Qwen3-30B-A3B reruns. Not modelled: the
+expert matmuls' own compiles (gpt-oss: two kernels of 0.8-1.7 s at the first eager steps with
+decodes beside prompts, and again later on gpt-oss-120b), a compile Triton finds in its disk cache
+(a second engine on the same machine: gpt-oss-20b-cached's slot mapping), and any kernel another
+vLLM version or GPU may add; nor Qwen3-30B-A3B's ``fused_moe_kernel`` (vLLM logs its compile
+during inference in both fresh engines; the probe timed none: its first eager step took 0.3-0.6 s
+beyond its price and slot-mapping compile). The H100's seconds carry to the other GPUs (compile
+time is CPU work, not the GPU's): extrapolated.
 """
 from __future__ import annotations
 
-# seconds a new key costs: _topk_forward (mean 0.577 s) + _sum_bitmatrix_rows (0.148 s) over the
-# 29 compiles of gpt-oss-20b-jit and -cached (one H100 80GB HBM3, 2026-12-07)
-ROUTING_COMPILE_S = 0.725
-MEASURED_ON = "gpt-oss-20b, H100"
+# seconds a new routing key costs, by model: _topk_forward + _sum_bitmatrix_rows on the mean over
+# the timed compiles (one H100 80GB HBM3, 2026-12-07): gpt-oss-20b's 29 of gpt-oss-20b-jit and
+# -cached (0.577 + 0.148 s), gpt-oss-120b's 18 of gpt-oss-120b-jit (1.332 + 0.161 s: 128 experts
+# against 32). Another MXFP4 MoE model takes gpt-oss-20b's, extrapolated.
+ROUTING_COMPILE_S = {"gpt-oss-20b": 0.725, "gpt-oss-120b": 1.493}
+ROUTING_MEASURED_ON = "H100"
+# seconds a new slot-mapping key costs: the mean of its 8 compiles in the four fresh engines
+# gpt-oss-20b-jit, gpt-oss-120b-jit, qwen3-30b-a3b-rerun and -rerun2 (H100, 2026-12-07)
+SLOT_MAPPING_COMPILE_S = 0.1445
+SLOT_MAPPING_MEASURED_ON = "gpt-oss-20b, gpt-oss-120b and Qwen3-30B-A3B, H100"
 
 
 def routing_key(num_tokens: int) -> tuple[int, bool]:
@@ -31,39 +46,99 @@ def routing_key(num_tokens: int) -> tuple[int, bool]:
     return -(-num_tokens // 32) * 32, num_tokens % 16 == 0
 
 
-class RoutingCompiles:
-    """The first-use compiles of one engine kind: ``graph_tokens``, the largest CUDA graph (a step
-    of more tokens runs eager); ``compile_s`` per new key."""
+def slot_mapping_key(num_tokens: int) -> str:
+    """Triton's specialisation of the slot-mapping kernel's token count: '1', '16' (divisible by
+    16) or 'other'."""
+    return "1" if num_tokens == 1 else "16" if num_tokens % 16 == 0 else "other"
 
-    def __init__(self, graph_tokens: int, compile_s: float = ROUTING_COMPILE_S, measured_on: str = MEASURED_ON,
-                 compiled: frozenset = frozenset()):
+
+class SlotMappingCompiles:
+    """The slot-mapping kernel's rule: every step runs it; 'other' is compiled at start-up."""
+
+    name = "slot_mapping"
+
+    def __init__(self, compile_s: float = SLOT_MAPPING_COMPILE_S, measured_on: str = SLOT_MAPPING_MEASURED_ON):
+        self.compile_s = compile_s
+        self.measured_on = measured_on
+
+    def key(self, num_tokens: int):
+        return slot_mapping_key(num_tokens)
+
+    def start_keys(self, max_num_batched_tokens: int) -> set:
+        return {"other"}
+
+    def describe(self) -> str:
+        return (f"{self.compile_s:.3g} s of the slot mapping's at the first step of 1 token and the first of a "
+                f"multiple of 16 (measured on {self.measured_on})")
+
+
+class RoutingCompiles:
+    """The MXFP4 MoE routing's rule: ``graph_tokens``, the largest CUDA graph (a step of more
+    tokens runs eager); ``compile_s`` per new key."""
+
+    name = "routing"
+
+    def __init__(self, graph_tokens: int, compile_s: float = ROUTING_COMPILE_S["gpt-oss-20b"],
+                 measured_on: str = f"gpt-oss-20b, {ROUTING_MEASURED_ON}"):
         self.graph_tokens = graph_tokens
         self.compile_s = compile_s
         self.measured_on = measured_on
+
+    def key(self, num_tokens: int):
+        """None for a step on a CUDA graph (nothing compiles)."""
+        return routing_key(num_tokens) if num_tokens > self.graph_tokens else None
+
+    def start_keys(self, max_num_batched_tokens: int) -> set:
+        return {routing_key(max_num_batched_tokens)}     # vLLM's profile run
+
+    def describe(self) -> str:
+        return (f"{self.compile_s:.3g} s of the MoE routing's at an eager step (over {self.graph_tokens} tokens) "
+                f"whose token count, rounded up to 32, the engine has not run (measured on {self.measured_on})")
+
+
+def routing_compiles(graph_tokens: int, model: str | None) -> RoutingCompiles:
+    """The routing's rule for an MXFP4 MoE ``model``: its own measured seconds, else
+    gpt-oss-20b's (said extrapolated)."""
+    if model in ROUTING_COMPILE_S:
+        return RoutingCompiles(graph_tokens, ROUTING_COMPILE_S[model], f"{model}, {ROUTING_MEASURED_ON}")
+    return RoutingCompiles(graph_tokens, measured_on=f"gpt-oss-20b, {ROUTING_MEASURED_ON}; extrapolated to {model}")
+
+
+class FirstUseCompiles:
+    """The first-use compiles of one engine kind: its kernels' rules, and ``compiled``: the keys
+    (kernel name, key) an engine that served other work first had run."""
+
+    def __init__(self, rules: tuple, compiled: frozenset = frozenset()):
+        self.rules = tuple(rules)
         self.compiled = frozenset(compiled)
 
-    def having_run(self, num_tokens) -> "RoutingCompiles":
-        """The same engine after it ran steps of these token counts (an engine that served other
-        work first: bench/vllm_compare.py replays a workload in the state its engine was in)."""
-        keys = {routing_key(m) for m in num_tokens if m > self.graph_tokens}
-        return RoutingCompiles(self.graph_tokens, self.compile_s, self.measured_on, self.compiled | keys)
+    def keys(self, num_tokens: int) -> list:
+        """The (kernel, key) pairs a step of ``num_tokens`` needs compiled."""
+        return [(r.name, k) for r in self.rules if (k := r.key(num_tokens)) is not None]
+
+    def having_run(self, num_tokens) -> "FirstUseCompiles":
+        """The same engine after it ran steps of these token counts (bench/vllm_compare.py replays
+        a workload in the state its engine was in)."""
+        return FirstUseCompiles(self.rules, self.compiled | {k for m in num_tokens for k in self.keys(m)})
 
     def at_start(self, max_num_batched_tokens: int) -> set:
-        """The keys a replica starts with compiled: vLLM's profile run's (and ``compiled``)."""
-        return {routing_key(max_num_batched_tokens), *self.compiled}
+        """The keys a replica starts with compiled: start-up's (and ``compiled``)."""
+        return {(r.name, k) for r in self.rules for k in r.start_keys(max_num_batched_tokens)} | self.compiled
+
+    def compiles(self, compiled: set, num_tokens: int) -> bool:
+        """Whether a step of ``num_tokens`` meets a key not in ``compiled``."""
+        return any(key not in compiled for key in self.keys(num_tokens))
 
     def stall_s(self, compiled: set, num_tokens: int) -> float:
         """Seconds a step of ``num_tokens`` spends compiling, given the replica's ``compiled`` keys
         (updated)."""
-        if num_tokens <= self.graph_tokens:
-            return 0.0
-        key = routing_key(num_tokens)
-        if key in compiled:
-            return 0.0
-        compiled.add(key)
-        return self.compile_s
+        cost = {r.name: r.compile_s for r in self.rules}
+        stall = 0.0
+        for key in self.keys(num_tokens):
+            if key not in compiled:
+                compiled.add(key)
+                stall += cost[key[0]]
+        return stall
 
     def describe(self) -> str:
-        return (f"first-use compiles of the MoE routing: {self.compile_s:.3g} s at an eager step (over "
-                f"{self.graph_tokens} tokens) whose token count, rounded up to 32, the engine has not run "
-                f"(measured on {self.measured_on})")
+        return "first-use compiles (a fresh engine): " + "; ".join(r.describe() for r in self.rules)

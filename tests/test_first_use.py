@@ -1,6 +1,8 @@
-"""simulator.first_use: a fresh gpt-oss engine's first-use compiles of the MoE routing, by the rule
-the harness's timed compiles show (an eager step's tokens rounded up to 32, and divisible by 16 or
-not), checked against every routing compile of two measured engines, and as the engine adds them."""
+"""simulator.first_use: a fresh engine's first-use Triton compiles, by the rules the harness's timed
+compiles show (every model's slot mapping: a step's token count equal to 1, divisible by 16 or
+neither; gpt-oss's MoE routing: an eager step's tokens rounded up to 32, and divisible by 16 or
+not), each checked against every compile of that kernel in the measured fresh engines, and as the
+engine adds them."""
 from __future__ import annotations
 
 import ast
@@ -13,7 +15,8 @@ import pytest
 from kvsim.simulator import simulate
 from kvsim.simulator.config import EngineConfig
 from kvsim.simulator.cost import FixedStepCost
-from kvsim.simulator.first_use import RoutingCompiles, routing_key
+from kvsim.simulator.first_use import (ROUTING_COMPILE_S, SLOT_MAPPING_COMPILE_S, FirstUseCompiles, RoutingCompiles,
+                                       SlotMappingCompiles, routing_key, slot_mapping_key)
 from kvsim.workloads import Request
 
 RUNS = Path(__file__).resolve().parent.parent / "bench" / "results" / "vllm_h100"
@@ -22,17 +25,94 @@ RUNS = Path(__file__).resolve().parent.parent / "bench" / "results" / "vllm_h100
 def test_the_key_is_the_tokens_rounded_up_to_32_and_their_divisibility_by_16():
     assert routing_key(7168) == (7168, True) and routing_key(7169) == (7200, False)
     assert routing_key(1030) == (1056, False) and routing_key(1088) == (1088, True)
-    compiles = RoutingCompiles(graph_tokens=1024, compile_s=0.7)
+    compiles = FirstUseCompiles((RoutingCompiles(graph_tokens=1024, compile_s=0.7),))
     seen = compiles.at_start(8192)
     assert compiles.stall_s(seen, 8192) == 0.0                    # vLLM's profile run compiled it
     assert compiles.stall_s(seen, 1024) == 0.0                    # on a CUDA graph
     assert compiles.stall_s(seen, 2049) == 0.7 and compiles.stall_s(seen, 2050) == 0.0   # same key
     assert compiles.stall_s(seen, 2048) == 0.7                    # 2,048 divides by 16: another key
     later = compiles.having_run([2049, 500, 3000])
-    assert later.at_start(8192) == {(8192, True), (2080, False), (3008, False)}
+    assert later.at_start(8192) == {("routing", k) for k in ((8192, True), (2080, False), (3008, False))}
 
 
-@pytest.mark.parametrize("engine", ["gpt-oss-20b-jit", "gpt-oss-20b-cached"])
+def test_the_slot_mapping_compiles_once_for_one_token_and_once_for_a_multiple_of_16_and_adds_up():
+    """Every step runs the slot mapping (on a CUDA graph or not): its first step of one token and
+    its first of a multiple of 16 each compile once; the third key compiles at start-up. Beside
+    the routing, a step pays both kernels' new keys."""
+    assert [slot_mapping_key(m) for m in (1, 2, 15, 16, 1024, 1025)] == ["1", "other", "other", "16", "16", "other"]
+    both = FirstUseCompiles((SlotMappingCompiles(compile_s=0.1), RoutingCompiles(graph_tokens=512, compile_s=0.7)))
+    seen = both.at_start(8192)
+    assert [both.stall_s(seen, m) for m in (3, 7, 16, 32, 1)] == [0.0, 0.0, 0.1, 0.0, 0.1]
+    assert both.stall_s(seen, 2048) == pytest.approx(0.7)        # '16' ran; a new routing key
+    assert both.stall_s(FirstUseCompiles(both.rules).at_start(8192), 2048) == pytest.approx(0.8)
+    assert both.having_run([1]).stall_s(both.having_run([1]).at_start(8192), 1) == 0.0
+
+
+def _jit(folder: Path, kernel: str) -> list[dict]:
+    """The probe's timed compiles of ``kernel`` in one workload (jit.csv): each with its argument
+    names mapped to their specialisation, and its seconds."""
+    out = []
+    with open(folder / "jit.csv") as f:
+        for row in csv.DictReader(f):
+            if row["kernel"] == kernel:
+                spec = dict(zip(row["arg_names"].split(","), ast.literal_eval(row["key"][:row["key"].index("]") + 1])))
+                out.append({"spec": spec, "s": float(row["t1_s"]) - float(row["t0_s"])})
+    return out
+
+
+def _in_order(root: Path):
+    """An engine's workloads (name, folder) in the order it served them."""
+    meta = json.loads((root / "meta.json").read_text())
+    return meta, [(name, root / name) for name, _ in sorted(meta["workloads"].items(), key=lambda kv: kv[1]["t0_monotonic"])]
+
+
+FRESH = ["gpt-oss-20b-jit", "gpt-oss-120b-jit", "qwen3-30b-a3b-rerun", "qwen3-30b-a3b-rerun2"]
+
+
+@pytest.mark.parametrize("engine", FRESH)
+def test_the_rule_predicts_every_slot_mapping_compile_of_the_fresh_engines(engine):
+    """Every step's token count (steps.csv) against the slot mapping's compiles the probe timed
+    (jit.csv: its num_tokens argument specialised as constexpr 1, 'D' for a multiple of 16, or
+    neither), in the engine's order, from start-up's key."""
+    root = RUNS / engine
+    if not (root / "meta.json").exists():
+        pytest.skip("no measured runs here")
+    meta, workloads = _in_order(root)
+    compiles = FirstUseCompiles((SlotMappingCompiles(),))
+    seen = compiles.at_start(meta["engine_core"]["max_num_batched_tokens"])
+    total = 0
+    for name, folder in workloads:
+        with open(folder / "steps.csv") as f:
+            predicted = [slot_mapping_key(m) for m in (int(r["num_scheduled_tokens"]) for r in csv.DictReader(f))
+                         if compiles.stall_s(seen, m)]
+        measured = [{("constexpr", 1): "1", ("i32", "D"): "16"}.get(tuple(c["spec"]["num_tokens"]), "other")
+                    for c in _jit(folder, "_compute_slot_mapping_kernel")]
+        assert sorted(predicted) == sorted(measured), name
+        total += len(measured)
+    assert total == 2       # each engine met both keys
+
+
+@pytest.mark.parametrize("model, engines", [("gpt-oss-20b", ["gpt-oss-20b-jit", "gpt-oss-20b-cached"]),
+                                           ("gpt-oss-120b", ["gpt-oss-120b-jit"])])
+def test_the_routings_price_is_its_models_mean_over_its_timed_compiles(model, engines):
+    """A new key's seconds: _topk_forward's mean plus _sum_bitmatrix_rows's over the engines' compiles."""
+    if not all((RUNS / e / "meta.json").exists() for e in engines):
+        pytest.skip("no measured runs here")
+    folders = [folder for e in engines for _, folder in _in_order(RUNS / e)[1]]
+    means = [sum(s := [c["s"] for f in folders for c in _jit(f, k)]) / len(s)
+             for k in ("_topk_forward", "_sum_bitmatrix_rows")]
+    assert ROUTING_COMPILE_S[model] == pytest.approx(sum(means), abs=5e-4)
+
+
+def test_the_slot_mappings_price_is_the_mean_of_the_fresh_engines_compiles():
+    seconds = [c["s"] for e in FRESH if (RUNS / e / "meta.json").exists()
+               for _, folder in _in_order(RUNS / e)[1] for c in _jit(folder, "_compute_slot_mapping_kernel")]
+    if len(seconds) < 8:
+        pytest.skip("no measured runs here")
+    assert SLOT_MAPPING_COMPILE_S == pytest.approx(sum(seconds) / len(seconds), abs=5e-4)
+
+
+@pytest.mark.parametrize("engine", ["gpt-oss-20b-jit", "gpt-oss-20b-cached", "gpt-oss-120b-jit"])
 def test_the_rule_predicts_every_routing_compile_of_the_measured_engines(engine):
     """Every workload's eager steps (their token counts, steps.csv) against the routing compiles the
     probe timed (jit.csv's _topk_forward: the key's bitmatrix stride and the token count's
@@ -40,23 +120,18 @@ def test_the_rule_predicts_every_routing_compile_of_the_measured_engines(engine)
     root = RUNS / engine
     if not (root / "meta.json").exists():
         pytest.skip("no measured runs here")
-    meta = json.loads((root / "meta.json").read_text())
-    compiles = RoutingCompiles(graph_tokens=1024)
+    meta, workloads = _in_order(root)
+    compiles = FirstUseCompiles((RoutingCompiles(graph_tokens=1024),))
     seen = compiles.at_start(meta["engine_core"]["max_num_batched_tokens"])
     total = 0
-    for name, _ in sorted(meta["workloads"].items(), key=lambda kv: kv[1]["t0_monotonic"]):
+    for name, folder in workloads:
         predicted = []
-        with open(root / name / "steps.csv") as f:
+        with open(folder / "steps.csv") as f:
             for row in csv.DictReader(f):
                 m = int(row["num_scheduled_tokens"])
                 if compiles.stall_s(seen, m):
                     predicted.append(routing_key(m))
-        measured = []
-        with open(root / name / "jit.csv") as f:
-            for row in csv.DictReader(f):
-                if row["kernel"] == "_topk_forward":
-                    spec = dict(zip(row["arg_names"].split(","), ast.literal_eval(row["key"][:row["key"].index("]") + 1])))
-                    measured.append((spec["stride_rn"][1], spec["n_rows"][1] == "D"))
+        measured = [(c["spec"]["stride_rn"][1], c["spec"]["n_rows"][1] == "D") for c in _jit(folder, "_topk_forward")]
         assert sorted(predicted) == sorted(measured), name
         total += len(measured)
     assert total >= 14
@@ -67,7 +142,7 @@ class _Compiling:
 
     def __init__(self):
         self.fixed = FixedStepCost(0.01)
-        self.first_use_compiles = RoutingCompiles(graph_tokens=64, compile_s=1.0)
+        self.first_use_compiles = FirstUseCompiles((RoutingCompiles(graph_tokens=64, compile_s=1.0),))
 
     def step_time_s(self, batch):
         return self.fixed.step_time_s(batch)
@@ -93,23 +168,39 @@ def test_the_engine_adds_a_compile_to_the_first_step_of_each_new_key_per_replica
     assert sorted(round(t - p, 6) for t, p in zip(two, plain)) == [0.0, 0.0, 1.0, 1.0]
 
 
-def test_the_flag_prices_a_fresh_gpt_oss_engine_and_refuses_another_clock(capsys):
-    """kvsim replay --first-use-compiles: gpt-oss-20b on its H100 table says so on the clock line and
-    its eager steps pay; another model's table, or the roofline, is a one-line error."""
+def test_the_flag_prices_a_fresh_engine_on_real_vllms_table_and_refuses_another_clock(capsys):
+    """kvsim replay --first-use-compiles: gpt-oss-20b on its H100 table says both kernels on the clock
+    line and its eager steps pay; Llama-3.1-8B on its table pays the slot mapping's alone (its first
+    request's TTFT grows by the two keys its first steps meet); the roofline, or kvsim's own
+    executor's table, is a one-line error."""
     from kvsim.cli import main
 
-    spec = "random:isl=1024,osl=16,n=32,concurrency=16,seed=1"
-    argv = ["replay", "--model", "gpt-oss-20b", "--gpu", "h100", spec, "--quiet"]
-    assert main(argv) == 0
-    plain = capsys.readouterr().out
-    assert main([*argv, "--first-use-compiles"]) == 0
-    fresh = capsys.readouterr().out
-    assert "first-use compiles of the MoE routing" in fresh and "first-use" not in plain
+    def run(argv):
+        assert main(argv) == 0
+        return capsys.readouterr().out
 
     def ttft_p50(text):
         return float(next(line.split()[-1] for line in text.splitlines() if line.startswith("TTFT p50")))
-    assert ttft_p50(fresh) > ttft_p50(plain) + 0.5
-    for other in (["--model", "Llama-3.1-8B", "--gpu", "h100"], ["--model", "gpt-oss-20b", "--cost-table", "roofline"]):
+
+    spec = "random:isl=1024,osl=16,n=32,concurrency=16,seed=1"
+    argv = ["replay", "--model", "gpt-oss-20b", "--gpu", "h100", spec, "--quiet"]
+    plain, fresh = run(argv), run([*argv, "--first-use-compiles"])
+    assert "MoE routing's" in fresh and "slot mapping's" in fresh and "first-use" not in plain
+    assert ttft_p50(fresh) > ttft_p50(plain) + ROUTING_COMPILE_S["gpt-oss-20b"] - 0.2
+
+    lone = "random:isl=1000,osl=4,n=2,concurrency=1,seed=1"      # 1,000 tokens: 'other'; then 1: a new key
+    argv = ["replay", "--model", "Llama-3.1-8B", "--gpu", "h100", lone, "--quiet"]
+    plain, fresh = run(argv), run([*argv, "--first-use-compiles"])
+    assert "MoE routing" not in fresh and "slot mapping's" in fresh
+
+    def figure(text, name):
+        return float(next(line.split()[-1] for line in text.splitlines() if line.startswith(name)))
+
+    assert figure(fresh, "TTFT p50") == figure(plain, "TTFT p50")     # its prompt's key: start-up's
+    assert figure(fresh, "simulated time") == pytest.approx(figure(plain, "simulated time") + SLOT_MAPPING_COMPILE_S,
+                                                            abs=2e-3)   # its first decode step compiles
+    for other in (["--model", "Llama-3.1-8B", "--gpu", "h100", "--cost-table", "roofline"],
+                  ["--model", "Llama-3.1-8B", "--gpu", "h200", "--cost-table", "tables/Llama-3.1-8B_H200.csv"]):
         assert main(["replay", *other, spec, "--quiet", "--first-use-compiles"]) == 2
         err = capsys.readouterr().err
         assert "first_use_compiles" in err and len(err.strip().splitlines()) == 1

@@ -216,10 +216,11 @@ def add_step_time_args(p: argparse.ArgumentParser) -> None:
                    help="use --cost-table's times although it was measured for another model, GPU, TP, KV "
                         "dtype or weight format (otherwise an error)")
     g.add_argument("--first-use-compiles", action="store_true",
-                   help="a freshly started vLLM engine: gpt-oss (MXFP4 MoE) on real vLLM's table pays its MoE "
-                        "routing's first-use Triton compiles, 0.73 s at each eager step whose token count, "
-                        "rounded up to 32, the engine has not run (measured on an H100; an error with another "
-                        "clock or model)")
+                   help="a freshly started vLLM engine, on real vLLM's table: its first steps pay the Triton "
+                        "compiles of first use (every model: the slot mapping's, 0.14 s at the first step of 1 "
+                        "token and the first of a multiple of 16; gpt-oss, MXFP4 MoE: also its routing's, "
+                        "0.73-1.49 s at each eager step whose token count, rounded up to 32, the engine has not run; "
+                        "measured on an H100; an error with another clock)")
     g.add_argument("--bandwidth-efficiency", type=fraction, default=1.0, metavar="FRACTION",
                    help="roofline: the share of the GPU's datasheet memory bandwidth a step reaches "
                         "(default 1.0; (0, 1])")
