@@ -263,6 +263,10 @@ def carried_setup(setup, engine: str, source_gpu: str):
                                        setup.gpu, kv_dtype=kv))
 
 
+# a clock from any table (``file:tables/mine.csv``: one a user made with kvsim profile --engine vllm)
+FILE_CLOCK = "file:"
+
+
 def clock_table(engine: str, clock: str, gpu: str) -> str | None:
     """build_engine's cost_table for a clock: the roofline by name, kvsim's default (None: the
     shipped real-vLLM table that fits the engine, else the roofline), or a table."""
@@ -270,6 +274,8 @@ def clock_table(engine: str, clock: str, gpu: str) -> str | None:
         return "roofline"       # replaced by the carried table (carried())
     if clock in ("roofline", "datasheet", "default"):
         return None if clock == "default" else "roofline"
+    if clock.startswith(FILE_CLOCK):
+        return clock.removeprefix(FILE_CLOCK)
     return str(TABLE) if clock == "table" else str(grid_table(engine, clock, gpu))
 
 
@@ -307,7 +313,10 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gpu", choices=sorted(GPUS), default="H200", help="whose runs (default H200)")
     ap.add_argument("--engines", nargs="*", help="default: every engine measured on --gpu")
-    ap.add_argument("--clocks", default="roofline,table")
+    ap.add_argument("--clocks", default="roofline,table",
+                    help="comma-separated: default, roofline, datasheet, table, vllm-grid, vllm-fine, "
+                         "carried-h100, carried-h200, or file:PATH (a cost table of your own, such as "
+                         "kvsim profile --engine vllm writes; its model and GPU must match the engine's)")
     ap.add_argument("--csv", help="write every point's figures here")
     ap.add_argument("--traces", action="store_true",
                     help="also the Azure trace excerpt of each engine, at its arrival times (held out); the "
@@ -319,8 +328,8 @@ def main(argv: list[str] | None = None) -> int:
                          "is replayed whole")
     ap.add_argument("--first-use-compiles", action="store_true",
                     help="each replay pays the first-use compiles its clock prices (kvsim --first-use-compiles: "
-                         "gpt-oss on real vLLM's table), its engine starting with what the measured engine had "
-                         "run before the workload")
+                         "real vLLM's table), its engine starting with what the measured engine had run before "
+                         "the workload")
     ap.add_argument("--seeds", type=int, default=1,
                     help="kvsim's figures as the mean over engine seeds 0 .. N-1 (a burst at an idle engine is "
                          "split by a seeded draw; default 1: seed 0)")
@@ -328,6 +337,9 @@ def main(argv: list[str] | None = None) -> int:
     if a.seeds < 1:
         ap.error(f"--seeds must be >= 1, got {a.seeds}")
     clocks = [c for c in a.clocks.split(",") if c]
+    for clock in clocks:
+        if clock.startswith(FILE_CLOCK) and not Path(clock.removeprefix(FILE_CLOCK)).is_file():
+            ap.error(f"--clocks {clock}: no such file")
     results = GPUS[a.gpu][0]
     a.engines = a.engines or [e for b in ENGINES for e in (b, *(b + k for k in RUN_KINDS))
                               if (results / e / "meta.json").exists()]

@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from bench.vllm_compare import GPUS, RESULTS, _simulated, main, measured, simulated
+from bench.vllm_compare import GPUS, RESULTS, ROOT, _simulated, main, measured, simulated
 
 
 def test_measured_figures_are_vllm_bench_serves(tmp_path):
@@ -242,3 +242,21 @@ def test_first_use_compiles_start_each_replay_from_what_its_engine_had_run(tmp_p
     rows = {name: {r["point"]: float(r["default_mean_ttft_ms"]) for r in csv.DictReader(path.open())}
             for name, path in (("plain", plain), ("first_use", first_use))}
     assert rows["first_use"]["cl-1024-128-c16"] > rows["plain"]["cl-1024-128-c16"] + 100
+
+
+def test_a_table_of_ones_own_is_a_clock(tmp_path, capsys):
+    """``--clocks file:PATH``: the table ``kvsim profile --engine vllm`` made on an H100 (shipped
+    beside the runs) prices the held-out H100 points; a path that is not there is a usage error."""
+    table = "bench/results/vllm_h100/profile/llama8b-bf16_H100.csv"
+    if not (ROOT / table).exists():
+        pytest.skip("no measured runs here")
+    out = tmp_path / "points.csv"
+    assert main(["--gpu", "H100", "--engines", "llama8b-bf16", "--clocks", f"default,file:{ROOT / table}",
+                 "--csv", str(out)]) == 0
+    rows = list(csv.DictReader(out.open()))
+    assert len(rows) == 11
+    errs = [float(r[f"file:{ROOT / table}_median_tpot_ms_err"]) for r in rows]
+    assert all(math.isfinite(e) for e in errs) and errs != [float(r["default_median_tpot_ms_err"]) for r in rows]
+    with pytest.raises(SystemExit) as err:
+        main(["--gpu", "H100", "--engines", "llama8b-bf16", "--clocks", "file:/nonexistent.csv"])
+    assert err.value.code == 2 and "no such file" in capsys.readouterr().err
