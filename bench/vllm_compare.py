@@ -168,37 +168,49 @@ def trace_requests(folder: Path) -> list:
 
 def simulated(engine: str, spec: dict, meta: dict, clock: str, requests: list | None = None,
               gpu: str = "H200", seeds: int = 1, keep: set[int] | None = None,
-              ran: list[int] | None = None) -> dict:
+              ran: list[int] | None = None, compiled: list[set] | None = None) -> dict:
     """kvsim's metrics of one point under one clock: with ``seeds`` > 1 the mean of each over the
     engine seeds 0 .. seeds - 1 (a measured table splits a burst at an idle engine by a seeded
     draw, so a closed loop's start is a draw; the workload stays the same); ``keep``: over these
-    requests only (by index; the whole loop is simulated)."""
-    runs = [_simulated(engine, spec, meta, clock, requests, gpu, seed, keep, ran) for seed in range(seeds)]
+    requests only (by index; the whole loop is simulated). ``ran``, ``compiled``: first-use
+    compiles priced, the engine starting with the keys of these token counts and, per seed, these
+    keys (kvsim's own replays of the engine's earlier workloads); ``compiled`` is updated with what
+    each seed's replay compiled."""
+    runs = [_simulated(engine, spec, meta, clock, requests, gpu, seed, keep, ran,
+                       compiled[seed] if compiled is not None else None) for seed in range(seeds)]
     return {k: (float(np.mean([r[k] for r in runs])) if k != "completed" else runs[0][k]) for k in runs[0]}
 
 
-def ran_before(folder: Path) -> list[int]:
+def engine_order(folder: Path) -> list[str]:
+    """An engine's workloads in the order it served them (meta.json's start times)."""
+    meta = json.loads((folder / "meta.json").read_text())
+    return [name for name, _ in sorted(meta["workloads"].items(), key=lambda kv: kv[1]["t0_monotonic"])]
+
+
+def ran_before(folder: Path, replayed: set[str] = frozenset()) -> list[int]:
     """The token counts of every step its engine ran before this workload (the earlier workloads'
-    steps.csv, meta.json's order): what the engine had compiled by then (simulator.first_use)."""
-    meta = json.loads((folder.parent / "meta.json").read_text())
-    start = meta["workloads"][folder.name]["t0_monotonic"]
+    steps.csv, meta.json's order): what the engine had compiled by then (simulator.first_use);
+    ``replayed``: leave out these workloads (kvsim replayed them: its own keys stand in)."""
+    order = engine_order(folder.parent)
     out = []
-    for name, w in meta["workloads"].items():
-        if w["t0_monotonic"] < start and (folder.parent / name / "steps.csv").exists():
+    for name in order[:order.index(folder.name)]:
+        if name not in replayed and (folder.parent / name / "steps.csv").exists():
             with open(folder.parent / name / "steps.csv") as f:
                 out += [int(r["num_scheduled_tokens"]) for r in csv.DictReader(f)]
     return out
 
 
 def _simulated(engine: str, spec: dict, meta: dict, clock: str, requests: list | None, gpu: str,
-               seed: int, keep: set[int] | None = None, ran: list[int] | None = None) -> dict:
+               seed: int, keep: set[int] | None = None, ran: list[int] | None = None,
+               compiled: set | None = None) -> dict:
     from kvsim import workloads
-    from kvsim.simulator import simulate
+    from kvsim.simulator.engine import Simulation
     from kvsim.simulator.serve_metrics import serve_metrics
 
     setup = None
     if ran is not None:   # --first-use-compiles where the clock prices them (kvsim --first-use-compiles)
         from kvsim.errors import InputError
+        from kvsim.simulator.first_use import FirstUseCompiles
 
         try:
             fresh = engine_setup(engine, meta, clock, gpu, first_use_compiles=True)
@@ -206,7 +218,8 @@ def _simulated(engine: str, spec: dict, meta: dict, clock: str, requests: list |
             pass                # another model's table, or the roofline: none priced
         else:                   # the engine as it was, with what its earlier workloads compiled
             cost = copy.copy(fresh.cost)
-            cost.first_use_compiles = cost.first_use_compiles.having_run(ran)
+            before = cost.first_use_compiles.having_run(ran)
+            cost.first_use_compiles = FirstUseCompiles(before.rules, before.compiled | (compiled or set()))
             setup = replace(fresh, cost=cost)
     if setup is None:
         setup = engine_setup(engine, meta, clock, gpu)
@@ -217,7 +230,10 @@ def _simulated(engine: str, spec: dict, meta: dict, clock: str, requests: list |
         limit = w.max_concurrency
     else:                  # a trace excerpt at its arrival times
         w, limit = requests, None
-    res = simulate(iter(w), setup.config, setup.cost, max_concurrency=limit, record_token_times=True, seed=seed)
+    sim = Simulation(iter(w), setup.config, setup.cost, max_concurrency=limit, record_token_times=True, seed=seed)
+    res = sim.run()
+    if compiled is not None:     # what this replay's engine compiled, for the next workload's
+        compiled.update(*(rep.compiled or () for rep in sim.replicas))
     if keep is not None:
         res.requests = res.requests[res.requests["request_id"].isin(keep)]
     m = serve_metrics(res.requests, res.token_times, percentiles=[50])
@@ -328,8 +344,9 @@ def main(argv: list[str] | None = None) -> int:
                          "is replayed whole")
     ap.add_argument("--first-use-compiles", action="store_true",
                     help="each replay pays the first-use compiles its clock prices (kvsim --first-use-compiles: "
-                         "real vLLM's table), its engine starting with what the measured engine had run before "
-                         "the workload")
+                         "real vLLM's table), in the engine's order, its engine starting with what kvsim's replays "
+                         "of the earlier workloads compiled and the keys of the measured steps of those it does "
+                         "not replay (the grid)")
     ap.add_argument("--seeds", type=int, default=1,
                     help="kvsim's figures as the mean over engine seeds 0 .. N-1 (a burst at an idle engine is "
                          "split by a seeded draw; default 1: seed 0)")
@@ -353,6 +370,13 @@ def main(argv: list[str] | None = None) -> int:
                          if p.name != WARMUP), key=lambda p: point_key(p.name))
         if a.traces:
             points += [folder / t for t in ("azure-conv", "azure-conv" + AGAIN) if (folder / t).is_dir()]
+        # --first-use-compiles: the workloads in the engine's order, each replay's engine starting
+        # with what kvsim's replays of the earlier ones compiled (per clock and seed), and the
+        # measured token counts of those kvsim does not replay (the grid)
+        replayed, chains = set(), {}
+        if a.first_use_compiles:
+            order = engine_order(folder)
+            points.sort(key=lambda p: order.index(p.name))
         for point in points:
             spec = json.loads((point / "workload.json").read_text())
             reqs = trace_requests(point) if spec["kind"] == "trace" else None
@@ -373,12 +397,16 @@ def main(argv: list[str] | None = None) -> int:
                 if clock.startswith("carried-") and not any(
                         grid_table(engine, c, source).exists() for c in ("vllm-fine", "vllm-grid")):
                     continue        # no table of that GPU to carry (Llama-3.1-70B: the H200's alone)
-                sim = simulated(engine, spec, meta, clock, reqs, a.gpu, a.seeds, keep,
-                                ran_before(point) if a.first_use_compiles else None)
+                ran = chain = None
+                if a.first_use_compiles:
+                    ran = ran_before(point, replayed)
+                    chain = chains.setdefault(clock, [set() for _ in range(a.seeds)])
+                sim = simulated(engine, spec, meta, clock, reqs, a.gpu, a.seeds, keep, ran, chain)
                 assert sim["completed"] == real["completed"], (engine, point.name, clock)
                 for k in METRICS:
                     row[f"{clock}_{k}"] = sim[k]
                     row[f"{clock}_{k}_err"] = (sim[k] - real[k]) / real[k]
+            replayed.add(point.name)
             row["fitted"] = str(point.relative_to(ROOT)) in fitted
             rows.append(row)
             print(f"{engine:<14} {point.name:<18} " + "  ".join(

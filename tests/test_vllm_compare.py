@@ -227,21 +227,26 @@ def test_stall_free_runs_on_the_committed_runs_and_leaves_out_gpt_oss_compiles(t
 
 
 def test_first_use_compiles_start_each_replay_from_what_its_engine_had_run(tmp_path):
-    """--first-use-compiles: a gpt-oss replay pays the routing's first-use compiles, its engine
-    starting with the keys of every step the measured engine ran before the workload: the fresh
-    engine's first loop pays (kvsim slower than without), its second serving of the same loop
-    starts with those keys."""
-    from bench.vllm_compare import ran_before
+    """--first-use-compiles: a gpt-oss replay pays the first-use compiles, the workloads in the
+    engine's order, each replay's engine starting with the keys kvsim's replays of the earlier
+    ones compiled (and the measured steps' of those it does not replay): the fresh engine's first
+    loop pays (kvsim slower than without); its second serving of a loop, whose schedule kvsim
+    repeats, pays nothing."""
+    from bench.vllm_compare import engine_order, ran_before
 
     point = RESULTS.parent / "vllm_h100" / "gpt-oss-20b-jit" / "cl-1024-128-c16"
     assert ran_before(point) == []                        # the engine's first workload
-    assert len(ran_before(point.parent / "cl-1024-128-c16-again")) > 500
+    again = point.parent / "cl-1024-128-c16-again"
+    order = engine_order(point.parent)
+    assert len(ran_before(again)) > 500 and ran_before(again, set(order)) == []
     plain, first_use = tmp_path / "plain.csv", tmp_path / "first_use.csv"
     argv = ["--gpu", "H100", "--engines", "gpt-oss-20b-jit", "--clocks", "default"]
     assert main([*argv, "--csv", str(plain)]) == 0 and main([*argv, "--first-use-compiles", "--csv", str(first_use)]) == 0
     rows = {name: {r["point"]: float(r["default_mean_ttft_ms"]) for r in csv.DictReader(path.open())}
             for name, path in (("plain", plain), ("first_use", first_use))}
     assert rows["first_use"]["cl-1024-128-c16"] > rows["plain"]["cl-1024-128-c16"] + 100
+    for point in (p for p in rows["plain"] if p.endswith("-again")):
+        assert rows["first_use"][point] == rows["plain"][point], point
 
 
 def test_a_table_of_ones_own_is_a_clock(tmp_path, capsys):
