@@ -142,9 +142,9 @@ def sample_case(name: str, interval_s: float = 0.0002, top: int = 40) -> None:
         print(f"{100 * n / total:6.1f} | {100 * on_top[key] / total:5.1f} | {where}:{key[1]}")
 
 
-def _run_child(python: str, name: str) -> dict | str:
+def _run_child(python: str, name: str, mode: str = "sync") -> dict | str:
     """One case in its own process under ``python``: its row, or the error text."""
-    out = subprocess.run([python, __file__, "--one", name], capture_output=True, text=True)
+    out = subprocess.run([python, __file__, "--one", name, "--mode", mode], capture_output=True, text=True)
     if out.returncode:
         return out.stderr[-2000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -159,28 +159,30 @@ def _machine_line() -> str:
 _TIMINGS = ("wall_s", "cpu_s", "requests_per_wall_s", "peak_rss_mib", "kvsim_root")
 
 
-def compare_against(other_python: str, names: list[str], rounds: int) -> int:
-    """Run every case alternately under the other Python and this one, ``rounds`` times."""
-    runs: dict[str, dict[str, list]] = {n: {"old": [], "new": []} for n in names}
+def compare_against(other_python: str, names: list[str], rounds: int, modes: tuple = ("sync",)) -> int:
+    """Run every case in every mode alternately under the other Python and this one, ``rounds``
+    times."""
+    cases = [(n, m) for n in names for m in modes]
+    runs: dict[tuple, dict[str, list]] = {c: {"old": [], "new": []} for c in cases}
     for r in range(rounds):
-        for name in names:
+        for name, mode in cases:
             for side, python in (("old", other_python), ("new", sys.executable)):
-                row = _run_child(python, name)
+                row = _run_child(python, name, mode)
                 if isinstance(row, str):
-                    print(f"{name} ({side}): failed\n{row}")
+                    print(f"{name} {mode} ({side}): failed\n{row}")
                     return 1
-                runs[name][side].append(row)
-                print(json.dumps({"round": r, "side": side, **row}), flush=True)
+                runs[name, mode][side].append(row)
+                print(json.dumps({"round": r, "side": side, "mode": mode, **row}), flush=True)
     print("\n" + _machine_line())
-    print("| case | old CPU s | new CPU s | old / new (min) | old peak RSS MiB | new peak RSS MiB "
+    print("| case | mode | old CPU s | new CPU s | old / new (min) | old peak RSS MiB | new peak RSS MiB "
           "| summaries equal |")
-    print("| --- | --- | --- | ---: | ---: | ---: | --- |")
-    for name in names:
-        old, new = runs[name]["old"], runs[name]["new"]
+    print("| --- | --- | --- | --- | ---: | ---: | ---: | --- |")
+    for name, mode in cases:
+        old, new = runs[name, mode]["old"], runs[name, mode]["new"]
         same = all({k: v for k, v in o.items() if k not in _TIMINGS} ==
                    {k: v for k, v in n.items() if k not in _TIMINGS} for o, n in zip(old, new))
         old_cpu, new_cpu = [o["cpu_s"] for o in old], [n["cpu_s"] for n in new]
-        print(f"| {name} | {', '.join(f'{c:.2f}' for c in old_cpu)} | "
+        print(f"| {name} | {mode} | {', '.join(f'{c:.2f}' for c in old_cpu)} | "
               f"{', '.join(f'{c:.2f}' for c in new_cpu)} | {min(old_cpu) / min(new_cpu):.2f}x | "
               f"{max(o['peak_rss_mib'] for o in old):.0f} | "
               f"{max(n['peak_rss_mib'] for n in new):.0f} | {'yes' if same else 'NO'} |")
@@ -232,7 +234,7 @@ def main() -> int:
         if name not in CASES:
             ap.error(f"unknown case {name!r}; choose from {', '.join(CASES)}")
     if args.against:
-        return compare_against(args.against, [n for n in names if not _absent(n)], args.rounds)
+        return compare_against(args.against, [n for n in names if not _absent(n)], args.rounds, tuple(modes))
     rows = {}
     for _round in range(args.repeat):
         for name in names:
