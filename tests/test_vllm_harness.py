@@ -164,3 +164,26 @@ def test_the_host_is_recorded_with_a_speed_probe_that_measures(monkeypatch):
         monkeypatch.setattr(harness.time, "perf_counter", lambda: seconds * next(ticks))
         return harness.cpu_probe_ms(rounds=3, n=10)
     assert probe_with_loops_of(0.010) == 10.0 and probe_with_loops_of(0.020) == 20.0
+
+
+def test_tritons_post_compile_hook_is_a_second_witness(tmp_path, monkeypatch):
+    """The probe chains a hook onto Triton's jit_post_compile_hook (keeping one set before it):
+    each compile's end leaves a ``jit_hook`` line; the harness lists a workload's in jit_hooks.csv
+    order with times from its start. No such knob: nothing chained."""
+    import json
+
+    spec = importlib.util.spec_from_file_location("vllm_probe2", ROOT / "bench" / "vllm_gpu" / "kvsim_vllm_probe.py")
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    log = tmp_path / "steps.raw.jsonl"
+    monkeypatch.setenv("KVSIM_STEP_LOG", str(log))
+    seen = []
+    knobs = SimpleNamespace(runtime=SimpleNamespace(jit_post_compile_hook=lambda **kw: seen.append(kw["key"])))
+    assert probe.witness_compiles(knobs) and not probe.witness_compiles(SimpleNamespace())
+    knobs.runtime.jit_post_compile_hook(fn=SimpleNamespace(name="fused_moe_kernel"), key="k1")
+    assert seen == ["k1"]                                   # the hook set before still runs
+    probe._state["file"].flush()
+    (line,) = [json.loads(x) for x in log.read_text().splitlines()]
+    assert line["jit_hook"] == "fused_moe_kernel"
+    rows = harness.jit_hook_rows([line, {"jit_hook": "early", "t": line["t"] - 10}], line["t"] - 1, line["t"] + 1)
+    assert [(r["kernel"], round(r["t_s"], 6)) for r in rows] == [("fused_moe_kernel", 1.0)]

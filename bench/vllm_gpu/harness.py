@@ -24,6 +24,7 @@ What a run leaves under ``--out``:
   (``kvsim_vllm_probe``), kvsim's StepBatch fields and ``step_s`` (``jit_s``: the Triton JIT
   compiles within it); ``<workload>/jit.csv``: every Triton JIT compile of the engine core while
   the workload ran (kernel, start, end, specialisation key, the kernel's argument names in order);
+  ``<workload>/jit_hooks.csv``: each compile's end as Triton's post-compile hook saw it (kernel, t_s);
 * ``gpu.csv``: the SM clock and power draw every 500 ms (nvidia-smi), ``vllm.log``.
 
 Plan entries (``plan.json``: a list), each with a unique ``name``:
@@ -214,6 +215,13 @@ def jit_rows(lines: list[dict], t0: float, t1: float) -> list[dict]:
     return [{"kernel": j["jit"], "t0_s": j["t0"] - t0, "t1_s": j["t1"] - t0, "key": j["key"],
              "arg_names": j.get("args", "")}
             for j in sorted((j for j in lines if "jit" in j), key=lambda j: j["t0"]) if t0 <= j["t0"] <= t1]
+
+
+def jit_hook_rows(lines: list[dict], t0: float, t1: float) -> list[dict]:
+    """Triton's post-compile hook's witnesses (the probe's ``jit_hook`` lines) in [t0, t1], times
+    from ``t0``: each compile's end, also of a kernel the ``_do_compile`` wrapper did not time."""
+    return [{"kernel": j["jit_hook"], "t_s": j["t"] - t0}
+            for j in sorted((j for j in lines if "jit_hook" in j), key=lambda j: j["t"]) if t0 <= j["t"] <= t1]
 
 
 def cpu_probe_ms(rounds: int = 5, n: int = 200_000) -> float:
@@ -440,6 +448,8 @@ def finish(out: Path) -> None:
         rows = step_rows(lines, w["t0_monotonic"], w["t1_monotonic"])
         write_csv(out / name / "steps.csv", rows, STEP_COLUMNS)
         write_csv(out / name / "jit.csv", jit_rows(lines, w["t0_monotonic"], w["t1_monotonic"]), JIT_COLUMNS)
+        write_csv(out / name / "jit_hooks.csv", jit_hook_rows(lines, w["t0_monotonic"], w["t1_monotonic"]),
+                  ("kernel", "t_s"))
         w["num_steps"] = len(rows)
     try:
         import torch

@@ -24,6 +24,8 @@ Every Triton JIT compile in the engine core (``JITFunction._do_compile``: a kern
 with a new specialisation, e.g. an integer argument that is newly 1 or a multiple of 16, or a new
 constexpr) leaves ``{"jit": kernel, "t0": .., "t1": .., "key": ..}``: its start and end, and its
 specialisation key (cut to KEY_CHARS). vLLM's own JIT monitor logs only each kernel's first.
+Triton's post-compile hook leaves ``{"jit_hook": kernel, "t": ..}`` at each compile's end too (a
+second witness: the harness's ``jit_hooks.csv``).
 """
 from __future__ import annotations
 
@@ -89,6 +91,26 @@ def time_compiles(jit_function) -> bool:
     return True
 
 
+def witness_compiles(knobs) -> bool:
+    """Chain a hook onto Triton's ``knobs.runtime.jit_post_compile_hook`` (the hook vLLM's JIT
+    monitor uses) that leaves ``{"jit_hook": kernel, "t": ..}`` at each compile's end: a second
+    witness beside the ``_do_compile`` wrapper (vLLM logged Qwen3-30B-A3B's ``fused_moe_kernel``
+    compiling in fresh engines where the wrapper timed none). False where there is no such knob."""
+    runtime = getattr(knobs, "runtime", None)
+    if runtime is None or not hasattr(runtime, "jit_post_compile_hook"):
+        return False
+    existing = runtime.jit_post_compile_hook
+
+    def hook(**kwargs):
+        fn = kwargs.get("fn")
+        name = getattr(fn, "name", None) or getattr(getattr(fn, "fn", None), "__qualname__", "?")
+        _out().write(json.dumps({"jit_hook": name, "t": time.monotonic()}, separators=(",", ":")) + "\n")
+        return existing(**kwargs) if existing is not None else None
+
+    runtime.jit_post_compile_hook = hook
+    return True
+
+
 def register() -> None:
     """The entry point: patch the scheduler (and Triton's compiles) once per process, when logging
     is asked for."""
@@ -102,6 +124,12 @@ def register() -> None:
         pass
     else:
         time_compiles(JITFunction)
+        try:
+            from triton import knobs
+        except ImportError:     # an older Triton: the wrapper alone
+            pass
+        else:
+            witness_compiles(knobs)
 
     if getattr(Scheduler, "_kvsim_probe", False):
         return
