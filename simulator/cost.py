@@ -235,20 +235,33 @@ class TableCost:
         return base * num_steps + grow
 
 
-class ScaledCost:
-    """Step times of another cost model multiplied by ``scale`` (sensitivity checks)."""
+class WrappedCost:
+    """A cost model that changes another's step times (``inner``) and keeps what the engine asks
+    of it beside them: whether it prices a step's longest context, the step that starts an idle
+    engine (``idle_start_s`` after ``idle_start_min_wait_s`` idle), a request's way in and out
+    (``frontend_s``: CPU and IPC, not steps), how a burst meets an idle engine (``first_step``)
+    and a fresh engine's compiles (``first_use_compiles``)."""
+
+    def __init__(self, inner: CostModel):
+        self.inner = inner
+        self.uses_max_context_tokens = uses_max_context_tokens(inner)
+        self.idle_start_s = getattr(inner, "idle_start_s", 0.0)
+        self.idle_start_min_wait_s = getattr(inner, "idle_start_min_wait_s", 0.0)
+        self.frontend_s = getattr(inner, "frontend_s", (0.0, 0.0, 0.0))
+        self.first_step = getattr(inner, "first_step", None)
+        self.first_use_compiles = getattr(inner, "first_use_compiles", None)
+
+
+class ScaledCost(WrappedCost):
+    """Step times of another cost model multiplied by ``scale`` (sensitivity checks); the idle
+    start is a step's and scales, a wait and the way in and out do not."""
 
     def __init__(self, inner: CostModel, scale: float):
         if not (scale > 0 and math.isfinite(scale)):
             raise InputError(f"step_time_scale must be a positive finite number, got {scale}")
-        self.inner = inner
+        super().__init__(inner)
         self.scale = float(scale)
-        self.uses_max_context_tokens = uses_max_context_tokens(inner)
-        self.idle_start_s = self.scale * getattr(inner, "idle_start_s", 0.0)
-        self.idle_start_min_wait_s = getattr(inner, "idle_start_min_wait_s", 0.0)   # a wait, not a step
-        self.frontend_s = getattr(inner, "frontend_s", (0.0, 0.0, 0.0))   # not steps: not scaled
-        self.first_step = getattr(inner, "first_step", None)   # how a burst meets an idle engine
-        self.first_use_compiles = getattr(inner, "first_use_compiles", None)   # a fresh engine's
+        self.idle_start_s = self.scale * self.idle_start_s
 
     def step_time_s(self, batch: StepBatch) -> float:
         return self.scale * self.inner.step_time_s(batch)
@@ -260,7 +273,7 @@ class ScaledCost:
         return self.scale * self.inner.run_time_s(batch, num_steps)
 
 
-class SyncCost:
+class SyncCost(WrappedCost):
     """A table measured with async scheduling on, run with it off (vLLM's synchronous
     ``EngineCore.step``): every step also pays ``cpu_s`` plus ``cpu_per_seq_s`` for each request
     in it, the CPU work (input preparation, the output's processing and its hand-off to the
@@ -268,13 +281,8 @@ class SyncCost:
     ``source`` says where they were measured."""
 
     def __init__(self, inner: CostModel, cpu_s: float, cpu_per_seq_s: float, source: str):
-        self.inner, self.cpu_s, self.cpu_per_seq_s, self.source = inner, float(cpu_s), float(cpu_per_seq_s), source
-        self.uses_max_context_tokens = uses_max_context_tokens(inner)
-        self.idle_start_s = getattr(inner, "idle_start_s", 0.0)
-        self.idle_start_min_wait_s = getattr(inner, "idle_start_min_wait_s", 0.0)
-        self.frontend_s = getattr(inner, "frontend_s", (0.0, 0.0, 0.0))
-        self.first_step = getattr(inner, "first_step", None)   # how a burst meets an idle engine
-        self.first_use_compiles = getattr(inner, "first_use_compiles", None)   # a fresh engine's
+        super().__init__(inner)
+        self.cpu_s, self.cpu_per_seq_s, self.source = float(cpu_s), float(cpu_per_seq_s), source
 
     def _cpu(self, batch: StepBatch) -> float:
         return self.cpu_s + self.cpu_per_seq_s * batch.num_seqs
@@ -292,7 +300,7 @@ class SyncCost:
                 f"({self.source})")
 
 
-class CarriedCost:
+class CarriedCost(WrappedCost):
     """``inner`` (measured on one GPU) carried to another: a step costs ``inner``'s time times
     ``target``'s over ``source``'s for the same batch (two models of the step on the two GPUs,
     e.g. rooflines: memory-bound steps move with the bandwidths, compute-bound ones with the peaks,
@@ -301,13 +309,8 @@ class CarriedCost:
     prefixes consistent). ``note`` ends the clock line (what was carried, from where to where)."""
 
     def __init__(self, inner: CostModel, source: CostModel, target: CostModel, note: str):
-        self.inner, self.source, self.target, self.note = inner, source, target, note
-        self.uses_max_context_tokens = uses_max_context_tokens(inner)
-        self.idle_start_s = getattr(inner, "idle_start_s", 0.0)
-        self.idle_start_min_wait_s = getattr(inner, "idle_start_min_wait_s", 0.0)
-        self.frontend_s = getattr(inner, "frontend_s", (0.0, 0.0, 0.0))   # CPU and IPC, not the GPU
-        self.first_step = getattr(inner, "first_step", None)   # how a burst meets an idle engine
-        self.first_use_compiles = getattr(inner, "first_use_compiles", None)   # a fresh engine's
+        super().__init__(inner)
+        self.source, self.target, self.note = source, target, note
 
     def _ratio(self, batch: StepBatch) -> float:
         src = self.source.step_time_s(batch)
