@@ -62,7 +62,7 @@ ENGINES = {
 # without or with a warm-up, or timing each Triton compile: -jit, then in a second engine that
 # finds them in Triton's disk cache: -cached) and its held-out closed loops served again in a
 # fresh engine (plans.py --rounds); a longer suffix before the one it ends with
-RUN_KINDS = ("-idle", "-twice", "-warm", "-burst", "-noasync-wave", "-wave", "-noasync", "-rerun2", "-rerun", "-jit",
+RUN_KINDS = ("-idle", "-twice", "-warm", "-burst", "-noasync-wave", "-wave", "-noasync", "-rerun2", "-rerun3", "-rerun", "-jit",
              "-cached")
 
 

@@ -17,13 +17,14 @@ needs it, inside that step. Two of vLLM 0.23.0's kernels compile in the steps of
 
 The rules predict every compile of these kernels in the fresh engines measured (tests/
 test_first_use.py reads them): the routing's 47 of gpt-oss-20b-jit, -cached and gpt-oss-120b-jit,
-and the slot mapping's of gpt-oss-20b-jit, gpt-oss-120b-jit and both Qwen3-30B-A3B reruns. Not modelled: the
+and the slot mapping's of gpt-oss-20b-jit, gpt-oss-120b-jit and three Qwen3-30B-A3B reruns. Not modelled: the
 expert matmuls' own compiles (gpt-oss: two kernels of 0.8-1.7 s at the first eager steps with
 decodes beside prompts, and again later on gpt-oss-120b), a compile Triton finds in its disk cache
 (a second engine on the same machine: gpt-oss-20b-cached's slot mapping), and any kernel another
-vLLM version or GPU may add; nor Qwen3-30B-A3B's ``fused_moe_kernel`` (vLLM logs its compile
-during inference in both fresh engines; the probe timed none: its first eager step took 0.3-0.6 s
-beyond its price and slot-mapping compile). The H100's seconds carry to the other GPUs (compile
+vLLM version or GPU may add; nor what else a fresh Qwen3-30B-A3B engine's first eager step pays
+(0.3-0.6 s beyond its price and the slot mapping's compiles, no Triton compile among it: the
+harness's warm-up had compiled the ``fused_moe_kernel`` keys vLLM's monitor reports, as
+qwen3-30b-a3b-rerun3's probe log shows). The H100's seconds carry to the other GPUs (compile
 time is CPU work, not the GPU's): extrapolated.
 """
 from __future__ import annotations
@@ -34,9 +35,9 @@ from __future__ import annotations
 # against 32). Another MXFP4 MoE model takes gpt-oss-20b's, extrapolated.
 ROUTING_COMPILE_S = {"gpt-oss-20b": 0.725, "gpt-oss-120b": 1.493}
 ROUTING_MEASURED_ON = "H100"
-# seconds a new slot-mapping key costs: the mean of its 8 compiles in the four fresh engines
-# gpt-oss-20b-jit, gpt-oss-120b-jit, qwen3-30b-a3b-rerun and -rerun2 (H100, 2026-12-07)
-SLOT_MAPPING_COMPILE_S = 0.1445
+# seconds a new slot-mapping key costs: the mean of its 10 compiles in the five fresh engines
+# gpt-oss-20b-jit, gpt-oss-120b-jit, qwen3-30b-a3b-rerun, -rerun2 and -rerun3 (H100, 2026-12-07)
+SLOT_MAPPING_COMPILE_S = 0.1425
 SLOT_MAPPING_MEASURED_ON = "gpt-oss-20b, gpt-oss-120b and Qwen3-30B-A3B, H100"
 
 
