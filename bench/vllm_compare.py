@@ -168,16 +168,16 @@ def trace_requests(folder: Path) -> list:
 
 def simulated(engine: str, spec: dict, meta: dict, clock: str, requests: list | None = None,
               gpu: str = "H200", seeds: int = 1, keep: set[int] | None = None,
-              ran: list[int] | None = None, compiled: list[set] | None = None) -> dict:
+              ran: list[int] | None = None, compiled: list[set] | None = None, **extra) -> dict:
     """kvsim's metrics of one point under one clock: with ``seeds`` > 1 the mean of each over the
     engine seeds 0 .. seeds - 1 (a measured table splits a burst at an idle engine by a seeded
     draw, so a closed loop's start is a draw; the workload stays the same); ``keep``: over these
     requests only (by index; the whole loop is simulated). ``ran``, ``compiled``: first-use
     compiles priced, the engine starting with the keys of these token counts and, per seed, these
     keys (kvsim's own replays of the engine's earlier workloads); ``compiled`` is updated with what
-    each seed's replay compiled."""
+    each seed's replay compiled. ``extra``: more of build_engine's settings."""
     runs = [_simulated(engine, spec, meta, clock, requests, gpu, seed, keep, ran,
-                       compiled[seed] if compiled is not None else None) for seed in range(seeds)]
+                       compiled[seed] if compiled is not None else None, **extra) for seed in range(seeds)]
     return {k: (float(np.mean([r[k] for r in runs])) if k != "completed" else runs[0][k]) for k in runs[0]}
 
 
@@ -185,6 +185,28 @@ def engine_order(folder: Path) -> list[str]:
     """An engine's workloads in the order it served them (meta.json's start times)."""
     meta = json.loads((folder / "meta.json").read_text())
     return [name for name, _ in sorted(meta["workloads"].items(), key=lambda kv: kv[1]["t0_monotonic"])]
+
+
+def own_launch_s(folder: Path) -> float | None:
+    """An engine's own launch of a step on no CUDA graph (``--own-launch``): the median gap between
+    such a step's scheduling and the next step's (async scheduling launches the next one as soon as
+    this one is launched; the probe's ``t_sched_s``) over its steps of more tokens than its largest
+    graph and at most 4,096 (larger ones carry more sequences' CPU work); None for a run from
+    before the probe recorded ``t_sched_s``."""
+    meta = json.loads((folder / "meta.json").read_text())
+    graph = max(meta.get("engine_core", {}).get("cudagraph_capture_sizes") or [512])
+    gaps = []
+    for name in engine_order(folder):
+        steps = folder / name / "steps.csv"
+        if not steps.exists():
+            continue
+        with open(steps) as f:
+            rows = list(csv.DictReader(f))
+        if not rows or "t_sched_s" not in rows[0]:
+            return None
+        gaps += [float(b["t_sched_s"]) - float(a["t_sched_s"]) for a, b in zip(rows, rows[1:])
+                 if graph < int(a["num_scheduled_tokens"]) <= 4096]
+    return float(np.median(gaps)) if gaps else None
 
 
 def ran_before(folder: Path, replayed: set[str] = frozenset()) -> list[int]:
@@ -202,7 +224,7 @@ def ran_before(folder: Path, replayed: set[str] = frozenset()) -> list[int]:
 
 def _simulated(engine: str, spec: dict, meta: dict, clock: str, requests: list | None, gpu: str,
                seed: int, keep: set[int] | None = None, ran: list[int] | None = None,
-               compiled: set | None = None) -> dict:
+               compiled: set | None = None, **extra) -> dict:
     from kvsim import workloads
     from kvsim.simulator.engine import Simulation
     from kvsim.simulator.serve_metrics import serve_metrics
@@ -213,7 +235,7 @@ def _simulated(engine: str, spec: dict, meta: dict, clock: str, requests: list |
         from kvsim.simulator.first_use import FirstUseCompiles
 
         try:
-            fresh = engine_setup(engine, meta, clock, gpu, first_use_compiles=True)
+            fresh = engine_setup(engine, meta, clock, gpu, first_use_compiles=True, **extra)
         except InputError:
             pass                # another model's table, or the roofline: none priced
         else:                   # the engine as it was, with what its earlier workloads compiled
@@ -222,7 +244,7 @@ def _simulated(engine: str, spec: dict, meta: dict, clock: str, requests: list |
             cost.first_use_compiles = FirstUseCompiles(before.rules, before.compiled | (compiled or set()))
             setup = replace(fresh, cost=cost)
     if setup is None:
-        setup = engine_setup(engine, meta, clock, gpu)
+        setup = engine_setup(engine, meta, clock, gpu, **extra)
     if requests is None:   # a closed-loop point
         text = (f"random:isl={spec['isl']},osl={spec['osl']},n={spec['n']},concurrency={spec['concurrency']},"
                 f"seed={spec['seed']}")
@@ -347,6 +369,10 @@ def main(argv: list[str] | None = None) -> int:
                          "real vLLM's table), in the engine's order, its engine starting with what kvsim's replays "
                          "of the earlier workloads compiled and the keys of the measured steps of those it does "
                          "not replay (the grid)")
+    ap.add_argument("--own-launch", action="store_true",
+                    help="a diagnostic, not held out: each engine's eager steps priced at least at that engine's own "
+                         "launch (own_launch_s: measured on the run itself; kvsim --eager-launch-ms), where its "
+                         "steps.csv has t_sched_s")
     ap.add_argument("--seeds", type=int, default=1,
                     help="kvsim's figures as the mean over engine seeds 0 .. N-1 (a burst at an idle engine is "
                          "split by a seeded draw; default 1: seed 0)")
@@ -366,6 +392,11 @@ def main(argv: list[str] | None = None) -> int:
         meta = json.loads((folder / "meta.json").read_text())
         # --stall-free: a stall is priced against the engine's default clock (one setup an engine)
         stall_cost = engine_setup(engine, meta, "default", a.gpu).cost if a.stall_free else None
+        launch = own_launch_s(folder) if a.own_launch else None
+        extra = {"eager_launch_s": launch} if launch is not None else {}
+        if a.own_launch:
+            print(f"{engine}: own eager launch " + (f"{1e3 * launch:.1f} ms" if launch is not None else
+                                                     "not measured (no t_sched_s): none applied"))
         points = sorted((p for pattern in CLOSED_LOOPS for p in folder.glob(pattern + "*")
                          if p.name != WARMUP), key=lambda p: point_key(p.name))
         if a.traces:
@@ -401,7 +432,8 @@ def main(argv: list[str] | None = None) -> int:
                 if a.first_use_compiles:
                     ran = ran_before(point, replayed)
                     chain = chains.setdefault(clock, [set() for _ in range(a.seeds)])
-                sim = simulated(engine, spec, meta, clock, reqs, a.gpu, a.seeds, keep, ran, chain)
+                sim = simulated(engine, spec, meta, clock, reqs, a.gpu, a.seeds, keep, ran, chain,
+                                **(extra if clock_table(engine, clock, a.gpu) != "roofline" else {}))
                 assert sim["completed"] == real["completed"], (engine, point.name, clock)
                 for k in METRICS:
                     row[f"{clock}_{k}"] = sim[k]

@@ -65,6 +65,7 @@ EngineConfig's 8192: a pool given in blocks says nothing about a model).
 from __future__ import annotations
 
 import copy
+import math
 import os
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
@@ -174,6 +175,9 @@ class EngineSettings:
     first_use_compiles: a freshly started engine: on real vLLM's table its steps pay the first-use
         Triton compiles (simulator.first_use: every model's slot mapping, an MXFP4 MoE model's
         routing); an InputError with another clock.
+    eager_launch_s: the host's launch of a step on no CUDA graph (real vLLM's table: more tokens
+        than its largest graph): each such step takes at least this long (EagerLaunchCost); None:
+        as the table's host launched them. An InputError with another clock.
     step_overhead_s, bandwidth_efficiency, flops_efficiency: roofline parameters; flops_efficiency
         None: the share of the datasheet FLOP/s that real vLLM's prefill steps reach for the
         model's weights (planner.roofline.measured_flops_efficiency), 1.0 the datasheet.
@@ -214,6 +218,7 @@ class EngineSettings:
     cost_table: str | os.PathLike | None = None
     force_cost_table: bool = False
     first_use_compiles: bool = False
+    eager_launch_s: float | None = None
     step_overhead_s: float = DEFAULT_STEP_OVERHEAD_S
     bandwidth_efficiency: float = 1.0
     flops_efficiency: float | None = None
@@ -540,12 +545,17 @@ def _step_cost(s: EngineSettings, model: ModelSpec | None, gpu: GpuSpec | None,
         measured_async = "async scheduling True" in getattr(cost, "provenance", {}).get("executor", "")
         if carry_from is not None:
             cost = carried(cost, model, carry_from, gpu, s.tensor_parallel_size, s.kv_cache_dtype)
+        if s.eager_launch_s is not None:     # the host's CPU: not carried with the GPU
+            cost = _with_eager_launch(cost, s.eager_launch_s, s.cost_table)
         if async_scheduling is False and measured_async and hidden is not None:
             cost = SyncCost(cost, *hidden)
     else:
         if s.first_use_compiles:
             raise InputError("first-use compiles are priced on real vLLM's table (kvsim profile --engine vllm), "
                              "not on this run's clock", field="first_use_compiles")
+        if s.eager_launch_s is not None:
+            raise InputError("an eager step's launch is priced on real vLLM's table (its largest CUDA graph), "
+                             "not on this run's clock", field="eager_launch_s")
         flops, source = (s.flops_efficiency, "") if s.flops_efficiency is not None else \
             measured_flops_efficiency(model, gpu)
         # real vLLM's decode shares (bandwidth of weights and KV, time a layer) unless the memory
@@ -595,6 +605,22 @@ def _with_first_use_compiles(cost, table) -> CostModel:
     cost = copy.copy(cost)       # the shipped table's model is shared by every run of the process
     cost.first_use_compiles = FirstUseCompiles(tuple(rules))
     return cost
+
+
+def _with_eager_launch(cost, launch_s: float, table) -> CostModel:
+    """``cost`` on a host whose eager steps launch in ``launch_s`` (simulator.cost.EagerLaunchCost;
+    the largest CUDA graph from real vLLM's table's '# first step:' line); an InputError for a
+    launch that is not a positive number of seconds or a table without that line."""
+    if not (launch_s > 0 and math.isfinite(launch_s)):
+        raise InputError(f"an eager step's launch must be a positive number of seconds, got {launch_s}",
+                         field="eager_launch_s")
+    first_step = getattr(cost, "first_step", None)
+    if first_step is None:
+        raise InputError(f"an eager step's launch needs real vLLM's table with its largest CUDA graph ('# first "
+                         f"step:' line); {table} has none", field="eager_launch_s")
+    from kvsim.simulator.cost import EagerLaunchCost
+
+    return EagerLaunchCost(cost, launch_s, first_step.graph_tokens, "the host's, given")
 
 
 def _weight_method(model: ModelSpec | None) -> str | None:

@@ -326,6 +326,33 @@ class CarriedCost(WrappedCost):
         return f"{clock_source(self.inner)}, {self.note}"
 
 
+class EagerLaunchCost(WrappedCost):
+    """``inner`` on a host whose launch of a step on no CUDA graph (more than ``graph_tokens``
+    tokens: vLLM launches such a step layer by layer from Python) takes ``launch_s``: such a step
+    takes at least that long (a launch-bound step is its launch; a step of more GPU work than
+    that, its GPU time). Under async scheduling vLLM launches the next step as soon as this one
+    is launched, so two eager steps back to back take at least two launches. ``source`` says where
+    the launch time comes from."""
+
+    def __init__(self, inner: CostModel, launch_s: float, graph_tokens: int, source: str):
+        super().__init__(inner)
+        self.launch_s, self.graph_tokens, self.source = float(launch_s), int(graph_tokens), source
+
+    def step_time_s(self, batch: StepBatch) -> float:
+        t = self.inner.step_time_s(batch)
+        return max(t, self.launch_s) if batch.num_scheduled_tokens > self.graph_tokens else t
+
+    def run_time_s(self, batch: StepBatch, num_steps: int) -> float:
+        t = self.inner.run_time_s(batch, num_steps)
+        # a run's steps are alike: all on a graph or all eager (a decode run of more sequences
+        # than the largest graph); each eager one lasts at least the launch
+        return max(t, num_steps * self.launch_s) if batch.num_scheduled_tokens > self.graph_tokens else t
+
+    def describe(self) -> str:
+        return (f"{clock_source(self.inner)}; a step on no CUDA graph (over {self.graph_tokens} tokens) takes at "
+                f"least its launch, {self.launch_s * 1e3:.1f} ms ({self.source})")
+
+
 class StepTimer:
     """Durations in integer nanoseconds for the engine's clock, from a cost model.
 

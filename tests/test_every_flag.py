@@ -48,6 +48,7 @@ BAD = {
     "--cost-table": ("{tmp}/missing.csv", "missing.csv", ()),
     "--bandwidth-efficiency": ("1.5", "--bandwidth-efficiency", ()),
     "--flops-efficiency": ("0", "--flops-efficiency", ()),
+    "--eager-launch-ms": ("0", "--eager-launch-ms", ()),
     "--step-overhead-ms": ("-1", "--step-overhead-ms", ()),
     "--replicas": ("0", "--replicas", ()),
     "--router": ("random", "--router", ()),

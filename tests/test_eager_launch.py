@@ -1,0 +1,77 @@
+"""An eager step's launch (simulator.cost.EagerLaunchCost, kvsim --eager-launch-ms): on a host whose
+launch of a step on no CUDA graph takes L, such a step takes at least L; graph steps and runs keep
+their price; real vLLM's table only; bench/vllm_compare.py reads each engine's own launch from its
+runs' scheduling times."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from kvsim.errors import InputError
+from kvsim.simulator.cost import EagerLaunchCost, FixedStepCost, StepBatch
+
+RUNS = Path(__file__).resolve().parent.parent / "bench" / "results" / "vllm_h100"
+
+
+def _batch(tokens: int, seqs: int = 1) -> StepBatch:
+    return StepBatch(seqs, tokens if seqs == 1 else 0, 0 if seqs == 1 else seqs, tokens, tokens, tokens, tokens)
+
+
+def test_a_step_on_no_graph_takes_at_least_its_launch():
+    cost = EagerLaunchCost(FixedStepCost(0.01), launch_s=0.05, graph_tokens=512, source="given")
+    assert cost.step_time_s(_batch(512)) == 0.01            # on a graph: its price
+    assert cost.step_time_s(_batch(513)) == 0.05            # eager, launch-bound: its launch
+    slow = EagerLaunchCost(FixedStepCost(0.08), launch_s=0.05, graph_tokens=512, source="given")
+    assert slow.step_time_s(_batch(4096)) == 0.08           # more GPU work than the launch: its price
+    assert cost.run_time_s(_batch(600, seqs=600), 3) == pytest.approx(0.15)   # an eager decode run
+    assert cost.run_time_s(_batch(64, seqs=64), 3) == pytest.approx(0.03)
+    assert "at least its launch, 50.0 ms" in cost.describe()
+
+
+def test_build_engine_puts_the_launch_on_real_vllms_table_only():
+    from kvsim.planner.engine_setup import build_engine
+
+    base = dict(model="Qwen3-30B-A3B", gpu="h100")
+    setup = build_engine(**base, eager_launch_s=0.08)
+    assert isinstance(setup.cost, EagerLaunchCost) and setup.cost.graph_tokens == 512
+    assert setup.cost.first_step is not None                # what the engine asks of the table, kept
+    for bad in (dict(cost_table="roofline", eager_launch_s=0.08), dict(eager_launch_s=0.0),
+                dict(eager_launch_s=float("nan"))):
+        with pytest.raises(InputError) as err:
+            build_engine(**base, **bad)
+        assert err.value.field == "eager_launch_s"
+
+
+def test_the_flag_slows_launch_bound_waves_and_says_so(capsys):
+    """Qwen3-30B-A3B on its H100 table, waves of four 1,024-token prompts (eager steps of about 45 ms
+    priced): on an 80 ms host their first tokens come later; the clock line says the launch."""
+    from kvsim.cli import main
+
+    argv = ["replay", "--model", "Qwen3-30B-A3B", "--gpu", "h100", "random:isl=1024,osl=32,n=24,concurrency=4,seed=1",
+            "--quiet"]
+    assert main(argv) == 0
+    plain = capsys.readouterr().out
+    assert main([*argv, "--eager-launch-ms", "80"]) == 0
+    slow = capsys.readouterr().out
+
+    def ttft_p50(text):
+        return float(next(line.split()[-1] for line in text.splitlines() if line.startswith("TTFT p50")))
+    assert ttft_p50(slow) > ttft_p50(plain) + 0.03
+    assert "at least its launch, 80.0 ms" in slow and "launch" not in plain.splitlines()[0]
+    with pytest.raises(SystemExit) as err:           # a usage error, before any work
+        main([*argv, "--eager-launch-ms", "0"])
+    assert err.value.code == 2 and "--eager-launch-ms: must be > 0" in capsys.readouterr().err
+
+
+def test_vllm_compare_reads_each_engines_own_launch():
+    from bench.vllm_compare import own_launch_s
+
+    if not (RUNS / "qwen3-30b-a3b-rerun3" / "meta.json").exists():
+        pytest.skip("no measured runs here")
+    slow, fast = own_launch_s(RUNS / "qwen3-30b-a3b-rerun3"), own_launch_s(RUNS / "qwen3-30b-a3b-rerun")
+    assert 0.06 < slow < 0.1 and 0.04 < fast < 0.055          # two H100 hosts, one model
+    assert own_launch_s(RUNS / "llama8b-bf16-burst") < 0.03   # a dense 8B launches faster
+    assert own_launch_s(RUNS / "qwen3-30b-a3b") is None       # from before the probe's t_sched_s
+    assert json.loads((RUNS / "qwen3-30b-a3b-rerun3" / "meta.json").read_text())["engine_core"]["async_scheduling"]
