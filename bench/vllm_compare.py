@@ -191,7 +191,8 @@ def own_launch_s(folder: Path) -> float | None:
     """An engine's own launch of a step on no CUDA graph (``--own-launch``): the median gap between
     such a step's scheduling and the next step's (async scheduling launches the next one as soon as
     this one is launched; the probe's ``t_sched_s``) over its steps of more tokens than its largest
-    graph and at most 4,096 (larger ones carry more sequences' CPU work); None for a run from
+    graph and at most 4,096 (larger ones carry more sequences' CPU work), each followed by a step
+    scheduled before it ended, with no compile between the two (jit.csv); None for a run from
     before the probe recorded ``t_sched_s``."""
     meta = json.loads((folder / "meta.json").read_text())
     graph = max(meta.get("engine_core", {}).get("cudagraph_capture_sizes") or [512])
@@ -204,8 +205,16 @@ def own_launch_s(folder: Path) -> float | None:
             rows = list(csv.DictReader(f))
         if not rows or "t_sched_s" not in rows[0]:
             return None
-        gaps += [float(b["t_sched_s"]) - float(a["t_sched_s"]) for a, b in zip(rows, rows[1:])
-                 if graph < int(a["num_scheduled_tokens"]) <= 4096]
+        compiles = []
+        if (folder / name / "jit.csv").exists():
+            with open(folder / name / "jit.csv") as f:
+                compiles = [(float(r["t0_s"]), float(r["t1_s"])) for r in csv.DictReader(f)]
+        for a, b in zip(rows, rows[1:]):
+            t0, t1 = float(a["t_sched_s"]), float(b["t_sched_s"])
+            # the next step scheduled while this one ran (not after an idle wait), no compile between
+            if graph < int(a["num_scheduled_tokens"]) <= 4096 and t1 < float(a["t_done_s"]) \
+                    and not any(c0 < t1 and c1 > t0 for c0, c1 in compiles):
+                gaps.append(t1 - t0)
     return float(np.median(gaps)) if gaps else None
 
 
