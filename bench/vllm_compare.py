@@ -188,33 +188,21 @@ def engine_order(folder: Path) -> list[str]:
 
 
 def own_launch_s(folder: Path) -> float | None:
-    """An engine's own launch of a step on no CUDA graph (``--own-launch``): the median gap between
-    such a step's scheduling and the next step's (async scheduling launches the next one as soon as
-    this one is launched; the probe's ``t_sched_s``) over its steps of more tokens than its largest
-    graph and at most 4,096 (larger ones carry more sequences' CPU work), each followed by a step
-    scheduled before it ended, with no compile between the two (jit.csv); None for a run from
-    before the probe recorded ``t_sched_s``."""
+    """An engine's own launch of a step on no CUDA graph (``--own-launch``): the median over its
+    workloads of grid_table.eager_launch_gaps (the gap between such a step's scheduling and the
+    next step's); None for a run from before the probe recorded ``t_sched_s``."""
+    from kvsim.cli.profile_vllm import bench_module
+
+    gaps_of = bench_module("grid_table").run_launch_gaps
     meta = json.loads((folder / "meta.json").read_text())
     graph = max(meta.get("engine_core", {}).get("cudagraph_capture_sizes") or [512])
     gaps = []
     for name in engine_order(folder):
-        steps = folder / name / "steps.csv"
-        if not steps.exists():
-            continue
-        with open(steps) as f:
-            rows = list(csv.DictReader(f))
-        if not rows or "t_sched_s" not in rows[0]:
-            return None
-        compiles = []
-        if (folder / name / "jit.csv").exists():
-            with open(folder / name / "jit.csv") as f:
-                compiles = [(float(r["t0_s"]), float(r["t1_s"])) for r in csv.DictReader(f)]
-        for a, b in zip(rows, rows[1:]):
-            t0, t1 = float(a["t_sched_s"]), float(b["t_sched_s"])
-            # the next step scheduled while this one ran (not after an idle wait), no compile between
-            if graph < int(a["num_scheduled_tokens"]) <= 4096 and t1 < float(a["t_done_s"]) \
-                    and not any(c0 < t1 and c1 > t0 for c0, c1 in compiles):
-                gaps.append(t1 - t0)
+        if (folder / name / "steps.csv").exists():
+            more = gaps_of(folder / name, graph)
+            if more is None:
+                return None
+            gaps += more
     return float(np.median(gaps)) if gaps else None
 
 

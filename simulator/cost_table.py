@@ -364,6 +364,22 @@ def _idle_wait(provenance: dict, path: str) -> float:
     return value
 
 
+def _eager_launch(provenance: dict, path: str) -> float | None:
+    """A table's ``# eager launch:`` line (``S s (...)``): its host's launch of a step on no CUDA
+    graph (grid_table.eager_launch_gaps); None without the line."""
+    text = provenance.get("eager launch")
+    if text is None:
+        return None
+    m = re.match(r"\s*([0-9.eE+-]+) s\b", text)
+    try:
+        value = float(m.group(1)) if m else -1.0
+    except ValueError:
+        value = -1.0
+    if not (value > 0 and math.isfinite(value)):
+        raise InputError(f"'# eager launch:' must start with seconds > 0 ('0.045 s ...'), got {text!r}", file=path)
+    return value
+
+
 _ASYNC_OFF = re.compile(r"\+(\S+) s per step(?: \+(\S+) s per sequence)? \((.+)\)$")
 
 
@@ -469,6 +485,7 @@ class StepShapeCost:
         self.idle_start_min_wait_s = _idle_wait(self.provenance, path)
         self.async_off = async_off_line(self.provenance, path)
         self.first_step = _first_step(self.provenance, path)
+        self.eager_launch_s = _eager_launch(self.provenance, path)
 
     def _lines(self, decode: dict[int, list[tuple[float, float]]]) -> list[tuple[float, float]]:
         """Each graph size's (a_s, b_s). A size measured only at nearly one KV length (its
@@ -783,6 +800,8 @@ class StepShapeCost:
         if self.first_step is not None:
             dropped += (f"; an idle engine's first step takes a burst's requests sent within a cutoff drawn "
                         f"from {len(self.first_step.cutoffs_s)} measured bursts")
+        if self.eager_launch_s is not None:
+            dropped += f"; its host launched a step on no CUDA graph in {self.eager_launch_s * 1e3:.1f} ms"
         first_use = getattr(self, "first_use_compiles", None)     # set by planner.engine_setup
         if first_use is not None:
             dropped += f"; {first_use.describe()}"

@@ -76,3 +76,46 @@ def test_vllm_compare_reads_each_engines_own_launch():
     assert 0.04 < own_launch_s(RUNS / "gpt-oss-20b-jit") < 0.07   # its routing compiles (0.7 s) left out
     assert own_launch_s(RUNS / "qwen3-30b-a3b") is None       # from before the probe's t_sched_s
     assert json.loads((RUNS / "qwen3-30b-a3b-rerun3" / "meta.json").read_text())["engine_core"]["async_scheduling"]
+
+
+def test_grid_table_reads_a_hosts_launch_from_the_scheduling_gaps():
+    """grid_table.eager_launch_gaps: an eager step's launch is the gap to the next step's scheduling,
+    where that came before the step ended (not after an idle wait), no compile fell between them and
+    the step had at most 4,096 tokens; nothing from a steps.csv without t_sched_s."""
+    from kvsim.cli.profile_vllm import bench_module
+
+    gaps = bench_module("grid_table").eager_launch_gaps
+
+    def row(tokens, sched, done):
+        return {"num_scheduled_tokens": str(tokens), "t_sched_s": str(sched), "t_done_s": str(done)}
+
+    rows = [row(1024, 0.000, 0.110), row(3072, 0.050, 0.120),    # eager, next scheduled at 50 ms: 50 ms
+            row(8, 0.115, 0.130),                                 # on a graph: not read
+            row(2048, 0.300, 0.350), row(8, 0.400, 0.410),        # next scheduled after it ended: idle
+            row(2048, 0.500, 0.900), row(2048, 0.560, 0.950),     # a compile between them: not read
+            row(8192, 1.000, 1.200), row(8, 1.120, 1.210)]        # over 4,096 tokens: not read
+    assert gaps(rows, 512, compiles=[(0.51, 0.52)]) == pytest.approx([0.05, 0.115 - 0.05])
+    assert gaps([{"num_scheduled_tokens": "1024", "t_done_s": "1"}] * 2, 512) == []
+
+
+def test_a_tables_eager_launch_line_is_read_and_said(tmp_path):
+    """A table's '# eager launch:' line (grid_table.py writes it where the grid has t_sched_s): its
+    seconds on the cost model, and the clock line says them; a bad value is a one-line error."""
+    from kvsim.simulator.cost_table import load_cost_table
+
+    shipped = Path(__file__).resolve().parent.parent / "tables" / "vllm" / "qwen3-30b-a3b-fine_H100.csv"
+    lines = shipped.read_text().splitlines()
+    head = next(i for i, line in enumerate(lines) if not line.startswith("#"))
+    for value, ok in (("0.048300", True), ("-1", False)):
+        table = tmp_path / f"t{ok}.csv"
+        table.write_text("\n".join([*lines[:head], f"# eager launch: {value} s (this host's launch ...)",
+                                    *lines[head:]]) + "\n")
+        if ok:
+            cost = load_cost_table(table)
+            assert cost.eager_launch_s == pytest.approx(0.0483)
+            assert "its host launched a step on no CUDA graph in 48.3 ms" in cost.describe()
+        else:
+            with pytest.raises(InputError) as err:
+                load_cost_table(table)
+            assert "eager launch" in str(err.value)
+    assert load_cost_table(shipped).eager_launch_s is None      # the shipped grids predate t_sched_s

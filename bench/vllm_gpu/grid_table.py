@@ -42,6 +42,7 @@ import argparse
 import csv
 import gzip
 import json
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -217,6 +218,42 @@ def burst_cutoffs(run: Path, max_num_batched_tokens: int) -> tuple[float, float,
     return first_gap, later_gap, spans
 
 
+# an eager step's launch is read from steps of at most this many tokens (a larger one, a chunk
+# beside many decodes, carries more sequences' CPU work)
+LAUNCH_MAX_TOKENS = 4096
+
+
+def eager_launch_gaps(rows: list[dict], graph_tokens: int, compiles=()) -> list[float]:
+    """The launches of the steps on no CUDA graph that a steps.csv (with the probe's ``t_sched_s``)
+    shows: under async scheduling vLLM schedules the next step as soon as this one is launched, so
+    the gap between the two schedulings is this step's launch; only where the next step was
+    scheduled before this one ended (not after an idle wait) and no compile (``compiles``: jit.csv's
+    (t0_s, t1_s)) fell between them. None of them for a steps.csv without ``t_sched_s``."""
+    if not rows or "t_sched_s" not in rows[0]:
+        return []
+    gaps = []
+    for a, b in zip(rows, rows[1:]):
+        t0, t1 = float(a["t_sched_s"]), float(b["t_sched_s"])
+        if graph_tokens < int(a["num_scheduled_tokens"]) <= LAUNCH_MAX_TOKENS and t1 < float(a["t_done_s"]) \
+                and not any(c0 < t1 and c1 > t0 for c0, c1 in compiles):
+            gaps.append(t1 - t0)
+    return gaps
+
+
+def run_launch_gaps(run: Path, graph_tokens: int) -> list[float] | None:
+    """eager_launch_gaps of one workload's folder (its steps.csv and jit.csv); None where its
+    steps.csv has no ``t_sched_s`` (a run from before the probe recorded it)."""
+    with open(run / "steps.csv") as f:
+        rows = list(csv.DictReader(f))
+    if rows and "t_sched_s" not in rows[0]:
+        return None
+    compiles = []
+    if (run / "jit.csv").is_file():
+        with open(run / "jit.csv") as f:
+            compiles = [(float(r["t0_s"]), float(r["t1_s"])) for r in csv.DictReader(f)]
+    return eager_launch_gaps(rows, graph_tokens, compiles)
+
+
 def idle_run(engine: Path) -> Path | None:
     """The idle-plan run beside an engine's folder (``llama8b-fp8-fine`` -> ``llama8b-fp8-idle``):
     its second serving where the plan served it twice (plans.py --again: gpt-oss's first serving
@@ -328,7 +365,7 @@ def provenance(folder: Path, meta: dict, num_rows: int, dropped: int, knot_token
                idle: Path | None = None, hot: list[Path] = (),
                async_off: tuple[float, float, int, list[Path]] | None = None,
                first_step: tuple[float, float, list[tuple[float, float]]] | None = None,
-               graph_tokens: int | None = None) -> list[str]:
+               graph_tokens: int | None = None, launch: tuple[float, int] | None = None) -> list[str]:
     """The table's ``#`` lines: what kvsim's table readers and ``mismatches`` look for
     (``async_off``: seconds per step and per sequence, steps, and the async-off workloads they were
     measured on; ``first_step``: burst_cutoffs' figures; ``graph_tokens``: the largest CUDA graph)."""
@@ -366,6 +403,9 @@ def provenance(folder: Path, meta: dict, num_rows: int, dropped: int, knot_token
            f"{' '.join(f'{lo:.6f}-{hi:.6f}' for lo, hi in first_step[2])} s after the first send "
            f"({len(first_step[2])} bursts of the grid at an idle engine); graphs to {graph_tokens} tokens"]
           if first_step and first_step[2] else []),
+        *([f"# eager launch: {launch[0]:.6f} s (this host's launch of a step on no CUDA graph: the median gap "
+           f"between such a step's scheduling and the next step's over {launch[1]} steps of the grid of at most "
+           f"{LAUNCH_MAX_TOKENS} tokens)"] if launch else []),
         f"# source: {_from_root(folder)}/grid" + (f" and {_from_root(idle)}" if idle else "")
         + "".join(f" and {_from_root(run)}" for run in hot)
         + " (held out: every closed-loop and trace run of the same engine)",
@@ -401,10 +441,13 @@ def main(argv: list[str] | None = None) -> int:
     first_step = burst_cutoffs(a.engine / "grid", int(core.get("max_num_batched_tokens") or 8192)) \
         if (a.engine / "grid" / "requests.jsonl.gz").is_file() else None    # (no requests: no bursts)
 
+    gaps = run_launch_gaps(a.engine / "grid", max(sizes)) or []
+    launch = (statistics.median(gaps), len(gaps)) if gaps else None
+
     def write(async_off=None):
         with open(a.out, "w", newline="") as f:
             f.write("\n".join(provenance(a.engine, meta, len(rows), dropped, knots(rows), idle, hot,
-                                         async_off, first_step, max(sizes))) + "\n")
+                                         async_off, first_step, max(sizes), launch)) + "\n")
             # the idle-start column where the idle plan measured lone prompts cleanly; the grid's own
             # idle starts alone are too few and carry the harness's waits (a decode point's prompts
             # sent one by one: Llama-3.1-8B bf16 H100, a lone 4,096-token prompt at 98.6-133.8 ms)
