@@ -58,10 +58,12 @@ ENGINES = {
 }
 
 
+# the runs beside an engine's own, by their folder's suffix: its idle-, burst- and wave-plan runs (the
 # wave plan also with async scheduling off), its workloads served twice (plans.py --again,
 # without or with a warm-up, or timing each Triton compile: -jit, then in a second engine that
 # finds them in Triton's disk cache: -cached) and its held-out closed loops served again in a
-# fresh engine (plans.py --rounds); a longer suffix before the one it ends with
+# fresh engine (plans.py --rounds: -rerun, and -rerun2, -rerun3 for more engines); a longer
+# suffix before the one it ends with
 RUN_KINDS = ("-idle", "-twice", "-warm", "-burst", "-noasync-wave", "-wave", "-noasync", "-rerun2", "-rerun3", "-rerun", "-jit",
              "-cached")
 

@@ -236,11 +236,12 @@ class TableCost:
 
 
 class WrappedCost:
-    """A cost model that changes another's step times (``inner``) and keeps what the engine asks
-    of it beside them: whether it prices a step's longest context, the step that starts an idle
-    engine (``idle_start_s`` after ``idle_start_min_wait_s`` idle), a request's way in and out
+    """A cost model over another (``inner``) that keeps what the engine asks of it beside its step
+    times: whether it prices a step's longest context, the step that starts an idle engine
+    (``idle_start_s`` after ``idle_start_min_wait_s`` idle), a request's way in and out
     (``frontend_s``: CPU and IPC, not steps), how a burst meets an idle engine (``first_step``)
-    and a fresh engine's compiles (``first_use_compiles``)."""
+    and a fresh engine's compiles (``first_use_compiles``). Its step times are ``inner``'s; a
+    subclass changes them."""
 
     def __init__(self, inner: CostModel):
         self.inner = inner
@@ -250,6 +251,15 @@ class WrappedCost:
         self.frontend_s = getattr(inner, "frontend_s", (0.0, 0.0, 0.0))
         self.first_step = getattr(inner, "first_step", None)
         self.first_use_compiles = getattr(inner, "first_use_compiles", None)
+
+    def step_time_s(self, batch: StepBatch) -> float:
+        return self.inner.step_time_s(batch)
+
+    def run_time_s(self, batch: StepBatch, num_steps: int) -> float:
+        return self.inner.run_time_s(batch, num_steps)
+
+    def describe(self) -> str:
+        return clock_source(self.inner)
 
 
 class ScaledCost(WrappedCost):

@@ -347,27 +347,10 @@ def _first_step(provenance: dict, path: str) -> FirstStep | None:
     return FirstStep(first_gap, gap, spans, graph_tokens)
 
 
-def _idle_wait(provenance: dict, path: str) -> float:
-    """A table's ``# idle wait:`` line (``S s (...)``): the shortest idle wait after which a step
-    pays c_idle (the hot plan measured lone prompts after shorter ones at their own price); 0
-    without the line."""
-    text = provenance.get("idle wait")
-    if text is None:
-        return 0.0
-    m = re.match(r"\s*([0-9.eE+-]+) s\b", text)
-    try:
-        value = float(m.group(1)) if m else -1.0
-    except ValueError:
-        value = -1.0
-    if not (value >= 0 and math.isfinite(value)):
-        raise InputError(f"'# idle wait:' must start with seconds >= 0 ('0.01 s ...'), got {text!r}", file=path)
-    return value
-
-
-def _eager_launch(provenance: dict, path: str) -> float | None:
-    """A table's ``# eager launch:`` line (``S s (...)``): its host's launch of a step on no CUDA
-    graph (grid_table.eager_launch_gaps); None without the line."""
-    text = provenance.get("eager launch")
+def _seconds_line(provenance: dict, key: str, path: str, example: str, positive: bool) -> float | None:
+    """A table's ``# KEY: S s (...)`` line's seconds (> 0 where ``positive``, else >= 0); None
+    without the line; an InputError naming the line where S is not such a number."""
+    text = provenance.get(key)
     if text is None:
         return None
     m = re.match(r"\s*([0-9.eE+-]+) s\b", text)
@@ -375,9 +358,22 @@ def _eager_launch(provenance: dict, path: str) -> float | None:
         value = float(m.group(1)) if m else -1.0
     except ValueError:
         value = -1.0
-    if not (value > 0 and math.isfinite(value)):
-        raise InputError(f"'# eager launch:' must start with seconds > 0 ('0.045 s ...'), got {text!r}", file=path)
+    if not ((value > 0 if positive else value >= 0) and math.isfinite(value)):
+        raise InputError(f"'# {key}:' must start with seconds {'>' if positive else '>='} 0 ('{example} s ...'), "
+                         f"got {text!r}", file=path)
     return value
+
+
+def _idle_wait(provenance: dict, path: str) -> float:
+    """A table's ``# idle wait:`` line: the shortest idle wait after which a step pays c_idle (the
+    hot plan measured lone prompts after shorter ones at their own price); 0 without the line."""
+    return _seconds_line(provenance, "idle wait", path, "0.01", positive=False) or 0.0
+
+
+def _eager_launch(provenance: dict, path: str) -> float | None:
+    """A table's ``# eager launch:`` line: its host's launch of a step on no CUDA graph
+    (grid_table.eager_launch_gaps); None without the line."""
+    return _seconds_line(provenance, "eager launch", path, "0.045", positive=True)
 
 
 _ASYNC_OFF = re.compile(r"\+(\S+) s per step(?: \+(\S+) s per sequence)? \((.+)\)$")

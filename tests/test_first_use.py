@@ -14,7 +14,7 @@ import pytest
 
 from kvsim.simulator import simulate
 from kvsim.simulator.config import EngineConfig
-from kvsim.simulator.cost import FixedStepCost
+from kvsim.simulator.cost import FixedStepCost, WrappedCost
 from kvsim.simulator.first_use import (ROUTING_COMPILE_S, SLOT_MAPPING_COMPILE_S, FirstUseCompiles, RoutingCompiles,
                                        SlotMappingCompiles, routing_key, slot_mapping_key)
 from kvsim.workloads import Request
@@ -137,21 +137,11 @@ def test_the_rule_predicts_every_routing_compile_of_the_measured_engines(engine)
     assert total >= 14
 
 
-class _Compiling:
+def _compiling():
     """10 ms steps, an engine that compiles its routing on first use (1 s a key, graphs to 64 tokens)."""
-
-    def __init__(self):
-        self.fixed = FixedStepCost(0.01)
-        self.first_use_compiles = FirstUseCompiles((RoutingCompiles(graph_tokens=64, compile_s=1.0),))
-
-    def step_time_s(self, batch):
-        return self.fixed.step_time_s(batch)
-
-    def run_time_s(self, batch, num_steps):
-        return self.fixed.run_time_s(batch, num_steps)
-
-    def describe(self):
-        return "10 ms steps, first-use compiles"
+    cost = WrappedCost(FixedStepCost(0.01))
+    cost.first_use_compiles = FirstUseCompiles((RoutingCompiles(graph_tokens=64, compile_s=1.0),))
+    return cost
 
 
 def test_the_engine_adds_a_compile_to_the_first_step_of_each_new_key_per_replica():
@@ -160,11 +150,11 @@ def test_the_engine_adds_a_compile_to_the_first_step_of_each_new_key_per_replica
     cfg = EngineConfig(num_blocks=64, block_size=16, null_block=True, max_num_seqs=4, max_num_batched_tokens=256,
                        max_model_len=1024)
     reqs = [Request(request_id=i, arrival_s=5.0 * i, prompt_tokens=100, output_tokens=2) for i in range(4)]
-    ttft = simulate(iter(reqs), cfg, _Compiling()).requests.set_index("request_id")["ttft_s"]
+    ttft = simulate(iter(reqs), cfg, _compiling()).requests.set_index("request_id")["ttft_s"]
     plain = simulate(iter(reqs), cfg, FixedStepCost(0.01)).requests.set_index("request_id")["ttft_s"]
     assert ttft[0] == pytest.approx(plain[0] + 1.0)
     assert all(ttft[i] == pytest.approx(plain[i]) for i in (1, 2, 3))
-    two = simulate(iter(reqs), cfg, _Compiling(), replicas=2).requests.set_index("request_id")["ttft_s"]
+    two = simulate(iter(reqs), cfg, _compiling(), replicas=2).requests.set_index("request_id")["ttft_s"]
     assert sorted(round(t - p, 6) for t, p in zip(two, plain)) == [0.0, 0.0, 1.0, 1.0]
 
 

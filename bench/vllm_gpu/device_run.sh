@@ -76,7 +76,7 @@ engine() {  # name -> "model_dir plan flags..."
     # burst.json); BASE-wave: the same waves after decode phases of several lengths (plans.py
     # --size wave > wave.json); BASE-start: one burst at an idle engine a workload (plans.py --size
     # start > start.json); BASE-rerun: held-out closed loops served again in a fresh engine
-    # (plans.py --size small --only ... --rounds 8 > rerun.json); BASE-jit: held-out closed loops
+    # (plans.py --size small --only ... --rounds 6 > rerun.json); BASE-jit: held-out closed loops
     # served twice, each Triton compile timed (plans.py --only ... --again > jit.json), and
     # BASE-cached: the same plan (cached.json) in a second engine on the same machine, whose
     # kernels Triton finds in its disk cache; gpt-oss's with --again, in their own PLANS folder.

@@ -225,9 +225,10 @@ def jit_hook_rows(lines: list[dict], t0: float, t1: float) -> list[dict]:
 
 
 def cpu_probe_ms(rounds: int = 5, n: int = 200_000) -> float:
-    """A single-thread speed probe of the host: the median milliseconds of a fixed pure-Python loop
-    (an eager step's launch is Python on one core, so instances on slower or busier hosts launch
-    slower: Qwen3-30B-A3B's eager steps took 45 ms in one H100 engine and 75 ms in another)."""
+    """A single-thread speed probe of the host: the median milliseconds of a fixed pure-Python loop.
+    Meant to tell hosts whose eager launches are slower apart (Python on one core); it did not:
+    it read 18-25 ms on H100 hosts whose Qwen3-30B-A3B eager steps launched in 48 ms and in 77 ms
+    (docs/ACCURACY.md). The steps' own ``t_sched_s`` gaps measure the launch."""
     times = []
     for _ in range(rounds):
         t0 = time.perf_counter()
