@@ -209,11 +209,12 @@ def own_launch_s(folder: Path) -> float | None:
 
 
 def ran_before(folder: Path, replayed: set[str] = frozenset()) -> list[int]:
-    """The token counts of every step its engine ran before this workload (the earlier workloads'
+    """The token counts of every step its engine ran before this workload (the harness's warm-up,
+    meta.json's ``warmup_steps`` where the run recorded them, then the earlier workloads'
     steps.csv, meta.json's order): what the engine had compiled by then (simulator.first_use);
     ``replayed``: leave out these workloads (kvsim replayed them: its own keys stand in)."""
     order = engine_order(folder.parent)
-    out = []
+    out = list(json.loads((folder.parent / "meta.json").read_text()).get("warmup_steps", []))
     for name in order[:order.index(folder.name)]:
         if name not in replayed and (folder.parent / name / "steps.csv").exists():
             with open(folder.parent / name / "steps.csv") as f:

@@ -15,12 +15,22 @@ needs it, inside that step. Two of vLLM 0.23.0's kernels compile in the steps of
   graph) whose key the engine has not run compiles both (on the mean 0.73 s on gpt-oss-20b, 1.49 s
   on gpt-oss-120b). vLLM's start-up profile run at ``max_num_batched_tokens`` compiles that one key.
 
+* gpt-oss's two expert matmuls (triton_kernels' ``matmul_ogs``: the gate/up projection with its
+  fused SwiGLU, then the down projection), on the same eager steps. Their specialisation is a
+  function of the step's tokens n, E experts and top-k k (vLLM 0.23.0's bundled triton_kernels,
+  ``make_default_opt_flags_nvidia`` and ``RoutingData.n_blocks``): BLOCK_M = the next power of two
+  of n*k // E, clamped to 16-128 (a constant of the kernel); grid_m = cdiv(n*k - E + 1, BLOCK_M) +
+  E - 1 blocks; and Triton's specialisation (1, a multiple of 16, or neither) of the up
+  projection's rows (n), the down projection's rows (n*k) and grid_m. vLLM's start-up compiles
+  the keys of every CUDA-graph size it captures and of its profile run; a new key costs 0.5-1.7 s
+  a kernel.
+
 The rules predict every compile of these kernels in the fresh engines measured (tests/
 test_first_use.py reads them): the routing's 47 of gpt-oss-20b-jit, -cached and gpt-oss-120b-jit,
-and the slot mapping's of gpt-oss-20b-jit, gpt-oss-120b-jit and three Qwen3-30B-A3B reruns. Not modelled: the
-expert matmuls' own compiles (gpt-oss: two kernels of 0.8-1.7 s at the first eager steps with
-decodes beside prompts, and again later on gpt-oss-120b), a compile Triton finds in its disk cache
-(a second engine on the same machine: gpt-oss-20b-cached's slot mapping), and any kernel another
+the expert matmuls' 10 of the same engines (after what the harness's warm-up compiled, where its
+steps were recorded: ``warmup_steps`` of meta.json), and the slot mapping's of gpt-oss-20b-jit,
+gpt-oss-120b-jit and three Qwen3-30B-A3B reruns. Not modelled: a compile Triton finds in its disk
+cache (a second engine on the same machine: gpt-oss-20b-cached's slot mapping), any kernel another
 vLLM version or GPU may add; nor what else a fresh Qwen3-30B-A3B engine's first eager step pays
 (0.3-0.6 s beyond its price and the slot mapping's compiles, no Triton compile among it: the
 harness's warm-up had compiled the ``fused_moe_kernel`` keys vLLM's monitor reports, as
@@ -41,6 +51,35 @@ SLOT_MAPPING_COMPILE_S = 0.1425
 SLOT_MAPPING_MEASURED_ON = "gpt-oss-20b, gpt-oss-120b and Qwen3-30B-A3B, H100"
 
 
+# seconds a new key of each expert matmul costs, by model: the mean over the timed compiles (one
+# H100 80GB HBM3, 2026-12-07): gpt-oss-20b's of gpt-oss-20b-jit and -cached (2 a kernel),
+# gpt-oss-120b's of gpt-oss-120b-jit (3 a kernel). Another MXFP4 MoE model takes gpt-oss-20b's,
+# extrapolated.
+EXPERT_MATMUL_COMPILE_S = {"gpt-oss-20b": {"up": 1.469, "down": 1.440},
+                           "gpt-oss-120b": {"up": 1.153, "down": 1.121}}
+
+
+def triton_int_key(value: int) -> str:
+    """Triton's specialisation of an integer argument: '1', '16' (divisible by 16) or 'other'."""
+    return "1" if value == 1 else "16" if value % 16 == 0 else "other"
+
+
+def vllm_capture_sizes(largest: int) -> list[int]:
+    """vLLM's CUDA-graph capture sizes up to its largest: 1, 2, 4, every 8 to 248, every 16 from
+    256 (the engines' logged ``cudagraph_capture_sizes``)."""
+    return [s for s in [1, 2, 4] + list(range(8, 256, 8)) + list(range(256, largest + 1, 16)) if s <= largest]
+
+
+def expert_matmul_keys(num_tokens: int, num_experts: int, top_k: int) -> dict[str, tuple]:
+    """What gpt-oss's two expert matmuls are compiled for at a step of ``num_tokens`` (module
+    docstring): per kernel ('up', 'down'), BLOCK_M and the Triton keys of its rows and grid_m."""
+    rows = num_tokens * top_k
+    block_m = max(16, min(1 << (max(1, rows // num_experts) - 1).bit_length(), 128))
+    grid_m = rows if rows <= num_experts else -(-(rows - num_experts + 1) // block_m) + num_experts - 1
+    return {"up": (block_m, triton_int_key(num_tokens), triton_int_key(grid_m)),
+            "down": (block_m, triton_int_key(rows), triton_int_key(grid_m))}
+
+
 def routing_key(num_tokens: int) -> tuple[int, bool]:
     """What the routing kernels are compiled for: the tokens rounded up to 32 (the bitmatrix's
     stride, a constant of the kernel) and whether they divide by 16 (Triton's specialisation)."""
@@ -48,9 +87,8 @@ def routing_key(num_tokens: int) -> tuple[int, bool]:
 
 
 def slot_mapping_key(num_tokens: int) -> str:
-    """Triton's specialisation of the slot-mapping kernel's token count: '1', '16' (divisible by
-    16) or 'other'."""
-    return "1" if num_tokens == 1 else "16" if num_tokens % 16 == 0 else "other"
+    """Triton's specialisation of the slot-mapping kernel's token count."""
+    return triton_int_key(num_tokens)
 
 
 class SlotMappingCompiles:
@@ -103,6 +141,47 @@ def routing_compiles(graph_tokens: int, model: str | None) -> RoutingCompiles:
     if model in ROUTING_COMPILE_S:
         return RoutingCompiles(graph_tokens, ROUTING_COMPILE_S[model], f"{model}, {ROUTING_MEASURED_ON}")
     return RoutingCompiles(graph_tokens, measured_on=f"gpt-oss-20b, {ROUTING_MEASURED_ON}; extrapolated to {model}")
+
+
+class ExpertMatmulCompiles:
+    """One of gpt-oss's expert matmuls' rule (``kernel``: 'up' or 'down'): ``graph_tokens``, the
+    largest CUDA graph (a step of more tokens runs eager); ``compile_s`` per new key."""
+
+    def __init__(self, kernel: str, graph_tokens: int, num_experts: int, top_k: int, compile_s: float,
+                 measured_on: str):
+        self.kernel = kernel
+        self.name = f"expert_matmul_{kernel}"
+        self.graph_tokens = graph_tokens
+        self.num_experts = num_experts
+        self.top_k = top_k
+        self.compile_s = compile_s
+        self.measured_on = measured_on
+
+    def _key(self, num_tokens: int):
+        return expert_matmul_keys(num_tokens, self.num_experts, self.top_k)[self.kernel]
+
+    def key(self, num_tokens: int):
+        """None for a step on a CUDA graph (nothing compiles)."""
+        return self._key(num_tokens) if num_tokens > self.graph_tokens else None
+
+    def start_keys(self, max_num_batched_tokens: int) -> set:
+        """Every captured graph's key and vLLM's profile run's."""
+        return {self._key(n) for n in vllm_capture_sizes(self.graph_tokens) + [max_num_batched_tokens]}
+
+    def describe(self) -> str:
+        return (f"{self.compile_s:.3g} s of the expert matmul ({self.kernel}) at an eager step whose block size, "
+                f"rows and blocks (by {self.num_experts} experts, top-{self.top_k}) the engine has not run "
+                f"(measured on {self.measured_on})")
+
+
+def expert_matmul_compiles(graph_tokens: int, model: str | None, num_experts: int, top_k: int) -> tuple:
+    """Both expert matmuls' rules for an MXFP4 MoE ``model``: its own measured seconds, else
+    gpt-oss-20b's (said extrapolated)."""
+    if model in EXPERT_MATMUL_COMPILE_S:
+        seconds, on = EXPERT_MATMUL_COMPILE_S[model], f"{model}, {ROUTING_MEASURED_ON}"
+    else:
+        seconds, on = EXPERT_MATMUL_COMPILE_S["gpt-oss-20b"], f"gpt-oss-20b, {ROUTING_MEASURED_ON}; extrapolated to {model}"
+    return tuple(ExpertMatmulCompiles(k, graph_tokens, num_experts, top_k, seconds[k], on) for k in ("up", "down"))
 
 
 class FirstUseCompiles:

@@ -1,8 +1,8 @@
 """simulator.first_use: a fresh engine's first-use Triton compiles, by the rules the harness's timed
 compiles show (every model's slot mapping: a step's token count equal to 1, divisible by 16 or
 neither; gpt-oss's MoE routing: an eager step's tokens rounded up to 32, and divisible by 16 or
-not), each checked against every compile of that kernel in the measured fresh engines, and as the
-engine adds them."""
+not; gpt-oss's expert matmuls: their block size, rows and blocks), each checked against every
+compile of that kernel in the measured fresh engines, and as the engine adds them."""
 from __future__ import annotations
 
 import ast
@@ -15,8 +15,10 @@ import pytest
 from kvsim.simulator import simulate
 from kvsim.simulator.config import EngineConfig
 from kvsim.simulator.cost import FixedStepCost, WrappedCost
-from kvsim.simulator.first_use import (ROUTING_COMPILE_S, SLOT_MAPPING_COMPILE_S, FirstUseCompiles, RoutingCompiles,
-                                       SlotMappingCompiles, routing_key, slot_mapping_key)
+from kvsim.simulator.first_use import (EXPERT_MATMUL_COMPILE_S, ROUTING_COMPILE_S, SLOT_MAPPING_COMPILE_S,
+                                       ExpertMatmulCompiles, FirstUseCompiles, RoutingCompiles, SlotMappingCompiles,
+                                       expert_matmul_compiles, expert_matmul_keys, routing_key, slot_mapping_key,
+                                       vllm_capture_sizes)
 from kvsim.workloads import Request
 
 RUNS = Path(__file__).resolve().parent.parent / "bench" / "results" / "vllm_h100"
@@ -66,6 +68,15 @@ def _in_order(root: Path):
     return meta, [(name, root / name) for name, _ in sorted(meta["workloads"].items(), key=lambda kv: kv[1]["t0_monotonic"])]
 
 
+def _warmed(meta: dict, compiles: FirstUseCompiles) -> set:
+    """The keys an engine had compiled when its first workload began: start-up's and its warm-up's
+    (meta.json's ``warmup_steps``, where recorded)."""
+    seen = compiles.at_start(meta["engine_core"]["max_num_batched_tokens"])
+    for m in meta.get("warmup_steps", []):
+        compiles.stall_s(seen, m)
+    return seen
+
+
 FRESH = ["gpt-oss-20b-jit", "gpt-oss-120b-jit", "qwen3-30b-a3b-rerun", "qwen3-30b-a3b-rerun2", "qwen3-30b-a3b-rerun3"]
 
 
@@ -79,7 +90,7 @@ def test_the_rule_predicts_every_slot_mapping_compile_of_the_fresh_engines(engin
         pytest.skip("no measured runs here")
     meta, workloads = _in_order(root)
     compiles = FirstUseCompiles((SlotMappingCompiles(),))
-    seen = compiles.at_start(meta["engine_core"]["max_num_batched_tokens"])
+    seen = _warmed(meta, compiles)
     total = 0
     for name, folder in workloads:
         with open(folder / "steps.csv") as f:
@@ -122,7 +133,7 @@ def test_the_rule_predicts_every_routing_compile_of_the_measured_engines(engine)
         pytest.skip("no measured runs here")
     meta, workloads = _in_order(root)
     compiles = FirstUseCompiles((RoutingCompiles(graph_tokens=1024),))
-    seen = compiles.at_start(meta["engine_core"]["max_num_batched_tokens"])
+    seen = _warmed(meta, compiles)
     total = 0
     for name, folder in workloads:
         predicted = []
@@ -135,6 +146,101 @@ def test_the_rule_predicts_every_routing_compile_of_the_measured_engines(engine)
         assert sorted(predicted) == sorted(measured), name
         total += len(measured)
     assert total >= 14
+
+
+def test_the_expert_matmuls_keys_are_their_block_size_rows_and_blocks():
+    """gpt-oss-20b (32 experts, top-4) and -120b (128): the keys of the compiles the probe timed
+    (BLOCK_M, the rows' and grid_m's Triton keys), BLOCK_M's steps at 32 and 64 tokens an expert,
+    and vLLM's capture sizes as the engines logged them."""
+    assert expert_matmul_keys(1045, 32, 4) == {"up": (128, "other", "16"), "down": (128, "other", "16")}
+    assert expert_matmul_keys(4201, 32, 4) == {"up": (128, "other", "other"), "down": (128, "other", "other")}
+    assert expert_matmul_keys(2048, 128, 4) == {"up": (64, "16", "other"), "down": (64, "16", "other")}
+    assert expert_matmul_keys(1087, 128, 4)["up"] == (64, "other", "other")
+    assert expert_matmul_keys(3118, 128, 4)["down"] == (128, "other", "16")
+    assert [expert_matmul_keys(n, 128, 4)["up"][0] for n in (1055, 1056, 2079, 2080)] == [32, 64, 64, 128]
+    assert expert_matmul_keys(1, 32, 4) == {"up": (16, "1", "other"), "down": (16, "other", "other")}  # 4 rows, 4 blocks
+    for engine in ("gpt-oss-20b-jit", "gpt-oss-120b-jit"):
+        if (RUNS / engine / "meta.json").exists():
+            logged = json.loads((RUNS / engine / "meta.json").read_text())["engine_core"]["cudagraph_capture_sizes"]
+            assert vllm_capture_sizes(max(logged)) == logged
+
+
+def test_start_up_compiles_every_captured_size_so_a_step_pays_only_its_new_kernels():
+    """Graphs to 64 tokens, 32 experts, top-4, a profile run of 256 tokens: a step of 100 tokens
+    (BLOCK_M 16) is eager, but both its keys are captured sizes' (2 tokens: 8 rows and blocks, not
+    multiples of 16; 64 tokens: 256 rows, 46 blocks). 200 tokens (BLOCK_M 32, 800 rows, 56 blocks)
+    pays its up projection's key alone (its down projection's is the profile run's); 201 (804
+    rows) its down projection's alone."""
+    up, down = (ExpertMatmulCompiles(k, 64, 32, 4, s, "test") for k, s in (("up", 1.0), ("down", 0.5)))
+    compiles = FirstUseCompiles((up, down))
+    seen = compiles.at_start(256)
+    assert ("expert_matmul_down", (32, "16", "other")) in seen
+    assert compiles.stall_s(seen, 256) == 0.0 and compiles.stall_s(seen, 64) == 0.0
+    assert compiles.stall_s(seen, 100) == 0.0
+    assert compiles.stall_s(seen, 200) == 1.0 and compiles.stall_s(seen, 200) == 0.0
+    assert compiles.stall_s(seen, 201) == 0.5
+    assert FirstUseCompiles((up, down)).stall_s(set(), 201) == 1.5       # an engine that compiled nothing
+    rules = expert_matmul_compiles(1024, "gpt-oss-9b", 32, 4)
+    assert [r.compile_s for r in rules] == [EXPERT_MATMUL_COMPILE_S["gpt-oss-20b"][k] for k in ("up", "down")]
+    assert "extrapolated to gpt-oss-9b" in rules[0].describe()
+
+
+def _matmul_compiles(folder: Path) -> list[tuple]:
+    """The expert matmuls' compiles the probe timed in one workload, as (rule name, key)."""
+    out = []
+    for c in _jit(folder, "define_kernel.<locals>._empty_fn"):
+        spec = c["spec"]
+        if "NRows" not in spec:
+            continue                     # another kernel triton_kernels specialises the same way
+        up = spec["ACTIVATION_REDUCTION_N"][1] == 2      # the gate/up projection's fused SwiGLU
+        rows = {("constexpr", 1): "1", ("i32", "D"): "16"}
+        out.append((f"expert_matmul_{'up' if up else 'down'}",
+                    (spec["BLOCK_M"][1], rows.get(tuple(spec["NRows"]), "other"), rows.get(tuple(spec["grid_m"]), "other"))))
+    return out
+
+
+@pytest.mark.parametrize("engine, experts", [("gpt-oss-20b-jit", 32), ("gpt-oss-20b-cached", 32),
+                                             ("gpt-oss-120b-jit", 128)])
+def test_the_rule_predicts_every_expert_matmul_compile_of_the_measured_engines(engine, experts):
+    """Every workload's eager steps (steps.csv) against the expert matmuls' compiles the probe timed
+    (jit.csv), in the engine's order, from start-up's keys and the warm-up's: the keys, each
+    kernel's, exactly. gpt-oss-120b-jit predates ``warmup_steps``: there every timed compile is
+    predicted, and each key predicted beyond them is one a warm-up step could have compiled (its 8
+    prompts of 600 tokens, some of them in a step, beside the decodes of those before)."""
+    root = RUNS / engine
+    if not (root / "meta.json").exists():
+        pytest.skip("no measured runs here")
+    meta, workloads = _in_order(root)
+    compiles = FirstUseCompiles(expert_matmul_compiles(1024, "gpt-oss", experts, 4))
+    seen = _warmed(meta, compiles)
+    warmup_could = {k for p in range(1, 9) for d in range(9 - p) for k in compiles.keys(600 * p + d)}
+    total = 0
+    for name, folder in workloads:
+        with open(folder / "steps.csv") as f:
+            predicted = [k for row in csv.DictReader(f) for k in compiles.keys(int(row["num_scheduled_tokens"]))
+                         if k not in seen and not seen.add(k)]
+        measured = _matmul_compiles(folder)
+        if "warmup_steps" in meta:
+            assert sorted(predicted) == sorted(measured), name
+        else:
+            assert set(measured) <= set(predicted) and set(predicted) - set(measured) <= warmup_could, name
+        total += len(measured)
+    assert total >= 2
+
+
+@pytest.mark.parametrize("model, engines", [("gpt-oss-20b", ["gpt-oss-20b-jit", "gpt-oss-20b-cached"]),
+                                           ("gpt-oss-120b", ["gpt-oss-120b-jit"])])
+def test_the_expert_matmuls_price_is_each_kernels_mean_over_its_models_timed_compiles(model, engines):
+    if not all((RUNS / e / "meta.json").exists() for e in engines):
+        pytest.skip("no measured runs here")
+    seconds = {"up": [], "down": []}
+    for e in engines:
+        for _, folder in _in_order(RUNS / e)[1]:
+            for c in _jit(folder, "define_kernel.<locals>._empty_fn"):
+                if "NRows" in c["spec"]:
+                    seconds["up" if c["spec"]["ACTIVATION_REDUCTION_N"][1] == 2 else "down"].append(c["s"])
+    for kernel, s in seconds.items():
+        assert EXPERT_MATMUL_COMPILE_S[model][kernel] == pytest.approx(sum(s) / len(s), abs=5e-4), kernel
 
 
 def _compiling():
@@ -176,6 +282,7 @@ def test_the_flag_prices_a_fresh_engine_on_real_vllms_table_and_refuses_another_
     argv = ["replay", "--model", "gpt-oss-20b", "--gpu", "h100", spec, "--quiet"]
     plain, fresh = run(argv), run([*argv, "--first-use-compiles"])
     assert "MoE routing's" in fresh and "slot mapping's" in fresh and "first-use" not in plain
+    assert "expert matmul (up)" in fresh and "expert matmul (down)" in fresh and "32 experts, top-4" in fresh
     assert ttft_p50(fresh) > ttft_p50(plain) + ROUTING_COMPILE_S["gpt-oss-20b"] - 0.2
 
     lone = "random:isl=1000,osl=4,n=2,concurrency=1,seed=1"      # 1,000 tokens: 'other'; then 1: a new key

@@ -187,3 +187,24 @@ def test_tritons_post_compile_hook_is_a_second_witness(tmp_path, monkeypatch):
     assert line["jit_hook"] == "fused_moe_kernel"
     rows = harness.jit_hook_rows([line, {"jit_hook": "early", "t": line["t"] - 10}], line["t"] - 1, line["t"] + 1)
     assert [(r["kernel"], round(r["t_s"], 6)) for r in rows] == [("fused_moe_kernel", 1.0)]
+
+
+def test_finish_records_the_warm_ups_steps_apart_from_the_workloads(tmp_path):
+    """meta.json's ``warmup_steps``: the token counts of the steps that came back in the warm-up's
+    window, in order (what it compiled: simulator.first_use); a workload's steps stay its own."""
+    import json
+
+    t0 = 50.0
+    step = lambda t, reqs: {"sched_t0": t, "sched_t1": t + 1e-4, "done_t": t + 0.05, "upd_t1": t + 0.0501, "reqs": reqs}
+    lines = [{"meta": {"async_scheduling": True}},
+             step(t0, [[600, 600, "p"]]), step(t0 + 0.1, [[600, 600, "p"]] * 7 + [[1, 601, "d"]]),
+             step(t0 + 0.2, [[1, 602, "d"]] * 8), step(t0 + 10.0, [[1024, 1024, "p"]])]
+    (tmp_path / "steps.raw.jsonl").write_text("\n".join(json.dumps(line) for line in lines) + "\n")
+    meta = {"warmup": {"t0_monotonic": t0 - 0.01, "t1_monotonic": t0 + 1.0},
+            "workloads": {"cl": {"t0_monotonic": t0 + 9.0, "t1_monotonic": t0 + 11.0}}}
+    (tmp_path / "meta.partial.json").write_text(json.dumps(meta))
+    (tmp_path / "cl").mkdir()
+    harness.finish(tmp_path)
+    done = json.loads((tmp_path / "meta.json").read_text())
+    assert done["warmup_steps"] == [600, 4201, 8]
+    assert done["workloads"]["cl"]["num_steps"] == 1

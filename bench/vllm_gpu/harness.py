@@ -17,7 +17,8 @@ What a run leaves under ``--out``:
 * ``meta.json``: versions, GPU, the resolved engine settings (the engine core's own, from the
   probe), start-up figures (from vLLM's log: KV cache memory and tokens, CUDA-graph memory,
   compile and capture time, time to ready), the monotonic<->wall clock pair, the host (CPU model,
-  CPUs, load average and a single-thread speed probe, before the plan and after: ``host_info``);
+  CPUs, load average and a single-thread speed probe, before the plan and after: ``host_info``),
+  the token counts of the warm-up's steps (``warmup_steps``: what it compiled, simulator.first_use);
 * ``<workload>/requests.jsonl``: per request the arrival, send, first-token, every token's and
   finish times (seconds from the workload's start, front-end process), prompt and output tokens;
 * ``<workload>/steps.csv``: per engine step, measured in the engine core by the probe plugin
@@ -217,6 +218,12 @@ def jit_rows(lines: list[dict], t0: float, t1: float) -> list[dict]:
             for j in sorted((j for j in lines if "jit" in j), key=lambda j: j["t0"]) if t0 <= j["t0"] <= t1]
 
 
+def warmup_steps(lines: list[dict], t0: float, t1: float) -> list[int]:
+    """The token counts of the steps scheduled in [t0, t1] (the warm-up's, in order): meta.json's
+    ``warmup_steps``."""
+    return [r["num_scheduled_tokens"] for r in step_rows(lines, t0, t1)]
+
+
 def jit_hook_rows(lines: list[dict], t0: float, t1: float) -> list[dict]:
     """Triton's post-compile hook's witnesses (the probe's ``jit_hook`` lines) in [t0, t1], times
     from ``t0``: each compile's end, also of a kernel the ``_do_compile`` wrapper did not time."""
@@ -400,6 +407,7 @@ async def main_async(args) -> None:
             "host": host_info()}
     # warm-up: every batch path once, outside the measured workloads
     warm = {"name": "warmup", "kind": "closed", "isl": 600, "osl": 24, "n": 8, "concurrency": 8}
+    meta["warmup"] = {"t0_monotonic": time.monotonic()}
     await run_workload(engine, warm, build_requests(warm, vocab), SamplingParams, RequestOutputKind.DELTA)
     for entry in warmup_lengths_entries() if args.warmup_lengths else []:
         t0 = time.monotonic()
@@ -407,6 +415,7 @@ async def main_async(args) -> None:
         print(f"[harness] {args.name} {entry['name']}: {len(entry['requests'])} prompts in "
               f"{time.monotonic() - t0:.1f} s (not recorded)", flush=True)
     meta["warmup_lengths"] = bool(args.warmup_lengths)
+    meta["warmup"]["t1_monotonic"] = time.monotonic()
     for entry in plan:
         await engine.reset_prefix_cache()
         reqs = build_requests(entry, vocab)
@@ -445,6 +454,8 @@ def finish(out: Path) -> None:
     meta["engine_core"] = engine_meta
     log = out / "vllm.log"
     meta["startup"] = parse_log(log.read_text(errors="replace")) if log.exists() else {}
+    if "warmup" in meta:         # what the warm-up ran (and compiled): simulator.first_use's engine state
+        meta["warmup_steps"] = warmup_steps(lines, meta["warmup"]["t0_monotonic"], meta["warmup"]["t1_monotonic"])
     for name, w in meta["workloads"].items():
         rows = step_rows(lines, w["t0_monotonic"], w["t1_monotonic"])
         write_csv(out / name / "steps.csv", rows, STEP_COLUMNS)
