@@ -208,3 +208,18 @@ def test_finish_records_the_warm_ups_steps_apart_from_the_workloads(tmp_path):
     done = json.loads((tmp_path / "meta.json").read_text())
     assert done["warmup_steps"] == [600, 4201, 8]
     assert done["workloads"]["cl"]["num_steps"] == 1
+
+
+def test_the_eager_keys_warm_up_meets_every_routing_key_once():
+    """--warmup-eager-keys: one lone prompt a key of gpt-oss's MoE routing (simulator.first_use) over
+    every eager step's token count, largest CUDA graph to the step budget; nothing on a graph."""
+    from kvsim.simulator.first_use import routing_key
+
+    entry = harness.eager_keys_entry(1024, 8192)
+    lengths = [r[1] for r in entry["requests"]]
+    assert entry["max_concurrency"] == 1 and all(r[2] == 1 for r in entry["requests"])
+    every = {routing_key(n) for n in range(1025, 8193)}
+    assert {routing_key(n) for n in lengths} == every and len(lengths) == len(every) == 448
+    assert min(lengths) > 1024 and max(lengths) == 8192
+    small = [r[1] for r in harness.eager_keys_entry(512, 2000)["requests"]]
+    assert {routing_key(n) for n in small} == {routing_key(n) for n in range(513, 2001)}

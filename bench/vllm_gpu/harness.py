@@ -224,6 +224,19 @@ def warmup_steps(lines: list[dict], t0: float, t1: float) -> list[int]:
     return [r["num_scheduled_tokens"] for r in step_rows(lines, t0, t1)]
 
 
+def eager_keys_entry(graph_tokens: int, max_tokens: int) -> dict:
+    """A warm-up over every eager step's first-use compile (``--warmup-eager-keys``): one lone
+    prompt (one token out) of each length whose step meets a key of its own in gpt-oss's MoE routing
+    and expert matmuls (simulator.first_use: the tokens rounded up to 32, and divisible by 16 or
+    not), from the largest CUDA graph to ``max_tokens``, one at a time: each 32-token band's top
+    (cut at ``max_tokens``) and the length just below it."""
+    up32 = lambda n: -(-n // 32) * 32       # noqa: E731
+    lengths = sorted({n for b in range(up32(graph_tokens + 1), up32(max_tokens) + 1, 32)
+                      for n in (min(b, max_tokens), min(b, max_tokens) - 1) if n > max(graph_tokens, b - 32)})
+    return {"name": "warmup-eager-keys", "kind": "trace", "seed": 4, "max_concurrency": 1,
+            "requests": [[0.0, n, 1] for n in lengths]}
+
+
 def jit_hook_rows(lines: list[dict], t0: float, t1: float) -> list[dict]:
     """Triton's post-compile hook's witnesses (the probe's ``jit_hook`` lines) in [t0, t1], times
     from ``t0``: each compile's end, also of a kernel the ``_do_compile`` wrapper did not time."""
@@ -415,6 +428,15 @@ async def main_async(args) -> None:
         print(f"[harness] {args.name} {entry['name']}: {len(entry['requests'])} prompts in "
               f"{time.monotonic() - t0:.1f} s (not recorded)", flush=True)
     meta["warmup_lengths"] = bool(args.warmup_lengths)
+    if args.warmup_eager_keys:
+        cfg = engine.vllm_config
+        entry = eager_keys_entry(max(cfg.compilation_config.cudagraph_capture_sizes or [0]),
+                                 cfg.scheduler_config.max_num_batched_tokens)
+        t0 = time.monotonic()
+        await run_workload(engine, entry, build_requests(entry, vocab), SamplingParams, RequestOutputKind.DELTA)
+        print(f"[harness] {args.name} {entry['name']}: {len(entry['requests'])} prompts in "
+              f"{time.monotonic() - t0:.1f} s (not recorded)", flush=True)
+    meta["warmup_eager_keys"] = bool(args.warmup_eager_keys)
     meta["warmup"]["t1_monotonic"] = time.monotonic()
     for entry in plan:
         await engine.reset_prefix_cache()
@@ -490,6 +512,9 @@ def main() -> None:
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     p.add_argument("--no-async", action="store_true")
     p.add_argument("--no-prefix-caching", action="store_true")
+    p.add_argument("--warmup-eager-keys", action="store_true",
+                   help="before the plan, serve one prompt of each eager step's first-use compile key "
+                        "(eager_keys_entry), unrecorded but for meta.json's warmup_steps")
     p.add_argument("--warmup-lengths", action="store_true",
                    help="before the plan, serve prompts of 16-8,192 tokens (warmup_lengths_entries), unrecorded")
     p.add_argument("--finish-only", action="store_true", help="only post-process an existing --out")
