@@ -48,7 +48,8 @@ def user_mistakes(tmp: Path) -> dict[str, list[list[str]]]:
                   ["bench", "random:n=10,concurrency=2", *POOL, "--max-concurrency", "3"]],
         "workload": [["workload", "sharegpt:rate=1,colour=red"], ["workload", missing]],
         "capacity": [["capacity", "--model", "gpt-5"], ["capacity", "--hf-config", missing],
-                     ["capacity", "--gpu-memory-gib", "40"]],
+                     ["capacity", "--gpu-memory-gib", "40"],
+                     ["capacity", "--model", "Llama-3.1-8B", "--eager-launch-ms", "20"]],   # nothing to time
         "plan": [["plan", SPEC, "--sweep", "colour=red"], ["plan", SPEC, "--slo", "ttft<"],
                  ["plan", SPEC, "--address", "10.0.0.1:6379"],     # ignored without Ray
                  ["plan", SPEC, "--out", str(a_file), "--quiet"]],
@@ -167,3 +168,15 @@ def test_validate_refuses_a_negative_time_before_any_work(capsys):
         main(["validate", SPEC, "--at", "-1", "--num-blocks", "200", "--device", "cpu"])
     assert exit_.value.code == 2
     assert "argument --at: must be >= 0, got -1" in capsys.readouterr().err
+
+
+def test_capacity_refuses_step_time_flags_without_a_workload_and_takes_them_with_one(capsys):
+    """kvsim capacity replays only a WORKLOAD: a step-time flag without one is a one-line error that
+    names it (it would be silently ignored); with a workload the replay takes it."""
+    assert main(["capacity", "--model", "Llama-3.1-8B", "--step-s", "0.02", "--first-use-compiles"]) == 2
+    err = capsys.readouterr().err
+    assert "--step-s, --first-use-compiles price a replay's steps" in err and err.count("\n") == 1
+    assert main(["capacity", "--model", "Llama-3.1-8B"]) == 0
+    capsys.readouterr()
+    assert main(["capacity", "--model", "Llama-3.1-8B", "random:n=4,isl=64,osl=4,concurrency=2,seed=1",
+                 "--step-s", "0.02", "--json"]) == 0

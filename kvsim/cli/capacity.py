@@ -120,6 +120,10 @@ def format_trace_concurrency(r: CapacityReport, at: dict, source: str, num_reque
 
 
 def run(args) -> int:
+    priced = options.given_flags(args)
+    if priced and not args.workload:    # no replay without a workload: nothing to time
+        raise InputError(f"{', '.join(priced)} {'prices' if len(priced) == 1 else 'price'} a replay's steps; "
+                         f"kvsim capacity replays none without a WORKLOAD", field=priced[0].lstrip("-").replace("-", "_"))
     report = capacity_report(args)
     out = {"capacity": report.to_dict()}
     if args.workload:
@@ -160,7 +164,7 @@ def register(subparsers) -> None:
     options.add_model_gpu_args(p)
     options.add_pool_args(p, explicit_size=False)
     options.add_scheduler_args(p, batch_defaults=None)
-    options.add_step_time_args(p)
+    options.flags_given(p, options.add_step_time_args(p))
     options.add_serving_args(p)
     p.add_argument("--concurrency-tokens", type=options.positive_int, metavar="L",
                    help="also print vLLM's maximum concurrency for L tokens per request")

@@ -200,8 +200,10 @@ def add_scheduler_args(p: argparse.ArgumentParser, *, batch_defaults: tuple[int,
 
 
 # --------------------------------------------------------------------------------- step time
-def add_step_time_args(p: argparse.ArgumentParser) -> None:
-    """How long a step takes: the step clock, a fixed time, a measured table, or the roofline."""
+def add_step_time_args(p: argparse.ArgumentParser) -> tuple[str, ...]:
+    """How long a step takes: the step clock, a fixed time, a measured table, or the roofline;
+    returns the flags' dests (``flags_given``)."""
+    before = len(p._actions)        # argparse keeps every action in order
     g = p.add_argument_group("step time (default: real vLLM's steps measured for --model on --gpu where "
                                  "tables/vllm/ has them, else the roofline)")
     cost = g.add_mutually_exclusive_group()
@@ -237,6 +239,19 @@ def add_step_time_args(p: argparse.ArgumentParser) -> None:
                         "and H200: " + ", ".join(f"{k} {v:g}" for k, v in MEASURED_FLOPS_EFFICIENCY.items()) + ")")
     g.add_argument("--step-overhead-ms", type=nonneg_float, default=DEFAULT_STEP_OVERHEAD_S * 1e3, metavar="MS",
                    help="roofline: fixed time added to every step (default %(default)g)")
+    return tuple(a.dest for a in p._actions[before:])
+
+
+def flags_given(p: argparse.ArgumentParser, dests: tuple[str, ...]) -> None:
+    """Keep on the parser's namespace (``given_flags``) the flags among ``dests`` whose parsed
+    value differs from the default: what a user set."""
+    p.set_defaults(flag_defaults={d: p.get_default(d) for d in dests})
+
+
+def given_flags(args) -> list[str]:
+    """The flags (as typed: ``--eager-launch-ms``) ``flags_given`` watches that this run set."""
+    return [f"--{d.replace('_', '-')}" for d, v in getattr(args, "flag_defaults", {}).items()
+            if getattr(args, d, v) != v]
 
 
 def roofline_kwargs(args) -> dict:
