@@ -10,6 +10,7 @@ import pytest
 from kvsim import workloads
 from kvsim.allocator import MEMORY_CLASSES
 from kvsim.simulator import EngineConfig, FixedStepCost, Simulation, simulate
+from kvsim.simulator.cost import WrappedCost
 from kvsim.simulator.result import SUMMARY_KEYS
 from kvsim.workloads import Request
 
@@ -314,24 +315,14 @@ def test_an_idle_start_costs_c_idle_only_after_the_tables_idle_wait():
     assert ttfts(0.010, [late], None)[9] == pytest.approx(ttfts(0.0, [late], None)[9])
 
 
-class _BurstCost:
+def _burst_cost(*spans_s: tuple[float, float], graph_tokens: int = 512) -> WrappedCost:
     """10 ms steps, with a measured table's first step: sends 0.4 ms then 0.2 ms apart, the cutoff
     drawn from ``spans_s``, CUDA graphs to ``graph_tokens`` tokens."""
+    from kvsim.simulator.cost_table import FirstStep
 
-    def __init__(self, *spans_s: tuple[float, float], graph_tokens: int = 512):
-        from kvsim.simulator.cost_table import FirstStep
-
-        self.fixed = FixedStepCost(0.01)
-        self.first_step = FirstStep(0.0004, 0.0002, spans_s, graph_tokens)
-
-    def step_time_s(self, batch):
-        return self.fixed.step_time_s(batch)
-
-    def run_time_s(self, batch, num_steps):
-        return self.fixed.run_time_s(batch, num_steps)
-
-    def describe(self):
-        return "10 ms steps, bursts split as drawn"
+    cost = WrappedCost(FixedStepCost(0.01))
+    cost.first_step = FirstStep(0.0004, 0.0002, spans_s, graph_tokens)
+    return cost
 
 
 def test_a_burst_at_an_idle_engine_is_split_as_the_tables_first_step_says():
@@ -348,21 +339,21 @@ def test_a_burst_at_an_idle_engine_is_split_as_the_tables_first_step_says():
     whole, steps = run(FixedStepCost(0.01))
     assert steps["new_reqs"].iloc[0] == 4 and whole["first_token_step"].nunique() == 1
     # a cutoff 0.5 ms after the first send: the sends at 0 and 0.4 ms make the first step
-    eager, steps = run(_BurstCost((0.0005, 0.0005), graph_tokens=513))   # next: 512 + 2 tokens, eager
+    eager, steps = run(_burst_cost((0.0005, 0.0005), graph_tokens=513))   # next: 512 + 2 tokens, eager
     assert steps["new_reqs"].iloc[0] == 2 and steps["new_reqs"].iloc[1] == 2
     assert eager.loc[0, "first_token_step"] == 0 and eager.loc[2, "first_token_step"] == 1
     assert eager.loc[0, "ttft_s"] == pytest.approx(eager.loc[2, "ttft_s"])        # with the next step's
     assert eager.loc[2, "ttft_s"] == pytest.approx(whole.loc[0, "ttft_s"] + 0.01)
-    graph, _ = run(_BurstCost((0.0005, 0.0005), graph_tokens=514))     # the next step on a graph
+    graph, _ = run(_burst_cost((0.0005, 0.0005), graph_tokens=514))     # the next step on a graph
     assert graph.loc[0, "ttft_s"] == pytest.approx(whole.loc[0, "ttft_s"])
     assert graph.loc[2, "ttft_s"] == pytest.approx(whole.loc[0, "ttft_s"] + 0.01)
     # a cutoff past every send: whole; async scheduling off: no split (and no table says how)
-    assert run(_BurstCost((0.01, 0.01)))[1]["new_reqs"].iloc[0] == 4
-    assert run(_BurstCost((0.0005, 0.0005)), async_scheduling=False)[1]["new_reqs"].iloc[0] == 4
+    assert run(_burst_cost((0.01, 0.01)))[1]["new_reqs"].iloc[0] == 4
+    assert run(_burst_cost((0.0005, 0.0005)), async_scheduling=False)[1]["new_reqs"].iloc[0] == 4
 
 
 def test_the_first_steps_draw_is_the_replicas_own_and_seeded():
-    cost = _BurstCost((0.0, 0.0003), (0.0004, 0.0009), (0.0, 0.002))
+    cost = _burst_cost((0.0, 0.0003), (0.0004, 0.0009), (0.0, 0.002))
     reqs = [Request(request_id=i, arrival_s=0.5 * (i // 8), prompt_tokens=64, output_tokens=2) for i in range(64)]
 
     def first_tokens(seed):
@@ -410,7 +401,7 @@ def test_a_split_bursts_held_first_tokens_come_out_with_their_second_in_the_toke
     burst = [Request(request_id=i, arrival_s=0.0, prompt_tokens=256, output_tokens=4) for i in range(4)]
 
     def log(graph_tokens):
-        res = simulate(iter(burst), _cfg(async_scheduling=True), _BurstCost((0.0005, 0.0005), graph_tokens=graph_tokens),
+        res = simulate(iter(burst), _cfg(async_scheduling=True), _burst_cost((0.0005, 0.0005), graph_tokens=graph_tokens),
                        record_token_times=True)
         t = res.token_times
         return res.requests.set_index("request_id"), {k: t[k].tolist() for k in t}
