@@ -315,3 +315,21 @@ def test_tritons_hook_witnessed_every_compile_the_probe_timed():
         with open(folder / "jit_hooks.csv") as f:
             seen = sorted((r["kernel"], round(float(r["t_s"]), 3)) for r in csv.DictReader(f))
         assert seen == timed, folder.name
+
+
+def test_after_the_eager_keys_warm_up_the_plan_compiles_no_routing_and_no_expert_matmul():
+    """gpt-oss-20b-keys (harness.py --warmup-eager-keys: one prompt of each routing key, 448, before
+    the plan): the rules' key space is the whole of what compiles, so the plan's loops, served
+    twice, compile neither the routing nor an expert matmul, as the rules predict from the
+    warm-up's recorded steps."""
+    root = RUNS / "gpt-oss-20b-keys"
+    if not (root / "meta.json").exists():
+        pytest.skip("no measured runs here")
+    meta, workloads = _in_order(root)
+    assert meta["warmup_eager_keys"] and len(meta["warmup_steps"]) > 448
+    compiles = FirstUseCompiles((RoutingCompiles(graph_tokens=1024), *expert_matmul_compiles(1024, "gpt-oss", 32, 4)))
+    seen = _warmed(meta, compiles)
+    for name, folder in workloads:
+        with open(folder / "steps.csv") as f:
+            assert not any(compiles.stall_s(seen, int(r["num_scheduled_tokens"])) for r in csv.DictReader(f)), name
+        assert _jit(folder, "_topk_forward") == [] and _matmul_compiles(folder) == [], name
