@@ -1,7 +1,7 @@
 """First-use Triton compiles of real vLLM: what a freshly started engine pays on its first steps.
 
 A Triton kernel compiles once for each specialisation of its arguments, the first time a step
-needs it, inside that step. Two of vLLM 0.23.0's kernels compile in the steps of a fresh engine
+needs it, inside that step. These of vLLM 0.23.0's kernels compile in the steps of a fresh engine
 (each compile timed by the harness's probe, ``jit.csv`` of bench/results/vllm_h100/):
 
 * ``_compute_slot_mapping_kernel`` (the input preparation of every step, every model: outside
