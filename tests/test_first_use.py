@@ -319,8 +319,7 @@ def test_tritons_hook_witnessed_every_compile_the_probe_timed():
 
 def test_after_the_eager_keys_warm_up_the_plan_compiles_no_routing_and_no_expert_matmul():
     """gpt-oss-20b-keys (harness.py --warmup-eager-keys: one prompt of each routing key, 448, before
-    the plan): the rules' key space is the whole of what compiles, so the plan's loops, served
-    twice, compile neither the routing nor an expert matmul, as the rules predict from the
+    the plan): the rules' key space is the whole of what compiles, so the plan's loops compile neither the routing nor an expert matmul, as the rules predict from the
     warm-up's recorded steps."""
     root = RUNS / "gpt-oss-20b-keys"
     if not (root / "meta.json").exists():
