@@ -385,7 +385,8 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"--clocks {clock}: no such file")
     results = GPUS[a.gpu][0]
     a.engines = a.engines or [e for b in ENGINES for e in (b, *(b + k for k in RUN_KINDS))
-                              if (results / e / "meta.json").exists()]
+                              if (results / e / "meta.json").exists()
+                              and json.loads((results / e / "meta.json").read_text())["workloads"]]
     rows, fitted = [], fitted_points()
     for engine in a.engines:
         folder = results / engine
