@@ -64,8 +64,8 @@ ENGINES = {
 # finds them in Triton's disk cache: -cached) and its held-out closed loops served again in a
 # fresh engine (plans.py --rounds: -rerun, and -rerun2, -rerun3 for more engines); a longer
 # suffix before the one it ends with
-RUN_KINDS = ("-idle", "-twice", "-warm", "-keys", "-burst", "-noasync-wave", "-wave", "-noasync", "-rerun2", "-rerun3", "-rerun", "-jit",
-             "-cached")
+RUN_KINDS = ("-idle", "-twice", "-warm", "-keys", "-burst", "-noasync-wave", "-wave", "-noasync", "-rerun2", "-rerun3",
+             "-rerun", "-jit", "-cached")
 
 
 def base_engine(engine: str) -> str:

@@ -581,9 +581,9 @@ def _step_cost(s: EngineSettings, model: ModelSpec | None, gpu: GpuSpec | None,
 def _with_first_use_compiles(cost, table) -> CostModel:
     """A copy of real vLLM's ``table``'s cost model that prices a fresh engine's first-use compiles
     (simulator.first_use: the slot mapping's for every model; an MXFP4 MoE model's routing and
-    expert matmuls too, eager beyond the table's largest CUDA graph); an InputError for a table that is not real
-    vLLM's (kvsim's own executor's), or an MXFP4 MoE model's without the graph size (its '# first
-    step:' line)."""
+    expert matmuls too, eager beyond the table's largest CUDA graph); an InputError for a table
+    that is not real vLLM's (kvsim's own executor's), or an MXFP4 MoE model's without the graph
+    size (its '# first step:' line)."""
     from kvsim.simulator.first_use import (FirstUseCompiles, SlotMappingCompiles, expert_matmul_compiles,
                                            routing_compiles)
 

@@ -180,7 +180,8 @@ def expert_matmul_compiles(graph_tokens: int, model: str | None, num_experts: in
     if model in EXPERT_MATMUL_COMPILE_S:
         seconds, on = EXPERT_MATMUL_COMPILE_S[model], f"{model}, {ROUTING_MEASURED_ON}"
     else:
-        seconds, on = EXPERT_MATMUL_COMPILE_S["gpt-oss-20b"], f"gpt-oss-20b, {ROUTING_MEASURED_ON}; extrapolated to {model}"
+        seconds = EXPERT_MATMUL_COMPILE_S["gpt-oss-20b"]
+        on = f"gpt-oss-20b, {ROUTING_MEASURED_ON}; extrapolated to {model}"
     return tuple(ExpertMatmulCompiles(k, graph_tokens, num_experts, top_k, seconds[k], on) for k in ("up", "down"))
 
 

@@ -158,7 +158,8 @@ def test_the_expert_matmuls_keys_are_their_block_size_rows_and_blocks():
     assert expert_matmul_keys(1087, 128, 4)["up"] == (64, "other", "other")
     assert expert_matmul_keys(3118, 128, 4)["down"] == (128, "other", "16")
     assert [expert_matmul_keys(n, 128, 4)["up"][0] for n in (1055, 1056, 2079, 2080)] == [32, 64, 64, 128]
-    assert expert_matmul_keys(1, 32, 4) == {"up": (16, "1", "other"), "down": (16, "other", "other")}  # 4 rows, 4 blocks
+    # one token: 4 rows, 4 blocks
+    assert expert_matmul_keys(1, 32, 4) == {"up": (16, "1", "other"), "down": (16, "other", "other")}
     for engine in ("gpt-oss-20b-jit", "gpt-oss-120b-jit"):
         if (RUNS / engine / "meta.json").exists():
             logged = json.loads((RUNS / engine / "meta.json").read_text())["engine_core"]["cudagraph_capture_sizes"]
@@ -195,7 +196,8 @@ def _matmul_compiles(folder: Path) -> list[tuple]:
         up = spec["ACTIVATION_REDUCTION_N"][1] == 2      # the gate/up projection's fused SwiGLU
         rows = {("constexpr", 1): "1", ("i32", "D"): "16"}
         out.append((f"expert_matmul_{'up' if up else 'down'}",
-                    (spec["BLOCK_M"][1], rows.get(tuple(spec["NRows"]), "other"), rows.get(tuple(spec["grid_m"]), "other"))))
+                    (spec["BLOCK_M"][1], rows.get(tuple(spec["NRows"]), "other"),
+                     rows.get(tuple(spec["grid_m"]), "other"))))
     return out
 
 

@@ -208,6 +208,11 @@ def test_finish_records_the_warm_ups_steps_apart_from_the_workloads(tmp_path):
     done = json.loads((tmp_path / "meta.json").read_text())
     assert done["warmup_steps"] == [600, 4201, 8]
     assert done["workloads"]["cl"]["num_steps"] == 1
+    assert (tmp_path / "warmup" / "steps.csv").read_text().count("\n") == 4      # a header and its 3 steps
+    # stopped in its warm-up (the harness writes meta.partial.json before it): every step is the warm-up's
+    (tmp_path / "meta.partial.json").write_text(json.dumps({"warmup": {"t0_monotonic": t0 - 0.01}, "workloads": {}}))
+    harness.finish(tmp_path)
+    assert json.loads((tmp_path / "meta.json").read_text())["warmup_steps"] == [600, 4201, 8, 1024]
 
 
 def test_the_eager_keys_warm_up_meets_every_routing_key_once():

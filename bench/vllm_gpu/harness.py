@@ -18,7 +18,8 @@ What a run leaves under ``--out``:
   probe), start-up figures (from vLLM's log: KV cache memory and tokens, CUDA-graph memory,
   compile and capture time, time to ready), the monotonic<->wall clock pair, the host (CPU model,
   CPUs, load average and a single-thread speed probe, before the plan and after: ``host_info``),
-  the token counts of the warm-up's steps (``warmup_steps``: what it compiled, simulator.first_use);
+  the token counts of the warm-up's steps (``warmup_steps``: what it compiled, simulator.first_use;
+  ``warmup/`` holds its steps.csv, jit.csv and jit_hooks.csv, also of a run stopped in its warm-up);
 * ``<workload>/requests.jsonl``: per request the arrival, send, first-token, every token's and
   finish times (seconds from the workload's start, front-end process), prompt and output tokens;
 * ``<workload>/steps.csv``: per engine step, measured in the engine core by the probe plugin
@@ -50,6 +51,7 @@ import argparse
 import asyncio
 import csv
 import json
+import math
 import os
 import random
 import re
@@ -218,10 +220,15 @@ def jit_rows(lines: list[dict], t0: float, t1: float) -> list[dict]:
             for j in sorted((j for j in lines if "jit" in j), key=lambda j: j["t0"]) if t0 <= j["t0"] <= t1]
 
 
-def warmup_steps(lines: list[dict], t0: float, t1: float) -> list[int]:
-    """The token counts of the steps scheduled in [t0, t1] (the warm-up's, in order): meta.json's
-    ``warmup_steps``."""
-    return [r["num_scheduled_tokens"] for r in step_rows(lines, t0, t1)]
+def write_window(folder: Path, lines: list[dict], t0: float, t1: float) -> list[dict]:
+    """A workload's (or the warm-up's) steps.csv, jit.csv and jit_hooks.csv: the probe's lines in
+    [t0, t1]; returns the step rows."""
+    folder.mkdir(parents=True, exist_ok=True)
+    rows = step_rows(lines, t0, t1)
+    write_csv(folder / "steps.csv", rows, STEP_COLUMNS)
+    write_csv(folder / "jit.csv", jit_rows(lines, t0, t1), JIT_COLUMNS)
+    write_csv(folder / "jit_hooks.csv", jit_hook_rows(lines, t0, t1), ("kernel", "t_s"))
+    return rows
 
 
 def eager_keys_entry(graph_tokens: int, max_tokens: int) -> dict:
@@ -421,6 +428,7 @@ async def main_async(args) -> None:
     # warm-up: every batch path once, outside the measured workloads
     warm = {"name": "warmup", "kind": "closed", "isl": 600, "osl": 24, "n": 8, "concurrency": 8}
     meta["warmup"] = {"t0_monotonic": time.monotonic()}
+    (out / "meta.partial.json").write_text(json.dumps(meta, indent=1))    # a warm-up cut short keeps its steps
     await run_workload(engine, warm, build_requests(warm, vocab), SamplingParams, RequestOutputKind.DELTA)
     for entry in warmup_lengths_entries() if args.warmup_lengths else []:
         t0 = time.monotonic()
@@ -477,14 +485,11 @@ def finish(out: Path) -> None:
     log = out / "vllm.log"
     meta["startup"] = parse_log(log.read_text(errors="replace")) if log.exists() else {}
     if "warmup" in meta:         # what the warm-up ran (and compiled): simulator.first_use's engine state
-        meta["warmup_steps"] = warmup_steps(lines, meta["warmup"]["t0_monotonic"], meta["warmup"]["t1_monotonic"])
+        w = meta["warmup"]       # no end: the run was stopped in its warm-up, every step is the warm-up's
+        rows = write_window(out / "warmup", lines, w["t0_monotonic"], w.get("t1_monotonic", math.inf))
+        meta["warmup_steps"] = [r["num_scheduled_tokens"] for r in rows]
     for name, w in meta["workloads"].items():
-        rows = step_rows(lines, w["t0_monotonic"], w["t1_monotonic"])
-        write_csv(out / name / "steps.csv", rows, STEP_COLUMNS)
-        write_csv(out / name / "jit.csv", jit_rows(lines, w["t0_monotonic"], w["t1_monotonic"]), JIT_COLUMNS)
-        write_csv(out / name / "jit_hooks.csv", jit_hook_rows(lines, w["t0_monotonic"], w["t1_monotonic"]),
-                  ("kernel", "t_s"))
-        w["num_steps"] = len(rows)
+        w["num_steps"] = len(write_window(out / name, lines, w["t0_monotonic"], w["t1_monotonic"]))
     try:
         import torch
         import vllm
@@ -514,7 +519,7 @@ def main() -> None:
     p.add_argument("--no-prefix-caching", action="store_true")
     p.add_argument("--warmup-eager-keys", action="store_true",
                    help="before the plan, serve one prompt of each eager step's first-use compile key "
-                        "(eager_keys_entry), unrecorded but for meta.json's warmup_steps")
+                        "(eager_keys_entry); its steps are the warm-up's (warmup/, meta.json's warmup_steps)")
     p.add_argument("--warmup-lengths", action="store_true",
                    help="before the plan, serve prompts of 16-8,192 tokens (warmup_lengths_entries), unrecorded")
     p.add_argument("--finish-only", action="store_true", help="only post-process an existing --out")

@@ -123,7 +123,8 @@ def run(args) -> int:
     priced = options.given_flags(args)
     if priced and not args.workload:    # no replay without a workload: nothing to time
         raise InputError(f"{', '.join(priced)} {'prices' if len(priced) == 1 else 'price'} a replay's steps; "
-                         f"kvsim capacity replays none without a WORKLOAD", field=priced[0].lstrip("-").replace("-", "_"))
+                         f"kvsim capacity replays none without a WORKLOAD",
+                         field=priced[0].lstrip("-").replace("-", "_"))
     report = capacity_report(args)
     out = {"capacity": report.to_dict()}
     if args.workload:
