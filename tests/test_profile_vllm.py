@@ -226,3 +226,19 @@ def test_each_option_belongs_to_its_engines_and_the_other_refuses_it():
     args = p.parse_args(["--out", "t.csv", "--engine", "vllm"])
     profile_options.settle_options(args, "vllm")
     assert (args.grid, args.max_model_len, args.repeat) == ("fine", 10240, None)
+
+
+def test_a_run_stopped_in_its_warm_up_is_not_finished(tmp_path):
+    """The harness finishes a run stopped in its warm-up too (meta.json with its warm-up's steps):
+    it served none of its plan, so it is not a finished run (kvsim profile serves it again)."""
+    import json
+
+    from kvsim.cli.profile_vllm import finished
+
+    run = tmp_path / "engine"
+    run.mkdir()
+    assert not finished(run)
+    (run / "meta.json").write_text(json.dumps({"workloads": {}, "warmup_steps": [600, 4201]}))
+    assert not finished(run)
+    (run / "meta.json").write_text(json.dumps({"workloads": {"grid": {"num_steps": 3}}}))
+    assert finished(run)

@@ -190,8 +190,10 @@ def harness_env() -> dict:
 
 
 def finished(run: Path) -> bool:
-    """Whether an engine's run folder holds a finished run (the harness writes meta.json last)."""
-    return (run / "meta.json").is_file()
+    """Whether an engine's run folder holds a finished run (the harness writes meta.json last) that
+    served some of its plan (one stopped in its warm-up has none)."""
+    meta = run / "meta.json"
+    return meta.is_file() and bool(json.loads(meta.read_text()).get("workloads"))
 
 
 def pack(run: Path) -> None:
