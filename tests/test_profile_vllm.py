@@ -231,8 +231,6 @@ def test_each_option_belongs_to_its_engines_and_the_other_refuses_it():
 def test_a_run_stopped_in_its_warm_up_is_not_finished(tmp_path):
     """The harness finishes a run stopped in its warm-up too (meta.json with its warm-up's steps):
     it served none of its plan, so it is not a finished run (kvsim profile serves it again)."""
-    import json
-
     from kvsim.cli.profile_vllm import finished
 
     run = tmp_path / "engine"
