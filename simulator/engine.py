@@ -138,6 +138,7 @@ class _Replica:
         self.num_steps = 0
         self.token_row = -1       # the token log row of its last detailed step (simulator.token_log)
         self.compiled = None      # the keys its first-use compiles have run (simulator.first_use)
+        self.compile_tally = {}   # each kernel's [compiles, seconds] priced
         self.idle_start = True    # the next priced step starts the replica from idle
 
 
@@ -771,7 +772,7 @@ class Simulation:
             if idle_start:
                 end += self.idle_start_ns
             if rep.compiled is not None:
-                end += to_ns(self.first_use.stall_s(rep.compiled, batch.num_scheduled_tokens))
+                end += to_ns(self.first_use.stall_s(rep.compiled, batch.num_scheduled_tokens, rep.compile_tally))
             end += io.forward_stall_ns(t, end - t)   # flushed stores delay the forward
             bd_step = rec.breakdown()
             usage = rep.allocator.usage

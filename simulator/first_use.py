@@ -210,16 +210,35 @@ class FirstUseCompiles:
         """Whether a step of ``num_tokens`` meets a key not in ``compiled``."""
         return any(key not in compiled for key in self.keys(num_tokens))
 
-    def stall_s(self, compiled: set, num_tokens: int) -> float:
+    def stall_s(self, compiled: set, num_tokens: int, tally: dict | None = None) -> float:
         """Seconds a step of ``num_tokens`` spends compiling, given the replica's ``compiled`` keys
-        (updated)."""
+        (updated); ``tally``: each kernel's [compiles, seconds] so far (updated)."""
         cost = {r.name: r.compile_s for r in self.rules}
         stall = 0.0
         for key in self.keys(num_tokens):
             if key not in compiled:
                 compiled.add(key)
                 stall += cost[key[0]]
+                if tally is not None:
+                    count = tally.setdefault(key[0], [0, 0.0])
+                    count[0] += 1
+                    count[1] += cost[key[0]]
         return stall
 
     def describe(self) -> str:
         return "first-use compiles (a fresh engine): " + "; ".join(r.describe() for r in self.rules)
+
+
+def compiles_summary(tallies: list[dict]) -> dict:
+    """The summary's ``first_use_compiles``: the replicas' tallies (FirstUseCompiles.stall_s) added
+    up, each kernel's compiles and seconds and their totals (seconds summed over replicas)."""
+    by_kernel: dict = {}
+    for tally in tallies:
+        for name, (count, seconds) in tally.items():
+            entry = by_kernel.setdefault(name, {"compiles": 0, "seconds": 0.0})
+            entry["compiles"] += count
+            entry["seconds"] += seconds
+    by_kernel = {k: {"compiles": v["compiles"], "seconds": round(v["seconds"], 6)}
+                 for k, v in sorted(by_kernel.items())}
+    return {"compiles": sum(v["compiles"] for v in by_kernel.values()),
+            "seconds": round(sum(v["seconds"] for v in by_kernel.values()), 6), "by_kernel": by_kernel}

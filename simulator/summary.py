@@ -9,6 +9,7 @@ import numpy as np
 
 from kvsim.allocator import MEMORY_CLASSES
 from kvsim.simulator.cost import NS_PER_S
+from kvsim.simulator.first_use import compiles_summary
 from kvsim.simulator.offload import summarize_offload
 from kvsim.simulator.recorder import NUM_CLASSES, Recorder
 from kvsim.simulator.result import GROUP_SUMMARY_KEY, SUMMARY_KEYS
@@ -93,6 +94,8 @@ def summarize(recorder: Recorder, replicas: list, *, num_arrived: int, num_rejec
     assert tuple(summary) == SUMMARY_KEYS
     if recs and recs[0].grouped:
         summary = _with_groups(summary, recs)
+    if any(getattr(r, "compiled", None) is not None for r in replicas):   # only with first-use compiles priced
+        summary["first_use_compiles"] = compiles_summary([r.compile_tally for r in replicas])
     connectors = [r.offload for r in replicas if getattr(r, "offload", None) is not None]
     if connectors:   # only with offload tiers: the summary is otherwise unchanged
         summary["offload"] = summarize_offload(connectors, prefix_query_tokens=queries,

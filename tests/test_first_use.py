@@ -285,6 +285,8 @@ def test_the_flag_prices_a_fresh_engine_on_real_vllms_table_and_refuses_another_
     plain, fresh = run(argv), run([*argv, "--first-use-compiles"])
     assert "MoE routing's" in fresh and "slot mapping's" in fresh and "first-use" not in plain
     assert "expert matmul (up)" in fresh and "expert matmul (down)" in fresh and "32 experts, top-4" in fresh
+    line = next(x for x in fresh.splitlines() if x.startswith("first-use compiles: "))
+    assert "routing" in line and "slot_mapping" in line and "first-use compiles:" not in plain
     assert ttft_p50(fresh) > ttft_p50(plain) + ROUTING_COMPILE_S["gpt-oss-20b"] - 0.2
 
     lone = "random:isl=1000,osl=4,n=2,concurrency=1,seed=1"      # 1,000 tokens: 'other'; then 1: a new key
@@ -341,3 +343,31 @@ def test_the_keys_warm_up_compiled_each_routing_and_expert_matmul_key_the_rules_
     assert len(routing) == len(_jit(folder, "_sum_bitmatrix_rows")) == 356
     measured = routing + _matmul_compiles(folder)
     assert sorted(predicted) == sorted(measured) and len(measured) == 360
+
+
+def test_the_summary_tallies_each_kernels_compiles_and_seconds(tmp_path):
+    """--first-use-compiles: the summary's first_use_compiles adds up the compiles priced, per
+    kernel at its price (a kernel's seconds = its compiles x its price), over the replicas; the
+    compiles' seconds are what the run took longer (one replica, a closed loop of one request at a
+    time: every stall delays the run's end); without the flag the summary has no such key."""
+    from kvsim.cli import main
+
+    spec = "random:isl=3000,osl=4,n=6,concurrency=1,seed=3"
+    argv = ["replay", "--model", "gpt-oss-20b", "--gpu", "h100", spec, "--quiet"]
+    outs = {}
+    for name, extra in (("plain", []), ("fresh", ["--first-use-compiles"])):
+        outs[name] = json.loads(Path(tmp_path / f"{name}.json").read_text()) \
+            if main([*argv, *extra, "--out", str(tmp_path / f"{name}.json")]) == 0 else None
+    assert "first_use_compiles" not in outs["plain"]
+    c = outs["fresh"]["first_use_compiles"]
+    prices = {"routing": ROUTING_COMPILE_S["gpt-oss-20b"], "slot_mapping": SLOT_MAPPING_COMPILE_S,
+              **{f"expert_matmul_{k}": s for k, s in EXPERT_MATMUL_COMPILE_S["gpt-oss-20b"].items()}}
+    assert c["by_kernel"]["routing"]["compiles"] >= 1
+    for kernel, entry in c["by_kernel"].items():
+        assert entry["seconds"] == pytest.approx(entry["compiles"] * prices[kernel])
+    assert c["compiles"] == sum(e["compiles"] for e in c["by_kernel"].values())
+    grew = outs["fresh"]["simulated_duration_s"] - outs["plain"]["simulated_duration_s"]
+    assert grew == pytest.approx(c["seconds"], abs=0.05)
+    two = tmp_path / "two.json"
+    assert main([*argv, "--first-use-compiles", "--replicas", "2", "--out", str(two)]) == 0
+    assert json.loads(two.read_text())["first_use_compiles"]["compiles"] > c["compiles"]    # each replica its own

@@ -180,6 +180,11 @@ def run(args) -> int:
               f"{o['combined_hit_rate']:.3f}, loaded "
               f"{sum(o['loaded_bytes'].values()) / 2**30:.1f} GiB, stored "
               f"{sum(o['stored_bytes'].values()) / 2**30:.1f} GiB")
+    if "first_use_compiles" in s:
+        c = s["first_use_compiles"]
+        print(f"first-use compiles: {c['compiles']} priced, {c['seconds']:.2f} s of compiling ("
+              + ", ".join(f"{k} {v['compiles']} ({v['seconds']:.2f} s)" for k, v in c["by_kernel"].items())
+              + ")")
     print(format_summary(s))
     if s["requests_rejected"]:
         print(f"kvsim: warning: {s['requests_rejected']} requests could never fit "
