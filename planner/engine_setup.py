@@ -580,12 +580,12 @@ def _step_cost(s: EngineSettings, model: ModelSpec | None, gpu: GpuSpec | None,
 
 def _with_first_use_compiles(cost, table) -> CostModel:
     """A copy of real vLLM's ``table``'s cost model that prices a fresh engine's first-use compiles
-    (simulator.first_use: the slot mapping's for every model; an MXFP4 MoE model's routing and
-    expert matmuls too, eager beyond the table's largest CUDA graph); an InputError for a table
+    (simulator.first_use: the slot mapping's for every model; an MXFP4 MoE model's routing, its
+    token sort and the expert matmuls too, eager beyond the table's largest CUDA graph); an InputError for a table
     that is not real vLLM's (kvsim's own executor's), or an MXFP4 MoE model's without the graph
     size (its '# first step:' line)."""
     from kvsim.simulator.first_use import (FirstUseCompiles, SlotMappingCompiles, expert_matmul_compiles,
-                                           routing_compiles)
+                                           routing_compiles, routing_sort_compiles)
 
     provenance = getattr(cost, "provenance", {})
     if not provenance.get("executor", "").startswith("vllm"):
@@ -604,7 +604,8 @@ def _with_first_use_compiles(cost, table) -> CostModel:
                              f"graph ('# first step:' line); {table} has none", field="first_use_compiles")
         rules.append(routing_compiles(first_step.graph_tokens, name))
         routed = measured.weights.breakdown
-        rules += expert_matmul_compiles(first_step.graph_tokens, name, routed.num_experts, routed.num_experts_per_tok)
+        for family in (expert_matmul_compiles, routing_sort_compiles):
+            rules += family(first_step.graph_tokens, name, routed.num_experts, routed.num_experts_per_tok)
     cost = copy.copy(cost)       # the shipped table's model is shared by every run of the process
     cost.first_use_compiles = FirstUseCompiles(tuple(rules))
     return cost

@@ -24,11 +24,16 @@ needs it, inside that step. These of vLLM 0.23.0's kernels compile in the steps 
   projection's rows (n), the down projection's rows (n*k) and grid_m. vLLM's start-up compiles
   the keys of every CUDA-graph size it captures and of its profile run; a new key costs 0.5-1.7 s
   a kernel.
+* gpt-oss's routing's token sort (triton_kernels' SortTokens: ``_combined_routing_memset`` and
+  ``_combined_routing_compute``), on the same eager steps, specialised by Triton's keys of sizes
+  that follow from the step's tokens (routing_sort_keys); rarer (4 compiles in gpt-oss-20b-keys'
+  358 eager steps), 0.27-1.13 s.
 
 The rules predict every compile of these kernels in the fresh engines measured (tests/
 test_first_use.py reads them): the routing's 47 of gpt-oss-20b-jit, -cached and gpt-oss-120b-jit,
-the expert matmuls' 10 of the same engines (after what the harness's warm-up compiled, where its
-steps were recorded: ``warmup_steps`` of meta.json), and the slot mapping's of gpt-oss-20b-jit,
+the expert matmuls' 10 and the token sort's 1 of the same engines (after what the harness's warm-up
+compiled, where its steps were recorded: ``warmup_steps`` of meta.json), all 364 of the routing's,
+the expert matmuls' and the token sort's in gpt-oss-20b-keys' 381 steps, and the slot mapping's of gpt-oss-20b-jit,
 gpt-oss-120b-jit and three Qwen3-30B-A3B reruns. Not modelled: a compile Triton finds in its disk
 cache (a second engine on the same machine: gpt-oss-20b-cached's slot mapping), any kernel another
 vLLM version or GPU may add; nor what else a fresh Qwen3-30B-A3B engine's first eager step pays
@@ -57,6 +62,10 @@ SLOT_MAPPING_MEASURED_ON = "gpt-oss-20b, gpt-oss-120b and Qwen3-30B-A3B, H100"
 # extrapolated.
 EXPERT_MATMUL_COMPILE_S = {"gpt-oss-20b": {"up": 1.469, "down": 1.440},
                            "gpt-oss-120b": {"up": 1.153, "down": 1.121}}
+# seconds a new key of the routing's token sort costs: gpt-oss-20b's mean over the timed compiles of
+# gpt-oss-20b-cached and -keys (H100, 2026-12-07: 4 of the memset, 1 of the compute); gpt-oss-120b
+# and any other MXFP4 MoE model take them, extrapolated.
+ROUTING_SORT_COMPILE_S = {"gpt-oss-20b": {"memset": 0.289, "compute": 1.128}}
 
 
 def triton_int_key(value: int) -> str:
@@ -78,6 +87,20 @@ def expert_matmul_keys(num_tokens: int, num_experts: int, top_k: int) -> dict[st
     grid_m = rows if rows <= num_experts else -(-(rows - num_experts + 1) // block_m) + num_experts - 1
     return {"up": (block_m, triton_int_key(num_tokens), triton_int_key(grid_m)),
             "down": (block_m, triton_int_key(rows), triton_int_key(grid_m))}
+
+
+def routing_sort_keys(num_tokens: int, num_experts: int, top_k: int) -> dict[str, tuple]:
+    """What the routing's token sort (triton_kernels' SortTokens: ``_combined_routing_memset`` and
+    ``_combined_routing_compute``) is compiled for at a step of ``num_tokens`` (module docstring):
+    the Triton keys of the memset's size (2 x tokens x top-k), of the partial histogram's rows
+    (tokens / 32) and stride (4 x tokens / 128) and of its first blocks (4 x the tiles / 512, + 5),
+    and of the compute's token count and that stride."""
+    gates = num_tokens * top_k
+    tiles = gates if gates <= num_experts else num_experts - 1 - ((num_experts - gates - 1) // 16)
+    stride = 4 * -(-num_tokens // 128)
+    return {"memset": (triton_int_key(2 * gates), triton_int_key(-(-num_tokens // 32)), triton_int_key(stride),
+                       triton_int_key(4 * -(-tiles // 512) + 5)),
+            "compute": (triton_int_key(num_tokens), triton_int_key(stride))}
 
 
 def routing_key(num_tokens: int) -> tuple[int, bool]:
@@ -143,46 +166,58 @@ def routing_compiles(graph_tokens: int, model: str | None) -> RoutingCompiles:
     return RoutingCompiles(graph_tokens, measured_on=f"gpt-oss-20b, {ROUTING_MEASURED_ON}; extrapolated to {model}")
 
 
-class ExpertMatmulCompiles:
-    """One of gpt-oss's expert matmuls' rule (``kernel``: 'up' or 'down'): ``graph_tokens``, the
-    largest CUDA graph (a step of more tokens runs eager); ``compile_s`` per new key."""
+class EagerKernelCompiles:
+    """One MXFP4 MoE kernel's rule whose key is a function of an eager step's tokens
+    (``keys_of(num_tokens)[kernel]``: expert_matmul_keys, routing_sort_keys): ``graph_tokens``, the
+    largest CUDA graph (a step of more tokens runs eager); ``compile_s`` per new key; ``what``
+    names the kernel and its key for describe."""
 
-    def __init__(self, kernel: str, graph_tokens: int, num_experts: int, top_k: int, compile_s: float,
-                 measured_on: str):
+    def __init__(self, family: str, kernel: str, keys_of, graph_tokens: int, compile_s: float, measured_on: str,
+                 what: str):
         self.kernel = kernel
-        self.name = f"expert_matmul_{kernel}"
+        self.name = f"{family}_{kernel}"
+        self.keys_of = keys_of
         self.graph_tokens = graph_tokens
-        self.num_experts = num_experts
-        self.top_k = top_k
         self.compile_s = compile_s
         self.measured_on = measured_on
-
-    def _key(self, num_tokens: int):
-        return expert_matmul_keys(num_tokens, self.num_experts, self.top_k)[self.kernel]
+        self.what = what
 
     def key(self, num_tokens: int):
         """None for a step on a CUDA graph (nothing compiles)."""
-        return self._key(num_tokens) if num_tokens > self.graph_tokens else None
+        return self.keys_of(num_tokens)[self.kernel] if num_tokens > self.graph_tokens else None
 
     def start_keys(self, max_num_batched_tokens: int) -> set:
         """Every captured graph's key and vLLM's profile run's."""
-        return {self._key(n) for n in vllm_capture_sizes(self.graph_tokens) + [max_num_batched_tokens]}
+        return {self.keys_of(n)[self.kernel] for n in vllm_capture_sizes(self.graph_tokens) + [max_num_batched_tokens]}
 
     def describe(self) -> str:
-        return (f"{self.compile_s:.3g} s of the expert matmul ({self.kernel}) at an eager step whose block size, "
-                f"rows and blocks (by {self.num_experts} experts, top-{self.top_k}) the engine has not run "
-                f"(measured on {self.measured_on})")
+        return f"{self.compile_s:.3g} s of {self.what} the engine has not run (measured on {self.measured_on})"
+
+
+def _priced(table: dict, model: str | None) -> tuple[dict, str]:
+    """A model's measured seconds from ``table`` and where they were measured; gpt-oss-20b's,
+    said extrapolated, for another model."""
+    if model in table:
+        return table[model], f"{model}, {ROUTING_MEASURED_ON}"
+    return table["gpt-oss-20b"], f"gpt-oss-20b, {ROUTING_MEASURED_ON}; extrapolated to {model}"
 
 
 def expert_matmul_compiles(graph_tokens: int, model: str | None, num_experts: int, top_k: int) -> tuple:
-    """Both expert matmuls' rules for an MXFP4 MoE ``model``: its own measured seconds, else
-    gpt-oss-20b's (said extrapolated)."""
-    if model in EXPERT_MATMUL_COMPILE_S:
-        seconds, on = EXPERT_MATMUL_COMPILE_S[model], f"{model}, {ROUTING_MEASURED_ON}"
-    else:
-        seconds = EXPERT_MATMUL_COMPILE_S["gpt-oss-20b"]
-        on = f"gpt-oss-20b, {ROUTING_MEASURED_ON}; extrapolated to {model}"
-    return tuple(ExpertMatmulCompiles(k, graph_tokens, num_experts, top_k, seconds[k], on) for k in ("up", "down"))
+    """Both expert matmuls' rules for an MXFP4 MoE ``model``."""
+    seconds, on = _priced(EXPERT_MATMUL_COMPILE_S, model)
+    return tuple(EagerKernelCompiles(
+        "expert_matmul", k, lambda n: expert_matmul_keys(n, num_experts, top_k), graph_tokens, seconds[k], on,
+        f"the expert matmul ({k}) at an eager step whose block size, rows and blocks (by {num_experts} experts, "
+        f"top-{top_k})") for k in ("up", "down"))
+
+
+def routing_sort_compiles(graph_tokens: int, model: str | None, num_experts: int, top_k: int) -> tuple:
+    """The routing's token sort's two kernels' rules for an MXFP4 MoE ``model``."""
+    seconds, on = _priced(ROUTING_SORT_COMPILE_S, model)
+    return tuple(EagerKernelCompiles(
+        "routing_sort", k, lambda n: routing_sort_keys(n, num_experts, top_k), graph_tokens, seconds[k], on,
+        f"the routing's token sort ({k}) at an eager step whose sizes (by {num_experts} experts, top-{top_k})")
+        for k in ("memset", "compute"))
 
 
 class FirstUseCompiles:

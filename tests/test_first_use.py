@@ -15,10 +15,10 @@ import pytest
 from kvsim.simulator import simulate
 from kvsim.simulator.config import EngineConfig
 from kvsim.simulator.cost import FixedStepCost, WrappedCost
-from kvsim.simulator.first_use import (EXPERT_MATMUL_COMPILE_S, ROUTING_COMPILE_S, SLOT_MAPPING_COMPILE_S,
-                                       ExpertMatmulCompiles, FirstUseCompiles, RoutingCompiles, SlotMappingCompiles,
-                                       expert_matmul_compiles, expert_matmul_keys, routing_key, slot_mapping_key,
-                                       vllm_capture_sizes)
+from kvsim.simulator.first_use import (EXPERT_MATMUL_COMPILE_S, ROUTING_COMPILE_S, ROUTING_SORT_COMPILE_S,
+                                       SLOT_MAPPING_COMPILE_S, EagerKernelCompiles, FirstUseCompiles, RoutingCompiles,
+                                       SlotMappingCompiles, expert_matmul_compiles, expert_matmul_keys, routing_key,
+                                       routing_sort_compiles, routing_sort_keys, slot_mapping_key, vllm_capture_sizes)
 from kvsim.workloads import Request
 
 RUNS = Path(__file__).resolve().parent.parent / "bench" / "results" / "vllm_h100"
@@ -172,7 +172,8 @@ def test_start_up_compiles_every_captured_size_so_a_step_pays_only_its_new_kerne
     multiples of 16; 64 tokens: 256 rows, 46 blocks). 200 tokens (BLOCK_M 32, 800 rows, 56 blocks)
     pays its up projection's key alone (its down projection's is the profile run's); 201 (804
     rows) its down projection's alone."""
-    up, down = (ExpertMatmulCompiles(k, 64, 32, 4, s, "test") for k, s in (("up", 1.0), ("down", 0.5)))
+    up, down = (EagerKernelCompiles("expert_matmul", k, lambda n: expert_matmul_keys(n, 32, 4), 64, s, "test", "test")
+                for k, s in (("up", 1.0), ("down", 0.5)))
     compiles = FirstUseCompiles((up, down))
     seen = compiles.at_start(256)
     assert ("expert_matmul_down", (32, "16", "other")) in seen
@@ -201,19 +202,30 @@ def _matmul_compiles(folder: Path) -> list[tuple]:
     return out
 
 
+# each eager kernel family: its rules, the probe's timed compiles of it, and how many each engine's
+# measured loops hold (the expert matmuls': 10; the token sort's: -cached's one)
+FAMILIES = {"expert_matmul": (expert_matmul_compiles, lambda f: _matmul_compiles(f),
+                              {"gpt-oss-20b-jit": 2, "gpt-oss-20b-cached": 2, "gpt-oss-120b-jit": 6}),
+            "routing_sort": (routing_sort_compiles, lambda f: _sort_compiles(f),
+                             {"gpt-oss-20b-jit": 0, "gpt-oss-20b-cached": 1, "gpt-oss-120b-jit": 0})}
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
 @pytest.mark.parametrize("engine, experts", [("gpt-oss-20b-jit", 32), ("gpt-oss-20b-cached", 32),
                                              ("gpt-oss-120b-jit", 128)])
-def test_the_rule_predicts_every_expert_matmul_compile_of_the_measured_engines(engine, experts):
-    """Every workload's eager steps (steps.csv) against the expert matmuls' compiles the probe timed
-    (jit.csv), in the engine's order, from start-up's keys and the warm-up's: the keys, each
-    kernel's, exactly. gpt-oss-120b-jit predates ``warmup_steps``: there every timed compile is
-    predicted, and each key predicted beyond them is one a warm-up step could have compiled (its 8
-    prompts of 600 tokens, some of them in a step, beside the decodes of those before)."""
+def test_the_rule_predicts_every_eager_kernel_compile_of_the_measured_engines(engine, experts, family):
+    """Every workload's eager steps (steps.csv) against the expert matmuls' (or the routing's token
+    sort's) compiles the probe timed (jit.csv), in the engine's order, from start-up's keys and the
+    warm-up's: the keys, each kernel's, exactly. gpt-oss-120b-jit predates ``warmup_steps``: there
+    every timed compile is predicted, and each key predicted beyond them is one a warm-up step could
+    have compiled (its 8 prompts of 600 tokens, some of them in a step, beside the decodes of those
+    before)."""
+    rules, timed, count = FAMILIES[family]
     root = RUNS / engine
     if not (root / "meta.json").exists():
         pytest.skip("no measured runs here")
     meta, workloads = _in_order(root)
-    compiles = FirstUseCompiles(expert_matmul_compiles(1024, "gpt-oss", experts, 4))
+    compiles = FirstUseCompiles(rules(1024, "gpt-oss", experts, 4))
     seen = _warmed(meta, compiles)
     warmup_could = {k for p in range(1, 9) for d in range(9 - p) for k in compiles.keys(600 * p + d)}
     total = 0
@@ -221,13 +233,13 @@ def test_the_rule_predicts_every_expert_matmul_compile_of_the_measured_engines(e
         with open(folder / "steps.csv") as f:
             predicted = [k for row in csv.DictReader(f) for k in compiles.keys(int(row["num_scheduled_tokens"]))
                          if k not in seen and not seen.add(k)]
-        measured = _matmul_compiles(folder)
+        measured = timed(folder)
         if "warmup_steps" in meta:
             assert sorted(predicted) == sorted(measured), name
         else:
             assert set(measured) <= set(predicted) and set(predicted) - set(measured) <= warmup_could, name
         total += len(measured)
-    assert total >= 2
+    assert total == count[engine]
 
 
 @pytest.mark.parametrize("model, engines", [("gpt-oss-20b", ["gpt-oss-20b-jit", "gpt-oss-20b-cached"]),
@@ -321,18 +333,45 @@ def test_tritons_hook_witnessed_every_compile_the_probe_timed():
         assert seen == timed, folder.name
 
 
+def _sort_compiles(folder: Path) -> list[tuple]:
+    """The routing's token sort's compiles the probe timed in one workload, as (rule name, key)."""
+    rows = {("constexpr", 1): "1", ("i32", "D"): "16"}
+    key = lambda spec, *args: tuple(rows.get(tuple(spec[a]), "other") for a in args)    # noqa: E731
+    return ([("routing_sort_memset", key(c["spec"], "size", "shape_pm", "stride_pn", "blocks1a"))
+             for c in _jit(folder, "_combined_routing_memset")]
+            + [("routing_sort_compute", key(c["spec"], "n_tokens", "stride_pn"))
+               for c in _jit(folder, "_combined_routing_compute")])
+
+
+def test_the_routing_sorts_keys_and_price():
+    """The sort's keys at the steps that compiled it in gpt-oss-20b-keys (1,055: nothing a multiple
+    of 16; 1,439: the partial histogram's stride 48; 1,535: also its 48 rows); its price, each
+    kernel's mean over gpt-oss-20b's timed compiles."""
+    assert routing_sort_keys(1055, 32, 4) == {"memset": ("other",) * 4, "compute": ("other", "other")}
+    assert routing_sort_keys(1439, 32, 4) == {"memset": ("other", "other", "16", "other"), "compute": ("other", "16")}
+    assert routing_sort_keys(1535, 32, 4)["memset"] == ("other", "16", "16", "other")
+    assert routing_sort_keys(8192, 32, 4)["memset"] == ("16", "16", "16", "other")      # the profile run's
+    folders = [f for e in ("gpt-oss-20b-cached",) if (RUNS / e / "meta.json").exists() for _, f in _in_order(RUNS / e)[1]]
+    folders += [RUNS / "gpt-oss-20b-keys" / "warmup"] if (RUNS / "gpt-oss-20b-keys" / "meta.json").exists() else []
+    if len(folders) < 9:
+        pytest.skip("no measured runs here")
+    for kernel, name in (("memset", "_combined_routing_memset"), ("compute", "_combined_routing_compute")):
+        seconds = [c["s"] for f in folders for c in _jit(f, name)]
+        assert ROUTING_SORT_COMPILE_S["gpt-oss-20b"][kernel] == pytest.approx(sum(seconds) / len(seconds), abs=5e-4)
+
+
 def test_the_keys_warm_up_compiled_each_routing_and_expert_matmul_key_the_rules_name():
     """gpt-oss-20b-keys (harness.py --warmup-eager-keys on an H100, cut by the call's limit at the
     6,720-token prompt): over its 381 steps, from start-up's keys, the rules name exactly the
     routing and expert-matmul compiles the probe timed, key by key: 356 routing keys (one a prompt)
-    and 4 expert-matmul ones. triton_kernels' _combined_routing_memset and _compute compiled 4
-    times too (0.3-1.1 s): not modelled."""
+    and 4 expert-matmul ones, and the routing's token sort's 4 (3 of its memset, 1 of its compute)."""
     root = RUNS / "gpt-oss-20b-keys"
     if not (root / "meta.json").exists():
         pytest.skip("no measured runs here")
     meta = json.loads((root / "meta.json").read_text())
     folder = root / "warmup"
-    compiles = FirstUseCompiles((RoutingCompiles(graph_tokens=1024), *expert_matmul_compiles(1024, "gpt-oss", 32, 4)))
+    compiles = FirstUseCompiles((RoutingCompiles(graph_tokens=1024), *expert_matmul_compiles(1024, "gpt-oss", 32, 4),
+                                 *routing_sort_compiles(1024, "gpt-oss", 32, 4)))
     seen = compiles.at_start(meta["engine_core"]["max_num_batched_tokens"])
     with open(folder / "steps.csv") as f:
         steps = [int(r["num_scheduled_tokens"]) for r in csv.DictReader(f)]
@@ -341,8 +380,8 @@ def test_the_keys_warm_up_compiled_each_routing_and_expert_matmul_key_the_rules_
     routing = [("routing", (c["spec"]["stride_rn"][1], c["spec"]["n_rows"][1] == "D"))
                for c in _jit(folder, "_topk_forward")]
     assert len(routing) == len(_jit(folder, "_sum_bitmatrix_rows")) == 356
-    measured = routing + _matmul_compiles(folder)
-    assert sorted(predicted) == sorted(measured) and len(measured) == 360
+    measured = routing + _matmul_compiles(folder) + _sort_compiles(folder)
+    assert sorted(predicted) == sorted(measured) and len(measured) == 364
 
 
 def test_the_summary_tallies_each_kernels_compiles_and_seconds(tmp_path):
@@ -361,7 +400,8 @@ def test_the_summary_tallies_each_kernels_compiles_and_seconds(tmp_path):
     assert "first_use_compiles" not in outs["plain"]
     c = outs["fresh"]["first_use_compiles"]
     prices = {"routing": ROUTING_COMPILE_S["gpt-oss-20b"], "slot_mapping": SLOT_MAPPING_COMPILE_S,
-              **{f"expert_matmul_{k}": s for k, s in EXPERT_MATMUL_COMPILE_S["gpt-oss-20b"].items()}}
+              **{f"expert_matmul_{k}": s for k, s in EXPERT_MATMUL_COMPILE_S["gpt-oss-20b"].items()},
+              **{f"routing_sort_{k}": s for k, s in ROUTING_SORT_COMPILE_S["gpt-oss-20b"].items()}}
     assert c["by_kernel"]["routing"]["compiles"] >= 1
     for kernel, entry in c["by_kernel"].items():
         assert entry["seconds"] == pytest.approx(entry["compiles"] * prices[kernel])

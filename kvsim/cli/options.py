@@ -222,8 +222,8 @@ def add_step_time_args(p: argparse.ArgumentParser) -> tuple[str, ...]:
                         "compiles of first use (every model: the slot mapping's, 0.14 s at the first step of 1 "
                         "token and the first of a multiple of 16; gpt-oss, MXFP4 MoE: also its routing's, "
                         "0.73-1.49 s at each eager step whose token count, rounded up to 32, the engine has not "
-                        "run, and its expert matmuls', 1.1-1.5 s a kernel at each eager step of a new block size, "
-                        "rows or blocks; measured on an H100; an error with another clock)")
+                        "run, its expert matmuls', 1.1-1.5 s a kernel at each eager step of a new block size, "
+                        "rows or blocks, and its token sort's; measured on an H100; an error with another clock)")
     g.add_argument("--eager-launch-ms", type=positive_float, default=None, metavar="MS",
                    help="your host's launch of a step on no CUDA graph (real vLLM's table: more tokens than its "
                         "largest graph; Python over every layer): each such step takes at least this long. "
