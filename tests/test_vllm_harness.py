@@ -228,3 +228,15 @@ def test_the_eager_keys_warm_up_meets_every_routing_key_once():
     assert min(lengths) > 1024 and max(lengths) == 8192
     small = [r[1] for r in harness.eager_keys_entry(512, 2000)["requests"]]
     assert {routing_key(n) for n in small} == {routing_key(n) for n in range(513, 2001)}
+
+
+def test_the_eager_keys_warm_up_is_served_in_parts_that_share_no_prefix():
+    """--warmup-eager-keys-s: the warm-up in parts of 16 prompts (the harness stops between parts
+    when the time is spent); together the parts are the whole warm-up, in order, and no two of
+    their prompts share a first block (each part its own seed: a prefix-cache hit would shorten a
+    step, and meet another key)."""
+    entry = harness.eager_keys_entry(1024, 8192)
+    parts = harness.eager_keys_chunks(entry)
+    assert [r for p in parts for r in p["requests"]] == entry["requests"] and len(parts) == 28
+    firsts = [tuple(r["ids"][:16]) for p in parts for r in harness.build_requests(p, 200_000)]
+    assert len(firsts) == 448 and len(set(firsts)) == 448

@@ -71,9 +71,9 @@ engine() {  # name -> "model_dir plan flags..."
     gpt-oss-20b-warm)     echo "gpt-oss-20b twice --warmup-lengths" ;;
     gpt-oss-120b-warm)    echo "gpt-oss-120b twice --warmup-lengths" ;;
     # the jit plan served once (keys.json) after a warm-up over every eager step's compile key
-    # (harness.py --warmup-eager-keys)
-    gpt-oss-20b-keys)     echo "gpt-oss-20b keys --warmup-eager-keys" ;;
-    gpt-oss-120b-keys)    echo "gpt-oss-120b keys --warmup-eager-keys" ;;
+    # (harness.py --warmup-eager-keys), cut after $KEYS_S seconds (330: a 10-minute call)
+    gpt-oss-20b-keys)     echo "gpt-oss-20b keys --warmup-eager-keys --warmup-eager-keys-s ${KEYS_S:-330}" ;;
+    gpt-oss-120b-keys)    echo "gpt-oss-120b keys --warmup-eager-keys --warmup-eager-keys-s ${KEYS_S:-330}" ;;
     # BASE-idle: lone prompts at an idle engine and C = 1 closed loops (plans.py --size idle >
     # idle.json); BASE-hot: lone prompts right after the last request finished (plans.py --size
     # hot > hot.json); BASE-burst: C prompts sent at once, four waves (plans.py --size burst >

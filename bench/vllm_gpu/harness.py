@@ -244,6 +244,15 @@ def eager_keys_entry(graph_tokens: int, max_tokens: int) -> dict:
             "requests": [[0.0, n, 1] for n in lengths]}
 
 
+def eager_keys_chunks(entry: dict, size: int = 16) -> list[dict]:
+    """``entry`` (eager_keys_entry) in parts of ``size`` prompts, served one after another until
+    ``--warmup-eager-keys-s`` runs out; each part its own seed, so that no prompt shares a prefix
+    with another's (the prefix cache would shorten its step)."""
+    rows = entry["requests"]
+    return [{**entry, "name": f"{entry['name']}-{i}", "seed": entry["seed"] + 1000 * i, "requests": rows[j:j + size]}
+            for i, j in enumerate(range(0, len(rows), size))]
+
+
 def jit_hook_rows(lines: list[dict], t0: float, t1: float) -> list[dict]:
     """Triton's post-compile hook's witnesses (the probe's ``jit_hook`` lines) in [t0, t1], times
     from ``t0``: each compile's end, also of a kernel the ``_do_compile`` wrapper did not time."""
@@ -440,9 +449,14 @@ async def main_async(args) -> None:
         cfg = engine.vllm_config
         entry = eager_keys_entry(max(cfg.compilation_config.cudagraph_capture_sizes or [0]),
                                  cfg.scheduler_config.max_num_batched_tokens)
-        t0 = time.monotonic()
-        await run_workload(engine, entry, build_requests(entry, vocab), SamplingParams, RequestOutputKind.DELTA)
-        print(f"[harness] {args.name} {entry['name']}: {len(entry['requests'])} prompts in "
+        t0, served = time.monotonic(), 0
+        for part in eager_keys_chunks(entry):
+            if args.warmup_eager_keys_s is not None and time.monotonic() - t0 > args.warmup_eager_keys_s:
+                break           # the plan is served on what is compiled by then (meta.json's warmup_steps)
+            await run_workload(engine, part, build_requests(part, vocab), SamplingParams, RequestOutputKind.DELTA)
+            served += len(part["requests"])
+        meta["warmup_eager_keys_served"] = served
+        print(f"[harness] {args.name} {entry['name']}: {served} of {len(entry['requests'])} prompts in "
               f"{time.monotonic() - t0:.1f} s (not recorded)", flush=True)
     meta["warmup_eager_keys"] = bool(args.warmup_eager_keys)
     meta["warmup"]["t1_monotonic"] = time.monotonic()
@@ -520,6 +534,8 @@ def main() -> None:
     p.add_argument("--warmup-eager-keys", action="store_true",
                    help="before the plan, serve one prompt of each eager step's first-use compile key "
                         "(eager_keys_entry); its steps are the warm-up's (warmup/, meta.json's warmup_steps)")
+    p.add_argument("--warmup-eager-keys-s", type=float, default=None, metavar="S",
+                   help="stop the eager-keys warm-up after the part that passes S seconds, and serve the plan")
     p.add_argument("--warmup-lengths", action="store_true",
                    help="before the plan, serve prompts of 16-8,192 tokens (warmup_lengths_entries), unrecorded")
     p.add_argument("--finish-only", action="store_true", help="only post-process an existing --out")
