@@ -173,8 +173,8 @@ class EngineSettings:
         size, KV dtype or weight format is an InputError naming each difference, unless
         ``force_cost_table``.
     first_use_compiles: a freshly started engine: on real vLLM's table its steps pay the first-use
-        Triton compiles (simulator.first_use: every model's slot mapping, an MXFP4 MoE model's
-        routing); an InputError with another clock.
+        Triton compiles (simulator.first_use: every model's slot mapping; an MXFP4 MoE model's
+        routing, its token sort and its expert matmuls); an InputError with another clock.
     eager_launch_s: the host's launch of a step on no CUDA graph (real vLLM's table: more tokens
         than its largest graph): each such step takes at least this long (EagerLaunchCost); None:
         as the table's host launched them. An InputError with another clock.
@@ -581,9 +581,9 @@ def _step_cost(s: EngineSettings, model: ModelSpec | None, gpu: GpuSpec | None,
 def _with_first_use_compiles(cost, table) -> CostModel:
     """A copy of real vLLM's ``table``'s cost model that prices a fresh engine's first-use compiles
     (simulator.first_use: the slot mapping's for every model; an MXFP4 MoE model's routing, its
-    token sort and the expert matmuls too, eager beyond the table's largest CUDA graph); an InputError for a table
-    that is not real vLLM's (kvsim's own executor's), or an MXFP4 MoE model's without the graph
-    size (its '# first step:' line)."""
+    token sort and the expert matmuls too, eager beyond the table's largest CUDA graph); an
+    InputError for a table that is not real vLLM's (kvsim's own executor's), or an MXFP4 MoE
+    model's without the graph size (its '# first step:' line)."""
     from kvsim.simulator.first_use import (FirstUseCompiles, SlotMappingCompiles, expert_matmul_compiles,
                                            routing_compiles, routing_sort_compiles)
 

@@ -159,11 +159,8 @@ class RoutingCompiles:
 
 
 def routing_compiles(graph_tokens: int, model: str | None) -> RoutingCompiles:
-    """The routing's rule for an MXFP4 MoE ``model``: its own measured seconds, else
-    gpt-oss-20b's (said extrapolated)."""
-    if model in ROUTING_COMPILE_S:
-        return RoutingCompiles(graph_tokens, ROUTING_COMPILE_S[model], f"{model}, {ROUTING_MEASURED_ON}")
-    return RoutingCompiles(graph_tokens, measured_on=f"gpt-oss-20b, {ROUTING_MEASURED_ON}; extrapolated to {model}")
+    """The routing's rule for an MXFP4 MoE ``model`` (its seconds: _priced)."""
+    return RoutingCompiles(graph_tokens, *_priced(ROUTING_COMPILE_S, model))
 
 
 class EagerKernelCompiles:
@@ -227,6 +224,7 @@ class FirstUseCompiles:
     def __init__(self, rules: tuple, compiled: frozenset = frozenset()):
         self.rules = tuple(rules)
         self.compiled = frozenset(compiled)
+        self._compile_s = {r.name: r.compile_s for r in self.rules}
 
     def keys(self, num_tokens: int) -> list:
         """The (kernel, key) pairs a step of ``num_tokens`` needs compiled."""
@@ -248,16 +246,16 @@ class FirstUseCompiles:
     def stall_s(self, compiled: set, num_tokens: int, tally: dict | None = None) -> float:
         """Seconds a step of ``num_tokens`` spends compiling, given the replica's ``compiled`` keys
         (updated); ``tally``: each kernel's [compiles, seconds] so far (updated)."""
-        cost = {r.name: r.compile_s for r in self.rules}
         stall = 0.0
         for key in self.keys(num_tokens):
             if key not in compiled:
                 compiled.add(key)
-                stall += cost[key[0]]
+                seconds = self._compile_s[key[0]]
+                stall += seconds
                 if tally is not None:
                     count = tally.setdefault(key[0], [0, 0.0])
                     count[0] += 1
-                    count[1] += cost[key[0]]
+                    count[1] += seconds
         return stall
 
     def describe(self) -> str:
