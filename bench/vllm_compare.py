@@ -297,8 +297,11 @@ def carried_setup(setup, engine: str, source_gpu: str):
     table = grid_table(engine, "vllm-fine", source_gpu)
     table = table if table.exists() else grid_table(engine, "vllm-grid", source_gpu)
     kv = ENGINES[base_engine(engine)][2]
-    return replace(setup, cost=carried(load_cost_table(table), setup.model, get_gpu(source_gpu.lower()),
-                                       setup.gpu, kv_dtype=kv))
+    source = get_gpu(source_gpu.lower())
+    clock = {**setup.clock, "clock": "table", "table": table.name, "measured_on": source.name} \
+        if setup.clock is not None else None
+    return replace(setup, cost=carried(load_cost_table(table), setup.model, source, setup.gpu, kv_dtype=kv),
+                   clock=clock)
 
 
 # a clock from any table (``file:tables/mine.csv``: one a user made with kvsim profile --engine vllm)
@@ -347,6 +350,64 @@ def _median_tpot(requests) -> float:
 METRICS = ("mean_ttft_ms", "median_tpot_ms", "mean_e2el_ms")
 
 
+def engine_figures(rows: list[dict], engine: str, clock: str, again: str = "") -> dict | None:
+    """An engine's figures under ``clock`` over its held-out closed loops (its first serving, or
+    ``again``: its second; the points a table was fitted on left out): the median |error| of the
+    median TPOT, the mean |error| of the mean TTFT and of the mean E2E, the mean signed E2E error,
+    in per cent, and the number of points; None where it has none."""
+    mine = [r for r in rows if r["engine"] == engine and r["point"].startswith(CLOSED_LOOPS)
+            and serving(r["point"]) == again and not r["fitted"]]
+    if not mine or f"{clock}_mean_ttft_ms_err" not in mine[0]:
+        return None
+    return {"points": len(mine),
+            "tpot_pct": 100 * float(np.median([abs(r[f"{clock}_median_tpot_ms_err"]) for r in mine])),
+            "ttft_pct": 100 * float(np.mean([abs(r[f"{clock}_mean_ttft_ms_err"]) for r in mine])),
+            "e2e_pct": 100 * float(np.mean([abs(r[f"{clock}_mean_e2el_ms_err"]) for r in mine])),
+            "e2e_signed_pct": 100 * float(np.mean([r[f"{clock}_mean_e2el_ms_err"] for r in mine]))}
+
+
+# the engines whose figures a user's clock line gives (planner.held_out): each model's own runs as
+# served, with async scheduling on or off; the other run kinds (idle, burst, wave plans, fresh
+# engines served again) are diagnoses
+HELD_OUT_KINDS = ("", "-noasync")
+
+
+def write_held_out(path: Path, rows: list[dict], engines: list[str], clocks: list[str], gpu: str) -> None:
+    """Write the figures of ``gpu``'s runs into planner.held_out's file ``path``: per engine of
+    HELD_OUT_KINDS and clock that kvsim runs as it was measured (EngineSetup.clock: the default
+    clock, the roofline, a shipped table, one carried from the other GPU; not the datasheet's
+    peaks nor a file of the user's), keyed by that clock. The rows of the other GPU's runs are kept;
+    two clocks that are one (the default and the table it takes) give one row."""
+    from kvsim.planner.held_out import KEY_FIELDS
+
+    doc = json.loads(path.read_text()) if path.is_file() else {}
+    kept = [r for r in doc.get("rows", []) if r["vllm_gpu"] != gpu]
+    mine, seen = [], set()
+    for engine in engines:
+        if engine.removeprefix(base_engine(engine)) not in HELD_OUT_KINDS:
+            continue
+        meta = json.loads((GPUS[gpu][0] / engine / "meta.json").read_text())
+        for clock in clocks:
+            fig = engine_figures(rows, engine, clock)
+            key = engine_setup(engine, meta, clock, gpu).clock if fig is not None else None
+            if key is not None and clock.startswith("carried-") and not key["async_scheduling"]:
+                continue    # carried without the async-off line no table of the other GPU has: not kvsim's clock
+            if key is None or tuple(key[k] for k in KEY_FIELDS) in seen:
+                continue
+            seen.add(tuple(key[k] for k in KEY_FIELDS))
+            mine.append({**key, "engine": engine, "vllm_gpu": gpu,
+                         "runs": str((GPUS[gpu][0] / engine).relative_to(ROOT)),
+                         **{k: round(v, 1) if isinstance(v, float) else v for k, v in fig.items()}})
+    doc = {"against": "real vLLM 0.23.0 (bench/results/vllm_h100/, vllm_h200/)",
+           "figures": "over each engine's held-out closed loops: the median |error| of the median TPOT, the mean "
+                      "|error| of the mean TTFT and of the mean E2E, in per cent (vllm bench serve's figures)",
+           "command": "python bench/vllm_compare.py --gpu H100 --clocks default,roofline,carried-h200 "
+                      "--held-out-json tables/vllm/held_out.json; the same with --gpu H200 and carried-h100",
+           "rows": sorted(kept + mine, key=lambda r: (r["vllm_gpu"], r["engine"], r["clock"], r["table"] or ""))}
+    path.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
+    print(f"wrote {len(mine)} clocks of the {gpu} runs to {path}")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gpu", choices=sorted(GPUS), default="H200", help="whose runs (default H200)")
@@ -356,6 +417,10 @@ def main(argv: list[str] | None = None) -> int:
                          "carried-h100, carried-h200, or file:PATH (a cost table of your own, such as "
                          "kvsim profile --engine vllm writes; its model and GPU must match the engine's)")
     ap.add_argument("--csv", help="write every point's figures here")
+    ap.add_argument("--held-out-json", metavar="PATH",
+                    help="write each engine's figures per clock into this file (planner.held_out's: "
+                         "tables/vllm/held_out.json, the figures every clock line ends with), this GPU's rows "
+                         "replaced; without --engines, each model's own runs (async scheduling on and off)")
     ap.add_argument("--traces", action="store_true",
                     help="also the Azure trace excerpt of each engine, at its arrival times (held out); the "
                          "summary then lists it on its own")
@@ -384,7 +449,8 @@ def main(argv: list[str] | None = None) -> int:
         if clock.startswith(FILE_CLOCK) and not Path(clock.removeprefix(FILE_CLOCK)).is_file():
             ap.error(f"--clocks {clock}: no such file")
     results = GPUS[a.gpu][0]
-    a.engines = a.engines or [e for b in ENGINES for e in (b, *(b + k for k in RUN_KINDS))
+    kinds = HELD_OUT_KINDS if a.held_out_json else RUN_KINDS   # --held-out-json: the engines it writes
+    a.engines = a.engines or [e for b in ENGINES for e in (b, *(b + k for k in kinds if k))
                               if (results / e / "meta.json").exists()
                               and json.loads((results / e / "meta.json").read_text())["workloads"]]
     rows, fitted = [], fitted_points()
@@ -449,18 +515,14 @@ def main(argv: list[str] | None = None) -> int:
     print("\nper engine and clock, over its closed-loop points (those a table was fitted on left out): median "
           f"|error| of median TPOT, mean |error| of mean TTFT and of mean E2E (kvsim against real vLLM 0.23.0, {a.gpu})")
     for engine, again in ((e, s) for e in a.engines for s in ("", "again")):
-        mine = [r for r in rows if r["engine"] == engine and r["point"].startswith(CLOSED_LOOPS)
-                and serving(r["point"]) == again and not r["fitted"]]
         label = f"{engine} {again}".strip()
         for clock in clocks:
-            if not mine or f"{clock}_mean_ttft_ms_err" not in mine[0]:
-                continue
-            tpot = np.median([abs(r[f"{clock}_median_tpot_ms_err"]) for r in mine])
-            ttft = np.mean([abs(r[f"{clock}_mean_ttft_ms_err"]) for r in mine])
-            e2e = np.mean([abs(r[f"{clock}_mean_e2el_ms_err"]) for r in mine])
-            signed = np.mean([r[f"{clock}_mean_e2el_ms_err"] for r in mine])
-            print(f"  {label:<14} {clock:<9} TPOT {100 * tpot:5.1f} %  TTFT {100 * ttft:5.1f} %  "
-                  f"E2E {100 * e2e:5.1f} % (signed {100 * signed:+.1f} %)  {len(mine)} points")
+            fig = engine_figures(rows, engine, clock, again)
+            if fig is not None:
+                print(f"  {label:<14} {clock:<9} TPOT {fig['tpot_pct']:5.1f} %  TTFT {fig['ttft_pct']:5.1f} %  "
+                      f"E2E {fig['e2e_pct']:5.1f} % (signed {fig['e2e_signed_pct']:+.1f} %)  {fig['points']} points")
+    if a.held_out_json:
+        write_held_out(Path(a.held_out_json), rows, a.engines, clocks, a.gpu)
     if a.traces:
         print("\nthe Azure trace excerpt at its arrival times (first 40 s, open loop): error of mean TTFT, "
               "median TPOT, mean E2E")

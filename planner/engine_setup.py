@@ -67,6 +67,7 @@ from __future__ import annotations
 import copy
 import math
 import os
+from pathlib import Path
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -114,6 +115,8 @@ class EngineSetup:
     capacity: vLLM's sizing report when model and GPU sized the pool, else None.
     model, gpu: the specs used (resolved when named, needed for sizing or the roofline), or None.
     offload: the offload tiers (simulator.offload.TierConfig), () without.
+    clock: the step clock as planner.held_out names it (clock_key: a shipped real-vLLM table or the
+        roofline, as kvsim's default runs it), None for a clock the user changed or made.
     """
 
     config: EngineConfig
@@ -122,6 +125,7 @@ class EngineSetup:
     model: ModelSpec | None = None
     gpu: GpuSpec | None = None
     offload: tuple[TierConfig, ...] = ()
+    clock: dict | None = None
 
 
 def _resolve(value, resolve):
@@ -299,6 +303,9 @@ def build_engine(settings: EngineSettings | None = None, /, **kwargs) -> EngineS
     if vllm_clock or default_clock:
         s, carry_from = _vllm_clock(s, model, gpu, config.async_scheduling, required=vllm_clock)
     cost = _step_cost(s, model, gpu, config.async_scheduling, carry_from)
+    clock = _clock_key(s, model, gpu, config.async_scheduling, carry_from)
+    if clock is not None:
+        cost = _with_held_out_note(cost, clock, shared=s.cost_table is not None and cost is shipped_cost(s.cost_table))
     offload = _offload_tiers(
         model, gpu, s.tensor_parallel_size, s.kv_cache_dtype, pool.block_size,
         pool.kv_cache_groups,
@@ -309,7 +316,7 @@ def build_engine(settings: EngineSettings | None = None, /, **kwargs) -> EngineS
         from kvsim.simulator.offload_scheduler import check_offload_config
         check_offload_config(config)
     return EngineSetup(config=config, cost=cost, capacity=pool.report, model=model, gpu=gpu,
-                       offload=offload)
+                       offload=offload, clock=clock)
 
 
 def _specs(s: EngineSettings) -> tuple[ModelSpec | None, GpuSpec | None]:
@@ -575,6 +582,57 @@ def _step_cost(s: EngineSettings, model: ModelSpec | None, gpu: GpuSpec | None,
             cost = SyncCost(cost, *hidden)
     if s.step_time_scale != 1.0:
         cost = ScaledCost(cost, s.step_time_scale)
+    return cost
+
+
+def _clock_key(s: EngineSettings, model: ModelSpec | None, gpu: GpuSpec | None, async_scheduling: bool,
+               carry_from: GpuSpec | None) -> dict | None:
+    """The clock as planner.held_out names it: a shipped real-vLLM table (carried from the GPU it
+    was measured on, or not) or the roofline with its measured shares, unchanged; None for any
+    other (a fixed step, a table of the user's or forced onto this setup, a scale, an eager launch,
+    first-use compiles, a roofline parameter given)."""
+    from kvsim.planner.held_out import clock_key
+    from kvsim.planner.vllm_tables import TABLES_DIR
+
+    if model is None or gpu is None or s.step_s is not None or s.step_time_scale != 1.0 \
+            or s.first_use_compiles or s.eager_launch_s is not None:
+        return None
+    if s.cost_table is None:
+        if (s.step_overhead_s, s.bandwidth_efficiency, s.flops_efficiency) != (DEFAULT_STEP_OVERHEAD_S, 1.0, None):
+            return None
+        table = measured_on = None
+    else:
+        path = Path(s.cost_table).resolve()
+        if path.parent != TABLES_DIR or s.force_cost_table:
+            return None
+        table, measured_on = path.name, (carry_from or gpu).name
+    return clock_key(table=table, measured_on=measured_on, gpu=gpu.name, model=model.name,
+                     moe=_kind(model) == "moe", weights=_weight_method(model), kv_dtype=s.kv_cache_dtype, tp=s.tensor_parallel_size,
+                     async_scheduling=async_scheduling)
+
+
+# a shipped table's model with its clock line's held-out note, one a (table, note): the table is
+# read and fitted once per process, and every run of one clock gets the same object
+_NOTED: dict[tuple[int, str], CostModel] = {}
+
+
+def _with_held_out_note(cost: CostModel, clock: dict, shared: bool) -> CostModel:
+    """``cost`` whose clock line ends with the clock's held-out figures against real vLLM
+    (planner.held_out), or ``cost`` itself where no figures of its kind were measured. A ``shared``
+    model (a shipped table's, shared by every run of the process) is not changed: its copy with the
+    note is (one a note)."""
+    from kvsim.planner.held_out import held_out_note
+
+    note = held_out_note(clock)
+    if note is None:
+        return cost
+    if shared:
+        key = (id(cost), note)      # the shipped model lives as long as the process: its id is stable
+        if key not in _NOTED:
+            _NOTED[key] = copy.copy(cost)
+            _NOTED[key].held_out_note = note
+        return _NOTED[key]
+    cost.held_out_note = note       # built for this run alone
     return cost
 
 

@@ -80,9 +80,12 @@ TERM_REL_TOL = 1e-6
 
 def clock_source(model) -> str:
     """One line saying where a run's step times come from (its cost model's ``describe()``):
-    printed first by ``kvsim replay`` and ``kvsim bench`` and kept in result.json (``config.clock``)."""
+    printed first by ``kvsim replay`` and ``kvsim bench`` and kept in result.json (``config.clock``),
+    ending with how close that clock came to real vLLM where it was measured (``held_out_note``)."""
     describe = getattr(model, "describe", None)
-    return describe() if describe is not None else type(model).__name__
+    line = describe() if describe is not None else type(model).__name__
+    note = getattr(model, "held_out_note", None)   # set by planner.engine_setup (planner.held_out)
+    return f"{line}; {note}" if note else line
 
 
 def uses_max_context_tokens(model) -> bool:

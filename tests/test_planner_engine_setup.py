@@ -74,14 +74,15 @@ def test_the_default_clock_is_a_fitting_vllm_table_else_the_roofline():
                             bandwidth_efficiency=0.9), RooflineCost)
     # async off: the async table plus its measured '# async off:' line, where the table has one
     sync = clock(async_scheduling=False)
-    assert isinstance(sync, SyncCost) and sync.inner is clock() and sync.cpu_s > 0
+    from kvsim.planner.vllm_tables import shipped_cost
+    assert isinstance(sync, SyncCost) and sync.inner is shipped_cost(clock().path) and sync.cpu_s > 0
     assert "async scheduling off" in sync.describe()
     assert isinstance(build_engine(model="Qwen2.5-7B", gpu="h100", max_model_len=8192).cost, RooflineCost)
     assert isinstance(clock(gpu_memory_utilization=0.5), StepShapeCost)      # the pool is not the clock
     assert clock() is clock(max_num_seqs=64)      # a shipped table is read and fitted once per process
     # a GPU nobody measured: the same setup's table carried there by the two GPUs' rooflines, said so
     a100 = build_engine(model="Llama-3.1-8B", gpu="a100", max_model_len=8192).cost
-    assert isinstance(a100, CarriedCost) and a100.inner is clock()
+    assert isinstance(a100, CarriedCost) and a100.inner is shipped_cost(clock().path)
     assert "carried from H100-80GB-SXM to A100-80GB" in a100.describe() and "extrapolated" in a100.describe()
     assert isinstance(build_engine(model="Llama-3.1-8B", gpu="a100", max_model_len=8192,
                                    cost_table="roofline").cost, RooflineCost)
