@@ -395,13 +395,21 @@ def write_held_out(path: Path, rows: list[dict], engines: list[str], clocks: lis
             if key is None or tuple(key[k] for k in KEY_FIELDS) in seen:
                 continue
             seen.add(tuple(key[k] for k in KEY_FIELDS))
+            trace = next((r for r in rows if r["engine"] == engine and r["point"] == "azure-conv"
+                          and f"{clock}_mean_ttft_ms_err" in r), None)
             mine.append({**key, "engine": engine, "vllm_gpu": gpu,
                          "runs": str((GPUS[gpu][0] / engine).relative_to(ROOT)),
-                         **{k: round(v, 1) if isinstance(v, float) else v for k, v in fig.items()}})
+                         **{k: round(v, 1) if isinstance(v, float) else v for k, v in fig.items()},
+                         # --traces: the Azure excerpt at its arrival times, signed errors
+                         **({"azure_conv": {f"{m}_pct": round(100 * trace[f"{clock}_{k}_err"], 1)
+                                            for m, k in (("ttft", "mean_ttft_ms"), ("tpot", "median_tpot_ms"),
+                                                         ("e2e", "mean_e2el_ms"))}} if trace else {})})
     doc = {"against": "real vLLM 0.23.0 (bench/results/vllm_h100/, vllm_h200/)",
            "figures": "over each engine's held-out closed loops: the median |error| of the median TPOT, the mean "
                       "|error| of the mean TTFT and of the mean E2E, in per cent (vllm bench serve's figures)",
-           "command": "python bench/vllm_compare.py --gpu H100 --clocks default,roofline,carried-h200 "
+           "azure_conv": "with --traces: the Azure conversation trace's first 40 s at its arrival times, the signed "
+                         "error of the mean TTFT, the median TPOT and the mean E2E, in per cent",
+           "command": "python bench/vllm_compare.py --gpu H100 --clocks default,roofline,carried-h200 --traces "
                       "--held-out-json tables/vllm/held_out.json; the same with --gpu H200 and carried-h100",
            "rows": sorted(kept + mine, key=lambda r: (r["vllm_gpu"], r["engine"], r["clock"], r["table"] or ""))}
     path.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")

@@ -5,8 +5,8 @@ kvsim's default clock is real vLLM's own steps (planner.vllm_tables) or the roof
 (bench/results/vllm_h100/, _h200/: vLLM 0.23.0 serving dummy weights, ``vllm bench serve
 --max-concurrency`` style) under each clock and writes its figures, per engine and clock, into
 ``tables/vllm/held_out.json`` (``python bench/vllm_compare.py --gpu H100 --clocks
-default,roofline,carried-h200 --held-out-json tables/vllm/held_out.json``, and ``--gpu H200``
-with ``carried-h100``). A run whose clock is one of those measured (the same table, or the
+default,roofline,carried-h200 --traces --held-out-json tables/vllm/held_out.json``, and ``--gpu
+H200`` with ``carried-h100``), with the Azure trace excerpt's signed errors where it was served. A run whose clock is one of those measured (the same table, or the
 roofline, of the same model, weights, KV dtype, TP and scheduling mode on the same GPU) says its
 figures at the end of its clock line; a clock no run measured says so, with the range of the
 same kind of clock over the engines that were. A clock changed by the user (a step-time scale,
@@ -14,7 +14,8 @@ an eager launch, first-use compiles, a table forced onto another setup) gets no 
 are not of that clock.
 
 The figures are vllm bench serve's, as docs/ACCURACY.md gives them: the median over the loops of
-|error| of the median TPOT, the mean of |error| of the mean TTFT and of the mean E2E.
+|error| of the median TPOT, the mean of |error| of the mean TTFT and of the mean E2E; on the trace
+excerpt the signed error of its mean TTFT, median TPOT and mean E2E.
 """
 from __future__ import annotations
 
@@ -71,9 +72,13 @@ def held_out_note(key: dict, rows: tuple[dict, ...] | None = None) -> str | None
     if own:
         r = own[0]
         loops = f"{r['points']} closed loop{'s' if r['points'] != 1 else ''}"
+        trace = r.get("azure_conv")
+        trace = (f"; on the Azure conversation trace's first 40 s at its arrival times mean TTFT "
+                 f"{trace['ttft_pct']:+.1f} %, median TPOT {trace['tpot_pct']:+.1f} %, mean E2E "
+                 f"{trace['e2e_pct']:+.1f} %") if trace else ""
         return (f"held out against real vLLM 0.23.0 on {loops} of {r['model']} on the {r['vllm_gpu']}: "
-                f"{_figures(r)} (median |error| of the median TPOT, mean |error| of the mean TTFT and E2E; "
-                f"docs/ACCURACY.md)")
+                f"{_figures(r)} (median |error| of the median TPOT, mean |error| of the mean TTFT and E2E){trace} "
+                f"(docs/ACCURACY.md)")
     carried = _carried(key)
     kind = [r for r in rows if r["clock"] == key["clock"] and _carried(r) == carried and r["moe"] == key["moe"]]
     if not kind:

@@ -67,7 +67,8 @@ def test_the_default_clock_names_its_table_and_ends_with_its_figures():
     assert getattr(shipped_cost(TABLES_DIR / setup.clock["table"]), "held_out_note", None) is None
     roofline = build_engine(model="Qwen3-30B-A3B", gpu="h100", max_model_len=8192, cost_table="roofline")
     assert roofline.clock["clock"] == "roofline"
-    assert "held out against real vLLM 0.23.0 on 11 closed loops" in clock_source(roofline.cost)
+    line = clock_source(roofline.cost)
+    assert "held out against real vLLM 0.23.0 on 11 closed loops" in line and "Azure conversation trace" in line
 
 
 @pytest.mark.parametrize("change", [dict(step_time_scale=1.2), dict(flops_efficiency=1.0),
@@ -108,19 +109,21 @@ def test_every_shipped_row_is_a_clock_kvsim_runs():
 ])
 def test_the_shipped_figures_are_what_vllm_compare_computes_today(tmp_path, gpu, engines, clocks):
     """The file is current: rewritten for some engines, their rows are the shipped ones (the whole
-    file: python bench/vllm_compare.py --gpu H100 --clocks default,roofline,carried-h200
+    file: python bench/vllm_compare.py --gpu H100 --clocks default,roofline,carried-h200 --traces
     --held-out-json tables/vllm/held_out.json, and --gpu H200 with carried-h100)."""
     from bench.vllm_compare import main
 
     out = tmp_path / "held_out.json"
-    assert main(["--gpu", gpu, "--engines", *engines, "--clocks", clocks, "--held-out-json", str(out)]) == 0
+    assert main(["--gpu", gpu, "--engines", *engines, "--clocks", clocks, "--traces", "--held-out-json", str(out)]) == 0
     fresh = json.loads(out.read_text())["rows"]
     shipped = [r for r in SHIPPED["rows"] if r["vllm_gpu"] == gpu and r["engine"] in engines]
     assert len(fresh) >= len(engines) * 2 and fresh == shipped
+    assert all("azure_conv" in r for r in fresh)     # every one of these engines served the excerpt
 
 
 def _accuracy_rows():
-    """The headline table of docs/ACCURACY.md: (GPU, table cell, async off, default figures, roofline figures)."""
+    """The headline table of docs/ACCURACY.md: (GPU, table cell, async off, default figures, roofline
+    figures, the Azure excerpt's signed figures under the default clock)."""
     text = (ROOT / "docs" / "ACCURACY.md").read_text()
     section = text.split("## kvsim's default clock against real vLLM", 1)[1]
     for line in section.splitlines():
@@ -129,17 +132,20 @@ def _accuracy_rows():
             continue
         default = [float(c.removesuffix(" %")) for c in cells[3:6]]
         roofline = [float(x) for x in cells[6].removesuffix(" %").split(" / ")]
-        yield cells[1], cells[2].split()[0], "async off" in cells[0], default, roofline
+        azure = [float(x) for x in cells[7].removesuffix(" %").split(" / ")]
+        yield cells[1], cells[2].split()[0], "async off" in cells[0], default, roofline, azure
 
 
 def test_the_accuracy_tables_figures_are_the_shipped_ones():
     seen = 0
-    for gpu, table, async_off, default, roofline in _accuracy_rows():
+    for gpu, table, async_off, default, roofline, azure in _accuracy_rows():
         rows = [r for r in SHIPPED["rows"] if r["vllm_gpu"] == gpu and r["async_scheduling"] != async_off]
         own = next(r for r in rows if r["table"] == table + ".csv")
         roof = next(r for r in rows if r["clock"] == "roofline" and r["engine"] == own["engine"])
         assert [own["tpot_pct"], own["ttft_pct"], own["e2e_pct"]] == pytest.approx(default, abs=0.051), (gpu, table)
         assert [roof["tpot_pct"], roof["ttft_pct"], roof["e2e_pct"]] == pytest.approx(roofline, abs=0.051), \
             (gpu, table)
+        trace = own["azure_conv"]
+        assert [trace["ttft_pct"], trace["tpot_pct"], trace["e2e_pct"]] == pytest.approx(azure, abs=0.051), (gpu, table)
         seen += 1
     assert seen >= 16
