@@ -370,18 +370,21 @@ def engine_figures(rows: list[dict], engine: str, clock: str, again: str = "") -
 # served, with async scheduling on or off; the other run kinds (idle, burst, wave plans, fresh
 # engines served again) are diagnoses
 HELD_OUT_KINDS = ("", "-noasync")
+HELD_OUT_FIGURES = ("tpot_pct", "ttft_pct", "e2e_pct", "e2e_signed_pct")
 
 
-def write_held_out(path: Path, rows: list[dict], engines: list[str], clocks: list[str], gpu: str) -> None:
+def write_held_out(path: Path, rows: list[dict], engines: list[str], clocks: list[str], gpu: str,
+                   stall_free: bool = False) -> None:
     """Write the figures of ``gpu``'s runs into planner.held_out's file ``path``: per engine of
     HELD_OUT_KINDS and clock that kvsim runs as it was measured (EngineSetup.clock: the default
     clock, the roofline, a shipped table, one carried from the other GPU; not the datasheet's
     peaks nor a file of the user's), keyed by that clock. The rows of the other GPU's runs are kept;
-    two clocks that are one (the default and the table it takes) give one row."""
+    two clocks that are one (the default and the table it takes) give one row. ``stall_free``
+    (rows of --stall-free): the figures over the requests no stall delayed go into the rows
+    already written, as their ``stall_free`` where they differ from the whole loops'."""
     from kvsim.planner.held_out import KEY_FIELDS
 
     doc = json.loads(path.read_text()) if path.is_file() else {}
-    kept = [r for r in doc.get("rows", []) if r["vllm_gpu"] != gpu]
     mine, seen = [], set()
     for engine in engines:
         if engine.removeprefix(base_engine(engine)) not in HELD_OUT_KINDS:
@@ -404,13 +407,34 @@ def write_held_out(path: Path, rows: list[dict], engines: list[str], clocks: lis
                          **({"azure_conv": {f"{m}_pct": round(100 * trace[f"{clock}_{k}_err"], 1)
                                             for m, k in (("ttft", "mean_ttft_ms"), ("tpot", "median_tpot_ms"),
                                                          ("e2e", "mean_e2el_ms"))}} if trace else {})})
+    if stall_free:
+        rows_out = doc.get("rows", [])
+        for new in mine:
+            old = next((r for r in rows_out if r["vllm_gpu"] == gpu and r["engine"] == new["engine"]
+                        and all(r[k] == new[k] for k in KEY_FIELDS)), None)
+            if old is None:
+                raise SystemExit(f"{path}: no row of {new['engine']} on the {gpu} under its {new['clock']} clock to "
+                                 "add the stall-free figures to: write the whole loops' first (without --stall-free)")
+            figures = {k: new[k] for k in ("points", *HELD_OUT_FIGURES)}
+            old.pop("stall_free", None)
+            if figures != {k: old[k] for k in figures}:
+                old["stall_free"] = figures
+        doc["stall_free"] = ("with --stall-free: the same figures over the requests whose time to first token "
+                             "overlaps no first-use compile stall, where they differ")
+        path.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
+        print(f"added the stall-free figures of {len(mine)} clocks of the {gpu} runs to {path}")
+        return
+    kept = [r for r in doc.get("rows", []) if r["vllm_gpu"] != gpu]
     doc = {"against": "real vLLM 0.23.0 (bench/results/vllm_h100/, vllm_h200/)",
            "figures": "over each engine's held-out closed loops: the median |error| of the median TPOT, the mean "
                       "|error| of the mean TTFT and of the mean E2E, in per cent (vllm bench serve's figures)",
            "azure_conv": "with --traces: the Azure conversation trace's first 40 s at its arrival times, the signed "
                          "error of the mean TTFT, the median TPOT and the mean E2E, in per cent",
+           "stall_free": "with --stall-free: the same figures over the requests whose time to first token overlaps "
+                         "no first-use compile stall, where they differ",
            "command": "python bench/vllm_compare.py --gpu H100 --clocks default,roofline,carried-h200 --traces "
-                      "--held-out-json tables/vllm/held_out.json; the same with --gpu H200 and carried-h100",
+                      "--held-out-json tables/vllm/held_out.json, then the same with --stall-free instead of "
+                      "--traces; both again with --gpu H200 and carried-h100",
            "rows": sorted(kept + mine, key=lambda r: (r["vllm_gpu"], r["engine"], r["clock"], r["table"] or ""))}
     path.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
     print(f"wrote {len(mine)} clocks of the {gpu} runs to {path}")
@@ -530,7 +554,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  {label:<14} {clock:<9} TPOT {fig['tpot_pct']:5.1f} %  TTFT {fig['ttft_pct']:5.1f} %  "
                       f"E2E {fig['e2e_pct']:5.1f} % (signed {fig['e2e_signed_pct']:+.1f} %)  {fig['points']} points")
     if a.held_out_json:
-        write_held_out(Path(a.held_out_json), rows, a.engines, clocks, a.gpu)
+        write_held_out(Path(a.held_out_json), rows, a.engines, clocks, a.gpu, a.stall_free)
     if a.traces:
         print("\nthe Azure trace excerpt at its arrival times (first 40 s, open loop): error of mean TTFT, "
               "median TPOT, mean E2E")

@@ -6,7 +6,10 @@ kvsim's default clock is real vLLM's own steps (planner.vllm_tables) or the roof
 --max-concurrency`` style) under each clock and writes its figures, per engine and clock, into
 ``tables/vllm/held_out.json`` (``python bench/vllm_compare.py --gpu H100 --clocks
 default,roofline,carried-h200 --traces --held-out-json tables/vllm/held_out.json``, and ``--gpu
-H200`` with ``carried-h100``), with the Azure trace excerpt's signed errors where it was served. A run whose clock is one of those measured (the same table, or the
+H200`` with ``carried-h100``), with the Azure trace excerpt's signed errors where it was served;
+the same command with ``--stall-free`` in place of ``--traces`` adds, where they differ, the figures
+over the requests that no first-use compile stall delayed (gpt-oss: a fresh engine compiles Triton
+kernels inside the measured loops, which kvsim's default clock, a warmed server's, does not price). A run whose clock is one of those measured (the same table, or the
 roofline, of the same model, weights, KV dtype, TP and scheduling mode on the same GPU) says its
 figures at the end of its clock line; a clock no run measured says so, with the range of the
 same kind of clock over the engines that were. A clock changed by the user (a step-time scale,
@@ -76,9 +79,12 @@ def held_out_note(key: dict, rows: tuple[dict, ...] | None = None) -> str | None
         trace = (f"; on the Azure conversation trace's first 40 s at its arrival times mean TTFT "
                  f"{trace['ttft_pct']:+.1f} %, median TPOT {trace['tpot_pct']:+.1f} %, mean E2E "
                  f"{trace['e2e_pct']:+.1f} %") if trace else ""
+        calm = r.get("stall_free")
+        calm = (f"; over the requests no first-use compile delayed (a fresh engine compiles kernels inside "
+                f"these loops): {_figures(calm)}") if calm else ""
         return (f"held out against real vLLM 0.23.0 on {loops} of {r['model']} on the {r['vllm_gpu']}: "
-                f"{_figures(r)} (median |error| of the median TPOT, mean |error| of the mean TTFT and E2E){trace} "
-                f"(docs/ACCURACY.md)")
+                f"{_figures(r)} (median |error| of the median TPOT, mean |error| of the mean TTFT and E2E)"
+                f"{calm}{trace} (docs/ACCURACY.md)")
     carried = _carried(key)
     kind = [r for r in rows if r["clock"] == key["clock"] and _carried(r) == carried and r["moe"] == key["moe"]]
     if not kind:
