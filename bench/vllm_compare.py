@@ -370,7 +370,6 @@ def engine_figures(rows: list[dict], engine: str, clock: str, again: str = "") -
 # served, with async scheduling on or off; the other run kinds (idle, burst, wave plans, fresh
 # engines served again) are diagnoses
 HELD_OUT_KINDS = ("", "-noasync")
-HELD_OUT_FIGURES = ("tpot_pct", "ttft_pct", "e2e_pct", "e2e_signed_pct")
 
 
 def write_held_out(path: Path, rows: list[dict], engines: list[str], clocks: list[str], gpu: str,
@@ -382,7 +381,7 @@ def write_held_out(path: Path, rows: list[dict], engines: list[str], clocks: lis
     two clocks that are one (the default and the table it takes) give one row. ``stall_free``
     (rows of --stall-free): the figures over the requests no stall delayed go into the rows
     already written, as their ``stall_free`` where they differ from the whole loops'."""
-    from kvsim.planner.held_out import KEY_FIELDS
+    from kvsim.planner.held_out import FIGURES, KEY_FIELDS
 
     doc = json.loads(path.read_text()) if path.is_file() else {}
     mine, seen = [], set()
@@ -415,7 +414,7 @@ def write_held_out(path: Path, rows: list[dict], engines: list[str], clocks: lis
             if old is None:
                 raise SystemExit(f"{path}: no row of {new['engine']} on the {gpu} under its {new['clock']} clock to "
                                  "add the stall-free figures to: write the whole loops' first (without --stall-free)")
-            figures = {k: new[k] for k in ("points", *HELD_OUT_FIGURES)}
+            figures = {k: new[k] for k in ("points", *FIGURES)}
             old.pop("stall_free", None)
             if figures != {k: old[k] for k in figures}:
                 old["stall_free"] = figures

@@ -67,8 +67,8 @@ from __future__ import annotations
 import copy
 import math
 import os
-from pathlib import Path
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kvsim.errors import InputError
@@ -305,7 +305,8 @@ def build_engine(settings: EngineSettings | None = None, /, **kwargs) -> EngineS
     cost = _step_cost(s, model, gpu, config.async_scheduling, carry_from)
     clock = _clock_key(s, model, gpu, config.async_scheduling, carry_from)
     if clock is not None:
-        cost = _with_held_out_note(cost, clock, shared=s.cost_table is not None and cost is shipped_cost(s.cost_table))
+        shared = s.cost_table is not None and cost is shipped_cost(s.cost_table)
+        cost = _with_held_out_note(cost, clock, shared)
     offload = _offload_tiers(
         model, gpu, s.tensor_parallel_size, s.kv_cache_dtype, pool.block_size,
         pool.kv_cache_groups,
@@ -607,8 +608,8 @@ def _clock_key(s: EngineSettings, model: ModelSpec | None, gpu: GpuSpec | None, 
             return None
         table, measured_on = path.name, (carry_from or gpu).name
     return clock_key(table=table, measured_on=measured_on, gpu=gpu.name, model=model.name,
-                     moe=_kind(model) == "moe", weights=_weight_method(model), kv_dtype=s.kv_cache_dtype, tp=s.tensor_parallel_size,
-                     async_scheduling=async_scheduling)
+                     moe=_kind(model) == "moe", weights=_weight_method(model), kv_dtype=s.kv_cache_dtype,
+                     tp=s.tensor_parallel_size, async_scheduling=async_scheduling)
 
 
 # a shipped table's model with its clock line's held-out note, one a (table, note): the table is

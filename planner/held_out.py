@@ -9,12 +9,13 @@ default,roofline,carried-h200 --traces --held-out-json tables/vllm/held_out.json
 H200`` with ``carried-h100``), with the Azure trace excerpt's signed errors where it was served;
 the same command with ``--stall-free`` in place of ``--traces`` adds, where they differ, the figures
 over the requests that no first-use compile stall delayed (gpt-oss: a fresh engine compiles Triton
-kernels inside the measured loops, which kvsim's default clock, a warmed server's, does not price). A run whose clock is one of those measured (the same table, or the
-roofline, of the same model, weights, KV dtype, TP and scheduling mode on the same GPU) says its
-figures at the end of its clock line; a clock no run measured says so, with the range of the
-same kind of clock over the engines that were. A clock changed by the user (a step-time scale,
-an eager launch, first-use compiles, a table forced onto another setup) gets no figures: they
-are not of that clock.
+kernels inside the measured loops, which kvsim's default clock, a warmed server's, does not price).
+
+A run whose clock is one of those measured (the same table, or the roofline, of the same model,
+weights, KV dtype, TP and scheduling mode on the same GPU) says its figures at the end of its clock
+line; a clock no run measured says so, with the range of the same kind of clock over the engines
+that were. A clock changed by the user (a step-time scale, an eager launch, first-use compiles, a
+table forced onto another setup) gets no figures: they are not of that clock.
 
 The figures are vllm bench serve's, as docs/ACCURACY.md gives them: the median over the loops of
 |error| of the median TPOT, the mean of |error| of the mean TTFT and of the mean E2E; on the trace
@@ -27,9 +28,10 @@ import json
 from pathlib import Path
 
 HELD_OUT_PATH = Path(__file__).resolve().parent.parent / "tables" / "vllm" / "held_out.json"
-# the fields that name a clock (ClockKey's), in the file's rows beside the figures
-KEY_FIELDS = ("clock", "table", "measured_on", "gpu", "model", "moe", "weights", "kv_dtype", "tp", "async_scheduling")
-FIGURES = ("tpot_pct", "ttft_pct", "e2e_pct")
+# the fields that name a clock (clock_key's), in the file's rows beside its figures (FIGURES)
+KEY_FIELDS = ("clock", "table", "measured_on", "gpu", "model", "moe", "weights", "kv_dtype", "tp",
+              "async_scheduling")
+FIGURES = ("tpot_pct", "ttft_pct", "e2e_pct", "e2e_signed_pct")
 
 
 def clock_key(*, table: str | None, measured_on: str | None, gpu: str, model: str, moe: bool,
@@ -40,7 +42,8 @@ def clock_key(*, table: str | None, measured_on: str | None, gpu: str, model: st
     (planner.engine_setup's ``_weight_method``), KV dtype, TP and scheduling mode."""
     return {"clock": "table" if table is not None else "roofline", "table": table,
             "measured_on": measured_on if table is not None else None, "gpu": gpu, "model": model,
-            "moe": bool(moe), "weights": weights, "kv_dtype": kv_dtype, "tp": int(tp), "async_scheduling": bool(async_scheduling)}
+            "moe": bool(moe), "weights": weights, "kv_dtype": kv_dtype, "tp": int(tp),
+            "async_scheduling": bool(async_scheduling)}
 
 
 @functools.lru_cache(maxsize=4)
