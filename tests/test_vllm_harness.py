@@ -189,6 +189,24 @@ def test_tritons_post_compile_hook_is_a_second_witness(tmp_path, monkeypatch):
     assert [(r["kernel"], round(r["t_s"], 6)) for r in rows] == [("fused_moe_kernel", 1.0)]
 
 
+def test_the_engine_cores_triton_disk_cache_is_recorded(tmp_path, monkeypatch):
+    """The probe's meta line names the folder the engine core's Triton keeps compiled kernels in
+    and how many it held: whether a second engine on the machine could load the first one's
+    compiles (gpt-oss-20b-cached paid them all again). TRITON_CACHE_DIR moves the folder."""
+    spec = importlib.util.spec_from_file_location("vllm_probe3", ROOT / "bench" / "vllm_gpu" / "kvsim_vllm_probe.py")
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    cache = tmp_path / "triton"
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(cache))
+    assert probe.triton_cache() == {"dir": str(cache), "entries": None}       # no folder yet
+    for name in ("a1", "b2", "c3"):
+        (cache / name).mkdir(parents=True)
+    (cache / "stray.txt").write_text("")
+    assert probe.triton_cache() == {"dir": str(cache), "entries": 3}
+    sched = SimpleNamespace(vllm_config=None, scheduler_config=None, kv_cache_config=None)
+    assert probe._meta(sched)["triton_cache"]["entries"] == 3
+
+
 def test_finish_records_the_warm_ups_steps_apart_from_the_workloads(tmp_path):
     """meta.json's ``warmup_steps``: the token counts of the steps that came back in the warm-up's
     window, in order (what it compiled: simulator.first_use); a workload's steps stay its own."""

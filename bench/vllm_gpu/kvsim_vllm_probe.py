@@ -18,7 +18,8 @@ per-request stamps (taken in the front-end process) line up with these.
 
 The first line is ``{"meta": ...}``: the engine core's resolved scheduler settings and its KV
 cache size, as the engine core has them (num_gpu_blocks, block_size, max_num_seqs,
-max_num_batched_tokens, the scheduler class, async scheduling, cudagraph capture sizes).
+max_num_batched_tokens, the scheduler class, async scheduling, cudagraph capture sizes), and its
+Triton's disk cache (``triton_cache``: the folder, and the kernels it held at the first step).
 
 Every Triton JIT compile in the engine core (``JITFunction._do_compile``: a kernel's first launch
 with a new specialisation, e.g. an integer argument that is newly 1 or a multiple of 16, or a new
@@ -64,7 +65,26 @@ def _meta(sched) -> dict:
         "cudagraph_capture_sizes": list(getattr(cc, "cudagraph_capture_sizes", None) or []),
         "cudagraph_mode": str(getattr(cc, "cudagraph_mode", None)),
         "pid": os.getpid(),
+        "triton_cache": triton_cache(),
     }
+
+
+def triton_cache() -> dict:
+    """Where this process's Triton keeps compiled kernels on disk (``knobs.cache.dir``: the
+    TRITON_CACHE_DIR variable, else ~/.triton/cache) and how many it holds (``entries``: one
+    folder a compiled specialisation; None where there is no such folder). A kernel found there is
+    loaded, not compiled: a second engine on the machine pays its compiles again only where the
+    folder differs or misses (gpt-oss-20b-cached paid them all again, 2026-12-07)."""
+    try:
+        from triton import knobs
+        path = knobs.cache.dir
+    except (ImportError, AttributeError):     # no Triton, or one without knobs: its default
+        path = os.environ.get("TRITON_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".triton", "cache")
+    try:
+        entries = sum(1 for e in os.scandir(path) if e.is_dir())
+    except OSError:
+        entries = None
+    return {"dir": str(path), "entries": entries}
 
 
 def time_compiles(jit_function) -> bool:
