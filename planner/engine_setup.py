@@ -619,10 +619,11 @@ _NOTED: dict[tuple[int, str], CostModel] = {}
 
 def _with_held_out_note(cost: CostModel, clock: dict, shared: bool) -> CostModel:
     """``cost`` whose clock line ends with the clock's held-out figures against real vLLM
-    (planner.held_out), or ``cost`` itself where no figures of its kind were measured. A ``shared``
+    (planner.held_out) and which keeps them (``held_out``: None where that clock was not measured),
+    or ``cost`` itself where no figures of its kind were measured. A ``shared``
     model (a shipped table's, shared by every run of the process) is not changed: its copy with the
     note is (one a note)."""
-    from kvsim.planner.held_out import held_out_note
+    from kvsim.planner.held_out import held_out_figures, held_out_note
 
     note = held_out_note(clock)
     if note is None:
@@ -630,10 +631,16 @@ def _with_held_out_note(cost: CostModel, clock: dict, shared: bool) -> CostModel
     if shared:
         key = (id(cost), note)      # the shipped model lives as long as the process: its id is stable
         if key not in _NOTED:
-            _NOTED[key] = copy.copy(cost)
-            _NOTED[key].held_out_note = note
+            _NOTED[key] = _noted(copy.copy(cost), note, held_out_figures(clock))
         return _NOTED[key]
-    cost.held_out_note = note       # built for this run alone
+    return _noted(cost, note, held_out_figures(clock))      # built for this run alone
+
+
+def _noted(cost: CostModel, note: str, figures: dict | None) -> CostModel:
+    """``cost`` with its clock line's held-out note and (where measured) its figures (the engine's
+    summary: ``config.clock_held_out``)."""
+    cost.held_out_note = note
+    cost.held_out = figures
     return cost
 
 

@@ -68,15 +68,23 @@ def _range(rows: list[dict], field: str) -> str:
     return f"{lo:.1f}-{hi:.1f} %" if hi > lo else f"{lo:.1f} %"
 
 
+def held_out_figures(key: dict, rows: tuple[dict, ...] | None = None) -> dict | None:
+    """The clock ``key``'s own held-out figures (FIGURES and the number of loops, the Azure
+    excerpt's and the stall-free ones where there are, the runs and their GPU), None where no
+    engine measured it: result.json's ``config.clock_held_out``."""
+    rows = held_out_rows() if rows is None else rows
+    own = next((r for r in rows if all(r[k] == key[k] for k in KEY_FIELDS)), None)
+    return None if own is None else {k: v for k, v in own.items() if k not in KEY_FIELDS}
+
+
 def held_out_note(key: dict, rows: tuple[dict, ...] | None = None) -> str | None:
     """The clock line's last part for the clock ``key`` (clock_key): its own held-out figures
     where an engine measured it; else that it was not measured, with the range over the engines of
     models of its kind (dense or MoE) that measured a clock of its kind (the roofline; a table
     carried to another GPU). None where nothing of its kind was measured (no file)."""
     rows = held_out_rows() if rows is None else rows
-    own = [r for r in rows if all(r[k] == key[k] for k in KEY_FIELDS)]
-    if own:
-        r = own[0]
+    r = held_out_figures(key, rows)
+    if r is not None:
         loops = f"{r['points']} closed loop{'s' if r['points'] != 1 else ''}"
         trace = r.get("azure_conv")
         trace = (f"; on the Azure conversation trace's first 40 s at its arrival times mean TTFT "
@@ -85,7 +93,7 @@ def held_out_note(key: dict, rows: tuple[dict, ...] | None = None) -> str | None
         calm = r.get("stall_free")
         calm = (f"; over the requests no first-use compile delayed (a fresh engine compiles kernels inside "
                 f"these loops): {_figures(calm)}") if calm else ""
-        return (f"held out against real vLLM 0.23.0 on {loops} of {r['model']} on the {r['vllm_gpu']}: "
+        return (f"held out against real vLLM 0.23.0 on {loops} of {key['model']} on the {r['vllm_gpu']}: "
                 f"{_figures(r)} (median |error| of the median TPOT, mean |error| of the mean TTFT and E2E)"
                 f"{calm}{trace} (docs/ACCURACY.md)")
     carried = _carried(key)

@@ -345,6 +345,8 @@ class Simulation:
                 rep.rec.final_sample(end_ns)
             self._finalised = True
         cfg = self.config
+        # the clock's own error against real vLLM where it was measured (planner.held_out)
+        held_out = getattr(self.cost, "held_out", None)
         summary = summarize(
             recorder, self.replicas, num_arrived=self.num_arrived,
             num_rejected=self.num_rejected, wall_s=self.wall_s,
@@ -352,6 +354,7 @@ class Simulation:
                     "replicas": len(self.replicas), "router": self.router.policy,
                     "seed": self.seed, "cost_model": type(self.cost).__name__,
                     "clock": clock_source(self.cost),
+                    **({"clock_held_out": held_out} if held_out else {}),
                     "step_clock": self.step_clock})
         return Result(summary, recorder.timeseries(), recorder.requests.frame(),
                       list(recorder.snapshots),

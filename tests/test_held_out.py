@@ -160,3 +160,23 @@ def test_the_accuracy_tables_figures_are_the_shipped_ones():
         assert [trace["ttft_pct"], trace["tpot_pct"], trace["e2e_pct"]] == pytest.approx(azure, abs=0.051), (gpu, table)
         seen += 1
     assert seen >= 16
+
+
+def test_result_json_keeps_the_clocks_figures(tmp_path):
+    """kvsim bench --result-json (and replay's summary): config.clock_held_out holds the clock's
+    own figures where it was measured; a clock nobody measured has no such key."""
+    from kvsim.cli import main
+
+    out = tmp_path / "r.json"
+    assert main(["bench", "random:isl=512,osl=16,n=8,concurrency=4", "--model", "Qwen3-30B-A3B", "--gpu", "h100",
+                 "--result-json", str(out)]) == 0
+    config = json.loads(out.read_text())["kvsim"]
+    row = next(r for r in held_out_rows() if r["table"] == "qwen3-30b-a3b-fine_H100.csv" and r["vllm_gpu"] == "H100"
+               and r["async_scheduling"])
+    assert config["clock_held_out"]["ttft_pct"] == row["ttft_pct"] and config["clock_held_out"]["points"] == 11
+    assert config["clock"].endswith("(docs/ACCURACY.md)")
+    other = tmp_path / "o.json"
+    assert main(["bench", "random:isl=512,osl=16,n=8,concurrency=4", "--model", "Mistral-7B-v0.3", "--gpu", "h100",
+                 "--result-json", str(other)]) == 0
+    config = json.loads(other.read_text())["kvsim"]
+    assert "clock_held_out" not in config and "not measured against real vLLM" in config["clock"]
