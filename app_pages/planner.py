@@ -177,6 +177,9 @@ if st.toggle("Search the rate", key="k_plan_rate_on"):
             st.caption(f"{len(found['probes'])} replays; at {found['next_rate'] or 0:.3g} requests/s "
                        "(5 % more) the SLO is missed." if found["status"] == "found" else
                        f"{len(found['probes'])} replays.")
+            # the answer is the clock's: which one, and how close it came to real vLLM
+            for line in clock_lines([row]):
+                st.caption(line)
 
 st.subheader("Hit rate by cache size")
 st.caption("The prefix-cache hit rate of the sidebar's workload for every cache size (LRU, one "

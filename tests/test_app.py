@@ -338,6 +338,9 @@ def test_planner_concurrency_sweep_and_rate_search(small):
     _clean(small)
     labels = [m.label for m in small.metric]
     assert "Highest rate meeting the SLO" in labels and "p99 TTFT there" in labels
+    # the answer says its clock, and that clock's error against real vLLM where it was measured
+    (clock,) = [c.value for c in small.caption if c.value.startswith("clock")]
+    assert "against real vLLM" in clock
     small.text_input(key="k_plan_rate_slo").set_value("p99_ttft_lag<=5").run()
     assert not small.exception and any("unknown metric" in e.value for e in small.error)
     small.toggle(key="k_plan_rate_on").set_value(False).run()
