@@ -373,14 +373,16 @@ HELD_OUT_KINDS = ("", "-noasync")
 
 
 def write_held_out(path: Path, rows: list[dict], engines: list[str], clocks: list[str], gpu: str,
-                   stall_free: bool = False) -> None:
+                   stall_free: bool = False, first_use: bool = False) -> None:
     """Write the figures of ``gpu``'s runs into planner.held_out's file ``path``: per engine of
     HELD_OUT_KINDS and clock that kvsim runs as it was measured (EngineSetup.clock: the default
     clock, the roofline, a shipped table, one carried from the other GPU; not the datasheet's
     peaks nor a file of the user's), keyed by that clock. The rows of the other GPU's runs are kept;
     two clocks that are one (the default and the table it takes) give one row. ``stall_free``
     (rows of --stall-free): the figures over the requests no stall delayed go into the rows
-    already written, as their ``stall_free`` where they differ from the whole loops'."""
+    already written, as their ``stall_free`` where they differ from the whole loops'. ``first_use``
+    (rows of --first-use-compiles): the clocks that price a fresh engine's compiles (real vLLM's
+    tables; not the roofline nor a carried table), rows of their own beside the others."""
     from kvsim.planner.held_out import FIGURES, KEY_FIELDS
 
     doc = json.loads(path.read_text()) if path.is_file() else {}
@@ -391,7 +393,10 @@ def write_held_out(path: Path, rows: list[dict], engines: list[str], clocks: lis
         meta = json.loads((GPUS[gpu][0] / engine / "meta.json").read_text())
         for clock in clocks:
             fig = engine_figures(rows, engine, clock)
-            key = engine_setup(engine, meta, clock, gpu).clock if fig is not None else None
+            if fig is None or (first_use and (clock.startswith("carried-") or clock_table(engine, clock, gpu)
+                                              == "roofline")):
+                continue    # the roofline and a carried table price no compiles
+            key = engine_setup(engine, meta, clock, gpu, **({"first_use_compiles": True} if first_use else {})).clock
             if key is not None and clock.startswith("carried-") and not key["async_scheduling"]:
                 continue    # carried without the async-off line no table of the other GPU has: not kvsim's clock
             if key is None or tuple(key[k] for k in KEY_FIELDS) in seen:
@@ -423,7 +428,7 @@ def write_held_out(path: Path, rows: list[dict], engines: list[str], clocks: lis
         path.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
         print(f"added the stall-free figures of {len(mine)} clocks of the {gpu} runs to {path}")
         return
-    kept = [r for r in doc.get("rows", []) if r["vllm_gpu"] != gpu]
+    kept = [r for r in doc.get("rows", []) if r["vllm_gpu"] != gpu or r["first_use_compiles"] != first_use]
     doc = {"against": "real vLLM 0.23.0 (bench/results/vllm_h100/, vllm_h200/)",
            "figures": "over each engine's held-out closed loops: the median |error| of the median TPOT, the mean "
                       "|error| of the mean TTFT and of the mean E2E, in per cent (vllm bench serve's figures)",
@@ -431,10 +436,14 @@ def write_held_out(path: Path, rows: list[dict], engines: list[str], clocks: lis
                          "error of the mean TTFT, the median TPOT and the mean E2E, in per cent",
            "stall_free": "with --stall-free: the same figures over the requests whose time to first token overlaps "
                          "no first-use compile stall, where they differ",
+           "first_use_compiles": "rows of --first-use-compiles --seeds 5: kvsim --first-use-compiles, a fresh "
+                                 "engine's compiles priced, each workload replayed from the keys its engine had run",
            "command": "python bench/vllm_compare.py --gpu H100 --clocks default,roofline,carried-h200 --traces "
                       "--held-out-json tables/vllm/held_out.json, then the same with --stall-free instead of "
-                      "--traces; both again with --gpu H200 and carried-h100",
-           "rows": sorted(kept + mine, key=lambda r: (r["vllm_gpu"], r["engine"], r["clock"], r["table"] or ""))}
+                      "--traces, then --clocks default --first-use-compiles --seeds 5 --traces; all three again "
+                      "with --gpu H200 and carried-h100",
+           "rows": sorted(kept + mine, key=lambda r: (r["vllm_gpu"], r["engine"], r["first_use_compiles"],
+                                                      r["clock"], r["table"] or ""))}
     path.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
     print(f"wrote {len(mine)} clocks of the {gpu} runs to {path}")
 
@@ -553,7 +562,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  {label:<14} {clock:<9} TPOT {fig['tpot_pct']:5.1f} %  TTFT {fig['ttft_pct']:5.1f} %  "
                       f"E2E {fig['e2e_pct']:5.1f} % (signed {fig['e2e_signed_pct']:+.1f} %)  {fig['points']} points")
     if a.held_out_json:
-        write_held_out(Path(a.held_out_json), rows, a.engines, clocks, a.gpu, a.stall_free)
+        write_held_out(Path(a.held_out_json), rows, a.engines, clocks, a.gpu, a.stall_free, a.first_use_compiles)
     if a.traces:
         print("\nthe Azure trace excerpt at its arrival times (first 40 s, open loop): error of mean TTFT, "
               "median TPOT, mean E2E")

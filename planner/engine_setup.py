@@ -589,14 +589,14 @@ def _step_cost(s: EngineSettings, model: ModelSpec | None, gpu: GpuSpec | None,
 def _clock_key(s: EngineSettings, model: ModelSpec | None, gpu: GpuSpec | None, async_scheduling: bool,
                carry_from: GpuSpec | None) -> dict | None:
     """The clock as planner.held_out names it: a shipped real-vLLM table (carried from the GPU it
-    was measured on, or not) or the roofline with its measured shares, unchanged; None for any
-    other (a fixed step, a table of the user's or forced onto this setup, a scale, an eager launch,
-    first-use compiles, a roofline parameter given)."""
+    was measured on, or not; pricing first-use compiles, or not) or the roofline with its measured
+    shares, unchanged; None for any other (a fixed step, a table of the user's or forced onto this
+    setup, a scale, an eager launch, a roofline parameter given)."""
     from kvsim.planner.held_out import clock_key
     from kvsim.planner.vllm_tables import TABLES_DIR
 
     if model is None or gpu is None or s.step_s is not None or s.step_time_scale != 1.0 \
-            or s.first_use_compiles or s.eager_launch_s is not None:
+            or s.eager_launch_s is not None:
         return None
     if s.cost_table is None:
         if (s.step_overhead_s, s.bandwidth_efficiency, s.flops_efficiency) != (DEFAULT_STEP_OVERHEAD_S, 1.0, None):
@@ -609,7 +609,8 @@ def _clock_key(s: EngineSettings, model: ModelSpec | None, gpu: GpuSpec | None, 
         table, measured_on = path.name, (carry_from or gpu).name
     return clock_key(table=table, measured_on=measured_on, gpu=gpu.name, model=model.name,
                      moe=_kind(model) == "moe", weights=_weight_method(model), kv_dtype=s.kv_cache_dtype,
-                     tp=s.tensor_parallel_size, async_scheduling=async_scheduling)
+                     tp=s.tensor_parallel_size, async_scheduling=async_scheduling,
+                     first_use_compiles=s.first_use_compiles)
 
 
 # a shipped table's model with its clock line's held-out note, one a (table, note): the table is

@@ -14,8 +14,10 @@ kernels inside the measured loops, which kvsim's default clock, a warmed server'
 A run whose clock is one of those measured (the same table, or the roofline, of the same model,
 weights, KV dtype, TP and scheduling mode on the same GPU) says its figures at the end of its clock
 line; a clock no run measured says so, with the range of the same kind of clock over the engines
-that were. A clock changed by the user (a step-time scale, an eager launch, first-use compiles, a
-table forced onto another setup) gets no figures: they are not of that clock.
+that were. `--first-use-compiles` (a fresh engine's compiles priced) is a clock of its own, its
+figures from ``vllm_compare --first-use-compiles --seeds 5``. A clock changed by the user (a
+step-time scale, an eager launch, a table forced onto another setup) gets no figures: they are not
+of that clock.
 
 The figures are vllm bench serve's, as docs/ACCURACY.md gives them: the median over the loops of
 |error| of the median TPOT, the mean of |error| of the mean TTFT and of the mean E2E; on the trace
@@ -30,20 +32,22 @@ from pathlib import Path
 HELD_OUT_PATH = Path(__file__).resolve().parent.parent / "tables" / "vllm" / "held_out.json"
 # the fields that name a clock (clock_key's), in the file's rows beside its figures (FIGURES)
 KEY_FIELDS = ("clock", "table", "measured_on", "gpu", "model", "moe", "weights", "kv_dtype", "tp",
-              "async_scheduling")
+              "async_scheduling", "first_use_compiles")
 FIGURES = ("tpot_pct", "ttft_pct", "e2e_pct", "e2e_signed_pct")
 
 
 def clock_key(*, table: str | None, measured_on: str | None, gpu: str, model: str, moe: bool,
-              weights: str | None, kv_dtype: str, tp: int, async_scheduling: bool) -> dict:
+              weights: str | None, kv_dtype: str, tp: int, async_scheduling: bool,
+              first_use_compiles: bool = False) -> dict:
     """What names a clock for its held-out figures: ``table`` (a shipped table's file name; None:
     the roofline), the GPU preset it was measured on (``measured_on``: another than ``gpu`` when
     it is carried), the run's GPU preset, model (and whether it has routed experts), weight method
-    (planner.engine_setup's ``_weight_method``), KV dtype, TP and scheduling mode."""
+    (planner.engine_setup's ``_weight_method``), KV dtype, TP, scheduling mode, and whether it
+    prices a fresh engine's first-use compiles (``kvsim --first-use-compiles``)."""
     return {"clock": "table" if table is not None else "roofline", "table": table,
             "measured_on": measured_on if table is not None else None, "gpu": gpu, "model": model,
             "moe": bool(moe), "weights": weights, "kv_dtype": kv_dtype, "tp": int(tp),
-            "async_scheduling": bool(async_scheduling)}
+            "async_scheduling": bool(async_scheduling), "first_use_compiles": bool(first_use_compiles)}
 
 
 @functools.lru_cache(maxsize=4)
@@ -93,11 +97,14 @@ def held_out_note(key: dict, rows: tuple[dict, ...] | None = None) -> str | None
         calm = r.get("stall_free")
         calm = (f"; over the requests no first-use compile delayed (a fresh engine compiles kernels inside "
                 f"these loops): {_figures(calm)}") if calm else ""
-        return (f"held out against real vLLM 0.23.0 on {loops} of {key['model']} on the {r['vllm_gpu']}: "
+        fresh = (", served by a freshly started engine (each loop replayed from the kernels it had compiled)"
+                 if key["first_use_compiles"] else "")
+        return (f"held out against real vLLM 0.23.0 on {loops} of {key['model']} on the {r['vllm_gpu']}{fresh}: "
                 f"{_figures(r)} (median |error| of the median TPOT, mean |error| of the mean TTFT and E2E)"
                 f"{calm}{trace} (docs/ACCURACY.md)")
     carried = _carried(key)
-    kind = [r for r in rows if r["clock"] == key["clock"] and _carried(r) == carried and r["moe"] == key["moe"]]
+    kind = [r for r in rows if r["clock"] == key["clock"] and _carried(r) == carried and r["moe"] == key["moe"]
+            and r["first_use_compiles"] == key["first_use_compiles"]]
     if not kind:
         return None
     what = "this table carried to this GPU" if carried else "this clock"

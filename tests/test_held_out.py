@@ -75,11 +75,28 @@ def test_the_default_clock_names_its_table_and_ends_with_its_figures():
 
 
 @pytest.mark.parametrize("change", [dict(step_time_scale=1.2), dict(flops_efficiency=1.0),
-                                    dict(step_overhead_s=0.004), dict(step_s=0.01), dict(eager_launch_s=0.05),
-                                    dict(first_use_compiles=True)])
+                                    dict(step_overhead_s=0.004), dict(step_s=0.01), dict(eager_launch_s=0.05)])
 def test_a_clock_the_user_changed_gets_no_figures(change):
     setup = build_engine(model="Qwen3-30B-A3B", gpu="h100", max_model_len=8192, **change)
     assert setup.clock is None and "held out" not in clock_source(setup.cost)
+
+
+def test_a_fresh_engines_clock_has_figures_of_its_own():
+    """--first-use-compiles prices a freshly started engine: its own rows (vllm_compare
+    --first-use-compiles), not the warmed server's."""
+    warm = build_engine(model="gpt-oss-120b", gpu="h100", max_model_len=8192)
+    fresh = build_engine(model="gpt-oss-120b", gpu="h100", max_model_len=8192, first_use_compiles=True)
+    assert fresh.clock == {**warm.clock, "first_use_compiles": True}
+    rows = {r["first_use_compiles"]: r for r in held_out_rows()
+            if r["table"] == "gpt-oss-120b_H100.csv" and r["vllm_gpu"] == "H100"}
+    line = clock_source(fresh.cost)
+    assert "freshly started engine" in line and f"TTFT {rows[True]['ttft_pct']:.1f} %" in line
+    assert f"TTFT {rows[False]['ttft_pct']:.1f} %" in clock_source(warm.cost)
+    assert rows[True]["ttft_pct"] < rows[False]["ttft_pct"]     # its compiles priced: closer to the fresh runs
+    # the roofline prices no compiles: a first-use roofline is an error before any note
+    with pytest.raises(Exception, match="first-use compiles"):
+        build_engine(model="gpt-oss-120b", gpu="h100", max_model_len=8192, first_use_compiles=True,
+                     cost_table="roofline")
 
 
 def test_a_table_of_ones_own_gets_no_figures(tmp_path):
@@ -100,17 +117,19 @@ def test_every_shipped_row_is_a_clock_kvsim_runs():
         folder = ROOT / row["runs"]
         meta = json.loads((folder / "meta.json").read_text())
         clock = "default" if row["clock"] == "table" else "roofline"
-        key = engine_setup(row["engine"], meta, clock, row["vllm_gpu"]).clock
+        key = engine_setup(row["engine"], meta, clock, row["vllm_gpu"],
+                           **({"first_use_compiles": True} if row["first_use_compiles"] else {})).clock
         if row["clock"] == "table" and key["table"] != row["table"]:
             continue        # a table that is not the default (vllm-grid beside vllm-fine)
         assert {k: row[k] for k in KEY_FIELDS} == key, row["engine"]
 
 
-@pytest.mark.parametrize("gpu,engines,clocks", [
-    ("H100", ["qwen3-32b", "llama8b-bf16-noasync"], "default,roofline,carried-h200"),
-    ("H200", ["llama70b-fp8", "gpt-oss-20b"], "default,roofline"),
+@pytest.mark.parametrize("gpu,engines,clocks,passes", [
+    ("H100", ["qwen3-32b", "llama8b-bf16-noasync"], "default,roofline,carried-h200", [["--traces"], ["--stall-free"]]),
+    ("H200", ["llama70b-fp8", "gpt-oss-20b"], "default,roofline", [["--traces"], ["--stall-free"]]),
+    ("H100", ["qwen3-32b"], "default", [["--first-use-compiles", "--seeds", "5", "--traces"]]),
 ])
-def test_the_shipped_figures_are_what_vllm_compare_computes_today(tmp_path, gpu, engines, clocks):
+def test_the_shipped_figures_are_what_vllm_compare_computes_today(tmp_path, gpu, engines, clocks, passes):
     """The file is current: rewritten for some engines, their rows are the shipped ones (the whole
     file: python bench/vllm_compare.py --gpu H100 --clocks default,roofline,carried-h200 --traces
     --held-out-json tables/vllm/held_out.json, then --stall-free in place of --traces, and both with
@@ -118,15 +137,16 @@ def test_the_shipped_figures_are_what_vllm_compare_computes_today(tmp_path, gpu,
     from bench.vllm_compare import main
 
     out = tmp_path / "held_out.json"
-    for flag in ("--traces", "--stall-free"):
-        assert main(["--gpu", gpu, "--engines", *engines, "--clocks", clocks, flag, "--held-out-json", str(out)]) == 0
+    for flags in passes:
+        assert main(["--gpu", gpu, "--engines", *engines, "--clocks", clocks, *flags, "--held-out-json", str(out)]) == 0
     fresh = json.loads(out.read_text())["rows"]
     shipped = [r for r in SHIPPED["rows"] if r["vllm_gpu"] == gpu and r["engine"] in engines]
-    assert len(fresh) >= len(engines) * 2
+    assert {r["engine"] for r in fresh} == set(engines)
     for row in fresh:       # the shipped rows hold these (and the clocks not asked for here)
         assert row in shipped, (row["engine"], row["clock"], row["table"])
     assert all("azure_conv" in r for r in fresh)     # every one of these engines served the excerpt
     # gpt-oss's fresh engine compiles inside its loops: the requests no compile delayed are closer
+    assert all(r["first_use_compiles"] == (passes[0][0] == "--first-use-compiles") for r in fresh)
     calm = [r for r in fresh if "stall_free" in r]
     assert [r["engine"] for r in calm] == (["gpt-oss-20b"] * 2 if gpu == "H200" else [])
     assert all(r["stall_free"]["ttft_pct"] < r["ttft_pct"] for r in calm)
@@ -150,7 +170,8 @@ def _accuracy_rows():
 def test_the_accuracy_tables_figures_are_the_shipped_ones():
     seen = 0
     for gpu, table, async_off, default, roofline, azure in _accuracy_rows():
-        rows = [r for r in SHIPPED["rows"] if r["vllm_gpu"] == gpu and r["async_scheduling"] != async_off]
+        rows = [r for r in SHIPPED["rows"] if r["vllm_gpu"] == gpu and r["async_scheduling"] != async_off
+                and not r["first_use_compiles"]]
         own = next(r for r in rows if r["table"] == table + ".csv")
         roof = next(r for r in rows if r["clock"] == "roofline" and r["engine"] == own["engine"])
         assert [own["tpot_pct"], own["ttft_pct"], own["e2e_pct"]] == pytest.approx(default, abs=0.051), (gpu, table)
