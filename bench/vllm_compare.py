@@ -62,10 +62,10 @@ ENGINES = {
 # wave plan also with async scheduling off), its workloads served twice (plans.py --again,
 # without or with a warm-up, or timing each Triton compile: -jit, then in a second engine that
 # finds them in Triton's disk cache: -cached) and its held-out closed loops served again in a
-# fresh engine (plans.py --rounds: -rerun, and -rerun2, -rerun3 for more engines); a longer
-# suffix before the one it ends with
-RUN_KINDS = ("-idle", "-twice", "-warm", "-keys", "-burst", "-noasync-wave", "-wave", "-noasync", "-rerun2", "-rerun3",
-             "-rerun", "-jit", "-cached")
+# fresh engine (plans.py --rounds: -rerun, and -rerun2, -rerun3 for more engines; -keys2, -cached2
+# likewise); a longer suffix before the one it ends with
+RUN_KINDS = ("-idle", "-twice", "-warm", "-keys2", "-keys", "-burst", "-noasync-wave", "-wave", "-noasync", "-rerun2",
+             "-rerun3", "-rerun", "-jit", "-cached2", "-cached")
 
 
 def base_engine(engine: str) -> str:

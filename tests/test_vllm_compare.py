@@ -266,3 +266,31 @@ def test_a_table_of_ones_own_is_a_clock(tmp_path, capsys):
     with pytest.raises(SystemExit) as err:
         main(["--gpu", "H100", "--engines", "llama8b-bf16", "--clocks", "file:/nonexistent.csv"])
     assert err.value.code == 2 and "no such file" in capsys.readouterr().err
+
+
+def test_the_compile_free_gpt_oss_engines_compiled_nothing_in_their_loops(tmp_path):
+    """gpt-oss-20b-keys2 served every eager routing key before its plan (harness.py
+    --warmup-eager-keys, whole): its loops compiled no kernel but one slot mapping.
+    gpt-oss-20b-cached2, a next engine on that machine with Triton's disk cache pointed at the
+    first's (device_run.sh's TRITON_CACHE_DIR), loaded every kernel it met (each under 10 ms);
+    kvsim's default clock prices both (the default clock of a warmed server)."""
+    runs = GPUS["H100"][0]
+    if not (runs / "gpt-oss-20b-keys2" / "meta.json").exists():
+        pytest.skip("no measured runs here")
+    meta = json.loads((runs / "gpt-oss-20b-keys2" / "meta.json").read_text())
+    assert meta["warmup_eager_keys_served"] == 448 and meta["workloads"]
+    for point in sorted((runs / "gpt-oss-20b-keys2").glob("cl-*")):
+        with open(point / "jit.csv") as f:
+            assert {r["kernel"] for r in csv.DictReader(f)} <= {"_compute_slot_mapping_kernel"}, point.name
+    loads = []
+    for point in sorted((runs / "gpt-oss-20b-cached2").glob("cl-*")):
+        with open(point / "jit.csv") as f:
+            loads += [float(r["t1_s"]) - float(r["t0_s"]) for r in csv.DictReader(f)]
+    assert loads and max(loads) < 0.01
+    cached = json.loads((runs / "gpt-oss-20b-cached2" / "meta.json").read_text())["engine_core"]["triton_cache"]
+    assert "inductor_cache/triton" in cached["dir"] and cached["entries"] > 1000
+    out = tmp_path / "points.csv"
+    assert main(["--gpu", "H100", "--engines", "gpt-oss-20b-keys2", "gpt-oss-20b-cached2", "--clocks", "default",
+                 "--csv", str(out)]) == 0
+    rows = list(csv.DictReader(out.open()))
+    assert len(rows) == 12 and all(math.isfinite(float(r["default_mean_e2el_ms_err"])) for r in rows)

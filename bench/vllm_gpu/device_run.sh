@@ -30,6 +30,12 @@ fi
 export PYTHONPATH="$SITE:$HERE:$HERE/plugin${PYTHONPATH:+:$PYTHONPATH}"
 export HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_LOGGING_LEVEL=INFO
 export VLLM_CONFIGURE_LOGGING=1 TOKENIZERS_PARALLELISM=false
+# one Triton disk cache for every engine on the machine: an engine that compiles its torch.compile
+# graph sends Triton to Inductor's cache folder, one that loads them from vLLM's compile cache to
+# ~/.triton/cache, so a second engine missed every kernel the first compiled (gpt-oss-20b-cached,
+# 2026-12-07; found with the probe's triton_cache record). Set, the second loads them (1-5 ms each:
+# gpt-oss-20b-cached2), and a keys warm-up can be spread over engines on one warm machine.
+export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/root/.cache/kvsim_triton}
 
 if [ ! -f /tmp/kvsim_smoke_ok ]; then
   "$PY" - <<'PYEOF' && touch /tmp/kvsim_smoke_ok
