@@ -130,3 +130,14 @@ def test_a_plan_in_rounds_has_each_client_send_that_many_requests_under_a_name_t
     assert base_engine("qwen3-30b-a3b-rerun") == "qwen3-30b-a3b"       # its settings and tables
     assert base_engine("gpt-oss-20b-jit") == base_engine("gpt-oss-20b-cached") == "gpt-oss-20b"
     assert point_key("cl-1024-128-c4-n32") == (False, [1024, 128, 4, 32])
+
+
+def test_the_plan_is_written_into_a_folder_it_makes(tmp_path, monkeypatch, capsys):
+    """plans.py --out .vllm_plans/x.json in a fresh checkout: the folder is made (it was a traceback)."""
+    import json
+    import sys
+
+    out = tmp_path / "fresh" / "plans" / "burst.json"
+    monkeypatch.setattr(sys, "argv", ["plans.py", "--size", "burst", "--out", str(out)])
+    plans.main()
+    assert json.loads(out.read_text()) and "workloads" in capsys.readouterr().out

@@ -262,6 +262,7 @@ def main() -> None:
         plan = in_rounds(plan, a.rounds)
     if a.again:
         plan = served_again(plan)
+    a.out.parent.mkdir(parents=True, exist_ok=True)      # .vllm_plans/ in a fresh checkout
     a.out.write_text(json.dumps(plan))
     print(f"{a.out}: {len(plan)} workloads, "
           f"{sum(len(e.get('requests', [])) or e.get('n', 0) for e in plan)} requests")
