@@ -141,3 +141,52 @@ def test_the_plan_is_written_into_a_folder_it_makes(tmp_path, monkeypatch, capsy
     monkeypatch.setattr(sys, "argv", ["plans.py", "--size", "burst", "--out", str(out)])
     plans.main()
     assert json.loads(out.read_text()) and "workloads" in capsys.readouterr().out
+
+
+def _engine_run(root: Path, engine: str, workload: str, counts: list[int], graph: int) -> Path:
+    """A measured workload folder: its steps.csv's token counts, its engine's largest CUDA graph."""
+    import json
+
+    (root / engine).mkdir(exist_ok=True)
+    (root / engine / "meta.json").write_text(json.dumps({"engine_core": {"cudagraph_capture_sizes": [1, graph]}}))
+    run = root / engine / workload
+    run.mkdir()
+    (run / "steps.csv").write_text("num_seqs,num_scheduled_tokens,step_s\n"
+                                   + "".join(f"1,{n},0.01\n" for n in counts))
+    return run
+
+
+def test_the_eager_steps_of_earlier_runs_are_their_steps_past_the_largest_graph_each_once(tmp_path, monkeypatch,
+                                                                                              capsys):
+    """plans.py --eager-steps-of RUN...: the token counts of the steps on no CUDA graph the runs
+    served (each engine's own largest graph), each once and sorted, with the runs named; the
+    harness's keys warm-up limited to them (--warmup-eager-keys-of) serves one lone prompt of each
+    such length and nothing on a graph or past the step budget; a folder with no steps.csv is a
+    one-line usage error, exit 2."""
+    import json
+    import sys
+
+    import pytest
+
+    a = _engine_run(tmp_path, "eng-a", "cl-1", [1024, 1025, 8192, 16, 3085, 3085], 1024)
+    b = _engine_run(tmp_path, "eng-b", "cl-1-again", [600, 512, 2067, 1025], 512)
+    steps = plans.eager_steps_of([a, b])
+    assert steps == {"eager_steps": [600, 1025, 2067, 3085, 8192], "source": ["eng-a/cl-1", "eng-b/cl-1-again"]}
+    out = tmp_path / "p" / "eager_steps.json"
+    monkeypatch.setattr(sys, "argv", ["plans.py", "--eager-steps-of", str(a), str(b), "--out", str(out)])
+    plans.main()
+    assert json.loads(out.read_text()) == steps and "5 eager step sizes of 2 runs" in capsys.readouterr().out
+    entry = harness.eager_keys_entry(1024, 4096, steps["eager_steps"])
+    assert [r[1] for r in entry["requests"]] == [1025, 2067, 3085] and all(r[2] == 1 for r in entry["requests"])
+    assert entry["max_concurrency"] == 1
+    assert len(harness.eager_keys_entry(1024, 8192)["requests"]) == 448     # without: every key
+    monkeypatch.setattr(sys, "argv", ["plans.py", "--eager-steps-of", str(tmp_path / "eng-a" / "typo"),
+                                      "--out", str(out)])
+    with pytest.raises(SystemExit) as exc:
+        plans.main()
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and "typo: no steps.csv" in err and "Traceback" not in err
+    monkeypatch.setattr(sys, "argv", ["plans.py", "--out", str(out)])
+    with pytest.raises(SystemExit) as exc:
+        plans.main()
+    assert exc.value.code == 2 and "--size is required" in capsys.readouterr().err

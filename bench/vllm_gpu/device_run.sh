@@ -80,6 +80,10 @@ engine() {  # name -> "model_dir plan flags..."
     # (harness.py --warmup-eager-keys), cut after $KEYS_S seconds (330: a 10-minute call)
     gpt-oss-20b-keys)     echo "gpt-oss-20b keys --warmup-eager-keys --warmup-eager-keys-s ${KEYS_S:-330}" ;;
     gpt-oss-120b-keys)    echo "gpt-oss-120b keys --warmup-eager-keys --warmup-eager-keys-s ${KEYS_S:-330}" ;;
+    # the same, the warm-up only over the eager steps earlier runs of the plan met
+    # (plans.py --eager-steps-of ... > $PLANS/eager_steps.json): gpt-oss-120b's 448 keys take ~14 min
+    gpt-oss-20b-keysof)   echo "gpt-oss-20b keys --warmup-eager-keys --warmup-eager-keys-of $PLANS/eager_steps.json --warmup-eager-keys-s ${KEYS_S:-330}" ;;
+    gpt-oss-120b-keysof)  echo "gpt-oss-120b keys --warmup-eager-keys --warmup-eager-keys-of $PLANS/eager_steps.json --warmup-eager-keys-s ${KEYS_S:-330}" ;;
     # BASE-idle: lone prompts at an idle engine and C = 1 closed loops (plans.py --size idle >
     # idle.json); BASE-hot: lone prompts right after the last request finished (plans.py --size
     # hot > hot.json); BASE-burst: C prompts sent at once, four waves (plans.py --size burst >

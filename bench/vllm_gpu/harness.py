@@ -231,15 +231,21 @@ def write_window(folder: Path, lines: list[dict], t0: float, t1: float) -> list[
     return rows
 
 
-def eager_keys_entry(graph_tokens: int, max_tokens: int) -> dict:
+def eager_keys_entry(graph_tokens: int, max_tokens: int, of: list[int] | None = None) -> dict:
     """A warm-up over every eager step's first-use compile (``--warmup-eager-keys``): one lone
     prompt (one token out) of each length whose step meets a key of its own in gpt-oss's MoE routing
     and expert matmuls (simulator.first_use: the tokens rounded up to 32, and divisible by 16 or
     not), from the largest CUDA graph to ``max_tokens``, one at a time: each 32-token band's top
-    (cut at ``max_tokens``) and the length just below it."""
+    (cut at ``max_tokens``) and the length just below it. ``of`` (``--warmup-eager-keys-of``): only
+    these steps' token counts instead, each once (the eager steps earlier runs of the same plan met,
+    plans.py --eager-steps-of: gpt-oss-120b's 448 keys take ~1.8 s each to compile, more than one
+    10-minute device call holds)."""
     up32 = lambda n: -(-n // 32) * 32       # noqa: E731
-    lengths = sorted({n for b in range(up32(graph_tokens + 1), up32(max_tokens) + 1, 32)
-                      for n in (min(b, max_tokens), min(b, max_tokens) - 1) if n > max(graph_tokens, b - 32)})
+    if of is not None:
+        lengths = sorted({int(n) for n in of if graph_tokens < int(n) <= max_tokens})
+    else:
+        lengths = sorted({n for b in range(up32(graph_tokens + 1), up32(max_tokens) + 1, 32)
+                          for n in (min(b, max_tokens), min(b, max_tokens) - 1) if n > max(graph_tokens, b - 32)})
     return {"name": "warmup-eager-keys", "kind": "trace", "seed": 4, "max_concurrency": 1,
             "requests": [[0.0, n, 1] for n in lengths]}
 
@@ -447,8 +453,10 @@ async def main_async(args) -> None:
     meta["warmup_lengths"] = bool(args.warmup_lengths)
     if args.warmup_eager_keys:
         cfg = engine.vllm_config
+        of = json.loads(Path(args.warmup_eager_keys_of).read_text())["eager_steps"] \
+            if args.warmup_eager_keys_of else None
         entry = eager_keys_entry(max(cfg.compilation_config.cudagraph_capture_sizes or [0]),
-                                 cfg.scheduler_config.max_num_batched_tokens)
+                                 cfg.scheduler_config.max_num_batched_tokens, of)
         t0, served = time.monotonic(), 0
         for part in eager_keys_chunks(entry):
             if args.warmup_eager_keys_s is not None and time.monotonic() - t0 > args.warmup_eager_keys_s:
@@ -456,6 +464,8 @@ async def main_async(args) -> None:
             await run_workload(engine, part, build_requests(part, vocab), SamplingParams, RequestOutputKind.DELTA)
             served += len(part["requests"])
         meta["warmup_eager_keys_served"] = served
+        if args.warmup_eager_keys_of:
+            meta["warmup_eager_keys_of"] = json.loads(Path(args.warmup_eager_keys_of).read_text()).get("source", [])
         print(f"[harness] {args.name} {entry['name']}: {served} of {len(entry['requests'])} prompts in "
               f"{time.monotonic() - t0:.1f} s (not recorded)", flush=True)
     meta["warmup_eager_keys"] = bool(args.warmup_eager_keys)
@@ -534,6 +544,9 @@ def main() -> None:
     p.add_argument("--warmup-eager-keys", action="store_true",
                    help="before the plan, serve one prompt of each eager step's first-use compile key "
                         "(eager_keys_entry); its steps are the warm-up's (warmup/, meta.json's warmup_steps)")
+    p.add_argument("--warmup-eager-keys-of", metavar="FILE",
+                   help="with --warmup-eager-keys: only the eager steps' token counts this file lists "
+                        "(plans.py --eager-steps-of), each once")
     p.add_argument("--warmup-eager-keys-s", type=float, default=None, metavar="S",
                    help="stop the eager-keys warm-up after the part that passes S seconds, and serve the plan")
     p.add_argument("--warmup-lengths", action="store_true",

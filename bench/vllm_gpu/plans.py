@@ -235,9 +235,29 @@ def served_again(plan: list[dict]) -> list[dict]:
     return plan + [dict(e, name=f"{e['name']}-again") for e in plan if e["kind"] != "grid"]
 
 
+def eager_steps_of(runs: list[Path]) -> dict:
+    """The token counts of the steps on no CUDA graph (more tokens than the engine's largest
+    graph, its meta.json's ``engine_core.cudagraph_capture_sizes``) that these workload folders'
+    steps.csv hold, each once, sorted: what a keys warm-up limited to them (harness.py
+    --warmup-eager-keys-of) compiles, so that a replay of the same plan meets few keys of its own.
+    A folder without steps.csv, or whose engine has no meta.json, is an error (a typo would warm
+    nothing: ValueError)."""
+    counts, source = set(), []
+    for run in runs:
+        meta_path = run.parent / "meta.json"
+        if not (run / "steps.csv").is_file() or not meta_path.is_file():
+            raise ValueError(f"--eager-steps-of {run}: no steps.csv in it or no meta.json beside it")
+        meta = json.loads(meta_path.read_text())
+        graph = max(meta.get("engine_core", {}).get("cudagraph_capture_sizes") or [0])
+        with open(run / "steps.csv") as f:
+            counts |= {n for n in (int(r["num_scheduled_tokens"]) for r in csv.DictReader(f)) if n > graph}
+        source.append(f"{run.parent.name}/{run.name}")
+    return {"eager_steps": sorted(counts), "source": source}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--size", choices=sorted(GRID) + ["idle", "hot", "burst", "wave", "start"], required=True)
+    p.add_argument("--size", choices=sorted(GRID) + ["idle", "hot", "burst", "wave", "start"])
     p.add_argument("--traces", type=Path)
     p.add_argument("--trace-s", type=float, default=40.0)
     p.add_argument("--max-model-len", type=int, default=10240)
@@ -252,7 +272,22 @@ def main() -> None:
     p.add_argument("--rounds", type=int, help="closed loops of this many requests a client (n = ROUNDS x C), "
                                               "named cl-ISL-OSL-cC-nN (in_rounds)")
     p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--eager-steps-of", nargs="+", type=Path, metavar="RUN",
+                   help="instead of a plan: the token counts of the steps on no CUDA graph that these runs "
+                        "(an engine's workload folders, bench/results/...) served, as the list harness.py "
+                        "--warmup-eager-keys-of serves, one lone prompt each (eager_steps_of)")
     a = p.parse_args()
+    if a.eager_steps_of:
+        try:
+            steps = eager_steps_of(a.eager_steps_of)
+        except ValueError as err:
+            p.error(str(err))
+        a.out.parent.mkdir(parents=True, exist_ok=True)
+        a.out.write_text(json.dumps(steps))
+        print(f"{a.out}: {len(steps['eager_steps'])} eager step sizes of {len(steps['source'])} runs")
+        return
+    if a.size is None:
+        p.error("--size is required (or --eager-steps-of)")
     plan = build_plan(a.size, a.traces, a.trace_s, a.max_model_len, a.mooncake,
                       tuple(float(g) for g in a.idle_gaps.split(",")))
     if a.only:
