@@ -63,8 +63,9 @@ ENGINES = {
 # without or with a warm-up, or timing each Triton compile: -jit, then in a second engine that
 # finds them in Triton's disk cache: -cached) and its held-out closed loops served again in a
 # fresh engine (plans.py --rounds: -rerun, and -rerun2, -rerun3 for more engines; -keys2, -cached2
-# likewise); a longer suffix before the one it ends with
-RUN_KINDS = ("-idle", "-twice", "-warm", "-keys2", "-keys", "-burst", "-noasync-wave", "-wave", "-noasync", "-rerun2",
+# likewise; -keysof: after a warm-up over the eager steps earlier runs of the plan met); a longer
+# suffix before the one it ends with
+RUN_KINDS = ("-idle", "-twice", "-warm", "-keysof", "-keys2", "-keys", "-burst", "-noasync-wave", "-wave", "-noasync", "-rerun2",
              "-rerun3", "-rerun", "-jit", "-cached2", "-cached")
 
 
