@@ -351,13 +351,15 @@ def _median_tpot(requests) -> float:
 METRICS = ("mean_ttft_ms", "median_tpot_ms", "mean_e2el_ms")
 
 
-def engine_figures(rows: list[dict], engine: str, clock: str, again: str = "") -> dict | None:
+def engine_figures(rows: list[dict], engine: str | tuple, clock: str, again: str | None = "") -> dict | None:
     """An engine's figures under ``clock`` over its held-out closed loops (its first serving, or
-    ``again``: its second; the points a table was fitted on left out): the median |error| of the
-    median TPOT, the mean |error| of the mean TTFT and of the mean E2E, the mean signed E2E error,
-    in per cent, and the number of points; None where it has none."""
-    mine = [r for r in rows if r["engine"] == engine and r["point"].startswith(CLOSED_LOOPS)
-            and serving(r["point"]) == again and not r["fitted"]]
+    ``again``: its second, None: both; the points a table was fitted on left out; ``engine`` a tuple:
+    over the loops of these engines together): the median |error| of the median TPOT, the mean
+    |error| of the mean TTFT and of the mean E2E, the mean signed E2E error, in per cent, and the
+    number of points; None where it has none."""
+    engines = engine if isinstance(engine, tuple) else (engine,)
+    mine = [r for r in rows if r["engine"] in engines and r["point"].startswith(CLOSED_LOOPS)
+            and (again is None or serving(r["point"]) == again) and not r["fitted"]]
     if not mine or f"{clock}_mean_ttft_ms_err" not in mine[0]:
         return None
     return {"points": len(mine),
@@ -371,6 +373,49 @@ def engine_figures(rows: list[dict], engine: str, clock: str, again: str = "") -
 # served, with async scheduling on or off; the other run kinds (idle, burst, wave plans, fresh
 # engines served again) are diagnoses
 HELD_OUT_KINDS = ("", "-noasync")
+# engines that had compiled every kernel their loops meet before serving them (a keys warm-up, or
+# Triton's disk cache of an earlier engine on the machine): with --compile-free, their loops (both
+# servings) give their model's rows the figures of a warmed server's, kvsim's default clock's own
+# premise (gpt-oss's fresh engines compile Triton kernels inside the measured loops)
+COMPILE_FREE_KINDS = ("-keysof", "-keys2", "-cached2")
+
+
+def write_compile_free(path: Path, rows: list[dict], engines: list[str], clocks: list[str], gpu: str) -> None:
+    """Add to planner.held_out's file ``path`` the figures over the loops of ``gpu``'s
+    COMPILE_FREE_KINDS engines (both servings, every such engine of a model together) under each
+    clock, as ``compile_free`` (with their runs) of the row of the same clock (EngineSetup.clock)
+    of their model's engine; a clock with no such row is an error (write the whole loops' first)."""
+    from kvsim.planner.held_out import FIGURES, KEY_FIELDS
+
+    doc = json.loads(path.read_text())
+    by_base: dict[str, list[str]] = {}
+    for engine in engines:
+        if engine.removeprefix(base_engine(engine)) in COMPILE_FREE_KINDS:
+            by_base.setdefault(base_engine(engine), []).append(engine)
+    for row in doc["rows"]:
+        if row["vllm_gpu"] == gpu and row["engine"] in by_base:
+            row.pop("compile_free", None)
+    added = 0
+    for base, mine in sorted(by_base.items()):
+        meta = json.loads((GPUS[gpu][0] / mine[0] / "meta.json").read_text())
+        for clock in clocks:
+            fig = engine_figures(rows, tuple(mine), clock, again=None)
+            key = engine_setup(mine[0], meta, clock, gpu).clock if fig is not None else None
+            if key is None:
+                continue
+            old = next((r for r in doc["rows"] if r["vllm_gpu"] == gpu and r["engine"] == base
+                        and all(r[k] == key[k] for k in KEY_FIELDS)), None)
+            if old is None:
+                raise SystemExit(f"{path}: no row of {base} on the {gpu} under its {clock} clock to add the "
+                                 "compile-free figures to: write the whole loops' first (without --compile-free)")
+            old["compile_free"] = {**{k: round(fig[k], 1) if isinstance(fig[k], float) else fig[k]
+                                      for k in ("points", *FIGURES)},
+                                   "runs": [str((GPUS[gpu][0] / e).relative_to(ROOT)) for e in mine]}
+            added += 1
+    doc["compile_free"] = ("with --compile-free: the same figures over the loops (both servings) of engines that had "
+                           "compiled every kernel before them (" + ", ".join(COMPILE_FREE_KINDS) + " runs)")
+    path.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
+    print(f"added the compile-free figures of {added} clocks of the {gpu} runs to {path}")
 
 
 def write_held_out(path: Path, rows: list[dict], engines: list[str], clocks: list[str], gpu: str,
@@ -442,7 +487,8 @@ def write_held_out(path: Path, rows: list[dict], engines: list[str], clocks: lis
            "command": "python bench/vllm_compare.py --gpu H100 --clocks default,roofline,carried-h200 --traces "
                       "--held-out-json tables/vllm/held_out.json, then the same with --stall-free instead of "
                       "--traces, then --clocks default --first-use-compiles --seeds 5 --traces; all three again "
-                      "with --gpu H200 and carried-h100",
+                      "with --gpu H200 and carried-h100; then, for each GPU, the first with --compile-free in "
+                      "place of --traces",
            "rows": sorted(kept + mine, key=lambda r: (r["vllm_gpu"], r["engine"], r["first_use_compiles"],
                                                       r["clock"], r["table"] or ""))}
     path.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
@@ -470,6 +516,10 @@ def main(argv: list[str] | None = None) -> int:
                          f"stall (a step of {STALL_S} s or more at {STALL_RATIO:g}x its default-clock price or "
                          "more: first-use compiles, which kvsim does not model), on both sides; the loop itself "
                          "is replayed whole")
+    ap.add_argument("--compile-free", action="store_true",
+                    help="with --held-out-json: the engines that had compiled every kernel before their loops "
+                         f"({', '.join(COMPILE_FREE_KINDS)} runs), their figures added to their model's rows as "
+                         "compile_free (without --engines, every such engine of the GPU)")
     ap.add_argument("--first-use-compiles", action="store_true",
                     help="each replay pays the first-use compiles its clock prices (kvsim --first-use-compiles: "
                          "real vLLM's table), in the engine's order, its engine starting with what kvsim's replays "
@@ -490,8 +540,11 @@ def main(argv: list[str] | None = None) -> int:
         if clock.startswith(FILE_CLOCK) and not Path(clock.removeprefix(FILE_CLOCK)).is_file():
             ap.error(f"--clocks {clock}: no such file")
     results = GPUS[a.gpu][0]
-    kinds = HELD_OUT_KINDS if a.held_out_json else RUN_KINDS   # --held-out-json: the engines it writes
-    a.engines = a.engines or [e for b in ENGINES for e in (b, *(b + k for k in kinds if k))
+    if a.compile_free and (not a.held_out_json or a.stall_free or a.first_use_compiles):
+        ap.error("--compile-free adds to --held-out-json's rows, without --stall-free or --first-use-compiles")
+    # --held-out-json: the engines it writes
+    kinds = (COMPILE_FREE_KINDS if a.compile_free else HELD_OUT_KINDS) if a.held_out_json else RUN_KINDS
+    a.engines = a.engines or [e for b in ENGINES for e in ((b,) * (not a.compile_free) + tuple(b + k for k in kinds if k))
                               if (results / e / "meta.json").exists()
                               and json.loads((results / e / "meta.json").read_text())["workloads"]]
     rows, fitted = [], fitted_points()
@@ -562,7 +615,9 @@ def main(argv: list[str] | None = None) -> int:
             if fig is not None:
                 print(f"  {label:<14} {clock:<9} TPOT {fig['tpot_pct']:5.1f} %  TTFT {fig['ttft_pct']:5.1f} %  "
                       f"E2E {fig['e2e_pct']:5.1f} % (signed {fig['e2e_signed_pct']:+.1f} %)  {fig['points']} points")
-    if a.held_out_json:
+    if a.held_out_json and a.compile_free:
+        write_compile_free(Path(a.held_out_json), rows, a.engines, clocks, a.gpu)
+    elif a.held_out_json:
         write_held_out(Path(a.held_out_json), rows, a.engines, clocks, a.gpu, a.stall_free, a.first_use_compiles)
     if a.traces:
         print("\nthe Azure trace excerpt at its arrival times (first 40 s, open loop): error of mean TTFT, "

@@ -9,7 +9,10 @@ default,roofline,carried-h200 --traces --held-out-json tables/vllm/held_out.json
 H200`` with ``carried-h100``), with the Azure trace excerpt's signed errors where it was served;
 the same command with ``--stall-free`` in place of ``--traces`` adds, where they differ, the figures
 over the requests that no first-use compile stall delayed (gpt-oss: a fresh engine compiles Triton
-kernels inside the measured loops, which kvsim's default clock, a warmed server's, does not price).
+kernels inside the measured loops, which kvsim's default clock, a warmed server's, does not price),
+and ``--compile-free`` adds the figures over the loops of engines that had compiled every kernel
+before them (a keys warm-up, or an earlier engine's Triton disk cache: the -keysof, -keys2 and
+-cached2 runs), where the model has such engines.
 
 A run whose clock is one of those measured (the same table, or the roofline, of the same model,
 weights, KV dtype, TP and scheduling mode on the same GPU) says its figures at the end of its clock
@@ -97,11 +100,14 @@ def held_out_note(key: dict, rows: tuple[dict, ...] | None = None) -> str | None
         calm = r.get("stall_free")
         calm = (f"; over the requests no first-use compile delayed (a fresh engine compiles kernels inside "
                 f"these loops): {_figures(calm)}") if calm else ""
+        warm = r.get("compile_free")
+        warm = (f"; on engines that had compiled every kernel before the loops, a warmed server as this clock "
+                f"assumes ({warm['points']} loops): {_figures(warm)}") if warm else ""
         fresh = (", served by a freshly started engine (each loop replayed from the kernels it had compiled)"
                  if key["first_use_compiles"] else "")
         return (f"held out against real vLLM 0.23.0 on {loops} of {key['model']} on the {r['vllm_gpu']}{fresh}: "
                 f"{_figures(r)} (median |error| of the median TPOT, mean |error| of the mean TTFT and E2E)"
-                f"{calm}{trace} (docs/ACCURACY.md)")
+                f"{calm}{warm}{trace} (docs/ACCURACY.md)")
     carried = _carried(key)
     kind = [r for r in rows if r["clock"] == key["clock"] and _carried(r) == carried and r["moe"] == key["moe"]
             and r["first_use_compiles"] == key["first_use_compiles"]]

@@ -41,6 +41,25 @@ def test_a_measured_clock_gives_its_own_figures():
         assert "closed loops of M" not in other and "not measured" in other
 
 
+def test_a_clock_measured_on_compile_free_engines_also_gives_their_figures():
+    """A model whose fresh engines compile kernels inside the loops (gpt-oss) and that was also
+    served by engines with nothing left to compile (vllm_compare --compile-free): the clock line
+    gives both, the warmed engines' after the fresh ones'; the shipped gpt-oss-20b H100 default
+    clock says it, and its warmed figures are closer on every metric."""
+    warm = {"points": 12, "tpot_pct": 2.25, "ttft_pct": 19.7, "e2e_pct": 3.6, "e2e_signed_pct": -3.4, "runs": ["r"]}
+    row = _row(ttft_pct=40.1, compile_free=warm)
+    note = held_out_note({k: row[k] for k in KEY_FIELDS}, (row,))
+    assert note.index("TTFT 40.1 %") < note.index("compiled every kernel before the loops") < note.index("TTFT 19.7 %")
+    assert "(12 loops): TPOT 2.2 %, TTFT 19.7 %, E2E 3.6 %" in note
+    assert "compiled every kernel" not in held_out_note({k: row[k] for k in KEY_FIELDS}, (_row(),))
+    setup = build_engine(model="gpt-oss-20b", gpu="h100", max_model_len=8192)
+    shipped = next(r for r in held_out_rows() if all(r[k] == setup.clock[k] for k in KEY_FIELDS))
+    line = clock_source(setup.cost)
+    assert "compiled every kernel before the loops" in line
+    assert f"TTFT {shipped['compile_free']['ttft_pct']:.1f} %" in line
+    assert all(shipped["compile_free"][f] < shipped[f] for f in ("tpot_pct", "ttft_pct", "e2e_pct"))
+
+
 def test_an_unmeasured_clock_says_so_with_its_kinds_range():
     rows = (_row(clock="roofline", table=None, measured_on=None, tpot_pct=1.0, ttft_pct=4.0, e2e_pct=2.0),
             _row(clock="roofline", table=None, measured_on=None, model="N", tpot_pct=3.0, ttft_pct=8.0, e2e_pct=2.0),
@@ -150,6 +169,30 @@ def test_the_shipped_figures_are_what_vllm_compare_computes_today(tmp_path, gpu,
     calm = [r for r in fresh if "stall_free" in r]
     assert [r["engine"] for r in calm] == (["gpt-oss-20b"] * 2 if gpu == "H200" else [])
     assert all(r["stall_free"]["ttft_pct"] < r["ttft_pct"] for r in calm)
+
+
+def test_the_shipped_compile_free_figures_are_what_vllm_compare_computes_today(tmp_path, capsys):
+    """vllm_compare --compile-free adds to a model's rows the figures over its compile-free engines'
+    loops (both servings); they are the shipped ones; without the model's own rows written first it
+    is an error, and --compile-free without --held-out-json a usage error."""
+    from bench.vllm_compare import main
+
+    out = tmp_path / "held_out.json"
+    assert main(["--gpu", "H100", "--engines", "gpt-oss-20b", "--clocks", "default", "--held-out-json", str(out)]) == 0
+    warm = ["--gpu", "H100", "--engines", "gpt-oss-20b-keys2", "gpt-oss-20b-cached2", "--clocks", "default",
+            "--compile-free", "--held-out-json", str(out)]
+    assert main(warm) == 0
+    (row,) = json.loads(out.read_text())["rows"]
+    shipped = next(r for r in SHIPPED["rows"] if all(r[k] == row[k] for k in KEY_FIELDS) and r["vllm_gpu"] == "H100")
+    assert row["compile_free"] == shipped["compile_free"] and row["compile_free"]["points"] == 12
+    assert row["compile_free"]["runs"] == ["bench/results/vllm_h100/gpt-oss-20b-keys2",
+                                           "bench/results/vllm_h100/gpt-oss-20b-cached2"]
+    out.write_text(json.dumps({"rows": []}))
+    with pytest.raises(SystemExit, match="no row of gpt-oss-20b on the H100"):
+        main(warm)
+    with pytest.raises(SystemExit) as exc:
+        main(warm[:-2])
+    assert exc.value.code == 2 and "--compile-free adds to --held-out-json" in capsys.readouterr().err
 
 
 def _accuracy_rows():
