@@ -82,8 +82,13 @@ engine() {  # name -> "model_dir plan flags..."
     gpt-oss-120b-keys)    echo "gpt-oss-120b keys --warmup-eager-keys --warmup-eager-keys-s ${KEYS_S:-330}" ;;
     # the same, the warm-up only over the eager steps earlier runs of the plan met
     # (plans.py --eager-steps-of ... > $PLANS/eager_steps.json): gpt-oss-120b's 448 keys take ~14 min
-    gpt-oss-20b-keysof)   echo "gpt-oss-20b keys --warmup-eager-keys --warmup-eager-keys-of $PLANS/eager_steps.json --warmup-eager-keys-s ${KEYS_S:-330}" ;;
-    gpt-oss-120b-keysof)  echo "gpt-oss-120b keys --warmup-eager-keys --warmup-eager-keys-of $PLANS/eager_steps.json --warmup-eager-keys-s ${KEYS_S:-330}" ;;
+    gpt-oss-20b-keysof)   echo "gpt-oss-20b keys --warmup-eager-keys --warmup-eager-keys-of ${EAGER_STEPS:-$PLANS/eager_steps.json} --warmup-eager-keys-s ${KEYS_S:-330}" ;;
+    gpt-oss-120b-keysof)  echo "gpt-oss-120b keys --warmup-eager-keys --warmup-eager-keys-of ${EAGER_STEPS:-$PLANS/eager_steps.json} --warmup-eager-keys-s ${KEYS_S:-330}" ;;
+    # the fine grid alone on an engine that compiled the grid's eager steps first (EAGER_STEPS: plans.py
+    # --eager-steps-of bench/results/vllm_h100/gpt-oss-20b-fine/grid), so that no prefill row of the
+    # table compiled inside its step; its folder renamed ENGINE-fine for grid_table.py
+    gpt-oss-20b-finekeys)  echo "gpt-oss-20b fine --warmup-eager-keys --warmup-eager-keys-of ${EAGER_STEPS:-$PLANS/eager_steps.json} --warmup-eager-keys-s ${KEYS_S:-330}" ;;
+    gpt-oss-120b-finekeys) echo "gpt-oss-120b fine --warmup-eager-keys --warmup-eager-keys-of ${EAGER_STEPS:-$PLANS/eager_steps.json} --warmup-eager-keys-s ${KEYS_S:-330}" ;;
     # BASE-idle: lone prompts at an idle engine and C = 1 closed loops (plans.py --size idle >
     # idle.json); BASE-hot: lone prompts right after the last request finished (plans.py --size
     # hot > hot.json); BASE-burst: C prompts sent at once, four waves (plans.py --size burst >
