@@ -17,7 +17,9 @@ fits it the way the executor spends time:
   size whose rows hardly differ in KV read takes b_s between the sizes that were measured over
   contexts, ``_lines``); a
   batch of ``n`` sequences is priced at the smallest measured size >= n (the size it pads to when
-  the table measured every capture size, as the default grid does).
+  the table measured every capture size, as the default grid does; real vLLM's tables, whose grids
+  skip some of vLLM's capture sizes, give each skipped size between two measured ones the line
+  interpolated between them, ``_add_unmeasured_capture_sizes``).
 * **the longest context's floor** (tables with ``max_context_tokens`` and a ``context buckets``
   line): the longest sequence is read by few programs, so it can outlast the bandwidth term, and
   the executor plans its split-KV launch by the longest context's bucket (a power of two, at
@@ -482,6 +484,33 @@ class StepShapeCost:
         self.async_off = async_off_line(self.provenance, path)
         self.first_step = _first_step(self.provenance, path)
         self.eager_launch_s = _eager_launch(self.provenance, path)
+        if self.first_step is not None:
+            self._add_unmeasured_capture_sizes(self.first_step.graph_tokens)
+
+    def _add_unmeasured_capture_sizes(self, graph_tokens: int) -> None:
+        """Real vLLM's table (its ``# first step:`` line names the largest CUDA graph): a decode
+        batch pads to vLLM's next capture size (1, 2, 4, every 8 to 248, every 16 from 256), and a
+        grid that measured only some of them (the small and large grids: 1, 4, 8, 16, 24, 32, 64,
+        128; 1, 8, 16, 32, 128) would price a batch that pads to one it skipped at the next size it
+        measured (gpt-oss-120b's 64 sequences at 128's line: 11.8 ms, where the engine ran them in
+        8.1 ms). Each skipped capture size between two measured ones gets the line interpolated in
+        the size between them (the floor already is, ``_size_floor``); beyond the largest measured
+        size nothing changes."""
+        from kvsim.simulator.first_use import vllm_capture_sizes
+
+        measured = list(self.graph_sizes)
+        if len(measured) < 2:
+            return
+        lines = dict(zip(measured, self.decode_lines))
+        for size in vllm_capture_sizes(graph_tokens):
+            if measured[0] < size < measured[-1] and size not in lines:
+                j = bisect.bisect_left(measured, size)
+                s0, s1 = measured[j - 1], measured[j]
+                w = (size - s0) / (s1 - s0)
+                (a0, b0), (a1, b1) = lines[s0], lines[s1]
+                lines[size] = ((1 - w) * a0 + w * a1, (1 - w) * b0 + w * b1)
+        self.graph_sizes = sorted(lines)
+        self.decode_lines = [lines[s] for s in self.graph_sizes]
 
     def _lines(self, decode: dict[int, list[tuple[float, float]]]) -> list[tuple[float, float]]:
         """Each graph size's (a_s, b_s). A size measured only at nearly one KV length (its

@@ -556,3 +556,39 @@ def test_a_tables_first_step_line_is_read_and_a_bad_one_named(tmp_path):
         path.write_text(f"# first step: {bad}\n" + body)
         with pytest.raises(InputError, match="first step"):
             StepShapeCost(path)
+
+
+def test_a_decode_batch_that_pads_to_a_capture_size_the_grid_skipped_is_interpolated(tmp_path):
+    """Real vLLM's table (its '# first step:' line names the largest CUDA graph): a decode batch
+    pads to vLLM's next capture size (1, 2, 4, every 8 ...); where the grid skipped that size, its
+    line is interpolated in the size between the measured sizes around it, not the next measured
+    size's (gpt-oss-120b's large grid measured 1, 8, 16, 32, 128: 64 sequences were priced as 128).
+    A measured size keeps its own line, a batch past the largest measured size stays eager, and a
+    table without the line (kvsim's own executor measures every size) pads to the next measured."""
+    sizes = (1, 8, 32)
+    line = lambda s, kv: 0.004 + 1e-4 * s + 2e-9 * kv                               # noqa: E731
+    rows = [row("decode", s, 0, s, s * ctx, s * ctx, s, 1, line(s, s * ctx)) for s in sizes for ctx in (256, 1024, 3072)]
+    rows += [row("mixed", 1, t, 0, t, t * t, 1, 0, 0.005 + 2e-5 * t) for t in (64, 512, 2048)]
+    body = "\n".join([HEADER, *rows]) + "\n"
+    first = ("# first step: sends 0.0004 s then 0.0002 s apart, cutoffs 0.000500-0.000500 s after the first "
+             "send (1 bursts of the grid at an idle engine); graphs to 64 tokens\n")
+    (tmp_path / "plain.csv").write_text(body)
+    (tmp_path / "vllm.csv").write_text(first + body)
+    plain, vllm = StepShapeCost(tmp_path / "plain.csv"), StepShapeCost(tmp_path / "vllm.csv")
+
+    def decode(n, ctx=1024):
+        return StepBatch(num_seqs=n, num_decode_tokens=n, num_scheduled_tokens=n, kv_read_tokens=n * ctx,
+                         attn_token_pairs=n * ctx)
+
+    # 20 sequences pad to 24, two thirds of the way from 8 to 32
+    w = (24 - 8) / (32 - 8)
+    a = (1 - w) * (0.004 + 1e-4 * 8) + w * (0.004 + 1e-4 * 32)
+    assert vllm.step_time_s(decode(20)) == pytest.approx(a + 2e-9 * 20 * 1024, rel=1e-6)
+    assert plain.step_time_s(decode(20)) == pytest.approx(line(32, 20 * 1024), rel=1e-6)   # padded to 32's line
+    for n in (1, 8, 32):            # measured sizes: their own lines, with the line or without
+        assert vllm.step_time_s(decode(n)) == pytest.approx(plain.step_time_s(decode(n)), rel=1e-12)
+    assert vllm.step_time_s(decode(2)) < plain.step_time_s(decode(2)) == pytest.approx(line(8, 2 * 1024), rel=1e-6)
+    assert vllm.step_time_s(decode(40)) == plain.step_time_s(decode(40))               # past 32: eager, both
+    assert vllm.graph_sizes == [1, 2, 4, 8, 16, 24, 32] and plain.graph_sizes == [1, 8, 32]
+    run = vllm.run_time_s(decode(20), 5)
+    assert run == pytest.approx(sum(vllm.step_time_s(decode(20, 1024 + j)) for j in range(5)), rel=1e-9)
