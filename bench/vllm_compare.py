@@ -378,6 +378,8 @@ HELD_OUT_KINDS = ("", "-noasync")
 # servings) give their model's rows the figures of a warmed server's, kvsim's default clock's own
 # premise (gpt-oss's fresh engines compile Triton kernels inside the measured loops)
 COMPILE_FREE_KINDS = ("-keysof", "-keys2", "-cached2")
+COMPILE_FREE_NOTE = ("with --compile-free: the same figures over the loops (both servings) of engines that had compiled "
+                     "every kernel before them (" + ", ".join(COMPILE_FREE_KINDS) + " runs)")
 
 
 def write_compile_free(path: Path, rows: list[dict], engines: list[str], clocks: list[str], gpu: str) -> None:
@@ -412,8 +414,7 @@ def write_compile_free(path: Path, rows: list[dict], engines: list[str], clocks:
                                       for k in ("points", *FIGURES)},
                                    "runs": [str((GPUS[gpu][0] / e).relative_to(ROOT)) for e in mine]}
             added += 1
-    doc["compile_free"] = ("with --compile-free: the same figures over the loops (both servings) of engines that had "
-                           "compiled every kernel before them (" + ", ".join(COMPILE_FREE_KINDS) + " runs)")
+    doc["compile_free"] = COMPILE_FREE_NOTE
     path.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
     print(f"added the compile-free figures of {added} clocks of the {gpu} runs to {path}")
 
@@ -482,6 +483,7 @@ def write_held_out(path: Path, rows: list[dict], engines: list[str], clocks: lis
                          "error of the mean TTFT, the median TPOT and the mean E2E, in per cent",
            "stall_free": "with --stall-free: the same figures over the requests whose time to first token overlaps "
                          "no first-use compile stall, where they differ",
+           "compile_free": COMPILE_FREE_NOTE,
            "first_use_compiles": "rows of --first-use-compiles --seeds 5: kvsim --first-use-compiles, a fresh "
                                  "engine's compiles priced, each workload replayed from the keys its engine had run",
            "command": "python bench/vllm_compare.py --gpu H100 --clocks default,roofline,carried-h200 --traces "
