@@ -546,7 +546,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--compile-free adds to --held-out-json's rows, without --stall-free or --first-use-compiles")
     # --held-out-json: the engines it writes
     kinds = (COMPILE_FREE_KINDS if a.compile_free else HELD_OUT_KINDS) if a.held_out_json else RUN_KINDS
-    a.engines = a.engines or [e for b in ENGINES for e in ((b,) * (not a.compile_free) + tuple(b + k for k in kinds if k))
+    # --compile-free: only the compile-free runs (their model's own rows are written already)
+    a.engines = a.engines or [e for b in ENGINES for e in ([] if a.compile_free else [b]) + [b + k for k in kinds if k]
                               if (results / e / "meta.json").exists()
                               and json.loads((results / e / "meta.json").read_text())["workloads"]]
     rows, fitted = [], fitted_points()

@@ -68,6 +68,7 @@ import numpy as np
 
 from kvsim.errors import InputError
 from kvsim.simulator.cost import TERM_REL_TOL, StepBatch, TableCost
+from kvsim.simulator.first_use import vllm_capture_sizes
 
 SHAPE_COLUMNS = ("kind", "num_seqs", "num_prefill_tokens", "num_decode_tokens", "num_scheduled_tokens",
                  "kv_read_tokens", "attn_token_pairs", "padded_num_seqs", "graph", "step_s")
@@ -417,7 +418,8 @@ class StepShapeCost:
             the lines alone, as before the floor; for comparisons).
     Attributes:
         provenance: the table's ``#`` header (GPU, date, versions, model, command).
-        graph_sizes: measured CUDA-graph batch sizes; ``decode_lines[i]`` = (a_s, b_s) of size i.
+        graph_sizes: measured CUDA-graph batch sizes (real vLLM's table: with the capture sizes
+            between them its grid skipped, interpolated); ``decode_lines[i]`` = (a_s, b_s) of size i.
         knots_tokens, knots_s: f of the eager model; coef: c_pairs, c_kv, c_seq; c_tail.
         idle_start_s: c_idle, what a step that starts an idle engine costs over its batch's
             price (fitted where the table's ``idle_before`` column marks such steps; else 0).
@@ -496,8 +498,6 @@ class StepShapeCost:
         8.1 ms). Each skipped capture size between two measured ones gets the line interpolated in
         the size between them (the floor already is, ``_size_floor``); beyond the largest measured
         size nothing changes."""
-        from kvsim.simulator.first_use import vllm_capture_sizes
-
         measured = list(self.graph_sizes)
         if len(measured) < 2:
             return

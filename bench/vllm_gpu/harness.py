@@ -453,8 +453,8 @@ async def main_async(args) -> None:
     meta["warmup_lengths"] = bool(args.warmup_lengths)
     if args.warmup_eager_keys:
         cfg = engine.vllm_config
-        of = json.loads(Path(args.warmup_eager_keys_of).read_text())["eager_steps"] \
-            if args.warmup_eager_keys_of else None
+        listed = json.loads(Path(args.warmup_eager_keys_of).read_text()) if args.warmup_eager_keys_of else None
+        of = listed["eager_steps"] if listed else None
         entry = eager_keys_entry(max(cfg.compilation_config.cudagraph_capture_sizes or [0]),
                                  cfg.scheduler_config.max_num_batched_tokens, of)
         t0, served = time.monotonic(), 0
@@ -464,8 +464,8 @@ async def main_async(args) -> None:
             await run_workload(engine, part, build_requests(part, vocab), SamplingParams, RequestOutputKind.DELTA)
             served += len(part["requests"])
         meta["warmup_eager_keys_served"] = served
-        if args.warmup_eager_keys_of:
-            meta["warmup_eager_keys_of"] = json.loads(Path(args.warmup_eager_keys_of).read_text()).get("source", [])
+        if listed:
+            meta["warmup_eager_keys_of"] = listed.get("source", [])
         print(f"[harness] {args.name} {entry['name']}: {served} of {len(entry['requests'])} prompts in "
               f"{time.monotonic() - t0:.1f} s (not recorded)", flush=True)
     meta["warmup_eager_keys"] = bool(args.warmup_eager_keys)
