@@ -382,6 +382,21 @@ COMPILE_FREE_NOTE = ("with --compile-free: the same figures over the loops (both
                      "every kernel before them (" + ", ".join(COMPILE_FREE_KINDS) + " runs)")
 
 
+def _written_row(path: Path, rows: list[dict], gpu: str, engine: str, key: dict, clock: str, what: str,
+                 flag: str) -> dict:
+    """The row of held_out's file ``path`` (its ``rows``) of ``engine`` on ``gpu`` under the clock
+    ``key`` (EngineSetup.clock; ``clock``, as --clocks named it), to add ``flag``'s ``what`` figures
+    to; exits naming the command to run first where there is none."""
+    from kvsim.planner.held_out import KEY_FIELDS
+
+    old = next((r for r in rows if r["vllm_gpu"] == gpu and r["engine"] == engine
+                and all(r[k] == key[k] for k in KEY_FIELDS)), None)
+    if old is None:
+        raise SystemExit(f"{path}: no row of {engine} on the {gpu} under its {clock} clock to add the "
+                         f"{what} figures to: write the whole loops' first (without {flag})")
+    return old
+
+
 def write_compile_free(path: Path, rows: list[dict], engines: list[str], clocks: list[str], gpu: str) -> None:
     """Add to planner.held_out's file ``path`` the figures over the loops of ``gpu``'s
     COMPILE_FREE_KINDS engines (both servings, every such engine of a model together) under each
@@ -399,17 +414,15 @@ def write_compile_free(path: Path, rows: list[dict], engines: list[str], clocks:
             row.pop("compile_free", None)
     added = 0
     for base, mine in sorted(by_base.items()):
+        # the runs in COMPILE_FREE_KINDS' order, whatever order --engines named them in
+        mine.sort(key=lambda e: COMPILE_FREE_KINDS.index(e.removeprefix(base)))
         meta = json.loads((GPUS[gpu][0] / mine[0] / "meta.json").read_text())
         for clock in clocks:
             fig = engine_figures(rows, tuple(mine), clock, again=None)
             key = engine_setup(mine[0], meta, clock, gpu).clock if fig is not None else None
             if key is None:
                 continue
-            old = next((r for r in doc["rows"] if r["vllm_gpu"] == gpu and r["engine"] == base
-                        and all(r[k] == key[k] for k in KEY_FIELDS)), None)
-            if old is None:
-                raise SystemExit(f"{path}: no row of {base} on the {gpu} under its {clock} clock to add the "
-                                 "compile-free figures to: write the whole loops' first (without --compile-free)")
+            old = _written_row(path, doc.get("rows", []), gpu, base, key, clock, "compile-free", "--compile-free")
             old["compile_free"] = {**{k: round(fig[k], 1) if isinstance(fig[k], float) else fig[k]
                                       for k in ("points", *FIGURES)},
                                    "runs": [str((GPUS[gpu][0] / e).relative_to(ROOT)) for e in mine]}
@@ -461,11 +474,7 @@ def write_held_out(path: Path, rows: list[dict], engines: list[str], clocks: lis
     if stall_free:
         rows_out = doc.get("rows", [])
         for new in mine:
-            old = next((r for r in rows_out if r["vllm_gpu"] == gpu and r["engine"] == new["engine"]
-                        and all(r[k] == new[k] for k in KEY_FIELDS)), None)
-            if old is None:
-                raise SystemExit(f"{path}: no row of {new['engine']} on the {gpu} under its {new['clock']} clock to "
-                                 "add the stall-free figures to: write the whole loops' first (without --stall-free)")
+            old = _written_row(path, rows_out, gpu, new["engine"], new, new["clock"], "stall-free", "--stall-free")
             figures = {k: new[k] for k in ("points", *FIGURES)}
             old.pop("stall_free", None)
             if figures != {k: old[k] for k in figures}:

@@ -184,6 +184,9 @@ def test_the_shipped_compile_free_figures_are_what_vllm_compare_computes_today(t
             "--compile-free", "--held-out-json", str(out)]
     assert main(warm) == 0
     doc = json.loads(out.read_text())
+    # the engines named in another order: the same file
+    assert main(warm[:3] + list(reversed(warm[3:6])) + warm[6:]) == 0
+    assert json.loads(out.read_text()) == doc
     (row,) = doc["rows"]
     assert doc["compile_free"] == SHIPPED["compile_free"]          # the file says what the figures are
     assert main(["--gpu", "H100", "--engines", "qwen3-32b", "--clocks", "default", "--held-out-json", str(out)]) == 0
@@ -193,7 +196,8 @@ def test_the_shipped_compile_free_figures_are_what_vllm_compare_computes_today(t
     assert row["compile_free"]["runs"] == [f"bench/results/vllm_h100/gpt-oss-20b-{k}" for k in ("keysof", "keys2",
                                                                                               "cached2")]
     out.write_text(json.dumps({"rows": []}))
-    with pytest.raises(SystemExit, match="no row of gpt-oss-20b on the H100"):
+    with pytest.raises(SystemExit, match="no row of gpt-oss-20b on the H100 under its default clock to add the "
+                                         "compile-free figures to"):
         main(warm)
     with pytest.raises(SystemExit) as exc:
         main(warm[:-2])
