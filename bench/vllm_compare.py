@@ -63,9 +63,9 @@ ENGINES = {
 # without or with a warm-up, or timing each Triton compile: -jit, then in a second engine that
 # finds them in Triton's disk cache: -cached) and its held-out closed loops served again in a
 # fresh engine (plans.py --rounds: -rerun, and -rerun2, -rerun3 for more engines; -keys2, -cached2
-# likewise; -keysof: after a warm-up over the eager steps earlier runs of the plan met); a longer
-# suffix before the one it ends with
-RUN_KINDS = ("-idle", "-twice", "-warm", "-keysof", "-keys2", "-keys", "-burst", "-noasync-wave", "-wave", "-noasync", "-rerun2",
+# likewise; -keysof: after a warm-up over the eager steps earlier runs of the plan met, -keysof2
+# the same in a second engine); a longer suffix before the one it ends with
+RUN_KINDS = ("-idle", "-twice", "-warm", "-keysof2", "-keysof", "-keys2", "-keys", "-burst", "-noasync-wave", "-wave", "-noasync", "-rerun2",
              "-rerun3", "-rerun", "-jit", "-cached2", "-cached")
 
 
@@ -377,7 +377,7 @@ HELD_OUT_KINDS = ("", "-noasync")
 # Triton's disk cache of an earlier engine on the machine): with --compile-free, their loops (both
 # servings) give their model's rows the figures of a warmed server's, kvsim's default clock's own
 # premise (gpt-oss's fresh engines compile Triton kernels inside the measured loops)
-COMPILE_FREE_KINDS = ("-keysof", "-keys2", "-cached2")
+COMPILE_FREE_KINDS = ("-keysof", "-keysof2", "-keys2", "-cached2")
 COMPILE_FREE_NOTE = ("with --compile-free: the same figures over the loops (both servings) of engines that had compiled "
                      "every kernel before them (" + ", ".join(COMPILE_FREE_KINDS) + " runs)")
 
