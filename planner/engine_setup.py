@@ -550,11 +550,17 @@ def _step_cost(s: EngineSettings, model: ModelSpec | None, gpu: GpuSpec | None,
         # async off on a table measured with it on: each step also pays what async hid (CPU work:
         # carried to another GPU unscaled, as the frontend's times are)
         hidden = getattr(cost, "async_off", None)
+        # a table whose grid's steps carry the probe's scheduling times knows its host's launch of a
+        # step on no CUDA graph: its prices are that host's, and so is that floor under them
+        table_launch = getattr(cost, "eager_launch_s", None) if getattr(cost, "first_step", None) else None
         measured_async = "async scheduling True" in getattr(cost, "provenance", {}).get("executor", "")
         if carry_from is not None:
             cost = carried(cost, model, carry_from, gpu, s.tensor_parallel_size, s.kv_cache_dtype)
         if s.eager_launch_s is not None:     # the host's CPU: not carried with the GPU
             cost = _with_eager_launch(cost, s.eager_launch_s, s.cost_table)
+        elif table_launch is not None:       # the table's own host's ('# eager launch:' line)
+            cost = _with_eager_launch(cost, table_launch, s.cost_table,
+                                      "the table's host's, its '# eager launch:' line")
         if async_scheduling is False and measured_async and hidden is not None:
             cost = SyncCost(cost, *hidden)
     else:
@@ -678,7 +684,7 @@ def _with_first_use_compiles(cost, table) -> CostModel:
     return cost
 
 
-def _with_eager_launch(cost, launch_s: float, table) -> CostModel:
+def _with_eager_launch(cost, launch_s: float, table, source: str = "the host's, given") -> CostModel:
     """``cost`` on a host whose eager steps launch in ``launch_s`` (simulator.cost.EagerLaunchCost;
     the largest CUDA graph from real vLLM's table's '# first step:' line); an InputError for a
     launch that is not a positive number of seconds or a table without that line."""
@@ -691,7 +697,7 @@ def _with_eager_launch(cost, launch_s: float, table) -> CostModel:
                          f"step:' line); {table} has none", field="eager_launch_s")
     from kvsim.simulator.cost import EagerLaunchCost
 
-    return EagerLaunchCost(cost, launch_s, first_step.graph_tokens, "the host's, given")
+    return EagerLaunchCost(cost, launch_s, first_step.graph_tokens, source)
 
 
 def _weight_method(model: ModelSpec | None) -> str | None:

@@ -118,4 +118,32 @@ def test_a_tables_eager_launch_line_is_read_and_said(tmp_path):
             with pytest.raises(InputError) as err:
                 load_cost_table(table)
             assert "eager launch" in str(err.value)
-    assert load_cost_table(shipped).eager_launch_s is None      # the shipped grids predate t_sched_s
+    assert load_cost_table(shipped).eager_launch_s is None      # this grid predates t_sched_s
+
+
+def test_a_tables_own_launch_floors_its_eager_steps_unless_the_user_gives_one(tmp_path):
+    """A table with an '# eager launch:' line is its host's prices: build_engine floors its steps on
+    no CUDA graph at that launch (source said), and the user's --eager-launch-ms replaces it; a
+    table without the line keeps its prices."""
+    from kvsim.planner.engine_setup import build_engine
+
+    shipped = Path(__file__).resolve().parent.parent / "tables" / "vllm" / "qwen3-30b-a3b-fine_H100.csv"
+    lines = shipped.read_text().splitlines()
+    head = next(i for i, line in enumerate(lines) if not line.startswith("#"))
+    table = tmp_path / "launch.csv"
+    table.write_text("\n".join([*lines[:head], "# eager launch: 0.090000 s (this host's ...)", *lines[head:]]) + "\n")
+    base = dict(model="Qwen3-30B-A3B", gpu="h100")
+    plain = build_engine(**base, cost_table=str(shipped)).cost
+    own = build_engine(**base, cost_table=str(table)).cost
+    given = build_engine(**base, cost_table=str(table), eager_launch_s=0.06).cost
+    assert not isinstance(plain, EagerLaunchCost)
+    assert isinstance(own, EagerLaunchCost) and own.launch_s == pytest.approx(0.09)
+    assert "the table's host's, its '# eager launch:' line" in own.describe()
+    assert given.launch_s == pytest.approx(0.06) and "given" in given.describe()
+    eager, graph = _batch(2048), _batch(256)
+    assert plain.step_time_s(eager) < 0.09 and own.step_time_s(eager) == pytest.approx(0.09)
+    assert own.step_time_s(graph) == plain.step_time_s(graph)
+    # the shipped gpt-oss-120b fine grid (2026-12-08) is the first shipped table with the line
+    fine = build_engine(model="gpt-oss-120b", gpu="h100", max_model_len=8192)
+    assert fine.clock["table"] == "gpt-oss-120b-fine_H100.csv" and isinstance(fine.cost, EagerLaunchCost)
+    assert fine.cost.launch_s == pytest.approx(0.080013)

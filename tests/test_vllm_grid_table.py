@@ -231,3 +231,15 @@ def test_the_first_step_line_spans_the_cutoff_of_each_burst_at_an_idle_engine(tm
     for table in TABLES:
         line = next(ln for ln in table.read_text().splitlines() if ln.startswith("# first step:"))
         assert "bursts of the grid at an idle engine" in line and StepShapeCost(table).first_step is not None
+
+
+def test_a_fine_grid_after_a_keys_warm_up_finds_its_engines_other_runs():
+    """ENGINE-finekeys (device_run.sh: the fine grid after a keys warm-up) is ENGINE's grid as
+    ENGINE-fine is: its idle, hot and async-off runs are ENGINE's."""
+    runs = ROOT / "bench" / "results" / "vllm_h100"
+    for name in ("gpt-oss-20b-finekeys", "gpt-oss-20b-fine", "gpt-oss-20b"):
+        assert grid_table.engine_base(runs / name) == "gpt-oss-20b"
+        assert grid_table.idle_run(runs / name) == runs / "gpt-oss-20b-idle" / "idle-prefill-again"
+        assert [r.parent.name for r in grid_table.hot_runs(runs / name)] == ["gpt-oss-20b-hot"] * 5
+    assert grid_table.noasync_runs(runs / "qwen3-30b-a3b-finekeys") == grid_table.noasync_runs(runs / "qwen3-30b-a3b-fine")
+    assert grid_table.noasync_runs(runs / "qwen3-30b-a3b-fine")

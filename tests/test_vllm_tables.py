@@ -148,6 +148,8 @@ def test_every_model_real_vllm_was_measured_serving_is_a_preset_whose_default_cl
         gpu = "H200" if model == "Llama-3.1-70B" else "h100"      # Llama-3.1-70B fp8: the H200's alone
         quant = dict(weight_dtype="fp8", kv_cache_dtype="fp8") if model == "Llama-3.1-70B" else {}
         cost = build_engine(model=model, gpu=gpu, max_model_len=8192, **quant).cost
+        while not isinstance(cost, StepShapeCost) and hasattr(cost, "inner"):
+            cost = cost.inner       # a table with its host's '# eager launch:' line floors its eager steps
         assert isinstance(cost, StepShapeCost) and cost.provenance["model"] == model, model
     assert get_model("Qwen/Qwen3-30B-A3B").name == "Qwen3-30B-A3B" and get_model("qwen3-32b").name == "Qwen3-32B"
     assert get_model("Qwen3-30B-A3B").num_layers == 48 and get_model("Qwen3-32B").num_layers == 64

@@ -254,12 +254,22 @@ def run_launch_gaps(run: Path, graph_tokens: int) -> list[float] | None:
     return eager_launch_gaps(rows, graph_tokens, compiles)
 
 
+# a grid run's folder suffixes: the fine grid (-fine), or the fine grid after a keys warm-up
+# (-finekeys, device_run.sh ENGINE-finekeys), beside the engine's other runs
+GRID_SUFFIXES = ("-finekeys", "-fine")
+
+
+def engine_base(engine: Path) -> str:
+    """The engine's name without its grid run's suffix (``llama8b-fp8-fine`` -> ``llama8b-fp8``)."""
+    return next((engine.name.removesuffix(k) for k in GRID_SUFFIXES if engine.name.endswith(k)), engine.name)
+
+
 def idle_run(engine: Path) -> Path | None:
     """The idle-plan run beside an engine's folder (``llama8b-fp8-fine`` -> ``llama8b-fp8-idle``):
     its second serving where the plan served it twice (plans.py --again: gpt-oss's first serving
     compiles kernels inside its steps, 0.6 s a lone prompt's mean TTFT against 30 ms the second
     time), else its only one."""
-    base = engine.parent / f"{engine.name.removesuffix('-fine')}-idle"
+    base = engine.parent / f"{engine_base(engine)}-idle"
     return next((run for run in (base / "idle-prefill-again", base / "idle-prefill")
                  if (run / "steps.csv").is_file()), None)
 
@@ -267,7 +277,7 @@ def idle_run(engine: Path) -> Path | None:
 def hot_runs(engine: Path) -> list[Path]:
     """The hot plan's workloads beside an engine's folder (``ENGINE-hot/hot-ISL``, plans.py
     --size hot), each its second serving where the plan served it twice."""
-    base = engine.parent / f"{engine.name.removesuffix('-fine')}-hot"
+    base = engine.parent / f"{engine_base(engine)}-hot"
     runs = []
     for first in sorted(base.glob("hot-*[0-9]"), key=lambda p: int(p.name.removeprefix("hot-"))):
         run = next((r for r in (first.with_name(first.name + "-again"), first) if (r / "steps.csv").is_file()), None)
@@ -284,7 +294,7 @@ def noasync_runs(engine: Path) -> list[Path]:
     """The async-off workloads an engine's ``# async off:`` line is fitted on, beside its folder
     (``qwen3-30b-a3b-fine`` -> ``qwen3-30b-a3b-noasync-wave``'s waves, its warm-up left out, and
     ASYNC_OFF_FIT_POINTS of ``qwen3-30b-a3b-noasync``); none without the wave run."""
-    base = engine.parent / engine.name.removesuffix("-fine")
+    base = engine.parent / engine_base(engine)
     wave = base.with_name(base.name + "-noasync-wave")
     if not (wave / "meta.json").is_file():
         return []
