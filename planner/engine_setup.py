@@ -559,8 +559,7 @@ def _step_cost(s: EngineSettings, model: ModelSpec | None, gpu: GpuSpec | None,
         if s.eager_launch_s is not None:     # the host's CPU: not carried with the GPU
             cost = _with_eager_launch(cost, s.eager_launch_s, s.cost_table)
         elif table_launch is not None:       # the table's own host's ('# eager launch:' line)
-            cost = _with_eager_launch(cost, table_launch, s.cost_table,
-                                      "the table's host's, its '# eager launch:' line")
+            cost = _with_eager_launch(cost, table_launch, s.cost_table, None)
         if async_scheduling is False and measured_async and hidden is not None:
             cost = SyncCost(cost, *hidden)
     else:
@@ -684,10 +683,11 @@ def _with_first_use_compiles(cost, table) -> CostModel:
     return cost
 
 
-def _with_eager_launch(cost, launch_s: float, table, source: str = "the host's, given") -> CostModel:
+def _with_eager_launch(cost, launch_s: float, table, source: str | None = "the host's, given") -> CostModel:
     """``cost`` on a host whose eager steps launch in ``launch_s`` (simulator.cost.EagerLaunchCost;
-    the largest CUDA graph from real vLLM's table's '# first step:' line); an InputError for a
-    launch that is not a positive number of seconds or a table without that line."""
+    the largest CUDA graph from real vLLM's table's '# first step:' line; ``source`` None: the
+    table's own '# eager launch:' line); an InputError for a launch that is not a positive number
+    of seconds or a table without that line."""
     if not (launch_s > 0 and math.isfinite(launch_s)):
         raise InputError(f"an eager step's launch must be a positive number of seconds, got {launch_s}",
                          field="eager_launch_s")

@@ -345,9 +345,10 @@ class EagerLaunchCost(WrappedCost):
     takes at least that long (a launch-bound step is its launch; a step of more GPU work than
     that, its GPU time). Under async scheduling vLLM launches the next step as soon as this one
     is launched, so two eager steps back to back take at least two launches. ``source`` says where
-    the launch time comes from."""
+    the launch time comes from; None: the table's own '# eager launch:' line, which ``inner``'s
+    description gives already."""
 
-    def __init__(self, inner: CostModel, launch_s: float, graph_tokens: int, source: str):
+    def __init__(self, inner: CostModel, launch_s: float, graph_tokens: int, source: str | None):
         super().__init__(inner)
         self.launch_s, self.graph_tokens, self.source = float(launch_s), int(graph_tokens), source
 
@@ -362,6 +363,9 @@ class EagerLaunchCost(WrappedCost):
         return max(t, num_steps * self.launch_s) if batch.num_scheduled_tokens > self.graph_tokens else t
 
     def describe(self) -> str:
+        if self.source is None:
+            return (f"{clock_source(self.inner)}, and so a step on no CUDA graph (over {self.graph_tokens} tokens) "
+                    "takes at least that long")
         return (f"{clock_source(self.inner)}; a step on no CUDA graph (over {self.graph_tokens} tokens) takes at "
                 f"least its launch, {self.launch_s * 1e3:.1f} ms ({self.source})")
 
