@@ -364,8 +364,8 @@ class EagerLaunchCost(WrappedCost):
 
     def describe(self) -> str:
         if self.source is None:
-            return (f"{clock_source(self.inner)}, and so a step on no CUDA graph (over {self.graph_tokens} tokens) "
-                    "takes at least that long")
+            return (f"{clock_source(self.inner)}; a step on no CUDA graph (over {self.graph_tokens} tokens) takes at "
+                    "least the table's host's launch")
         return (f"{clock_source(self.inner)}; a step on no CUDA graph (over {self.graph_tokens} tokens) takes at "
                 f"least its launch, {self.launch_s * 1e3:.1f} ms ({self.source})")
 
