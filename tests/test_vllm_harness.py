@@ -88,7 +88,7 @@ def test_step_rows_keep_when_each_step_was_scheduled_and_share_the_engine_time_b
     t0 = 100.0
     lines = [{"meta": {"async_scheduling": True}},
              {"sched_t0": t0 + 0.045, "sched_t1": t0 + 0.0453, "done_t": t0 + 0.093, "upd_t1": t0 + 0.0931,
-              "reqs": [[768, 768, "p"], [1, 769, "d"], [1, 769, "d"], [1, 769, "d"]]},
+              "reqs": [[768, 1536, "p"], [1, 769, "d"], [1, 769, "d"], [1, 769, "d"]]},
              {"sched_t0": t0 + 0.0, "sched_t1": t0 + 0.0003, "done_t": t0 + 0.091, "upd_t1": t0 + 0.0911,
               "reqs": [[768, 768, "p"], [768, 768, "p"], [768, 768, "p"]]},
              {"sched_t0": t0 + 5.0, "sched_t1": t0 + 5.001, "done_t": t0 + 5.01, "upd_t1": t0 + 5.011,
@@ -98,7 +98,9 @@ def test_step_rows_keep_when_each_step_was_scheduled_and_share_the_engine_time_b
     assert [round(r["t_sched_s"], 6) for r in rows] == [0.0, 0.045]
     assert [round(r["t_done_s"], 6) for r in rows] == [0.091, 0.093]
     assert [round(r["step_s"], 6) for r in rows] == [0.091, 0.002]
-    assert rows[1]["num_decode_tokens"] == 3 and rows[1]["attn_token_pairs"] == 768 * 768 + 3 * 769
+    assert rows[1]["num_decode_tokens"] == 3 and rows[1]["attn_token_pairs"] == 768 * 1536 + 3 * 769
+    # step 2's prompt is a chunk carried over (768 tokens in the cache before it); step 1's are whole
+    assert [r["num_prefill_seqs_with_context"] for r in rows] == [0, 1]
     assert round(rows[0]["sched_cpu_s"], 6) == 0.0003
 
 
