@@ -11,8 +11,8 @@ the same command with ``--stall-free`` in place of ``--traces`` adds, where they
 over the requests that no first-use compile stall delayed (gpt-oss: a fresh engine compiles Triton
 kernels inside the measured loops, which kvsim's default clock, a warmed server's, does not price),
 and ``--compile-free`` adds the figures over the loops of engines that had compiled every kernel
-before them (a keys warm-up, or an earlier engine's Triton disk cache: the -keysof, -keys2 and
--cached2 runs), where the model has such engines.
+before them (a keys warm-up, or an earlier engine's Triton disk cache: bench/vllm_compare.py's
+COMPILE_FREE_KINDS), where the model has such engines.
 
 A run whose clock is one of those measured (the same table, or the roofline, of the same model,
 weights, KV dtype, TP and scheduling mode on the same GPU) says its figures at the end of its clock
